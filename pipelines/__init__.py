@@ -1,0 +1,1 @@
+"""Apache Beam pipelines and the renyi-stream command line."""

@@ -1,0 +1,1 @@
+"""Analyst-facing queries and the release store (lands with the queries issue)."""

@@ -1,0 +1,1 @@
+"""renyi-stream privacy core: engine-free accounting, ledger, noise and schema (numpy, pyarrow)."""
