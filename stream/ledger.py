@@ -1,0 +1,426 @@
+"""The individual filter, vectorised: per-user used budget and the decision for each contribution.
+
+``Ledger.admit`` is Feldman & Zrnic's Algorithm 3 (policy ``drop``) and the clipping step of
+their Algorithm 7 (policy ``clip``) for one window of one query (or of several queries whose
+per-user vectors are concatenated into one row):
+
+* every row is one user's contribution ``q_t(x_i)`` (``d`` numbers) to a Gaussian release with
+  per-coordinate noise std ``s``; its charge is ``rho_t(i) = ||q_t(x_i)||^2 / (2 s^2)`` (zCDP);
+* a user with ``used(i) + rho_t(i) <= kappa`` is *admitted* and charged ``rho_t(i)``;
+* otherwise, under ``drop`` the row contributes nothing and is charged nothing; under ``clip``
+  it is scaled to norm ``sqrt(2 s^2 (kappa - used(i)))`` and charged the rest of the budget.
+
+The decision for a row reads only that user's used budget, that row, ``s`` and ``kappa``: never
+another user's data, nor how many users are active (Theorem 4.5's proof needs exactly this).
+The result is ``kappa``-zCDP for every user over any number of windows and adaptively chosen
+queries (Theorem 4.5, Remark 4.4), and ``sqrt(2 kappa)``-GDP (Smith & Thakurta 2022).
+
+Floating point: charges are rounded up (``stream.accounting.gaussian``), running sums are
+rounded up (TwoSum), and the filter compares against ``kappa * (1 - 1e-9)``: the stored used
+budget is an upper bound on the exact sum of the stored charges, and summing those charges in
+any order, in float64, for up to a million windows, stays below ``kappa``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stream.accounting import _validate as check
+from stream.accounting.calibration import epsilon_for_budget
+from stream.accounting.gaussian import gaussian_charge
+from stream.accounting.odometers import tracker_update
+from stream.id_index import Int64Index, StringCodes
+from stream.xp import array_module
+
+ADMITTED, CLIPPED, DROPPED = 0, 1, 2
+STATUS_NAMES: tuple[str, ...] = ("admitted", "clipped", "dropped")
+
+# Headroom below kappa so that re-summing up to 1e6 stored charges in any order cannot exceed
+# kappa (float64 summation error <= n * 2^-53 relative).
+BUDGET_SAFETY = 1e-9
+# A clipped row is scaled a hair below the remaining budget, so its true charge (computed
+# anew from the scaled row) is below what the ledger records for it.
+_CLIP_SHRINK = 1.0 - 1e-9
+SNAPSHOT_VERSION = 1
+
+
+class Policy(str, enum.Enum):
+    """What the filter does with a contribution that would exceed the user's budget."""
+
+    DROP = "drop"  # Feldman & Zrnic Algorithm 3: leave the row out, charge nothing
+    CLIP = "clip"  # Feldman & Zrnic Algorithm 7: scale the row to use exactly what is left
+
+
+def _policy(policy: Policy | str) -> Policy:
+    try:
+        return Policy(policy)
+    except ValueError:
+        raise ValueError(
+            f"policy must be one of {[p.value for p in Policy]}, got policy={policy!r}"
+        ) from None
+
+
+@dataclass(frozen=True)
+class FilterDecision:
+    """Per-row outcome of :func:`individual_filter` (arrays on the input's device)."""
+
+    new_used: Any  # used budget after the row, zCDP
+    charge: Any  # what the row is charged, zCDP (0 for dropped rows)
+    scale: Any  # factor applied to the row: 1 admitted, in (0, 1) clipped, 0 dropped
+    status: Any  # int8: ADMITTED, CLIPPED or DROPPED
+
+
+def _sum_up(a: Any, b: Any) -> Any:
+    """``a + b`` rounded towards +inf (TwoSum error term; Knuth TAOCP 4.2.2)."""
+    xp = array_module(a, b)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = a + b
+        bb = s - a
+        err = (a - (s - bb)) + (b - bb)
+    return xp.where(err > 0, xp.nextafter(s, xp.inf), s)
+
+
+def _diff_down(a: Any, b: Any) -> Any:
+    """``a - b`` rounded towards -inf."""
+    xp = array_module(a, b)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = a - b
+        bb = s - a
+        err = (a - (s - bb)) + (-b - bb)
+    return xp.where(err < 0, xp.nextafter(s, -xp.inf), s)
+
+
+def individual_filter(used: Any, charge: Any, *, cap: float, policy: Policy | str) -> FilterDecision:
+    """The filter's decision for rows of distinct users, as pure array arithmetic (NumPy or CuPy).
+
+    ``used`` and ``charge`` are the users' used budgets and the rows' charges (zCDP, charges
+    already rounded up); ``cap`` the budget the sums may reach. Guarantees, for every row:
+    ``new_used <= cap``, ``new_used >= used + charge_recorded`` exactly (rounded up), and the
+    row's true charge after scaling is at most the recorded charge.
+    """
+    xp = array_module(used, charge)
+    policy = _policy(policy)
+    total = _sum_up(used, charge)
+    fits = total <= cap
+    if policy is Policy.DROP:
+        status = xp.where(fits, ADMITTED, DROPPED).astype(xp.int8)
+        return FilterDecision(
+            new_used=xp.where(fits, total, used),
+            charge=xp.where(fits, charge, 0.0),
+            scale=fits.astype(xp.float64),
+            status=status,
+        )
+    remaining = xp.maximum(_diff_down(xp.asarray(cap, dtype=xp.float64), used), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        factor = xp.sqrt(remaining / charge) * _CLIP_SHRINK
+    clipped = ~fits & (factor > 0) & xp.isfinite(factor)
+    status = xp.where(fits, ADMITTED, xp.where(clipped, CLIPPED, DROPPED)).astype(xp.int8)
+    return FilterDecision(
+        new_used=xp.where(fits, total, xp.where(clipped, _sum_up(used, remaining), used)),
+        charge=xp.where(fits, charge, xp.where(clipped, remaining, 0.0)),
+        scale=xp.where(fits, 1.0, xp.where(clipped, factor, 0.0)),
+        status=status,
+    )
+
+
+@dataclass(frozen=True)
+class AdmitResult:
+    """What :meth:`Ledger.admit` decided for each row, in input order."""
+
+    contributions: np.ndarray  # (n, d) what each row contributes to the sum (0 if dropped)
+    charge: np.ndarray  # (n,) zCDP charged to the row's user
+    status: np.ndarray  # (n,) int8 ADMITTED / CLIPPED / DROPPED
+
+    def counts(self) -> dict[str, int]:
+        """Rows per status, e.g. ``{"admitted": 10, "clipped": 0, "dropped": 2}`` (sensitive)."""
+        tally = np.bincount(self.status, minlength=len(STATUS_NAMES))
+        return {name: int(tally[i]) for i, name in enumerate(STATUS_NAMES)}
+
+
+def _repeat_error(value: Any) -> ValueError:
+    return ValueError(
+        "user_ids must be distinct within one admit call (one row per user per window; "
+        f"aggregate first), got user id {value!r} more than once"
+    )
+
+
+def _refuse_repeats_int(known_positions: np.ndarray, new_ids: np.ndarray, ids: np.ndarray) -> None:
+    # Known users: their positions are dense, so a bincount finds repeats in one pass.
+    if known_positions.size:
+        counts = np.bincount(known_positions)
+        if counts.max() > 1:
+            raise _repeat_error(int(ids[np.flatnonzero(known_positions == np.argmax(counts))[0]]))
+    if new_ids.size > 1:
+        uniq, counts = np.unique(new_ids, return_counts=True)
+        if counts.max() > 1:
+            raise _repeat_error(int(uniq[np.argmax(counts)]))
+
+
+def _refuse_repeats_str(ids: pa.Array) -> None:
+    if len(ids) > 1:
+        counts = pc.value_counts(ids)
+        tally = counts.field("counts").to_numpy()
+        if tally.max() > 1:
+            raise _repeat_error(counts.field("values")[int(np.argmax(tally))].as_py())
+
+
+class Ledger:
+    """Per-user used privacy budget (zCDP) and personal trackers, for int64 or string user ids.
+
+    Args:
+        budget: ``kappa``, each user's zCDP budget (see ``stream.accounting.calibrate``).
+        id_type: ``"int64"`` or ``"string"``: the kind of user id this ledger holds.
+        tracker_step: ``Delta`` of the personal tracker (Algorithm 5), zCDP; default
+            ``budget / 32``.
+    """
+
+    def __init__(self, *, budget: float, id_type: str = "int64", tracker_step: float | None = None) -> None:
+        self.budget = check.positive("budget", budget)
+        if id_type not in ("int64", "string"):
+            raise ValueError(f"id_type must be 'int64' or 'string', got id_type={id_type!r}")
+        self.id_type = id_type
+        self.tracker_step = (
+            self.budget / 32.0 if tracker_step is None else check.positive("tracker_step", tracker_step)
+        )
+        self._cap = float(np.nextafter(self.budget * (1.0 - BUDGET_SAFETY), 0.0))
+        self._index = Int64Index() if id_type == "int64" else None
+        self._codes = StringCodes() if id_type == "string" else None
+        self._n = 0
+        self._used = np.zeros(0)
+        self._segment = np.zeros(0)
+        self._tracker = np.zeros(0)
+
+    # -- ids ------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Number of users the ledger has seen."""
+        return self._n
+
+    def _as_ids(self, user_ids: Any) -> np.ndarray | pa.Array:
+        if self.id_type == "int64":
+            if isinstance(user_ids, (pa.Array, pa.ChunkedArray)):
+                if not pa.types.is_integer(user_ids.type):
+                    raise ValueError(f"user_ids must be integers for an int64 ledger, got type {user_ids.type}")
+                if user_ids.null_count:
+                    raise ValueError("user_ids must not contain nulls")
+                return np.asarray(user_ids.to_numpy(zero_copy_only=False), dtype=np.int64)
+            ids = np.asarray(user_ids)
+            if ids.dtype.kind not in "iu":
+                raise ValueError(f"user_ids must be integers for an int64 ledger, got dtype {ids.dtype}")
+            if ids.dtype.kind == "u" and ids.size and ids.max() > np.iinfo(np.int64).max:
+                raise ValueError("user_ids must fit in int64")
+            return ids.astype(np.int64, copy=False).ravel()
+        if isinstance(user_ids, (pa.Array, pa.ChunkedArray)):
+            ids = user_ids
+        else:
+            ids = pa.array(user_ids.tolist() if isinstance(user_ids, np.ndarray) else list(user_ids))
+        if isinstance(ids, pa.ChunkedArray):
+            ids = ids.combine_chunks()
+        if not (pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)):
+            if len(ids) == 0:
+                return pa.array([], type=pa.large_string())
+            raise ValueError(f"user_ids must be strings for a string ledger, got type {ids.type}")
+        if ids.null_count:
+            raise ValueError("user_ids must not contain nulls")
+        return ids
+
+    def _positions(self, ids: np.ndarray | pa.Array, *, add: bool) -> np.ndarray:
+        """Dense positions of ``ids``; with ``add``, new ids are appended (after checking that
+        no id repeats), else unknown ids get -1."""
+        before = self._n
+        if self.id_type == "string":
+            assert self._codes is not None
+            if add:
+                _refuse_repeats_str(ids)
+            positions = self._codes.codes(ids, add_missing=add)
+            self._n = len(self._codes)
+        else:
+            assert self._index is not None
+            positions = self._index.lookup(ids)
+            if add:
+                missing = positions < 0
+                _refuse_repeats_int(positions[~missing], ids[missing], ids)
+                if missing.any():
+                    positions[missing] = self._index.add(ids[missing])
+                self._n = len(self._index)
+        if self._n > before:
+            self._ensure_capacity(self._n)
+            self._tracker[before:self._n] = self.tracker_step  # Algorithm 5: O_1 = Delta
+        return positions
+
+    def _ensure_capacity(self, n: int) -> None:
+        if n <= self._used.size:
+            return
+        capacity = max(n, 2 * self._used.size, 1024)
+        for name in ("_used", "_segment", "_tracker"):
+            old = getattr(self, name)
+            grown = np.zeros(capacity)
+            grown[: old.size] = old
+            setattr(self, name, grown)
+
+    # -- the filter -----------------------------------------------------------------------------
+
+    def admit(
+        self,
+        user_ids: Any,
+        contributions: Any,
+        *,
+        noise_std: float,
+        policy: Policy | str = Policy.DROP,
+    ) -> AdmitResult:
+        """Filter and charge one window's contributions, one row per distinct user.
+
+        Args:
+            user_ids: ``(n,)`` ids (int64 or strings, as the ledger's ``id_type``), distinct.
+            contributions: ``(n, d)`` (or ``(n,)`` for d=1) finite float64: each row is that
+                user's query vector for this window.
+            noise_std: ``s``, the per-coordinate Gaussian noise std of the release.
+            policy: ``drop`` (Algorithm 3) or ``clip`` (Algorithm 7).
+
+        Returns the charged contributions, the zCDP charge and the status of every row. The
+        whole request is validated before any state changes (repeated ids, NaN/inf, shapes).
+        """
+        noise_std = check.positive("noise_std", noise_std)
+        policy = _policy(policy)
+        x = np.asarray(contributions, dtype=np.float64)
+        if x.ndim == 1:
+            x = x[:, None]
+        if x.ndim != 2:
+            raise ValueError(f"contributions must be (n, d) or (n,), got shape={np.shape(contributions)}")
+        ids = self._as_ids(user_ids)
+        if len(ids) != x.shape[0]:
+            raise ValueError(
+                f"user_ids and contributions must have the same number of rows, got "
+                f"{len(ids)} ids and {x.shape[0]} rows"
+            )
+        if not np.isfinite(x).all():
+            bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
+            raise ValueError(
+                f"contributions must be finite, got a NaN/inf in row {bad}; "
+                "validate batches with stream.schema.validate_batch first"
+            )
+        charge = gaussian_charge(contributions=x, noise_std=noise_std)
+        positions = self._positions(ids, add=True)
+        used = self._used[positions]
+        decision = individual_filter(used, charge, cap=self._cap, policy=policy)
+        self._used[positions] = decision.new_used
+        charged = decision.charge > 0
+        if charged.any():
+            where = positions[charged]
+            segment, tracker = tracker_update(
+                self._segment[where], self._tracker[where], decision.charge[charged], step=self.tracker_step
+            )
+            self._segment[where] = segment
+            self._tracker[where] = tracker
+        out = x * decision.scale[:, None]
+        return AdmitResult(contributions=out, charge=decision.charge, status=decision.status)
+
+    # -- reading state --------------------------------------------------------------------------
+
+    def used(self, user_ids: Any) -> np.ndarray:
+        """Used budget (zCDP) of each id; 0 for ids the ledger has never seen."""
+        positions = self._positions(self._as_ids(user_ids), add=False)
+        return np.where(positions >= 0, self._used[np.maximum(positions, 0)], 0.0)
+
+    def remaining(self, user_ids: Any) -> np.ndarray:
+        """Budget (zCDP) each id may still spend."""
+        return np.maximum(self._cap - self.used(user_ids), 0.0)
+
+    def personal_odometer(self, user_ids: Any) -> np.ndarray:
+        """Each user's personal zCDP bound ``min(O^(i), kappa)`` (Feldman & Zrnic, Cor. 4.11).
+
+        ``O^(i)`` depends only on user ``i``'s own charges, so it may be disclosed to user
+        ``i`` (and to nobody else). A user never charged anything has lost nothing: 0.
+        """
+        positions = self._positions(self._as_ids(user_ids), add=False)
+        safe = np.maximum(positions, 0)
+        bound = np.minimum(self._tracker[safe], self.budget)
+        spent = (positions >= 0) & (self._used[safe] > 0)
+        return np.where(spent, bound, 0.0)
+
+    def personal_epsilon(self, user_ids: Any, *, delta: float, accounting: str = "gdp") -> np.ndarray:
+        """Each user's personal epsilon at ``delta``: :meth:`personal_odometer` converted."""
+        rho = self.personal_odometer(user_ids)
+        return np.array([epsilon_for_budget(rho=float(r), delta=delta, accounting=accounting) for r in rho])
+
+    # -- snapshots ------------------------------------------------------------------------------
+
+    def to_arrow(self) -> pa.Table:
+        """The ledger as an Arrow table sorted by user id, parameters in the schema metadata."""
+        n = self._n
+        if self.id_type == "int64":
+            assert self._index is not None
+            ids: Any = self._index.keys_in_order()
+            order = np.argsort(ids, kind="stable")
+            id_array = pa.array(ids[order], type=pa.int64())
+        else:
+            assert self._codes is not None
+            values = self._codes.values()
+            order = np.asarray(pc.sort_indices(values)) if n else np.zeros(0, dtype=np.int64)
+            id_array = values.take(pa.array(order, type=pa.int64()))
+        metadata = {
+            "renyi_stream.ledger_version": str(SNAPSHOT_VERSION),
+            "budget": repr(self.budget),
+            "tracker_step": repr(self.tracker_step),
+            "id_type": self.id_type,
+        }
+        return pa.table(
+            {
+                "user_id": id_array,
+                "used": pa.array(self._used[:n][order]),
+                "tracker_segment": pa.array(self._segment[:n][order]),
+                "tracker_bound": pa.array(self._tracker[:n][order]),
+            }
+        ).replace_schema_metadata(metadata)
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table) -> "Ledger":
+        """Restore a ledger from :meth:`to_arrow`, refusing anything inconsistent.
+
+        A ledger that silently lost users or budget would start them from zero: a privacy
+        failure. So every check fails loudly: version, columns, nulls, repeated ids, used
+        budgets outside ``[0, kappa]``, trackers below the used budget.
+        """
+        meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+        version = meta.get("renyi_stream.ledger_version")
+        if version != str(SNAPSHOT_VERSION):
+            raise ValueError(f"ledger snapshot version must be {SNAPSHOT_VERSION}, got {version!r}")
+        try:
+            budget, step, id_type = float(meta["budget"]), float(meta["tracker_step"]), meta["id_type"]
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"ledger snapshot metadata is incomplete or malformed: {exc}") from exc
+        needed = ("user_id", "used", "tracker_segment", "tracker_bound")
+        missing = [c for c in needed if c not in table.column_names]
+        if missing:
+            raise ValueError(f"ledger snapshot is missing columns {missing}")
+        for name in needed:
+            if table.column(name).null_count:
+                raise ValueError(f"ledger snapshot column {name!r} contains nulls")
+        ledger = cls(budget=budget, id_type=id_type, tracker_step=step)
+        used = table.column("used").to_numpy().astype(np.float64)
+        segment = table.column("tracker_segment").to_numpy().astype(np.float64)
+        tracker = table.column("tracker_bound").to_numpy().astype(np.float64)
+        if not (np.isfinite(used).all() and (used >= 0).all() and (used <= budget).all()):
+            raise ValueError(f"ledger snapshot has used budgets outside [0, {budget}]")
+        if not (np.isfinite(tracker).all() and (tracker + 1e-12 * budget >= used).all()):
+            raise ValueError("ledger snapshot has personal trackers below the used budget")
+        ids = table.column("user_id").combine_chunks()
+        positions = ledger._positions(ledger._as_ids(ids), add=True)
+        ledger._used[positions] = used
+        ledger._segment[positions] = segment
+        ledger._tracker[positions] = tracker
+        return ledger
+
+    def user_ids(self) -> Sequence[Any]:
+        """All user ids the ledger has seen, in first-seen order."""
+        if self.id_type == "int64":
+            assert self._index is not None
+            return self._index.keys_in_order()
+        assert self._codes is not None
+        return self._codes.values().to_pylist()
