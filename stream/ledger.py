@@ -16,7 +16,7 @@ The result is ``kappa``-zCDP for every user over any number of windows and adapt
 queries (Theorem 4.5, Remark 4.4), and ``sqrt(2 kappa)``-GDP (Smith & Thakurta 2022).
 
 Floating point: charges are rounded up (``stream.accounting.gaussian``), running sums are
-rounded up (TwoSum), and the filter compares against ``kappa * (1 - 1e-9)``: the stored used
+rounded up (:func:`round_up`), and the filter compares against ``kappa * (1 - 1e-9)``: the stored used
 budget is an upper bound on the exact sum of the stored charges, and summing those charges in
 any order, in float64, for up to a million windows, stays below ``kappa``.
 """
@@ -76,24 +76,23 @@ class FilterDecision:
     status: Any  # int8: ADMITTED, CLIPPED or DROPPED
 
 
-def _sum_up(a: Any, b: Any) -> Any:
-    """``a + b`` rounded towards +inf (TwoSum error term; Knuth TAOCP 4.2.2)."""
-    xp = array_module(a, b)
-    with np.errstate(invalid="ignore", over="ignore"):
-        s = a + b
-        bb = s - a
-        err = (a - (s - bb)) + (b - bb)
-    return xp.where(err > 0, xp.nextafter(s, xp.inf), s)
+# Directed rounding without a rounding-mode switch: for a float64 result v of one rounded
+# operation (relative error <= 2^-53 in the normal range, exact in the subnormal range),
+# v * (1 + 2^-50) + tiniest is >= the exact value and v * (1 - 2^-50) - tiniest is <= it.
+_UP = 1.0 + 2.0**-50
+_DOWN = 1.0 - 2.0**-50
+_TINIEST = float(np.nextafter(0.0, 1.0))
 
 
-def _diff_down(a: Any, b: Any) -> Any:
-    """``a - b`` rounded towards -inf."""
-    xp = array_module(a, b)
-    with np.errstate(invalid="ignore", over="ignore"):
-        s = a - b
-        bb = s - a
-        err = (a - (s - bb)) + (-b - bb)
-    return xp.where(err < 0, xp.nextafter(s, -xp.inf), s)
+def round_up(values: Any) -> Any:
+    """An upper bound on the exact result of the one float operation that produced ``values`` (>= 0)."""
+    with np.errstate(over="ignore"):
+        return values * _UP + _TINIEST
+
+
+def round_down(values: Any) -> Any:
+    """A lower bound on the exact result of the one float operation that produced ``values`` (>= 0)."""
+    return values * _DOWN - _TINIEST
 
 
 def individual_filter(used: Any, charge: Any, *, cap: float, policy: Policy | str) -> FilterDecision:
@@ -106,23 +105,26 @@ def individual_filter(used: Any, charge: Any, *, cap: float, policy: Policy | st
     """
     xp = array_module(used, charge)
     policy = _policy(policy)
-    total = _sum_up(used, charge)
-    fits = total <= cap
+    total = round_up(used + charge)
+    free = charge == 0.0  # a free row is always admitted and leaves the used budget as it was
+    fits = (total <= cap) | free
+    take = ~free & fits
     if policy is Policy.DROP:
-        status = xp.where(fits, ADMITTED, DROPPED).astype(xp.int8)
         return FilterDecision(
-            new_used=xp.where(fits, total, used),
+            new_used=xp.where(take, total, used),
             charge=xp.where(fits, charge, 0.0),
             scale=fits.astype(xp.float64),
-            status=status,
+            status=xp.where(fits, ADMITTED, DROPPED).astype(xp.int8),
         )
-    remaining = xp.maximum(_diff_down(xp.asarray(cap, dtype=xp.float64), used), 0.0)
+    remaining = xp.maximum(round_down(cap - used), 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         factor = xp.sqrt(remaining / charge) * _CLIP_SHRINK
     clipped = ~fits & (factor > 0) & xp.isfinite(factor)
     status = xp.where(fits, ADMITTED, xp.where(clipped, CLIPPED, DROPPED)).astype(xp.int8)
+    # used + remaining <= cap exactly, so rounding it up cannot pass cap (cap is a float).
+    filled = xp.minimum(round_up(used + remaining), cap)
     return FilterDecision(
-        new_used=xp.where(fits, total, xp.where(clipped, _sum_up(used, remaining), used)),
+        new_used=xp.where(take, total, xp.where(clipped, filled, used)),
         charge=xp.where(fits, charge, xp.where(clipped, remaining, 0.0)),
         scale=xp.where(fits, 1.0, xp.where(clipped, factor, 0.0)),
         status=status,
@@ -245,8 +247,10 @@ class Ledger:
             positions = self._index.lookup(ids)
             if add:
                 missing = positions < 0
-                _refuse_repeats_int(positions[~missing], ids[missing], ids)
-                if missing.any():
+                if not missing.any():  # the steady state of a daily job: every user known
+                    _refuse_repeats_int(positions, ids[:0], ids)
+                else:
+                    _refuse_repeats_int(positions[~missing], ids[missing], ids)
                     positions[missing] = self._index.add(ids[missing])
                 self._n = len(self._index)
         if self._n > before:

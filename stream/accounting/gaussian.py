@@ -42,12 +42,21 @@ def squared_norms(contributions: Any) -> Any:
     return sq
 
 
+def nonzero_rows(contributions: Any) -> Any:
+    """Boolean ``(n,)``: which rows have any non-zero coordinate."""
+    if contributions.shape[1] == 1:
+        return contributions[:, 0] != 0.0
+    return (contributions != 0.0).any(axis=1)
+
+
 def gaussian_charge(*, contributions: Any, noise_std: float) -> Any:
     """Upper bound on each row's zCDP charge ``||q||^2 / (2 s^2)`` under noise std ``s``.
 
     ``contributions`` is ``(n, d)`` float64, finite. Returns ``(n,)`` float64 on the same device:
     ``0`` exactly for all-zero rows, ``> 0`` for every other row (never underflowing to 0), and
-    ``inf`` where the true charge exceeds float64 range. Never below the exact charge.
+    ``inf`` where the true charge exceeds float64 range. Never below the exact charge: the
+    relative factor covers the rounding of the ``d``-term sum and the division, and adding the
+    smallest subnormal covers results too small for relative bounds.
     """
     noise_std = check.positive("noise_std", noise_std)
     xp = array_module(contributions)
@@ -58,10 +67,5 @@ def gaussian_charge(*, contributions: Any, noise_std: float) -> Any:
     sq = squared_norms(contributions)
     with np.errstate(over="ignore"):
         charge = sq * (_ROUND_UP / (2.0 * noise_std * noise_std))
-    charge = xp.where(charge > 0.0, xp.nextafter(charge, xp.inf), charge)
-    # A non-zero row whose square underflowed: the true charge is positive, so charge the tiniest.
-    zero = charge == 0.0
-    if bool(zero.any()):
-        nonzero_row = xp.any(contributions[zero] != 0.0, axis=1)
-        charge[zero] = xp.where(nonzero_row, _TINIEST, 0.0)
-    return charge
+        charge += _TINIEST
+    return xp.where(nonzero_rows(contributions), charge, 0.0)

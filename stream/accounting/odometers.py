@@ -35,6 +35,7 @@ from stream.xp import array_module
 # A filter is treated as full at Delta * (1 - 1e-9): float sums of its contents, rounded up,
 # then never exceed Delta in exact arithmetic.
 _FILTER_FILL = 1.0 - 1e-9
+_TINIEST = float(np.nextafter(0.0, 1.0))
 
 
 def tracker_update(segment: Any, bound: Any, charge: Any, *, step: float) -> tuple[Any, Any]:
@@ -56,29 +57,33 @@ def tracker_update(segment: Any, bound: Any, charge: Any, *, step: float) -> tup
     step = check.positive("step", step)
     xp = array_module(segment, bound, charge)
     charge = xp.asarray(charge, dtype=xp.float64)
-    if bool(xp.any(~xp.isfinite(charge))) or bool(xp.any(charge < 0)):
+    if not bool(xp.all(xp.isfinite(charge) & (charge >= 0))):
         raise ValueError("charge must be finite and >= 0 for the personal tracker")
     fill = step * _FILTER_FILL
-    room = _down(fill - segment, xp)
+    room = _down(fill - segment)
     fits = charge <= room
-    # What does not fit the open filter goes to new filters of capacity ``fill`` each.
-    rest = xp.maximum(_up(charge - room, xp), 0.0)
-    new_filters = xp.maximum(xp.ceil(rest / fill), 1.0)
-    last = _up(rest - (new_filters - 1.0) * fill, xp)
-    spill = last > fill  # float rounding left a hair too much for the last filter
-    new_filters = xp.where(spill, new_filters + 1.0, new_filters)
-    last = xp.where(spill, _up(rest - (new_filters - 1.0) * fill, xp), last)
-    new_segment = xp.where(fits, _up(segment + charge, xp), last)
-    new_bound = xp.where(fits, bound, bound + new_filters * step)
+    new_segment = xp.where(fits, _up(segment + charge), 0.0)
+    new_bound = bound.copy()
+    spill = xp.flatnonzero(~fits)
+    if spill.size:  # the open filter halts: what does not fit goes to new filters
+        rest = xp.maximum(_up(charge[spill] - room[spill]), 0.0)
+        new_filters = xp.maximum(xp.ceil(rest / fill), 1.0)
+        last = _up(rest - (new_filters - 1.0) * fill)
+        over = last > fill  # rounding left a hair too much for the last filter
+        new_filters = xp.where(over, new_filters + 1.0, new_filters)
+        last = xp.where(over, _up(rest - (new_filters - 1.0) * fill), last)
+        new_segment[spill] = last
+        new_bound[spill] = bound[spill] + new_filters * step
     return new_segment, new_bound
 
 
-def _up(values: Any, xp: Any) -> Any:
-    return xp.nextafter(values, xp.inf)
+def _up(values: Any) -> Any:
+    # >= the exact result of the one operation that produced ``values`` (see stream.ledger).
+    return values * (1.0 + 2.0**-50) + _TINIEST
 
 
-def _down(values: Any, xp: Any) -> Any:
-    return xp.nextafter(values, -xp.inf)
+def _down(values: Any) -> Any:
+    return values * (1.0 - 2.0**-50) - _TINIEST
 
 
 def tracker_reference(charges: list[float], *, step: float) -> tuple[float, float]:
