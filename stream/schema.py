@@ -1,0 +1,775 @@
+"""The Arrow schema of an indicator batch, and its vectorised validator.
+
+An *indicator batch* is what the platform emits every day: one row per user with a few numeric
+indicators. This module documents its schema and splits any batch into valid rows and rejected
+(dead-letter) rows, each rejected row with a reason (DESIGN.md, invariant 7: late and bad rows
+are counted, not lost). Nothing is dropped silently::
+
+    result.valid.num_rows + result.rejected.num_rows == batch.num_rows
+
+Input batch (a ``pa.RecordBatch`` or ``pa.Table``)
+--------------------------------------------------
+``user_id`` (required)
+    Any integer type (cast to int64) or a string type (utf8, large_utf8, string_view; kept as
+    utf8). String ids are compared exactly, byte for byte: no trimming, no Unicode
+    normalisation; very long and non-ASCII ids are fine. An unsigned id above ``2**63 - 1``
+    does not fit int64 and rejects its row (``wrong_type``, detail names ``user_id``).
+
+exactly one of ``day`` or ``event_time`` (required)
+    ``day``: date32, date64 or a string ``'YYYY-MM-DD'`` (surrounding whitespace ignored).
+    The row's window is that of the date's midnight UTC.
+    ``event_time``: a timestamp of any unit, or an ISO-8601 string
+    (``YYYY-MM-DD[(T|t|space)HH:MM[:SS[.fff]]][Z|+HH[:MM]|-HH[:MM]]``). Timestamps with a time
+    zone are converted to UTC; **naive timestamps and strings without an offset are taken as
+    UTC**. Fractions of a second never change the window (window bounds are whole seconds).
+    A string that is null, empty or blank is a missing time (``null_time``). Every kind of
+    time must fall in 0001-01-01T00:00:00Z..9999-12-31T23:59:59Z (``MIN_TIME_SECONDS``,
+    ``MAX_TIME_SECONDS``), else the row is ``bad_time``.
+
+indicator columns
+    Every other column, or exactly those named by ``indicator_columns=[...]`` (then all other
+    columns are ignored). Each must be numeric (integer, unsigned, floating, bool, decimal) or a
+    string. Values are returned as float64: bool becomes 0.0/1.0, and integers or decimals
+    beyond float64 precision (``|x| > 2**53``) are rounded to the nearest float64, which is
+    accepted. A string column (e.g. read from CSV) is parsed per value after trimming
+    whitespace: decimal or scientific notation, ``inf``/``infinity``/``nan`` in any case (these
+    then reject as ``non_finite_value``) and ``true``/``false``; an empty or blank string is a
+    missing value (``null_value``); anything else rejects the row as ``wrong_type``.
+
+A column of Arrow type ``null`` (all values missing, as CSV readers infer for an empty column)
+is accepted in every role and rejects all its rows. Dictionary-encoded columns are decoded.
+
+Whole-batch problems raise :class:`SchemaError` (a ``ValueError``) naming the column and the
+type found: no ``user_id``, no time column, both ``day`` and ``event_time``, no indicator
+columns, an unsupported type (e.g. a list or binary column), a named indicator column that is
+missing, a repeated column name, or an indicator named ``window_id`` (reserved for the output).
+
+Output (:class:`ValidatedBatch`)
+--------------------------------
+``valid``: ``user_id`` (int64 or utf8, as the input), ``window_id`` (int64), then the
+indicator columns as float64 in input order; no nulls; rows in input order. See
+:func:`valid_schema`.
+
+``rejected``: ``row_index`` (int64, position in the input batch), ``reason`` (a
+:class:`RejectReason` value), ``detail`` (the offending column, and value when short) and
+``raw`` (the row as a JSON object of the columns the validator read, user id, time and
+indicators, so that a dead-letter row can be replayed); sorted by ``row_index``. See
+:data:`REJECTED_SCHEMA`. ``raw`` is strict JSON: NaN and infinities are written as the strings
+``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (which the validator parses back), dates and
+timestamps as strings, decimals as numbers.
+
+A rejected row gets the first matching reason in this order: null user id, empty user id
+(then an unsigned id beyond int64, as ``wrong_type``), null time, bad time, null indicator,
+unparseable indicator string (``wrong_type``), NaN/inf indicator, window outside
+``[start_window, end_window]``, duplicate ``(user_id, window_id)``. Within one reason the first
+indicator column in input order is named. Among the rows that pass every other check, the first
+occurrence (lowest row index) of a ``(user_id, window_id)`` pair stays valid and later ones are
+rejected as duplicates.
+
+All work is vectorised with ``pyarrow.compute`` and NumPy: loops run over columns, never rows.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stream.xp import array_module
+
+__all__ = [
+    "DAY",
+    "EVENT_TIME",
+    "MAX_ABS_SECONDS",
+    "MAX_TIME_SECONDS",
+    "MIN_TIME_SECONDS",
+    "REJECTED_SCHEMA",
+    "USER_ID",
+    "WINDOW_ID",
+    "RejectReason",
+    "SchemaError",
+    "ValidatedBatch",
+    "WindowSpec",
+    "indicator_schema",
+    "valid_schema",
+    "validate_batch",
+]
+
+USER_ID = "user_id"
+DAY = "day"
+EVENT_TIME = "event_time"
+WINDOW_ID = "window_id"
+
+#: Supported times, Unix seconds: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z, the span
+#: of a four-digit ISO-8601 year. Times outside it are ``bad_time`` whatever their type.
+MIN_TIME_SECONDS = -62_135_596_800
+MAX_TIME_SECONDS = 253_402_300_799
+#: Largest ``|origin_seconds|`` of a :class:`WindowSpec`, and largest ``|seconds|`` that
+#: :meth:`WindowSpec.window_of_seconds` accepts: with both below 2**61, ``seconds - origin``
+#: cannot overflow int64.
+MAX_ABS_SECONDS = 2**61
+
+_SECONDS_PER_DAY = 86_400
+_DETAIL_MAX_CHARS = 40  # longer values are cut in `detail` (never in `raw`)
+
+
+class SchemaError(ValueError):
+    """A whole batch cannot be validated: a required column is missing or has a bad type."""
+
+
+class RejectReason(str, enum.Enum):
+    """Why a row went to the dead-letter output, in priority order (first match wins)."""
+
+    NULL_USER_ID = "null_user_id"
+    EMPTY_USER_ID = "empty_user_id"
+    NULL_TIME = "null_time"
+    BAD_TIME = "bad_time"
+    NULL_VALUE = "null_value"
+    WRONG_TYPE = "wrong_type"
+    NON_FINITE = "non_finite_value"
+    OUT_OF_RANGE_TIME = "out_of_range_time"
+    DUPLICATE = "duplicate_user_window"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_REASONS: tuple[RejectReason, ...] = tuple(RejectReason)
+_REASON_CODE = {reason: code for code, reason in enumerate(_REASONS, start=1)}
+
+#: Schema of :attr:`ValidatedBatch.rejected`.
+REJECTED_SCHEMA = pa.schema(
+    [
+        pa.field("row_index", pa.int64(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("detail", pa.string(), nullable=False),
+        pa.field("raw", pa.string(), nullable=False),
+    ]
+)
+
+
+def _as_int(name: str, value: Any) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {name}={value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """Fixed windows of ``length_seconds``; window 0 is ``[origin, origin + length)`` (UTC).
+
+    The default is daily windows from 1970-01-01, so a row's ``window_id`` is its day number
+    since the Unix epoch. Windows are half-open and computed with floor division, so times
+    before the origin get negative ids.
+    """
+
+    length_seconds: int = _SECONDS_PER_DAY
+    origin_seconds: int = 0
+
+    def __post_init__(self) -> None:
+        length = _as_int("length_seconds", self.length_seconds)
+        if length <= 0:
+            raise ValueError(f"length_seconds must be > 0, got length_seconds={length}")
+        origin = _as_int("origin_seconds", self.origin_seconds)
+        if abs(origin) > MAX_ABS_SECONDS:
+            raise ValueError(
+                f"origin_seconds must be within +-2**61 of the epoch, got origin_seconds={origin}"
+            )
+        object.__setattr__(self, "length_seconds", length)
+        object.__setattr__(self, "origin_seconds", origin)
+
+    def window_of_seconds(self, seconds: Any) -> Any:
+        """Window id (int64) of each Unix time in ``seconds`` (integers, ``|s| <= 2**61``)."""
+        xp = array_module(seconds)
+        s = xp.asarray(seconds)
+        if s.dtype.kind not in "iu":
+            raise TypeError(f"seconds must be an integer array, got dtype={s.dtype}")
+        s = s.astype(xp.int64, copy=False)
+        return xp.floor_divide(s - self.origin_seconds, self.length_seconds)
+
+    def window_start_seconds(self, window_id: Any) -> Any:
+        """Unix time (seconds, UTC) at which ``window_id`` starts (inclusive)."""
+        if isinstance(window_id, (int, np.integer)) and not isinstance(window_id, bool):
+            return self.origin_seconds + int(window_id) * self.length_seconds
+        xp = array_module(window_id)
+        w = xp.asarray(window_id)
+        if w.dtype.kind not in "iu":
+            raise TypeError(f"window_id must be integer, got dtype={w.dtype}")
+        return self.origin_seconds + w.astype(xp.int64, copy=False) * self.length_seconds
+
+    def window_end_seconds(self, window_id: Any) -> Any:
+        """Unix time (seconds, UTC) at which ``window_id`` ends (exclusive)."""
+        return self.window_start_seconds(window_id) + self.length_seconds
+
+
+@dataclass(frozen=True)
+class ValidatedBatch:
+    """The two outputs of :func:`validate_batch`; together they hold every input row once."""
+
+    valid: pa.Table
+    rejected: pa.Table
+    indicator_columns: tuple[str, ...]
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of the input batch: ``valid.num_rows + rejected.num_rows``."""
+        return self.valid.num_rows + self.rejected.num_rows
+
+    def reason_counts(self) -> dict[RejectReason, int]:
+        """Number of rejected rows per reason, every reason present (zero if unused)."""
+        counts = dict.fromkeys(_REASONS, 0)
+        if self.rejected.num_rows:
+            for item in pc.value_counts(self.rejected.column("reason")).to_pylist():
+                counts[RejectReason(item["values"])] = int(item["counts"])
+        return counts
+
+
+# --------------------------------------------------------------------------- schemas
+
+
+def _check_indicator_names(names: Sequence[str], *, what: str) -> tuple[str, ...]:
+    if isinstance(names, (str, bytes)) or not isinstance(names, Sequence):
+        raise TypeError(f"{what} must be a sequence of column names, got {names!r}")
+    out = tuple(names)
+    for name in out:
+        if not isinstance(name, str):
+            raise TypeError(f"{what} must hold strings, got {name!r}")
+        if name in (USER_ID, DAY, EVENT_TIME, WINDOW_ID):
+            raise SchemaError(f"{what} may not include the reserved column {name!r}")
+    repeated = sorted({name for name in out if out.count(name) > 1})
+    if repeated:
+        raise ValueError(f"{what} names a column more than once: {repeated}")
+    return out
+
+
+def indicator_schema(
+    indicator_columns: Sequence[str],
+    user_id_type: pa.DataType = pa.int64(),
+    time_column: str = DAY,
+) -> pa.Schema:
+    """The documented schema an indicator batch should have.
+
+    ``user_id`` (``user_id_type``: int64 or utf8), then ``day`` (date32) or ``event_time``
+    (timestamp, microseconds, UTC), then each indicator column as float64; no nulls.
+    :func:`validate_batch` accepts more than this (see the module docstring).
+    """
+    names = _check_indicator_names(indicator_columns, what="indicator_columns")
+    if user_id_type not in (pa.int64(), pa.string()):
+        raise ValueError(f"user_id_type must be pa.int64() or pa.string(), got {user_id_type}")
+    if time_column == DAY:
+        time_type: pa.DataType = pa.date32()
+    elif time_column == EVENT_TIME:
+        time_type = pa.timestamp("us", tz="UTC")
+    else:
+        raise ValueError(f"time_column must be {DAY!r} or {EVENT_TIME!r}, got {time_column!r}")
+    return pa.schema(
+        [pa.field(USER_ID, user_id_type, nullable=False), pa.field(time_column, time_type, nullable=False)]
+        + [pa.field(name, pa.float64(), nullable=False) for name in names]
+    )
+
+
+def valid_schema(indicator_columns: Sequence[str], user_id_type: pa.DataType = pa.int64()) -> pa.Schema:
+    """Schema of :attr:`ValidatedBatch.valid`: user_id, window_id (int64), indicators (float64)."""
+    names = _check_indicator_names(indicator_columns, what="indicator_columns")
+    if user_id_type not in (pa.int64(), pa.string()):
+        raise ValueError(f"user_id_type must be pa.int64() or pa.string(), got {user_id_type}")
+    return pa.schema(
+        [pa.field(USER_ID, user_id_type, nullable=False), pa.field(WINDOW_ID, pa.int64(), nullable=False)]
+        + [pa.field(name, pa.float64(), nullable=False) for name in names]
+    )
+
+
+# --------------------------------------------------------------------------- column kinds
+
+
+def _value_type(t: pa.DataType) -> pa.DataType:
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
+def _is_string(t: pa.DataType) -> bool:
+    is_view = getattr(pa.types, "is_string_view", lambda _t: False)
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or is_view(t)
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+
+
+def _user_kind(t: pa.DataType) -> str | None:
+    if pa.types.is_null(t):
+        return "null"
+    if pa.types.is_integer(t):
+        return "int"
+    if _is_string(t):
+        return "string"
+    return None
+
+
+def _time_kind(name: str, t: pa.DataType) -> str | None:
+    if pa.types.is_null(t):
+        return "null"
+    if _is_string(t):
+        return "string"
+    if name == DAY and (pa.types.is_date32(t) or pa.types.is_date64(t)):
+        return "date"
+    if name == EVENT_TIME and pa.types.is_timestamp(t):
+        return "timestamp"
+    return None
+
+
+def _indicator_kind(t: pa.DataType) -> str | None:
+    if pa.types.is_null(t):
+        return "null"
+    if pa.types.is_boolean(t) or _is_number(t):
+        return "number"
+    if _is_string(t):
+        return "string"
+    return None
+
+
+@dataclass(frozen=True)
+class _Layout:
+    time_column: str
+    indicators: tuple[str, ...]
+
+
+def _resolve_columns(schema: pa.Schema, indicator_columns: Sequence[str] | None) -> _Layout:
+    names = schema.names
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise SchemaError(f"batch has repeated column names {repeated}; each column must be unique")
+
+    def type_of(name: str) -> pa.DataType:
+        return _value_type(schema.field(name).type)
+
+    if USER_ID not in names:
+        raise SchemaError(f"batch has no {USER_ID!r} column; columns found: {names}")
+    if _user_kind(type_of(USER_ID)) is None:
+        raise SchemaError(
+            f"column {USER_ID!r} has unsupported type {schema.field(USER_ID).type}; "
+            "expected an integer or string type"
+        )
+    if DAY in names and EVENT_TIME in names:
+        raise SchemaError(
+            f"batch has both {DAY!r} ({schema.field(DAY).type}) and {EVENT_TIME!r} "
+            f"({schema.field(EVENT_TIME).type}); give exactly one time column"
+        )
+    if DAY in names:
+        time_column = DAY
+        expected = "date32, date64 or a 'YYYY-MM-DD' string"
+    elif EVENT_TIME in names:
+        time_column = EVENT_TIME
+        expected = "a timestamp or an ISO-8601 string"
+    else:
+        raise SchemaError(f"batch has no time column: give {DAY!r} or {EVENT_TIME!r}; columns found: {names}")
+    if _time_kind(time_column, type_of(time_column)) is None:
+        raise SchemaError(
+            f"column {time_column!r} has unsupported type {schema.field(time_column).type}; "
+            f"expected {expected}"
+        )
+
+    if indicator_columns is None:
+        chosen = tuple(name for name in names if name not in (USER_ID, DAY, EVENT_TIME))
+        if WINDOW_ID in chosen:
+            raise SchemaError(
+                f"column {WINDOW_ID!r} ({schema.field(WINDOW_ID).type}) is reserved for the output; "
+                "rename it or pass indicator_columns"
+            )
+    else:
+        chosen = _check_indicator_names(indicator_columns, what="indicator_columns")
+        missing = [name for name in chosen if name not in names]
+        if missing:
+            raise SchemaError(f"indicator column(s) {missing} not in batch; columns found: {names}")
+    if not chosen:
+        raise SchemaError(f"batch has no indicator columns; columns found: {names}")
+    for name in chosen:
+        if _indicator_kind(type_of(name)) is None:
+            raise SchemaError(
+                f"indicator column {name!r} has unsupported type {schema.field(name).type}; "
+                "expected an integer, float, bool, decimal or string type"
+            )
+    return _Layout(time_column=time_column, indicators=chosen)
+
+
+# --------------------------------------------------------------------------- small kernels
+
+
+def _mask(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Boolean Arrow array -> NumPy bool array, null counted as False."""
+    return np.asarray(pc.fill_null(arr, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _ints(arr: pa.Array) -> np.ndarray:
+    """Integer-valued Arrow array -> int64 NumPy array, null as 0."""
+    return np.asarray(pc.fill_null(arr, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _normalise(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """One contiguous array; dictionaries decoded; every string type as utf8."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks else pa.array([], type=arr.type)
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.dictionary_decode()
+    if _is_string(arr.type) and not pa.types.is_string(arr.type):
+        arr = arr.cast(pa.string())
+    return arr
+
+
+def _json_string(arr: pa.Array) -> pa.Array:
+    """utf8 array -> JSON string literals (quoted, escaped); nulls stay null."""
+    s = pc.replace_substring(arr, "\\", "\\\\")
+    s = pc.replace_substring(s, '"', '\\"')
+    if pc.any(pc.match_substring_regex(s, "[\\x00-\\x1f]")).as_py():
+        for code in range(0x20):  # loop over the 32 control characters, not over rows
+            s = pc.replace_substring(s, chr(code), f"\\u{code:04x}")
+    return pc.binary_join_element_wise('"', s, '"', "")
+
+
+def _snippet(arr: pa.Array) -> pa.Array:
+    """utf8 array -> short quoted form for `detail`, cut after _DETAIL_MAX_CHARS characters."""
+    cut = pc.utf8_slice_codeunits(arr, 0, _DETAIL_MAX_CHARS)
+    too_long = pc.greater(pc.utf8_length(arr), _DETAIL_MAX_CHARS)
+    short = pc.if_else(too_long, pc.binary_join_element_wise(cut, "...", ""), arr)
+    return _json_string(short)
+
+
+def _join(*parts: Any) -> pa.Array:
+    return pc.binary_join_element_wise(*parts, "")
+
+
+def _json_values(arr: pa.Array) -> pa.Array:
+    """Any supported input column -> its values as JSON text (null as ``null``)."""
+    t = arr.type
+    if pa.types.is_null(t):
+        return pa.repeat(pa.scalar("null"), len(arr))
+    if pa.types.is_floating(t):
+        text = arr.cast(pa.string())  # shortest text that round-trips in the column's own width
+        wide = arr.cast(pa.float64())  # exact; not every kernel exists for float16
+        text = pc.if_else(pc.is_nan(wide), '"NaN"', text)
+        text = pc.if_else(pc.equal(wide, math.inf), '"Infinity"', text)
+        text = pc.if_else(pc.equal(wide, -math.inf), '"-Infinity"', text)
+    elif pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_decimal(t):
+        text = arr.cast(pa.string())
+    elif pa.types.is_string(t):
+        text = _json_string(arr)
+    else:  # dates and timestamps: ISO text (tz-aware as UTC), which the validator parses back
+        if pa.types.is_timestamp(t) and t.tz is not None:
+            arr = arr.cast(pa.timestamp(t.unit, tz="UTC"))
+        text = _json_string(arr.cast(pa.string()))
+    return pc.fill_null(text, "null")
+
+
+# --------------------------------------------------------------------------- time parsing
+
+_DATE_RE = r"^(?P<y>\d{4})-(?P<mo>\d{2})-(?P<d>\d{2})$"
+_ISO_RE = (
+    r"^(?P<y>\d{4})-(?P<mo>\d{2})-(?P<d>\d{2})"
+    r"(?:[Tt ](?P<h>\d{2}):(?P<mi>\d{2})(?::(?P<s>\d{2})(?:[.,]\d+)?)?"
+    r"(?:(?P<z>[Zz])|(?P<sign>[+-])(?P<oh>\d{2})(?::?(?P<om>\d{2}))?)?)?$"
+)
+_UNIT_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+
+
+def _days_from_civil(y: np.ndarray, m: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's days_from_civil)."""
+    y = y - (m <= 2)
+    era = np.floor_divide(y, 400)
+    yoe = y - era * 400
+    doy = (153 * ((m + 9) % 12) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146_097 + doe - 719_468
+
+
+_DAYS_IN_MONTH = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
+
+
+def _parse_iso(text: pa.Array, pattern: str) -> tuple[np.ndarray, np.ndarray]:
+    """Parse trimmed non-blank strings; returns (ok mask, UTC seconds, 0 where not ok)."""
+    parts = pc.extract_regex(text, pattern)
+    ok = _mask(parts.is_valid())
+    groups = {parts.type.field(k).name for k in range(parts.type.num_fields)}
+
+    def field(name: str) -> np.ndarray:
+        if name not in groups:
+            return np.zeros(len(text), dtype=np.int64)
+        raw = parts.field(name)
+        raw = pc.if_else(pc.equal(pc.fill_null(raw, ""), ""), "0", raw)
+        return _ints(raw.cast(pa.int64()))
+
+    y, mo, d = field("y"), field("mo"), field("d")
+    h, mi, s = field("h"), field("mi"), field("s")
+    oh, om = field("oh"), field("om")
+    leap = ((y % 4 == 0) & (y % 100 != 0)) | (y % 400 == 0)
+    month_ok = (mo >= 1) & (mo <= 12)
+    dim = _DAYS_IN_MONTH[np.clip(mo, 1, 12) - 1] + ((mo == 2) & leap)
+    ok &= (y >= 1) & month_ok & (d >= 1) & (d <= dim)
+    ok &= (h <= 23) & (mi <= 59) & (s <= 59) & (oh <= 23) & (om <= 59)
+    seconds = _days_from_civil(y, mo, d) * _SECONDS_PER_DAY + h * 3600 + mi * 60 + s
+    if "sign" in groups:
+        sign = np.where(_mask(pc.equal(parts.field("sign"), "-")), -1, 1)
+        seconds = seconds - sign * (oh * 3600 + om * 60)
+    return ok, np.where(ok, seconds, 0)
+
+
+# --------------------------------------------------------------------------- rejections
+
+
+class _Rejections:
+    """Per-row reason codes (0 = still valid) and details; the first reason added wins."""
+
+    def __init__(self, n: int) -> None:
+        self.code = np.zeros(n, dtype=np.int8)
+        self.detail: pa.Array = pa.nulls(n, pa.string())
+
+    def add(self, mask: np.ndarray, reason: RejectReason, detail: str | Callable[[], pa.Array]) -> None:
+        new = np.asarray(mask, dtype=bool) & (self.code == 0)
+        if not new.any():
+            return
+        self.code[new] = _REASON_CODE[reason]
+        text = detail if isinstance(detail, str) else detail()
+        self.detail = pc.if_else(pa.array(new), text, self.detail)
+
+
+def _user_ids(arr: pa.Array, rej: _Rejections) -> pa.Array:
+    """Check and normalise user ids (int64 or utf8); adds user-id rejections."""
+    n = len(arr)
+    rej.add(~_mask(arr.is_valid()), RejectReason.NULL_USER_ID, f"{USER_ID} is null")
+    if pa.types.is_null(arr.type):
+        return pa.nulls(n, pa.int64())
+    if pa.types.is_string(arr.type):
+        rej.add(_mask(pc.equal(arr, "")), RejectReason.EMPTY_USER_ID, f"{USER_ID} is an empty string")
+        return arr
+    if arr.type == pa.uint64():
+        too_big = _mask(pc.greater(arr, pa.scalar(2**63 - 1, pa.uint64())))
+        rej.add(
+            too_big,
+            RejectReason.WRONG_TYPE,
+            lambda: _join(f"{USER_ID} ", arr.cast(pa.string()), " does not fit in int64"),
+        )
+        arr = pc.if_else(pa.array(too_big), pa.scalar(0, pa.uint64()), arr)
+    return arr.cast(pa.int64())
+
+
+def _time_seconds(name: str, arr: pa.Array, rej: _Rejections) -> np.ndarray:
+    """UTC Unix seconds of each row's time (0 where rejected); adds time rejections."""
+    t = arr.type
+    if pa.types.is_string(t):
+        text = pc.utf8_trim_whitespace(arr)
+        missing = ~_mask(text.is_valid()) | _mask(pc.equal(text, ""))
+        rej.add(missing, RejectReason.NULL_TIME, f"{name} is null or empty")
+        if name == DAY:
+            ok, seconds = _parse_iso(text, _DATE_RE)
+            expected = "as a YYYY-MM-DD date"
+        else:
+            ok, seconds = _parse_iso(text, _ISO_RE)
+            expected = "as an ISO-8601 timestamp"
+        rej.add(
+            ~ok,
+            RejectReason.BAD_TIME,
+            lambda: _join(f"{name}: cannot parse ", _snippet(text), f" {expected}"),
+        )
+    else:
+        rej.add(~_mask(arr.is_valid()), RejectReason.NULL_TIME, f"{name} is null")
+        if pa.types.is_null(t):
+            seconds = np.zeros(len(arr), dtype=np.int64)
+        elif pa.types.is_date32(t):
+            seconds = _ints(arr.cast(pa.int32())) * _SECONDS_PER_DAY
+        elif pa.types.is_date64(t):
+            ms_per_day = 1000 * _SECONDS_PER_DAY
+            seconds = np.floor_divide(_ints(arr.cast(pa.int64())), ms_per_day) * _SECONDS_PER_DAY
+        else:  # timestamp: Arrow stores UTC instants when tz-aware; naive wall clock is taken as UTC
+            seconds = np.floor_divide(_ints(arr.cast(pa.int64())), _UNIT_PER_SECOND[t.unit])
+    outside = (seconds < MIN_TIME_SECONDS) | (seconds > MAX_TIME_SECONDS)
+    rej.add(
+        outside,
+        RejectReason.BAD_TIME,
+        lambda: _join(
+            f"{name} is ",
+            pa.array(seconds).cast(pa.string()),
+            " s from the epoch, outside 0001-01-01..9999-12-31 UTC",
+        ),
+    )
+    return np.where(outside, 0, seconds)
+
+
+_NUMBER_RE = r"^[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf|infinity|nan)$"
+
+
+@dataclass(frozen=True)
+class _Indicator:
+    values: pa.Array  # float64, null where missing or unparseable
+    null: np.ndarray
+    wrong: np.ndarray
+    text: pa.Array | None  # trimmed strings, for wrong_type details
+
+
+def _indicator(arr: pa.Array) -> _Indicator:
+    t = arr.type
+    if not pa.types.is_string(t):
+        values = arr.cast(pa.float64(), safe=False)  # precision beyond 2**53 rounds: documented
+        return _Indicator(values, ~_mask(arr.is_valid()), np.zeros(len(arr), dtype=bool), None)
+    text = pc.utf8_trim_whitespace(arr)
+    null = ~_mask(text.is_valid()) | _mask(pc.equal(text, ""))
+    is_number = _mask(pc.match_substring_regex(text, _NUMBER_RE, ignore_case=True))
+    is_true = _mask(pc.match_substring_regex(text, "^true$", ignore_case=True))
+    is_false = _mask(pc.match_substring_regex(text, "^false$", ignore_case=True))
+    values = pc.if_else(pa.array(is_number), text, pa.scalar(None, pa.string())).cast(pa.float64())
+    values = pc.if_else(pa.array(is_true), 1.0, pc.if_else(pa.array(is_false), 0.0, values))
+    wrong = ~null & ~is_number & ~is_true & ~is_false
+    return _Indicator(values, null, wrong, text)
+
+
+# --------------------------------------------------------------------------- the validator
+
+
+def _as_table(batch: Any) -> pa.Table:
+    if isinstance(batch, pa.RecordBatch):
+        return pa.Table.from_batches([batch])
+    if isinstance(batch, pa.Table):
+        return batch
+    raise TypeError(f"batch must be a pyarrow RecordBatch or Table, got {type(batch).__name__}")
+
+
+def validate_batch(
+    batch: pa.RecordBatch | pa.Table,
+    *,
+    window: WindowSpec = WindowSpec(),
+    start_window: int | None = None,
+    end_window: int | None = None,
+    indicator_columns: Sequence[str] | None = None,
+) -> ValidatedBatch:
+    """Split ``batch`` into valid rows and rejected rows with reasons (see the module docstring).
+
+    ``start_window``/``end_window`` bound the accepted window ids, inclusive; rows outside are
+    rejected as ``out_of_range_time``. Raises :class:`SchemaError` for whole-batch problems,
+    ``ValueError`` for ``start_window > end_window`` and ``TypeError`` for wrong argument types.
+    """
+    table = _as_table(batch)
+    if not isinstance(window, WindowSpec):
+        raise TypeError(f"window must be a WindowSpec, got {type(window).__name__}")
+    start = None if start_window is None else _as_int("start_window", start_window)
+    end = None if end_window is None else _as_int("end_window", end_window)
+    if start is not None and end is not None and start > end:
+        raise ValueError(
+            f"start_window must be <= end_window, got start_window={start}, end_window={end}"
+        )
+    layout = _resolve_columns(table.schema, indicator_columns)
+    return _validate(table, layout, window, start, end)
+
+
+def _validate(
+    table: pa.Table, layout: _Layout, window: WindowSpec, start: int | None, end: int | None
+) -> ValidatedBatch:
+    n = table.num_rows
+    rej = _Rejections(n)
+    user_raw = _normalise(table.column(USER_ID))
+    time_raw = _normalise(table.column(layout.time_column))
+    ind_raw = [_normalise(table.column(name)) for name in layout.indicators]
+
+    users = _user_ids(user_raw, rej)
+    seconds = _time_seconds(layout.time_column, time_raw, rej)
+
+    parsed = [_indicator(arr) for arr in ind_raw]
+    for name, ind in zip(layout.indicators, parsed):
+        rej.add(ind.null, RejectReason.NULL_VALUE, f"column {name!r} is null")
+    for name, ind in zip(layout.indicators, parsed):
+        if ind.text is not None:
+            text = ind.text
+            rej.add(
+                ind.wrong,
+                RejectReason.WRONG_TYPE,
+                lambda name=name, text=text: _join(
+                    f"column {name!r}: cannot parse ", _snippet(text), " as a number"
+                ),
+            )
+    for name, ind in zip(layout.indicators, parsed):
+        finite = _mask(pc.is_finite(ind.values))
+        non_finite = _mask(ind.values.is_valid()) & ~finite
+        rej.add(
+            non_finite,
+            RejectReason.NON_FINITE,
+            lambda name=name, values=ind.values: _join(f"column {name!r} is ", values.cast(pa.string())),
+        )
+
+    windows = window.window_of_seconds(seconds)
+    if start is not None or end is not None:
+        outside = np.zeros(n, dtype=bool)
+        if start is not None:
+            outside |= windows < start
+        if end is not None:
+            outside |= windows > end
+        rej.add(
+            outside,
+            RejectReason.OUT_OF_RANGE_TIME,
+            lambda: _join(
+                f"{WINDOW_ID} ",
+                pa.array(windows).cast(pa.string()),
+                f" is outside start_window={start}, end_window={end}",
+            ),
+        )
+
+    _reject_duplicates(users, windows, rej)
+
+    user_type = pa.string() if pa.types.is_string(users.type) else pa.int64()
+    keep = pa.array(rej.code == 0)
+    valid = pa.Table.from_arrays(
+        [users.filter(keep), pa.array(windows, pa.int64()).filter(keep)]
+        + [ind.values.filter(keep) for ind in parsed],
+        schema=valid_schema(layout.indicators, user_type),
+    )
+    rejected = _rejected_table(
+        rej, [user_raw, time_raw, *ind_raw], [USER_ID, layout.time_column, *layout.indicators]
+    )
+    return ValidatedBatch(valid=valid, rejected=rejected, indicator_columns=layout.indicators)
+
+
+def _reject_duplicates(users: pa.Array, windows: np.ndarray, rej: _Rejections) -> None:
+    """Among still-valid rows, reject every (user, window) occurrence after the first."""
+    rows = np.flatnonzero(rej.code == 0)
+    if len(rows) < 2:
+        return
+    keys = pa.table({"u": users.take(pa.array(rows)), "w": windows[rows], "i": rows})
+    order = pc.sort_indices(keys, sort_keys=[("u", "ascending"), ("w", "ascending"), ("i", "ascending")])
+    order_np = _ints(order)
+    u = keys.column("u").take(order).combine_chunks()
+    w = windows[rows][order_np]
+    i = rows[order_np]
+    same = np.zeros(len(rows), dtype=bool)
+    same[1:] = _mask(pc.equal(u.slice(1), u.slice(0, len(u) - 1))) & (w[1:] == w[:-1])
+    if not same.any():
+        return
+    group_start = np.maximum.accumulate(np.where(same, 0, np.arange(len(rows))))
+    first_row = np.zeros(len(rej.code), dtype=np.int64)
+    first_row[i] = i[group_start]
+    duplicate = np.zeros(len(rej.code), dtype=bool)
+    duplicate[i[same]] = True
+    rej.add(
+        duplicate,
+        RejectReason.DUPLICATE,
+        lambda: _join(
+            f"({USER_ID}, {WINDOW_ID}) already valid at row ", pa.array(first_row).cast(pa.string())
+        ),
+    )
+
+
+def _rejected_table(rej: _Rejections, columns: list[pa.Array], names: list[str]) -> pa.Table:
+    rows = np.flatnonzero(rej.code != 0)
+    if len(rows) == 0:
+        return REJECTED_SCHEMA.empty_table()
+    take = pa.array(rows)
+    reasons = pa.array([reason.value for reason in _REASONS]).take(pa.array(rej.code[rows] - 1))
+    parts: list[Any] = []
+    for k, (name, arr) in enumerate(zip(names, columns)):
+        parts.append(("{" if k == 0 else ",") + json.dumps(name) + ":")
+        parts.append(_json_values(arr.take(take)))
+    parts.append("}")
+    return pa.Table.from_arrays(
+        [take.cast(pa.int64()), reasons, rej.detail.take(take), _join(*parts)], schema=REJECTED_SCHEMA
+    )
