@@ -351,7 +351,10 @@ class Ledger:
     def personal_epsilon(self, user_ids: Any, *, delta: float, accounting: str = "gdp") -> np.ndarray:
         """Each user's personal epsilon at ``delta``: :meth:`personal_odometer` converted."""
         rho = self.personal_odometer(user_ids)
-        return np.array([epsilon_for_budget(rho=float(r), delta=delta, accounting=accounting) for r in rho])
+        # The tracker moves in steps of Delta, so few distinct values need converting.
+        levels, inverse = np.unique(rho, return_inverse=True)
+        eps = np.array([epsilon_for_budget(rho=float(r), delta=delta, accounting=accounting) for r in levels])
+        return eps[inverse].reshape(rho.shape)
 
     # -- snapshots ------------------------------------------------------------------------------
 

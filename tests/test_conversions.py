@@ -163,3 +163,16 @@ def test_rdp_curve_takes_the_best_order():
 def test_out_of_range_parameters_raise_naming_the_parameter(call, name):
     with pytest.raises(ValueError, match=name):
         call()
+
+
+def test_closed_form_conversions_are_vectorised_and_agree_with_the_scalar_calls():
+    rhos = np.array([0.0, 1e-4, 0.3, 2.0])
+    assert np.array_equal(cv.zcdp_to_epsilon_thm49(rhos, 1e-6),
+                          [cv.zcdp_to_epsilon_thm49(float(r), 1e-6) for r in rhos])
+    eps = np.array([0.1, 1.0, 4.0])
+    assert np.array_equal(cv.epsilon_to_zcdp_thm49(eps, 1e-6), [cv.epsilon_to_zcdp_thm49(float(e), 1e-6) for e in eps])
+    mus = np.array([0.0, 0.2, 1.0, 3.0])
+    assert np.array_equal(cv.gdp_to_delta(mus, 0.5), [cv.gdp_to_delta(float(m), 0.5) for m in mus])
+    assert np.allclose(cv.zcdp_to_gdp(cv.gdp_to_zcdp(mus)), mus)
+    with pytest.raises(ValueError, match="rho"):
+        cv.zcdp_to_epsilon_thm49(np.array([0.1, -0.1]), 1e-6)

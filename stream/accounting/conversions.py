@@ -17,12 +17,14 @@ rho or larger mu than the exact answer would give).
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Any, Iterable, Union
 
 import numpy as np
 from scipy import optimize, special
 
 from stream.accounting import _validate as check
+
+ArrayOrFloat = Union[float, np.ndarray]
 
 # Relative slack applied to numerically inverted budgets so that they stay on the safe side of
 # the root-finder's tolerance.
@@ -34,30 +36,32 @@ _INVERSE_SAFETY = 1e-12
 # ---------------------------------------------------------------------------------------------
 
 
-def zcdp_to_epsilon_thm49(rho: float, delta: float) -> float:
-    """Epsilon such that ``rho``-zCDP implies ``(epsilon, delta)``-DP, via Fact 2.4.
+def zcdp_to_epsilon_thm49(rho: ArrayOrFloat, delta: float) -> ArrayOrFloat:
+    """Epsilon such that ``rho``-zCDP implies ``(epsilon, delta)``-DP, via Fact 2.4 (vectorised in rho).
 
     Feldman & Zrnic, Fact 2.4 (Mironov 2017, Prop. 3) gives ``alpha*rho + log(1/delta)/(alpha-1)``
     for every order; the minimum over ``alpha > 1`` (at ``alpha = 1 + sqrt(log(1/delta)/rho)``)
     is ``rho + 2 sqrt(rho log(1/delta))`` (Bun & Steinke 2016, Prop. 1.3). This is the conversion
     behind Theorem 4.9 of Feldman & Zrnic.
     """
-    rho = check.non_negative("rho", rho)
+    rho_arr = _reals("rho", rho, minimum=0.0)
     delta = check.probability("delta", delta)
-    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+    return _same_kind(rho, rho_arr + 2.0 * np.sqrt(rho_arr * math.log(1.0 / delta)))
 
 
-def epsilon_to_zcdp_thm49(epsilon: float, delta: float) -> float:
+def epsilon_to_zcdp_thm49(epsilon: ArrayOrFloat, delta: float) -> ArrayOrFloat:
     """The seed's ``B*``: the largest rho whose Fact 2.4 conversion gives ``(epsilon, delta)``.
 
     Feldman & Zrnic, Theorem 4.9: ``B* = (sqrt(log(1/delta) + epsilon) - sqrt(log(1/delta)))^2``.
     Written as ``epsilon^2 / (sqrt(L + epsilon) + sqrt(L))^2`` to avoid cancellation when
-    ``epsilon << log(1/delta)``.
+    ``epsilon << log(1/delta)``. Vectorised in epsilon.
     """
-    epsilon = check.positive("epsilon", epsilon)
+    eps_arr = _reals("epsilon", epsilon, minimum=0.0)
+    if np.any(eps_arr <= 0):
+        raise ValueError(f"epsilon must be > 0, got epsilon={epsilon!r}")
     delta = check.probability("delta", delta)
     log_inv_delta = math.log(1.0 / delta)
-    return epsilon**2 / (math.sqrt(log_inv_delta + epsilon) + math.sqrt(log_inv_delta)) ** 2
+    return _same_kind(epsilon, eps_arr**2 / (np.sqrt(log_inv_delta + eps_arr) + math.sqrt(log_inv_delta)) ** 2)
 
 
 def zcdp_to_delta_thm49(rho: float, epsilon: float) -> float:
@@ -203,20 +207,20 @@ def epsilon_to_zcdp_cks(epsilon: float, delta: float) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-def gdp_to_delta(mu: float, epsilon: float) -> float:
-    """The exact delta of ``mu``-GDP at ``epsilon``.
+def gdp_to_delta(mu: ArrayOrFloat, epsilon: float) -> ArrayOrFloat:
+    """The exact delta of ``mu``-GDP at ``epsilon`` (vectorised in mu).
 
     Dong, Roth & Su 2019, Corollary 2.13:
     ``delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``, evaluated in log space so
     the difference of two tiny terms does not cancel.
     """
-    mu = check.non_negative("mu", mu)
+    mu_arr = _reals("mu", mu, minimum=0.0)
     epsilon = check.non_negative("epsilon", epsilon)
-    if mu == 0.0:
-        return 0.0
-    log_first = special.log_ndtr(-epsilon / mu + mu / 2.0)
-    log_second = epsilon + special.log_ndtr(-epsilon / mu - mu / 2.0)
-    return float(max(0.0, -math.exp(log_first) * math.expm1(log_second - log_first)))
+    safe = np.where(mu_arr > 0, mu_arr, 1.0)
+    log_first = special.log_ndtr(-epsilon / safe + safe / 2.0)
+    log_second = epsilon + special.log_ndtr(-epsilon / safe - safe / 2.0)
+    delta = np.maximum(0.0, -np.exp(log_first) * np.expm1(log_second - log_first))
+    return _same_kind(mu, np.where(mu_arr > 0, delta, 0.0))
 
 
 def gdp_to_epsilon(mu: float, delta: float) -> float:
@@ -253,17 +257,32 @@ def epsilon_to_gdp(epsilon: float, delta: float) -> float:
     return mu
 
 
-def gdp_to_zcdp(mu: float) -> float:
+def gdp_to_zcdp(mu: ArrayOrFloat) -> ArrayOrFloat:
     """rho = mu^2 / 2: the zCDP of a Gaussian mechanism that is mu-GDP (Bun & Steinke Prop. 1.6)."""
-    mu = check.non_negative("mu", mu)
-    return 0.5 * mu * mu
+    mu_arr = _reals("mu", mu, minimum=0.0)
+    return _same_kind(mu, 0.5 * mu_arr * mu_arr)
 
 
-def zcdp_to_gdp(rho: float) -> float:
+def zcdp_to_gdp(rho: ArrayOrFloat) -> ArrayOrFloat:
     """mu = sqrt(2 rho): the GDP of a Gaussian mechanism with zCDP charge rho.
 
     Valid for Gaussian mechanisms only (where both describe the same privacy-loss
     distribution); a generic rho-zCDP mechanism is not sqrt(2 rho)-GDP.
     """
-    rho = check.non_negative("rho", rho)
-    return math.sqrt(2.0 * rho)
+    rho_arr = _reals("rho", rho, minimum=0.0)
+    return _same_kind(rho, np.sqrt(2.0 * rho_arr))
+
+
+def _reals(name: str, value: Any, *, minimum: float) -> np.ndarray:
+    """A scalar or array parameter as a float64 array, validated like the scalar checks."""
+    if np.ndim(value) == 0:
+        check.real(name, value if not isinstance(value, np.ndarray) else value.item())
+    array = check.real_array(name, value)
+    if np.any(array < minimum):
+        raise ValueError(f"{name} must be >= {minimum}, got {name}={value!r}")
+    return array
+
+
+def _same_kind(template: Any, result: np.ndarray) -> ArrayOrFloat:
+    """A float for scalar input, an array for array input."""
+    return float(result) if np.ndim(template) == 0 else result
