@@ -1,0 +1,152 @@
+"""The ``renyi-stream`` command line.
+
+Subcommands:
+
+* ``calibrate``: the noise a promise ``(epsilon, delta)`` needs under each accounting.
+* ``demo``: a curator-side simulation of daily releases with individual accounting, on
+  generated data, written to real Parquet files (replaced by ``run`` when the Beam pipeline
+  lands).
+
+Errors in parameters exit with status 2 and a message that names the parameter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+from stream.accounting import ACCOUNTINGS, calibrate, describe_accounting
+
+PROG = "renyi-stream"
+
+
+class _UsageError(Exception):
+    """A parameter out of range: reported like argparse's own errors (exit status 2)."""
+
+
+def _calibrate_command(args: argparse.Namespace) -> int:
+    try:
+        results = {
+            accounting: calibrate(
+                epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget, accounting=accounting
+            )
+            for accounting in ACCOUNTINGS
+        }
+        windows = results["gdp"].worst_case_windows(args.per_window_bound)
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from exc
+    if args.json:
+        print(json.dumps({
+            name: {
+                "rho": cal.rho,
+                "mu": cal.mu,
+                "noise_std": cal.noise_std,
+                "worst_case_windows": cal.worst_case_windows(args.per_window_bound),
+            }
+            for name, cal in results.items()
+        }, indent=2))
+        return 0
+    print(
+        f"Promise: ({args.epsilon:g}, {args.delta:g})-DP per user over the whole stream; "
+        f"squared-norm budget B = {args.norm_budget:g} per user."
+    )
+    print(
+        f"A user contributing the worst case C = {args.per_window_bound:g} every window joins "
+        f"B / C^2 = {windows:g} windows; sparser users join more.\n"
+    )
+    header = f"{'accounting':<12} {'rho (zCDP)':>12} {'mu (GDP)':>10} {'noise std':>11} {'variance vs gdp':>16}"
+    print(header)
+    print("-" * len(header))
+    gdp_var = results["gdp"].noise_std ** 2
+    for name, cal in results.items():
+        print(
+            f"{name:<12} {cal.rho:>12.6g} {cal.mu:>10.6g} {cal.noise_std:>11.6g} "
+            f"{cal.noise_std ** 2 / gdp_var:>15.3f}x"
+        )
+    print()
+    for name in ACCOUNTINGS:
+        print(f"{name}: {describe_accounting(name)}")
+    return 0
+
+
+def _demo_command(args: argparse.Namespace) -> int:
+    from pipelines.demo import DemoConfig, run_demo  # heavy imports only when needed
+
+    try:
+        config = DemoConfig(
+            users=args.users,
+            days=args.days,
+            epsilon=args.epsilon,
+            delta=args.delta,
+            norm_budget=args.norm_budget,
+            policy=args.policy,
+            accounting=args.accounting,
+            out_dir=args.out,
+            seed=args.seed,
+        )
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from exc
+    run_demo(config, progress=sys.stderr if not args.quiet else None)
+    return 0
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Streaming continual-observation queries with individual Renyi-filter accounting.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    cal = sub.add_parser(
+        "calibrate",
+        help="noise std, zCDP budget and GDP mu for a promise, under each accounting",
+        description="Print, for each accounting, the per-user zCDP budget, the GDP mu and the "
+        "Gaussian noise std that give (epsilon, delta)-DP with squared-norm budget B.",
+    )
+    cal.add_argument("--epsilon", type=float, required=True, help="epsilon of the per-user promise (> 0)")
+    cal.add_argument("--delta", type=float, required=True, help="delta of the per-user promise, in (0, 1)")
+    cal.add_argument("--norm-budget", type=float, required=True,
+                     help="B: total squared L2 norm a user may contribute over all windows (> 0)")
+    cal.add_argument("--per-window-bound", type=float, default=1.0,
+                     help="C: the largest L2 norm of one user's contribution in one window (default 1)")
+    cal.add_argument("--json", action="store_true", help="print one JSON object keyed by accounting")
+    cal.set_defaults(handler=_calibrate_command)
+
+    demo = sub.add_parser(
+        "demo",
+        help="simulate daily releases with individual accounting on generated data",
+        description="Generate a stream of daily indicator batches, write them as Parquet, filter "
+        "each user through the individual Renyi filter, release noisy daily sums and compare "
+        "with worst-case accounting. Curator-side: it prints true-vs-noisy errors.",
+    )
+    demo.add_argument("--users", type=int, default=20_000, help="number of users (default 20000)")
+    demo.add_argument("--days", type=int, default=60, help="number of daily windows (default 60)")
+    demo.add_argument("--epsilon", type=float, default=1.0, help="per-user epsilon (default 1)")
+    demo.add_argument("--delta", type=float, default=1e-6, help="per-user delta (default 1e-6)")
+    demo.add_argument("--norm-budget", type=float, default=40.0,
+                      help="B, squared-norm budget per user (default 40)")
+    demo.add_argument("--policy", choices=("drop", "clip"), default="clip",
+                      help="what happens to a contribution past a user's budget (default clip)")
+    demo.add_argument("--accounting", choices=ACCOUNTINGS, default="gdp",
+                      help="how (epsilon, delta) maps to the zCDP budget (default gdp)")
+    demo.add_argument("--out", default="renyi-demo", help="output folder (default ./renyi-demo)")
+    demo.add_argument("--seed", type=int, default=7, help="seed of the generated data (not of the noise)")
+    demo.add_argument("--quiet", action="store_true", help="no progress lines")
+    demo.set_defaults(handler=_demo_command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except _UsageError as exc:
+        parser.exit(2, f"{PROG} {args.command}: error: {exc}\n")
+    return 0  # unreachable: parser.exit raises SystemExit
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,105 @@
+"""The renyi-stream command line: calibrate and the demo job."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.cli import main
+from stream.accounting import ACCOUNTINGS, calibrate
+
+
+def test_calibrate_json_has_each_accounting_with_rho_mu_and_noise_std(capsys):
+    assert main(["calibrate", "--epsilon", "0.3", "--delta", "1e-5", "--norm-budget", "10", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert set(payload) == set(ACCOUNTINGS)
+    for accounting, numbers in payload.items():
+        expected = calibrate(epsilon=0.3, delta=1e-5, norm_budget=10, accounting=accounting)
+        assert numbers["rho"] == expected.rho
+        assert numbers["mu"] == expected.mu
+        assert numbers["noise_std"] == expected.noise_std
+        assert numbers["worst_case_windows"] == 10.0
+
+
+def test_calibrate_table_names_every_accounting_and_the_worst_case_windows(capsys):
+    main(["calibrate", "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "8", "--per-window-bound", "2"])
+    out = capsys.readouterr().out
+    for accounting in ACCOUNTINGS:
+        assert accounting in out
+    assert "B / C^2 = 2 windows" in out
+
+
+@pytest.mark.parametrize(
+    "args,name",
+    [
+        (["--epsilon", "0", "--delta", "1e-5", "--norm-budget", "1"], "epsilon"),
+        (["--epsilon", "-1", "--delta", "1e-5", "--norm-budget", "1"], "epsilon"),
+        (["--epsilon", "1", "--delta", "1", "--norm-budget", "1"], "delta"),
+        (["--epsilon", "1", "--delta", "0", "--norm-budget", "1"], "delta"),
+        (["--epsilon", "1", "--delta", "1e-5", "--norm-budget", "0"], "norm_budget"),
+        (["--epsilon", "1", "--delta", "1e-5", "--norm-budget", "-3"], "norm_budget"),
+        (["--epsilon", "x", "--delta", "1e-5", "--norm-budget", "1"], "--epsilon"),
+        (["--epsilon", "1", "--delta", "1e-5"], "--norm-budget"),
+    ],
+)
+def test_calibrate_out_of_range_exits_non_zero_naming_the_parameter(args, name, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["calibrate", *args])
+    assert exit_info.value.code == 2
+    assert name in capsys.readouterr().err
+
+
+def test_console_script_entry_point_runs():
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "calibrate", "--epsilon", "1", "--delta", "1e-6",
+         "--norm-budget", "4", "--json"],
+        capture_output=True, text=True, check=True,
+    )
+    assert set(json.loads(result.stdout)) == set(ACCOUNTINGS)
+
+
+def _run_demo(out_dir, capsys, *extra):
+    assert main(["demo", "--users", "800", "--days", "12", "--norm-budget", "4", "--out", str(out_dir),
+                 "--quiet", *extra]) == 0
+    return capsys.readouterr().out
+
+
+def test_demo_balances_its_row_totals_and_writes_parquet(tmp_path, capsys):
+    out = _run_demo(tmp_path / "demo", capsys)
+    assert "[balanced]" in out
+    releases = pq.read_table(tmp_path / "demo" / "releases.parquet")
+    assert releases.num_rows == 12 * 3  # every day, every indicator: the schedule is public
+    assert set(releases.column_names) >= {"window_start", "query_id", "label", "value", "noise_std", "accounting"}
+    assert "true_sum" not in releases.column_names  # invariant 4: nothing pre-noise is public
+    assert pq.read_table(tmp_path / "demo" / "curator" / "ledger.parquet").num_rows > 0
+    assert "dead-letter rows by reason" in out
+
+
+def test_demo_key_file_is_private(tmp_path, capsys):
+    _run_demo(tmp_path / "demo", capsys)
+    mode = stat.S_IMODE(os.stat(tmp_path / "demo" / "curator" / "noise.key").st_mode)
+    assert mode == 0o600
+
+
+def test_demo_rerun_releases_identical_answers(tmp_path, capsys):
+    # Invariant 5 at the job level: the same key and windows give the same released values.
+    _run_demo(tmp_path / "demo", capsys)
+    first = pq.read_table(tmp_path / "demo" / "releases.parquet")
+    _run_demo(tmp_path / "demo", capsys)
+    assert pq.read_table(tmp_path / "demo" / "releases.parquet").equals(first)
+
+
+def test_demo_refuses_bad_parameters_naming_them(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--users", "0", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "users" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["demo", "--delta", "2", "--out", str(tmp_path)])
+    assert "delta" in capsys.readouterr().err
