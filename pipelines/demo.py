@@ -151,6 +151,7 @@ def run_demo(config: DemoConfig, progress: TextIO | None = None) -> DemoSummary:
     releases, diagnostics = [], []
     errors_individual, errors_worst = [], []
     filtered_users: set[int] = set()
+    interactive = progress is not None and getattr(progress, "isatty", lambda: False)()
     for i, path in enumerate(paths):
         window = start_window + i
         batch = pq.read_table(path)
@@ -186,10 +187,14 @@ def run_demo(config: DemoConfig, progress: TextIO | None = None) -> DemoSummary:
             diagnostics.append({"window_start": day, "label": label, "true_sum": float(true_sum[j]),
                                 **counts})
         if progress is not None:
-            progress.write(f"\r[demo] day {i + 1}/{config.days} ({day.isoformat()}): "
-                           f"{valid.num_rows:,} rows, {counts['clipped'] + counts['dropped']:,} filtered")
+            line = (f"[demo] day {i + 1}/{config.days} ({day.isoformat()}): {valid.num_rows:,} rows, "
+                    f"{counts['clipped'] + counts['dropped']:,} filtered")
+            if interactive:
+                progress.write("\r" + line)
+            elif (i + 1) % max(1, config.days // 10) == 0 or i + 1 == config.days:
+                progress.write(line + "\n")  # a log file gets a line every tenth of the run
             progress.flush()
-    if progress is not None:
+    if progress is not None and interactive:
         progress.write("\n")
     pq.write_table(pa.Table.from_pylist(releases), out / "releases.parquet")
     pq.write_table(pa.Table.from_pylist(diagnostics), curator / "diagnostics.parquet")

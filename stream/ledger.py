@@ -117,9 +117,11 @@ def individual_filter(used: Any, charge: Any, *, cap: float, policy: Policy | st
             status=xp.where(fits, ADMITTED, DROPPED).astype(xp.int8),
         )
     remaining = xp.maximum(round_down(cap - used), 0.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        factor = xp.sqrt(remaining / charge) * _CLIP_SHRINK
-    clipped = ~fits & (factor > 0) & xp.isfinite(factor)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        # Capped at 1: a row that only failed to fit by rounding is kept whole and charged
+        # the (larger) remaining budget.
+        factor = xp.minimum(xp.sqrt(remaining / charge), 1.0) * _CLIP_SHRINK
+    clipped = ~fits & (factor > 0)
     status = xp.where(fits, ADMITTED, xp.where(clipped, CLIPPED, DROPPED)).astype(xp.int8)
     # used + remaining <= cap exactly, so rounding it up cannot pass cap (cap is a float).
     filled = xp.minimum(round_up(used + remaining), cap)
