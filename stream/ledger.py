@@ -16,7 +16,7 @@ The result is ``kappa``-zCDP for every user over any number of windows and adapt
 queries (Theorem 4.5, Remark 4.4), and ``sqrt(2 kappa)``-GDP (Smith & Thakurta 2022).
 
 Floating point: charges are rounded up (``stream.accounting.gaussian``), running sums are
-rounded up (:func:`round_up`), and the filter compares against ``kappa * (1 - 1e-9)``: the stored used
+rounded up (``stream.rounding``), and the filter compares against ``kappa * (1 - 1e-9)``: the stored used
 budget is an upper bound on the exact sum of the stored charges, and summing those charges in
 any order, in float64, for up to a million windows, stays below ``kappa``.
 """
@@ -36,6 +36,7 @@ from stream.accounting.calibration import epsilon_for_budget
 from stream.accounting.gaussian import gaussian_charge
 from stream.accounting.odometers import tracker_update
 from stream.id_index import Int64Index, StringCodes
+from stream.rounding import round_down, round_up
 from stream.xp import array_module
 
 ADMITTED, CLIPPED, DROPPED = 0, 1, 2
@@ -74,25 +75,6 @@ class FilterDecision:
     charge: Any  # what the row is charged, zCDP (0 for dropped rows)
     scale: Any  # factor applied to the row: 1 admitted, in (0, 1) clipped, 0 dropped
     status: Any  # int8: ADMITTED, CLIPPED or DROPPED
-
-
-# Directed rounding without a rounding-mode switch: for a float64 result v of one rounded
-# operation (relative error <= 2^-53 in the normal range, exact in the subnormal range),
-# v * (1 + 2^-50) + tiniest is >= the exact value and v * (1 - 2^-50) - tiniest is <= it.
-_UP = 1.0 + 2.0**-50
-_DOWN = 1.0 - 2.0**-50
-_TINIEST = float(np.nextafter(0.0, 1.0))
-
-
-def round_up(values: Any) -> Any:
-    """An upper bound on the exact result of the one float operation that produced ``values`` (>= 0)."""
-    with np.errstate(over="ignore"):
-        return values * _UP + _TINIEST
-
-
-def round_down(values: Any) -> Any:
-    """A lower bound on the exact result of the one float operation that produced ``values`` (>= 0)."""
-    return values * _DOWN - _TINIEST
 
 
 def individual_filter(used: Any, charge: Any, *, cap: float, policy: Policy | str) -> FilterDecision:

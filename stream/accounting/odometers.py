@@ -25,6 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 from stream.accounting import _validate as check
+from stream.rounding import round_down, round_up
 from stream.xp import array_module
 
 # ---------------------------------------------------------------------------------------------
@@ -35,7 +36,6 @@ from stream.xp import array_module
 # A filter is treated as full at Delta * (1 - 1e-9): float sums of its contents, rounded up,
 # then never exceed Delta in exact arithmetic.
 _FILTER_FILL = 1.0 - 1e-9
-_TINIEST = float(np.nextafter(0.0, 1.0))
 
 
 def tracker_update(segment: Any, bound: Any, charge: Any, *, step: float) -> tuple[Any, Any]:
@@ -60,30 +60,21 @@ def tracker_update(segment: Any, bound: Any, charge: Any, *, step: float) -> tup
     if not bool(xp.all(xp.isfinite(charge) & (charge >= 0))):
         raise ValueError("charge must be finite and >= 0 for the personal tracker")
     fill = step * _FILTER_FILL
-    room = _down(fill - segment)
+    room = round_down(fill - segment)
     fits = charge <= room
-    new_segment = xp.where(fits, _up(segment + charge), 0.0)
+    new_segment = xp.where(fits, round_up(segment + charge), 0.0)
     new_bound = bound.copy()
     spill = xp.flatnonzero(~fits)
     if spill.size:  # the open filter halts: what does not fit goes to new filters
-        rest = xp.maximum(_up(charge[spill] - room[spill]), 0.0)
+        rest = xp.maximum(round_up(charge[spill] - room[spill]), 0.0)
         new_filters = xp.maximum(xp.ceil(rest / fill), 1.0)
-        last = _up(rest - (new_filters - 1.0) * fill)
+        last = round_up(rest - (new_filters - 1.0) * fill)
         over = last > fill  # rounding left a hair too much for the last filter
         new_filters = xp.where(over, new_filters + 1.0, new_filters)
-        last = xp.where(over, _up(rest - (new_filters - 1.0) * fill), last)
+        last = xp.where(over, round_up(rest - (new_filters - 1.0) * fill), last)
         new_segment[spill] = last
         new_bound[spill] = bound[spill] + new_filters * step
     return new_segment, new_bound
-
-
-def _up(values: Any) -> Any:
-    # >= the exact result of the one operation that produced ``values`` (see stream.ledger).
-    return values * (1.0 + 2.0**-50) + _TINIEST
-
-
-def _down(values: Any) -> Any:
-    return values * (1.0 - 2.0**-50) - _TINIEST
 
 
 def tracker_reference(charges: list[float], *, step: float) -> tuple[float, float]:
