@@ -92,6 +92,65 @@ def _demo_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _window_seconds(text: str) -> int:
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    try:
+        value, unit = int(text[:-1]), units[text[-1]]
+    except (ValueError, KeyError, IndexError):
+        raise _UsageError(f"window must look like 1d, 12h, 30m or 3600s, got window={text!r}") from None
+    if value <= 0:
+        raise _UsageError(f"window must be positive, got window={text!r}")
+    return value * unit
+
+
+def _window_of_day(name: str, text: str, spec) -> int:
+    import datetime as dt
+
+    try:
+        day = dt.date.fromisoformat(text)
+    except ValueError:
+        raise _UsageError(f"{name} must be a date YYYY-MM-DD, got {name}={text!r}") from None
+    seconds = int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.timezone.utc).timestamp())
+    return int(spec.window_of_seconds(seconds))
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    from pipelines.curator_store import CuratorStoreError
+    from pipelines.daily_job import JobConfig, run_job
+    from pipelines.readers import InputFileError
+    from stream.schema import WindowSpec
+
+    spec = WindowSpec(length_seconds=_window_seconds(args.window))
+    start, end = _window_of_day("start", args.start, spec), _window_of_day("end", args.end, spec)
+    beam_args = list(args.beam_args)
+    if not any(a.startswith("--runner") for a in beam_args):
+        beam_args.append(f"--runner={args.runner}")
+        if args.runner == "DirectRunner" and not any(a.startswith("--direct_running_mode") for a in beam_args):
+            beam_args.append("--direct_running_mode=in_memory")
+    try:
+        config = JobConfig(
+            inputs=tuple(args.input), store=args.store, ledger=args.ledger, epsilon=args.epsilon,
+            delta=args.delta, norm_budget=args.norm_budget, start_window=start, end_window=end, window=spec,
+            policy=args.policy, accounting=args.accounting, key_path=args.key, n_shards=args.shards,
+            beam_args=tuple(beam_args),
+        )
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from exc
+    try:
+        summary = run_job(config, progress=None if args.quiet else sys.stderr)
+    except (CuratorStoreError, InputFileError) as exc:
+        print(f"{PROG} run: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"run {summary.run_id}: released {len(summary.windows_released)} window(s), "
+          f"{len(summary.windows_skipped)} already released; {summary.releases_published} new release rows")
+    print(f"rows read {summary.rows_read:,} = admitted {summary.admitted:,} + clipped {summary.clipped:,} + "
+          f"dropped {summary.dropped:,} + rejected {summary.rejected:,} + late {summary.late:,}"
+          f"  [{'balanced' if summary.balanced else 'MISMATCH'}]")
+    print(f"ledger: {summary.users_in_ledger:,} users ({args.ledger}); releases: {args.store}; "
+          f"{summary.seconds:.1f} s")
+    return 0 if summary.balanced else 1
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -113,6 +172,30 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="C: the largest L2 norm of one user's contribution in one window (default 1)")
     cal.add_argument("--json", action="store_true", help="print one JSON object keyed by accounting")
     cal.set_defaults(handler=_calibrate_command)
+
+    run = sub.add_parser(
+        "run",
+        help="run the daily job: input files -> individual filter -> noisy releases in DuckDB",
+        description="Charge each user's contributions against their individual budget and release "
+        "noisy per-window sums of every numeric column for every window from --start to --end. "
+        "Unknown options are passed to Beam (e.g. --direct_num_workers=2).",
+    )
+    run.add_argument("--input", nargs="+", required=True, help="Parquet, Arrow IPC or CSV files")
+    run.add_argument("--store", required=True, help="the public release store (DuckDB file)")
+    run.add_argument("--ledger", required=True, help="the curator's ledger (DuckDB file)")
+    run.add_argument("--epsilon", type=float, required=True, help="per-user epsilon (> 0)")
+    run.add_argument("--delta", type=float, required=True, help="per-user delta, in (0, 1)")
+    run.add_argument("--norm-budget", type=float, required=True, help="B, squared-norm budget per user (> 0)")
+    run.add_argument("--start", required=True, help="first window of the public schedule (YYYY-MM-DD)")
+    run.add_argument("--end", required=True, help="last window of the public schedule (YYYY-MM-DD)")
+    run.add_argument("--window", default="1d", help="window length: 1d (default), 12h, 30m, 3600s")
+    run.add_argument("--policy", choices=("drop", "clip"), default="drop", help="default drop")
+    run.add_argument("--accounting", choices=ACCOUNTINGS, default="gdp", help="default gdp")
+    run.add_argument("--key", default=None, help="noise key file (default: beside the ledger)")
+    run.add_argument("--shards", type=int, default=16, help="user shards of the stateful filter (default 16)")
+    run.add_argument("--runner", default="DirectRunner", help="Beam runner (default DirectRunner)")
+    run.add_argument("--quiet", action="store_true", help="no progress lines")
+    run.set_defaults(handler=_run_command)
 
     demo = sub.add_parser(
         "demo",
@@ -140,7 +223,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and getattr(args, "command", None) != "run":
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    args.beam_args = unknown
     try:
         return args.handler(args)
     except _UsageError as exc:

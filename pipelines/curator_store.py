@@ -1,0 +1,335 @@
+"""The curator's ledger database: per-user budgets, processed windows, the release outbox.
+
+Everything here is sensitive (used budgets, row counts, dead-letter rows): it never goes to the
+public release store (DESIGN.md invariant 4). One DuckDB file holds:
+
+* ``meta``: the parameters the ledger was started with (a daily job must not change the
+  promise half-way: a run with different parameters is refused);
+* ``ledger``: per user, the used zCDP budget and the personal tracker;
+* ``processed_windows``: windows already charged and released (invariant 6: never twice);
+* ``outbox``: released (noisy) answers committed with the ledger in one transaction and then
+  published to the release store (at-least-once publish, idempotent insert there);
+* ``window_counts`` and ``dead_letters``: row accounting (invariant 7).
+
+A run commits everything in one transaction (:meth:`CuratorStore.commit_run`), so a crash
+leaves either the previous state or the new one, never a ledger without its releases.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import duckdb
+import pyarrow as pa
+
+from queries.release_store import RELEASE_SCHEMA
+from stream.ledger import Ledger
+
+SCHEMA_VERSION = 1
+
+
+class CuratorStoreError(RuntimeError):
+    """The ledger database cannot be used as asked (locked, corrupted, other parameters)."""
+
+
+class RunLock:
+    """An exclusive lock file next to the ledger: one run at a time per ledger.
+
+    A lock left by a process that no longer exists (killed mid-run) is taken over: the ledger's
+    transaction guarantees that such a run left either all or none of its state.
+    """
+
+    def __init__(self, ledger_path: str | os.PathLike) -> None:
+        self.path = Path(str(ledger_path) + ".lock")
+        self._held = False
+
+    def __enter__(self) -> "RunLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                holder = self._holder()
+                if holder is not None and _alive(holder):
+                    raise CuratorStoreError(
+                        f"another renyi-stream run (pid {holder}) is using the ledger "
+                        f"{str(self.path)[:-5]}; wait for it to finish (lock file {self.path})"
+                    ) from None
+                self.path.unlink(missing_ok=True)  # stale: its process is gone
+                continue
+            with os.fdopen(fd, "w") as handle:
+                handle.write(str(os.getpid()))
+            self._held = True
+            return self
+        raise CuratorStoreError(f"could not take the lock {self.path}")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._held:
+            self.path.unlink(missing_ok=True)
+            self._held = False
+
+    def _holder(self) -> int | None:
+        try:
+            return int(self.path.read_text().strip() or "0") or None
+        except (OSError, ValueError):
+            return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError as exc:
+        return exc.errno == errno.EPERM
+    return True
+
+
+@dataclass(frozen=True)
+class LedgerParameters:
+    """What a ledger was started with; every later run must match."""
+
+    epsilon: float
+    delta: float
+    norm_budget: float
+    accounting: str
+    rho: float
+    noise_std: float
+    tracker_step: float
+    id_type: str
+    n_shards: int
+    key_fingerprint: str
+    window_seconds: int
+    origin_seconds: int
+
+    def as_meta(self) -> dict[str, str]:
+        return {name: repr(value) if isinstance(value, float) else str(value)
+                for name, value in self.__dict__.items()}
+
+
+_FLOATS = ("epsilon", "delta", "norm_budget", "rho", "noise_std", "tracker_step")
+_INTS = ("n_shards", "window_seconds", "origin_seconds")
+
+
+def _parameters_from_meta(meta: Mapping[str, str]) -> LedgerParameters:
+    values: dict[str, Any] = {}
+    for name in LedgerParameters.__dataclass_fields__:
+        raw = meta[name]
+        values[name] = float(raw) if name in _FLOATS else int(raw) if name in _INTS else raw
+    return LedgerParameters(**values)
+
+
+class CuratorStore:
+    """The ledger database (DuckDB), opened read-write by one run at a time."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = duckdb.connect(str(self.path))
+        except duckdb.IOException as exc:
+            raise CuratorStoreError(
+                f"cannot open the ledger {self.path}: {exc}. Is another process using it?"
+            ) from exc
+        except duckdb.Error as exc:
+            raise CuratorStoreError(f"the ledger {self.path} is not a readable DuckDB database: {exc}") from exc
+        self._create()
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> "CuratorStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- schema ---------------------------------------------------------------------------------
+
+    def _create(self) -> None:
+        db = self._db
+        db.execute("CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
+        version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if version is not None and int(version[0]) > SCHEMA_VERSION:
+            raise CuratorStoreError(
+                f"the ledger {self.path} has schema version {version[0]}, newer than this "
+                f"renyi-stream ({SCHEMA_VERSION}); upgrade renyi-stream"
+            )
+        release_columns = ", ".join(f"{f.name} {_duck_type(f.type)} NOT NULL" for f in RELEASE_SCHEMA)
+        db.execute(f"""
+            CREATE TABLE IF NOT EXISTS outbox ({release_columns}, run_id BIGINT NOT NULL,
+                published BOOLEAN NOT NULL DEFAULT false, PRIMARY KEY (query_id, window_id, coordinate))""")
+        db.execute("""
+            CREATE TABLE IF NOT EXISTS processed_windows (query_id VARCHAR NOT NULL, window_id BIGINT NOT NULL,
+                run_id BIGINT NOT NULL, PRIMARY KEY (query_id, window_id))""")
+        db.execute("""
+            CREATE TABLE IF NOT EXISTS window_counts (run_id BIGINT NOT NULL, window_id BIGINT NOT NULL,
+                admitted BIGINT NOT NULL, clipped BIGINT NOT NULL, dropped BIGINT NOT NULL,
+                PRIMARY KEY (run_id, window_id))""")
+        db.execute("""
+            CREATE TABLE IF NOT EXISTS run_counts (run_id BIGINT PRIMARY KEY, rows_read BIGINT NOT NULL,
+                admitted BIGINT NOT NULL, clipped BIGINT NOT NULL, dropped BIGINT NOT NULL,
+                rejected BIGINT NOT NULL, late BIGINT NOT NULL, finished_at TIMESTAMPTZ DEFAULT now())""")
+        db.execute("""
+            CREATE TABLE IF NOT EXISTS dead_letters (run_id BIGINT NOT NULL, source VARCHAR NOT NULL,
+                row_index BIGINT NOT NULL, reason VARCHAR NOT NULL, detail VARCHAR NOT NULL, raw VARCHAR NOT NULL)""")
+        if version is None:
+            db.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+
+    # -- parameters -----------------------------------------------------------------------------
+
+    def parameters(self) -> LedgerParameters | None:
+        rows = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        if "rho" not in rows:
+            return None
+        return _parameters_from_meta(rows)
+
+    def check_or_record_parameters(self, wanted: LedgerParameters) -> LedgerParameters:
+        """Record ``wanted`` on a new ledger; on an existing one, refuse any difference."""
+        existing = self.parameters()
+        if existing is None:
+            self._db.executemany("INSERT INTO meta VALUES (?, ?)", list(wanted.as_meta().items()))
+            return wanted
+        different = [
+            f"{name}: ledger has {getattr(existing, name)!r}, this run asks {getattr(wanted, name)!r}"
+            for name in LedgerParameters.__dataclass_fields__
+            if getattr(existing, name) != getattr(wanted, name)
+        ]
+        if different:
+            raise CuratorStoreError(
+                f"this run's parameters differ from those the ledger {self.path} was started with "
+                "(changing them mid-stream would change every user's promise): " + "; ".join(different)
+            )
+        return existing
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def next_run_id(self) -> int:
+        last = self._db.execute("SELECT max(run_id) FROM run_counts").fetchone()[0]
+        return 1 if last is None else int(last) + 1
+
+    def processed_windows(self) -> set[int]:
+        return {int(w) for (w,) in self._db.execute("SELECT DISTINCT window_id FROM processed_windows").fetchall()}
+
+    def load_ledger(self, params: LedgerParameters) -> pa.Table:
+        """The ledger snapshot (``Ledger.to_arrow`` layout), empty on a new ledger."""
+        if not self._has_ledger_table():
+            return Ledger(budget=params.rho, id_type=params.id_type, tracker_step=params.tracker_step).to_arrow()
+        table = self._db.execute(
+            "SELECT user_id, used, tracker_segment, tracker_bound FROM ledger ORDER BY user_id").arrow()
+        if hasattr(table, "read_all"):
+            table = table.read_all()
+        template = Ledger(budget=params.rho, id_type=params.id_type, tracker_step=params.tracker_step).to_arrow()
+        table = table.cast(template.schema.remove_metadata()).replace_schema_metadata(template.schema.metadata)
+        Ledger.from_arrow(table)  # refuses a corrupted ledger (nulls, repeats, budgets out of range)
+        return table
+
+    def pending_releases(self) -> pa.Table:
+        columns = ", ".join(RELEASE_SCHEMA.names)
+        table = self._db.execute(
+            f"SELECT {columns} FROM outbox WHERE NOT published ORDER BY query_id, window_id, coordinate").arrow()
+        if hasattr(table, "read_all"):
+            table = table.read_all()
+        return table.cast(RELEASE_SCHEMA)
+
+    def _has_ledger_table(self) -> bool:
+        return bool(self._db.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'ledger'").fetchone()[0])
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def commit_run(
+        self,
+        *,
+        run_id: int,
+        ledger: pa.Table,
+        releases: pa.Table,
+        window_counts: pa.Table,
+        run_counts: Mapping[str, int],
+        dead_letters: pa.Table,
+        previous_users: int,
+    ) -> None:
+        """Write one run's outcome in a single transaction (the outbox pattern).
+
+        ``ledger`` is the complete new snapshot; it must hold at least ``previous_users`` users
+        (a ledger that lost users would restart their budgets: refused).
+        """
+        if ledger.num_rows < previous_users:
+            raise CuratorStoreError(
+                f"refusing to commit a ledger of {ledger.num_rows} users over one of {previous_users}: "
+                "users would lose their used budget"
+            )
+        db = self._db
+        db.execute("BEGIN TRANSACTION")
+        try:
+            new_ledger = ledger.replace_schema_metadata(None)
+            db.register("new_ledger", new_ledger)
+            db.execute("CREATE OR REPLACE TABLE ledger AS SELECT * FROM new_ledger")
+            db.unregister("new_ledger")
+            rel = releases.append_column("run_id", pa.array([run_id] * releases.num_rows, type=pa.int64()))
+            db.register("new_releases", rel)
+            columns = ", ".join(RELEASE_SCHEMA.names)
+            db.execute(f"INSERT INTO outbox ({columns}, run_id) SELECT {columns}, run_id FROM new_releases")
+            db.execute("""INSERT INTO processed_windows SELECT DISTINCT query_id, window_id, run_id
+                          FROM new_releases""")
+            db.unregister("new_releases")
+            counts = window_counts.append_column("run_id", pa.array([run_id] * window_counts.num_rows, type=pa.int64()))
+            db.register("new_counts", counts)
+            db.execute("""INSERT INTO window_counts SELECT run_id, window_id, admitted, clipped, dropped
+                          FROM new_counts""")
+            db.unregister("new_counts")
+            dead = dead_letters.append_column("run_id", pa.array([run_id] * dead_letters.num_rows, type=pa.int64()))
+            db.register("new_dead", dead)
+            db.execute("INSERT INTO dead_letters SELECT run_id, source, row_index, reason, detail, raw FROM new_dead")
+            db.unregister("new_dead")
+            db.execute(
+                "INSERT INTO run_counts (run_id, rows_read, admitted, clipped, dropped, rejected, late) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [run_id, run_counts["rows_read"], run_counts["admitted"], run_counts["clipped"],
+                 run_counts["dropped"], run_counts["rejected"], run_counts["late"]],
+            )
+            crash_point("after_ledger_write")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def mark_published(self, releases: pa.Table) -> None:
+        db = self._db
+        db.register("published", releases.select(["query_id", "window_id", "coordinate"]))
+        db.execute("""UPDATE outbox SET published = true FROM published p
+                      WHERE outbox.query_id = p.query_id AND outbox.window_id = p.window_id
+                        AND outbox.coordinate = p.coordinate""")
+        db.unregister("published")
+
+    def run_totals(self) -> pa.Table:
+        table = self._db.execute("SELECT * FROM run_counts ORDER BY run_id").arrow()
+        return table.read_all() if hasattr(table, "read_all") else table
+
+
+def _duck_type(arrow_type: pa.DataType) -> str:
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return "VARCHAR"
+    if pa.types.is_int64(arrow_type):
+        return "BIGINT"
+    if pa.types.is_int32(arrow_type):
+        return "INTEGER"
+    if pa.types.is_floating(arrow_type):
+        return "DOUBLE"
+    if pa.types.is_timestamp(arrow_type):
+        return "TIMESTAMPTZ" if arrow_type.tz else "TIMESTAMP"
+    raise TypeError(f"no DuckDB column type for {arrow_type}")
+
+
+# Test-only fault injection (issue: crash tests). RENYI_STREAM_CRASH_AT names a point; the
+# process kills itself there with SIGKILL, as a power cut would.
+CRASH_ENV = "RENYI_STREAM_CRASH_AT"
+
+
+def crash_point(name: str) -> None:
+    if os.environ.get(CRASH_ENV) == name:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,302 @@
+"""The daily job: input files -> Beam pipeline -> one curator transaction -> public releases.
+
+Order of a run (each step safe to crash after):
+
+1. take the run lock (one run per ledger) and open the curator's ledger database;
+2. publish any releases a crashed earlier run committed but did not publish (outbox);
+3. run the Beam pipeline over the inputs for the windows of the schedule not yet released,
+   starting from the stored ledger; its outputs land in a private scratch folder;
+4. commit the new ledger, the releases, the row counts and the dead letters in one DuckDB
+   transaction (``CuratorStore.commit_run``);
+5. publish the releases to the public store (idempotent: first write wins) and mark them.
+
+A re-run of a processed day finds its windows released: its rows are dead-lettered as late,
+nobody is charged, nothing new is released, and step 5 re-publishes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence, TextIO
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipelines.curator_store import CuratorStore, LedgerParameters, RunLock, crash_point
+from pipelines.readers import read_batches
+from queries.release_store import RELEASE_SCHEMA, ReleaseStore
+from stream.accounting import calibrate
+from stream.ledger import Ledger, Policy
+from stream.noise import NoiseKey
+from stream.schema import EVENT_TIME, DAY, USER_ID, WindowSpec
+
+DEFAULT_SHARDS = 16
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One run of the daily job. Windows are integer ids of ``window`` (days by default)."""
+
+    inputs: tuple[str, ...]
+    store: str
+    ledger: str
+    epsilon: float
+    delta: float
+    norm_budget: float
+    start_window: int
+    end_window: int
+    window: WindowSpec = field(default_factory=WindowSpec)
+    policy: str = "drop"
+    accounting: str = "gdp"
+    key_path: str | None = None
+    n_shards: int = DEFAULT_SHARDS
+    beam_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise ValueError("inputs must name at least one file")
+        if self.start_window > self.end_window:
+            raise ValueError(f"start must not be after end, got start window {self.start_window} > end window {self.end_window}")
+        if self.end_window - self.start_window > 100_000:
+            raise ValueError("the schedule may span at most 100000 windows")
+        Policy(self.policy)
+        if not 1 <= self.n_shards <= 4096:
+            raise ValueError(f"n_shards must be in [1, 4096], got n_shards={self.n_shards}")
+        calibrate(epsilon=self.epsilon, delta=self.delta, norm_budget=self.norm_budget, accounting=self.accounting)
+
+    @property
+    def resolved_key_path(self) -> str:
+        return self.key_path or str(Path(self.ledger).with_name(Path(self.ledger).stem + ".noise.key"))
+
+
+@dataclass
+class JobSummary:
+    """What a run did (curator-only: counts are sensitive)."""
+
+    run_id: int
+    windows_released: list[int]
+    windows_skipped: list[int]
+    rows_read: int
+    admitted: int
+    clipped: int
+    dropped: int
+    rejected: int
+    late: int
+    releases_published: int
+    users_in_ledger: int
+    seconds: float
+
+    @property
+    def balanced(self) -> bool:
+        return self.rows_read == self.admitted + self.clipped + self.dropped + self.rejected + self.late
+
+
+def _indicator_columns(paths: Sequence[str]) -> list[str]:
+    """The numeric columns of the first input: each becomes a daily-sum query."""
+    first = next(read_batches(paths[0], batch_rows=1024), None)
+    if first is None:
+        raise ValueError(f"input file {paths[0]} has no rows and no schema to take indicator columns from")
+    skip = {USER_ID, DAY, EVENT_TIME}
+    columns = [f.name for f in first.schema if f.name not in skip
+               and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type))]
+    if not columns:
+        raise ValueError(f"input file {paths[0]} has no numeric indicator columns")
+    return columns
+
+
+def _id_type(paths: Sequence[str]) -> str:
+    first = next(read_batches(paths[0], batch_rows=16))
+    return "string" if pa.types.is_string(first.schema.field(USER_ID).type) or \
+        pa.types.is_large_string(first.schema.field(USER_ID).type) else "int64"
+
+
+def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
+    """Run one daily job end to end; see the module docstring for the order of steps."""
+    started = time.perf_counter()
+    say = (lambda msg: (progress.write(msg + "\n"), progress.flush())) if progress else (lambda msg: None)
+    with RunLock(config.ledger), CuratorStore(config.ledger) as curator:
+        key = NoiseKey.load_or_create(config.resolved_key_path)
+        cal = calibrate(epsilon=config.epsilon, delta=config.delta, norm_budget=config.norm_budget,
+                        accounting=config.accounting)
+        wanted = LedgerParameters(
+            epsilon=cal.epsilon, delta=cal.delta, norm_budget=cal.norm_budget, accounting=cal.accounting,
+            rho=cal.rho, noise_std=cal.noise_std, tracker_step=cal.rho / 32.0, id_type=_id_type(config.inputs),
+            n_shards=config.n_shards, key_fingerprint=key.fingerprint,
+            window_seconds=config.window.length_seconds, origin_seconds=config.window.origin_seconds,
+        )
+        params = curator.check_or_record_parameters(wanted)
+        with ReleaseStore(config.store) as store:
+            recovered = _publish_pending(curator, store)
+            if recovered:
+                say(f"[run] published {recovered} releases left pending by an interrupted run")
+        released = curator.processed_windows()
+        schedule = list(range(config.start_window, config.end_window + 1))
+        to_release = [w for w in schedule if w not in released]
+        skipped = [w for w in schedule if w in released]
+        run_id = curator.next_run_id()
+        columns = _indicator_columns(config.inputs)
+        previous = curator.load_ledger(params)
+        say(f"[run] run {run_id}: {len(config.inputs)} input file(s), {len(to_release)} window(s) to release, "
+            f"{len(skipped)} already released, {previous.num_rows:,} users in the ledger")
+        with tempfile.TemporaryDirectory(prefix="renyi-run-") as scratch:
+            outputs = _run_pipeline(config, params, columns, released, to_release, previous, scratch, say)
+            counts = _totals(outputs)
+            curator.commit_run(
+                run_id=run_id, ledger=outputs["ledger"], releases=outputs["releases"],
+                window_counts=outputs["window_counts"], run_counts=counts,
+                dead_letters=outputs["dead"], previous_users=previous.num_rows,
+            )
+        say(f"[run] committed the ledger ({outputs['ledger'].num_rows:,} users) and "
+            f"{outputs['releases'].num_rows} releases")
+        crash_point("before_publish")
+        with ReleaseStore(config.store) as store:
+            published = _publish_pending(curator, store)
+        return JobSummary(
+            run_id=run_id, windows_released=to_release, windows_skipped=skipped,
+            rows_read=counts["rows_read"], admitted=counts["admitted"], clipped=counts["clipped"],
+            dropped=counts["dropped"], rejected=counts["rejected"], late=counts["late"],
+            releases_published=published, users_in_ledger=outputs["ledger"].num_rows,
+            seconds=time.perf_counter() - started,
+        )
+
+
+def _publish_pending(curator: CuratorStore, store: ReleaseStore) -> int:
+    pending = curator.pending_releases()
+    if pending.num_rows == 0:
+        return 0
+    inserted = store.publish(pending)
+    crash_point("after_publish")
+    curator.mark_published(pending)
+    return inserted
+
+
+def _totals(outputs: dict[str, pa.Table]) -> dict[str, int]:
+    dead = outputs["dead"]
+    late = int(np.sum(np.asarray(dead.column("reason").to_pylist(), dtype=object) == "late_window")) if dead.num_rows else 0
+    wc = outputs["window_counts"]
+    return {
+        "rows_read": int(outputs["rows_read"]),
+        "admitted": int(np.sum(wc.column("admitted").to_numpy())) if wc.num_rows else 0,
+        "clipped": int(np.sum(wc.column("clipped").to_numpy())) if wc.num_rows else 0,
+        "dropped": int(np.sum(wc.column("dropped").to_numpy())) if wc.num_rows else 0,
+        "rejected": dead.num_rows - late,
+        "late": late,
+    }
+
+
+def _beam():
+    # Beam's GCP extras log a warning at import when their optional clients are absent;
+    # a local run has no use for them, so keep the import quiet.
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        import apache_beam as beam
+        from apache_beam.options.pipeline_options import PipelineOptions
+    finally:
+        root.setLevel(level)
+    return beam, PipelineOptions
+
+
+def _run_pipeline(config: JobConfig, params: LedgerParameters, columns: list[str], released: set[int],
+                  to_release: list[int], previous: pa.Table, scratch: str, say) -> dict[str, pa.Table]:
+    beam, PipelineOptions = _beam()
+    from pipelines import transforms as tx
+
+    options = PipelineOptions(list(config.beam_args) or ["--runner=DirectRunner", "--direct_running_mode=in_memory"])
+    out = Path(scratch)
+    say(f"[run] running the Beam pipeline ({options.view_as(beam.options.pipeline_options.StandardOptions).runner})")
+    with beam.Pipeline(options=options) as p:
+        files = p | "Files" >> beam.Create(list(enumerate(config.inputs)))
+        read = files | "ReadAndValidate" >> beam.ParDo(tx.ReadAndValidate(
+            window=config.window, start_window=config.start_window, end_window=config.end_window,
+            released=sorted(released), indicator_columns=columns)).with_outputs("dead", "read", main="valid")
+        keyed = read.valid | "ByShard" >> beam.FlatMap(tx.split_by_shard, config.n_shards)
+        initial = p | "PreviousLedger" >> beam.Create(list(tx.ledger_shards(previous, config.n_shards)))
+        filtered = ((keyed, initial) | "Merge" >> beam.Flatten()
+                    | "IndividualFilter" >> beam.ParDo(tx.IndividualFilterDoFn(
+                        indicator_columns=columns, noise_std=params.noise_std, policy=config.policy,
+                        budget=params.rho, id_type=params.id_type, tracker_step=params.tracker_step,
+                    )).with_outputs("ledger", "counts", "dead", main="sums"))
+        sums = filtered.sums | "SumShards" >> beam.CombinePerKey(sum)
+        releases = (p | "Schedule" >> beam.Create(to_release)
+                    | "Release" >> beam.ParDo(tx.ReleaseWindow(
+                        key_path=config.resolved_key_path, indicator_columns=columns, noise_std=params.noise_std,
+                        window=config.window, accounting=params.accounting, key_fingerprint=params.key_fingerprint,
+                    ), sums=beam.pvalue.AsDict(sums)))
+        _write(releases | "ReleaseRows" >> beam.combiners.ToList(), out / "releases", _releases_table)
+        _write(filtered.ledger | "Ledgers" >> beam.combiners.ToList(), out / "ledger", _concat_ledgers)
+        _write(filtered.counts | "Counts" >> beam.combiners.ToList(), out / "counts", _counts_table)
+        _write((read.dead, filtered.dead) | "Dead" >> beam.Flatten() | "DeadList" >> beam.combiners.ToList(),
+               out / "dead", _dead_table)
+        _write(read.read | "ReadCounts" >> beam.combiners.ToList(), out / "read", _read_table)
+    outputs = {name: pq.read_table(out / f"{name}.parquet") for name in ("releases", "ledger", "counts", "dead", "read")}
+    template = Ledger(budget=params.rho, id_type=params.id_type, tracker_step=params.tracker_step).to_arrow()
+    ledger = outputs["ledger"]
+    ledger = ledger.cast(template.schema.remove_metadata()).replace_schema_metadata(template.schema.metadata)
+    return {
+        "releases": outputs["releases"].cast(RELEASE_SCHEMA),
+        "ledger": ledger,
+        "window_counts": outputs["counts"],
+        "dead": outputs["dead"],
+        "rows_read": int(np.sum(outputs["read"].column("rows").to_numpy())) if outputs["read"].num_rows else 0,
+    }
+
+
+def _write(pcoll, path: Path, to_table) -> None:
+    import apache_beam as beam
+
+    def write(items, path=str(path)):
+        pq.write_table(to_table(items), path + ".parquet")
+
+    pcoll | f"Write{path.name}" >> beam.Map(write)
+
+
+def _releases_table(rows: list[dict]) -> pa.Table:
+    if not rows:
+        return RELEASE_SCHEMA.empty_table()
+    rows = sorted(rows, key=lambda r: (r["query_id"], r["window_id"], r["coordinate"]))
+    return pa.Table.from_pylist(rows, schema=RELEASE_SCHEMA)
+
+
+def _concat_ledgers(tables: list[pa.Table]) -> pa.Table:
+    if not tables:
+        return pa.table({"user_id": pa.array([], type=pa.int64()), "used": pa.array([], type=pa.float64()),
+                         "tracker_segment": pa.array([], type=pa.float64()),
+                         "tracker_bound": pa.array([], type=pa.float64())})
+    merged = pa.concat_tables([t.replace_schema_metadata(None) for t in tables], promote_options="default")
+    return merged.sort_by("user_id")
+
+
+def _counts_table(items: list[tuple[int, dict]]) -> pa.Table:
+    totals: dict[int, dict[str, int]] = {}
+    for window, counts in items:
+        slot = totals.setdefault(window, {"admitted": 0, "clipped": 0, "dropped": 0})
+        for name in slot:
+            slot[name] += counts[name]
+    return pa.table({
+        "window_id": pa.array(sorted(totals), type=pa.int64()),
+        "admitted": pa.array([totals[w]["admitted"] for w in sorted(totals)], type=pa.int64()),
+        "clipped": pa.array([totals[w]["clipped"] for w in sorted(totals)], type=pa.int64()),
+        "dropped": pa.array([totals[w]["dropped"] for w in sorted(totals)], type=pa.int64()),
+    })
+
+
+def _dead_table(tables: list[pa.Table]) -> pa.Table:
+    from pipelines.transforms import DEAD_LETTER_SCHEMA
+
+    if not tables:
+        return DEAD_LETTER_SCHEMA.empty_table()
+    return pa.concat_tables([t.cast(DEAD_LETTER_SCHEMA) for t in tables]).sort_by(
+        [("source", "ascending"), ("row_index", "ascending")])
+
+
+def _read_table(items: list[tuple[str, int]]) -> pa.Table:
+    return pa.table({"source": pa.array([s for s, _ in items], type=pa.string()),
+                     "rows": pa.array([n for _, n in items], type=pa.int64())})

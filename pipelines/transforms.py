@@ -1,0 +1,262 @@
+"""Beam transforms of the daily job: read and validate, filter per shard, sum, noise.
+
+* :class:`ReadAndValidate`: one input file -> Arrow batches validated by ``stream.schema``;
+  rows for windows already released are dead-lettered as ``late_window`` (invariant 7).
+* :class:`IndividualFilterDoFn`: the stateful filter, keyed by user shard **in the global
+  window** (invariant 1: a window-scoped ledger would reset budgets daily). It buffers the
+  shard's rows in bag state and, on a watermark timer, charges them window by window in
+  event-time order (invariant 2), whatever order they arrived in.
+* :class:`ReleaseWindow`: every window of the public schedule gets a release for every query,
+  with or without rows (invariant 3), noise keyed by (query, window) (invariant 5).
+
+Elements are Arrow tables (one per batch and shard), not rows: the per-row Python work of
+classic Beam DP pipelines is what this design avoids.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from apache_beam.coders import PickleCoder
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.userstate import BagStateSpec, TimerSpec, on_timer
+from apache_beam.transforms.window import GlobalWindow
+
+from pipelines.readers import read_batches
+from pipelines.sharding import shard_of
+from stream.ledger import Ledger
+from stream.noise import NoiseKey, gaussian_noise
+from stream.schema import USER_ID, WINDOW_ID, WindowSpec, validate_batch
+
+SOURCE = "_source"  # (file index, row index) of each row: a deterministic tie-break
+ROW = "_row"
+LATE_WINDOW = "late_window"
+DEAD_LETTER_SCHEMA = pa.schema([
+    ("source", pa.string()), ("row_index", pa.int64()), ("reason", pa.string()),
+    ("detail", pa.string()), ("raw", pa.string()),
+])
+
+
+def query_id_for(column: str) -> str:
+    """The query id of the default per-column daily sum."""
+    return f"sum:{column}"
+
+
+class ReadAndValidate(beam.DoFn):
+    """(file index, path) -> valid tables (main), dead letters and rows-read counts (tagged)."""
+
+    def __init__(self, *, window: WindowSpec, start_window: int, end_window: int,
+                 released: Sequence[int], indicator_columns: Sequence[str], batch_rows: int = 65_536) -> None:
+        self._window = window
+        self._start, self._end = start_window, end_window
+        self._released = np.array(sorted(released), dtype=np.int64)
+        self._columns = list(indicator_columns)
+        self._batch_rows = batch_rows
+
+    def process(self, element: tuple[int, str]) -> Iterator[Any]:
+        file_index, path = element
+        offset = 0
+        for batch in read_batches(path, batch_rows=self._batch_rows):
+            yield beam.pvalue.TaggedOutput("read", (path, batch.num_rows))
+            checked = validate_batch(batch, window=self._window, start_window=self._start,
+                                     end_window=self._end, indicator_columns=self._columns)
+            if checked.rejected.num_rows:
+                yield beam.pvalue.TaggedOutput("dead", _dead_letters(path, offset, checked.rejected))
+            valid = checked.valid
+            rows = pa.array(np.flatnonzero(_valid_mask(batch.num_rows, checked.rejected)) + offset, type=pa.int64())
+            valid = valid.append_column(SOURCE, pa.array([file_index] * valid.num_rows, type=pa.int64()))
+            valid = valid.append_column(ROW, rows)
+            late = np.isin(valid.column(WINDOW_ID).to_numpy(), self._released)
+            if late.any():
+                late_rows = valid.filter(pa.array(late))
+                yield beam.pvalue.TaggedOutput("dead", _late_letters(path, late_rows, self._columns))
+                valid = valid.filter(pa.array(~late))
+            if valid.num_rows:
+                yield valid
+            offset += batch.num_rows
+
+
+def _valid_mask(n: int, rejected: pa.Table) -> np.ndarray:
+    mask = np.ones(n, dtype=bool)
+    mask[rejected.column("row_index").to_numpy()] = False
+    return mask
+
+
+def _dead_letters(path: str, offset: int, rejected: pa.Table) -> pa.Table:
+    return pa.table({
+        "source": pa.array([path] * rejected.num_rows, type=pa.string()),
+        "row_index": pc.add(rejected.column("row_index"), offset).cast(pa.int64()),
+        "reason": rejected.column("reason").cast(pa.string()),
+        "detail": rejected.column("detail").cast(pa.string()),
+        "raw": rejected.column("raw").cast(pa.string()),
+    }, schema=DEAD_LETTER_SCHEMA)
+
+
+def _late_letters(path: str, rows: pa.Table, columns: Sequence[str]) -> pa.Table:
+    n = rows.num_rows
+    return pa.table({
+        "source": pa.array([path] * n, type=pa.string()),
+        "row_index": rows.column(ROW),
+        "reason": pa.array([LATE_WINDOW] * n, type=pa.string()),
+        "detail": pa.array([f"window {w} was already released" for w in rows.column(WINDOW_ID).to_pylist()],
+                           type=pa.string()),
+        "raw": _raw_json(pa.table({c: rows.column(c) for c in [USER_ID, WINDOW_ID, *columns]})),
+    }, schema=DEAD_LETTER_SCHEMA)
+
+
+def _raw_json(rows: pa.Table) -> pa.Array:
+    # Dead-letter rows are rare: a Python loop over them is fine (never over valid rows).
+    return pa.array([json.dumps(r, default=str) for r in rows.to_pylist()], type=pa.string())
+
+
+def split_by_shard(table: pa.Table, n_shards: int) -> Iterator[tuple[int, tuple[str, pa.Table]]]:
+    """One ``(shard, ("rows", table))`` element per shard present in ``table``."""
+    shards = shard_of(table.column(USER_ID), n_shards)
+    order = np.argsort(shards, kind="stable")
+    sorted_shards = shards[order]
+    bounds = np.flatnonzero(np.diff(sorted_shards)) + 1
+    for part in np.split(order, bounds):
+        if part.size:
+            yield int(shards[part[0]]), ("rows", table.take(pa.array(part)))
+
+
+class IndividualFilterDoFn(beam.DoFn):
+    """The individual filter for one shard of users, in the global window.
+
+    State (per shard key, global window):
+      ROWS   -- bag of Arrow tables: this run's valid rows for the shard, in arrival order.
+      LEDGER -- bag holding the shard's ledger snapshot from the previous run (zero or one table).
+    Timer:
+      FLUSH  -- event-time timer at the end of the global window: fires once all input has been
+                read (batch) and charges the buffered rows window by window, in window order.
+    Outputs: ``((query_id, window_id), (sum, 1))`` partial sums (main), the shard's new ledger
+    snapshot (tag ``ledger``), per-window status counts (tag ``counts``) and duplicate rows
+    (tag ``dead``).
+    """
+
+    ROWS = BagStateSpec("rows", PickleCoder())
+    LEDGER = BagStateSpec("ledger", PickleCoder())
+    FLUSH = TimerSpec("flush", TimeDomain.WATERMARK)
+
+    def __init__(self, *, indicator_columns: Sequence[str], noise_std: float, policy: str,
+                 budget: float, id_type: str, tracker_step: float) -> None:
+        self._columns = list(indicator_columns)
+        self._noise_std = noise_std
+        self._policy = policy
+        self._budget = budget
+        self._id_type = id_type
+        self._tracker_step = tracker_step
+
+    def process(self, element: tuple[int, tuple[str, pa.Table]],
+                rows: Any = beam.DoFn.StateParam(ROWS), ledger: Any = beam.DoFn.StateParam(LEDGER),
+                flush: Any = beam.DoFn.TimerParam(FLUSH)) -> None:
+        _, (kind, table) = element
+        (rows if kind == "rows" else ledger).add(table)
+        flush.set(GlobalWindow().max_timestamp())
+
+    @on_timer(FLUSH)
+    def charge(self, key: Any = beam.DoFn.KeyParam, rows: Any = beam.DoFn.StateParam(ROWS),
+               ledger: Any = beam.DoFn.StateParam(LEDGER)) -> Iterator[Any]:
+        snapshots = list(ledger.read())
+        shard_ledger = (Ledger.from_arrow(snapshots[0]) if snapshots
+                        else Ledger(budget=self._budget, id_type=self._id_type, tracker_step=self._tracker_step))
+        buffered = list(rows.read())
+        if buffered:
+            data = pa.concat_tables(buffered, promote_options="default")
+            # Event-time order, ties broken by input position: arrival order never matters.
+            data = data.sort_by([(WINDOW_ID, "ascending"), (SOURCE, "ascending"), (ROW, "ascending")])
+            data, duplicates = _first_per_user_window(data)
+            if duplicates.num_rows:
+                yield beam.pvalue.TaggedOutput("dead", duplicates)
+            yield from self._charge_windows(shard_ledger, data)
+        yield beam.pvalue.TaggedOutput("ledger", shard_ledger.to_arrow())
+        rows.clear()
+        ledger.clear()
+
+    def _charge_windows(self, shard_ledger: Ledger, data: pa.Table) -> Iterator[Any]:
+        windows = data.column(WINDOW_ID).to_numpy()
+        bounds = np.flatnonzero(np.diff(windows)) + 1
+        starts = np.r_[0, bounds]
+        stops = np.r_[bounds, windows.size]
+        values = np.column_stack([data.column(c).to_numpy() for c in self._columns])
+        ids = data.column(USER_ID)
+        for start, stop in zip(starts, stops):
+            window = int(windows[start])
+            result = shard_ledger.admit(ids.slice(start, stop - start), values[start:stop],
+                                        noise_std=self._noise_std, policy=self._policy)
+            sums = result.contributions.sum(axis=0)
+            for j, column in enumerate(self._columns):
+                yield (query_id_for(column), window), float(sums[j])
+            yield beam.pvalue.TaggedOutput("counts", (window, result.counts()))
+
+
+def _first_per_user_window(data: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """Keep the first row of each (user, window) in (window, source, row) order; dead-letter the rest."""
+    n = data.num_rows
+    keys = pa.table({"u": data.column(USER_ID), "w": data.column(WINDOW_ID),
+                     "i": pa.array(np.arange(n), type=pa.int64())})
+    first = keys.group_by(["u", "w"], use_threads=False).aggregate([("i", "min")]).column("i_min").to_numpy()
+    keep = np.zeros(n, dtype=bool)
+    keep[first] = True
+    if keep.all():
+        return data, pa.table({f.name: pa.array([], type=f.type) for f in DEAD_LETTER_SCHEMA},
+                              schema=DEAD_LETTER_SCHEMA)
+    dup = data.filter(pa.array(~keep))
+    dead = pa.table({
+        "source": pc.cast(dup.column(SOURCE), pa.string()),
+        "row_index": dup.column(ROW),
+        "reason": pa.array(["duplicate_user_window"] * dup.num_rows, type=pa.string()),
+        "detail": pa.array(["another row of this user and window came first"] * dup.num_rows, type=pa.string()),
+        "raw": _raw_json(dup.drop_columns([SOURCE, ROW])),
+    }, schema=DEAD_LETTER_SCHEMA)
+    return data.filter(pa.array(keep)), dead
+
+
+class ReleaseWindow(beam.DoFn):
+    """window id -> one release row per query: the sum (0 when no rows) plus keyed noise."""
+
+    def __init__(self, *, key_path: str, indicator_columns: Sequence[str], noise_std: float,
+                 window: WindowSpec, accounting: str, key_fingerprint: str) -> None:
+        self._key_path = key_path
+        self._columns = list(indicator_columns)
+        self._noise_std = noise_std
+        self._window = window
+        self._accounting = accounting
+        self._fingerprint = key_fingerprint
+        self._key: NoiseKey | None = None
+
+    def setup(self) -> None:
+        self._key = NoiseKey.load(self._key_path)
+        if self._key.fingerprint != self._fingerprint:
+            raise RuntimeError(f"the noise key at {self._key_path} is not the one this ledger was started with")
+
+    def process(self, window: int, sums: dict) -> Iterator[dict]:
+        assert self._key is not None
+        start = dt.datetime.fromtimestamp(int(self._window.window_start_seconds(window)), tz=dt.timezone.utc)
+        end = dt.datetime.fromtimestamp(int(self._window.window_end_seconds(window)), tz=dt.timezone.utc)
+        for column in self._columns:
+            query_id = query_id_for(column)
+            true_sum = sums.get((query_id, window), 0.0)
+            noise = gaussian_noise(self._key, query_id=query_id, window_id=window, dim=1, noise_std=self._noise_std)
+            yield {
+                "query_id": query_id, "window_id": window, "window_start": start, "window_end": end,
+                "label": column, "coordinate": 0, "value": float(true_sum + noise[0]),
+                "noise_std": self._noise_std, "kind": "window", "accounting": self._accounting,
+                "mechanism": "gaussian", "key_fingerprint": self._fingerprint,
+            }
+
+
+def ledger_shards(snapshot: pa.Table, n_shards: int) -> Iterable[tuple[int, tuple[str, pa.Table]]]:
+    """The previous ledger split into ``(shard, ("ledger", table))`` elements."""
+    if snapshot.num_rows == 0:
+        return []
+    metadata = snapshot.schema.metadata
+    return [(shard, ("ledger", part.replace_schema_metadata(metadata)))
+            for shard, (_, part) in split_by_shard(snapshot, n_shards)]
