@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import Any, Sequence, TextIO, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -219,7 +219,8 @@ def _run_pipeline(config: JobConfig, params: LedgerParameters, columns: list[str
             released=sorted(released), indicator_columns=columns)).with_outputs("dead", "read", main="valid")
         keyed = read.valid | "ByShard" >> beam.FlatMap(tx.split_by_shard, config.n_shards)
         initial = p | "PreviousLedger" >> beam.Create(list(tx.ledger_shards(previous, config.n_shards)))
-        filtered = ((keyed, initial) | "Merge" >> beam.Flatten()
+        # Typed as (int, Any): shard keys then get a deterministic coder, as state needs.
+        filtered = ((keyed, initial) | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
                     | "IndividualFilter" >> beam.ParDo(tx.IndividualFilterDoFn(
                         indicator_columns=columns, noise_std=params.noise_std, policy=config.policy,
                         budget=params.rho, id_type=params.id_type, tracker_step=params.tracker_step,
