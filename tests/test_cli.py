@@ -103,3 +103,65 @@ def test_demo_refuses_bad_parameters_naming_them(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["demo", "--delta", "2", "--out", str(tmp_path)])
     assert "delta" in capsys.readouterr().err
+
+
+def _day_file(path, day="2026-03-01", users=(1, 2, 3)):
+    import datetime as dt
+
+    import pyarrow as pa
+
+    pq.write_table(pa.table({
+        "user_id": pa.array(list(users), type=pa.int64()),
+        "day": pa.array([dt.date.fromisoformat(day)] * len(users), type=pa.date32()),
+        "opened": pa.array([1.0] * len(users)),
+    }), path)
+    return str(path)
+
+
+def _run_args(tmp_path, inputs, start="2026-03-01", end="2026-03-02"):
+    return ["run", "--input", *inputs, "--store", str(tmp_path / "r.duckdb"), "--ledger", str(tmp_path / "l.duckdb"),
+            "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "4", "--start", start, "--end", end, "--quiet"]
+
+
+def test_run_releases_the_schedule_and_prints_balanced_totals(tmp_path, capsys):
+    assert main(_run_args(tmp_path, [_day_file(tmp_path / "d.parquet")])) == 0
+    out = capsys.readouterr().out
+    assert "released 2 window(s)" in out and "[balanced]" in out
+    import duckdb
+
+    db = duckdb.connect(str(tmp_path / "r.duckdb"), read_only=True)
+    assert db.execute("SELECT count(*) FROM releases").fetchone()[0] == 2
+    db.close()
+
+
+@pytest.mark.parametrize(
+    "change,name",
+    [
+        ({"--start": "2026-03-05"}, "start"),
+        ({"--start": "yesterday"}, "start"),
+        ({"--epsilon": "0"}, "epsilon"),
+        ({"--delta": "1.5"}, "delta"),
+        ({"--norm-budget": "-1"}, "norm_budget"),
+    ],
+)
+def test_run_refuses_bad_parameters_naming_them(tmp_path, capsys, change, name):
+    args = _run_args(tmp_path, [_day_file(tmp_path / "d.parquet")])
+    for flag, value in change.items():
+        args[args.index(flag) + 1] = value
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    assert exit_info.value.code == 2
+    assert name in capsys.readouterr().err
+
+
+def test_run_with_a_broken_input_fails_naming_it_and_commits_nothing(tmp_path, capsys):
+    good = _day_file(tmp_path / "good.parquet")
+    (tmp_path / "broken.parquet").write_bytes(b"not parquet at all")
+    assert main(_run_args(tmp_path, [good, str(tmp_path / "broken.parquet")])) != 0
+    assert "broken.parquet" in capsys.readouterr().err
+    import duckdb
+
+    db = duckdb.connect(str(tmp_path / "l.duckdb"), read_only=True)
+    assert db.execute("SELECT count(*) FROM processed_windows").fetchone()[0] == 0
+    db.close()
+    assert main(_run_args(tmp_path, [good])) == 0  # fixed input: the day runs normally

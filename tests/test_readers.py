@@ -1,0 +1,78 @@
+"""Input files: each format reads, and each broken file fails with a message naming it."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.readers import InputFileError, read_batches
+
+TABLE = pa.table({
+    "user_id": pa.array([1, 2, 3], type=pa.int64()),
+    "day": pa.array([dt.date(2026, 3, 1)] * 3, type=pa.date32()),
+    "opened": pa.array([1.0, 0.0, 1.0]),
+})
+
+
+def _rows(path) -> int:
+    return sum(b.num_rows for b in read_batches(path, batch_rows=2))
+
+
+def test_parquet_arrow_file_arrow_stream_and_csv_all_read(tmp_path):
+    pq.write_table(TABLE, tmp_path / "a.parquet")
+    with ipc.new_file(tmp_path / "b.arrow", TABLE.schema) as writer:
+        writer.write_table(TABLE)
+    with ipc.new_stream(tmp_path / "c.ipc", TABLE.schema) as writer:
+        writer.write_table(TABLE)
+    pacsv.write_csv(TABLE, tmp_path / "d.csv")
+    assert [_rows(tmp_path / n) for n in ("a.parquet", "b.arrow", "c.ipc", "d.csv")] == [3, 3, 3, 3]
+
+
+def test_batches_are_at_most_the_requested_size(tmp_path):
+    pq.write_table(TABLE, tmp_path / "a.parquet")
+    assert [b.num_rows for b in read_batches(tmp_path / "a.parquet", batch_rows=2)] == [2, 1]
+
+
+def test_an_unknown_extension_is_refused_naming_the_file(tmp_path):
+    (tmp_path / "x.json").write_text("{}")
+    with pytest.raises(InputFileError, match="x.json"):
+        list(read_batches(tmp_path / "x.json"))
+
+
+def test_a_missing_file_is_refused_naming_it(tmp_path):
+    with pytest.raises(InputFileError, match="absent.parquet"):
+        list(read_batches(tmp_path / "absent.parquet"))
+
+
+def test_a_truncated_parquet_file_is_refused_naming_it(tmp_path):
+    pq.write_table(TABLE, tmp_path / "a.parquet")
+    data = (tmp_path / "a.parquet").read_bytes()
+    (tmp_path / "cut.parquet").write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputFileError, match="cut.parquet"):
+        list(read_batches(tmp_path / "cut.parquet"))
+
+
+def test_an_arrow_stream_cut_mid_batch_is_refused_naming_it(tmp_path):
+    with ipc.new_stream(tmp_path / "s.arrow", TABLE.schema) as writer:
+        writer.write_table(TABLE)
+    data = (tmp_path / "s.arrow").read_bytes()
+    (tmp_path / "cut.arrow").write_bytes(data[: len(data) - 40])
+    with pytest.raises(InputFileError, match="cut.arrow"):
+        list(read_batches(tmp_path / "cut.arrow"))
+
+
+def test_a_file_that_is_not_what_its_extension_says_is_refused(tmp_path):
+    pacsv.write_csv(TABLE, tmp_path / "really-csv.parquet")
+    with pytest.raises(InputFileError, match="really-csv.parquet"):
+        list(read_batches(tmp_path / "really-csv.parquet"))
+
+
+def test_an_empty_file_is_refused_naming_it(tmp_path):
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    with pytest.raises(InputFileError, match="empty.parquet"):
+        list(read_batches(tmp_path / "empty.parquet"))
