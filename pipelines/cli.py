@@ -3,9 +3,9 @@
 Subcommands:
 
 * ``calibrate``: the noise a promise ``(epsilon, delta)`` needs under each accounting.
-* ``demo``: a curator-side simulation of daily releases with individual accounting, on
-  generated data, written to real Parquet files (replaced by ``run`` when the Beam pipeline
-  lands).
+* ``run``: the daily job (Beam pipeline, DuckDB release store and curator ledger).
+* ``demo``: the daily job run day by day on a generated stream, compared with worst-case
+  accounting, with a chart.
 
 Errors in parameters exit with status 2 and a message that names the parameter.
 """
@@ -199,19 +199,20 @@ def _build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="simulate daily releases with individual accounting on generated data",
-        description="Generate a stream of daily indicator batches, write them as Parquet, filter "
-        "each user through the individual Renyi filter, release noisy daily sums and compare "
-        "with worst-case accounting. Curator-side: it prints true-vs-noisy errors.",
+        help="the main job on a synthetic stream: day-by-day Beam runs, comparison, chart",
+        description="Generate a synthetic stream (sparse heterogeneous indicators, some heavy users, a few "
+        "malformed rows), run the daily job on each day with the DirectRunner and embedded DuckDB files, "
+        "and compare individual with worst-case accounting at the same promise. Curator-side: it "
+        "prints errors against the synthetic truth.",
     )
-    demo.add_argument("--users", type=int, default=20_000, help="number of users (default 20000)")
-    demo.add_argument("--days", type=int, default=60, help="number of daily windows (default 60)")
+    demo.add_argument("--users", type=int, default=100_000, help="number of users (default 100000)")
+    demo.add_argument("--days", type=int, default=90, help="number of daily windows (default 90)")
     demo.add_argument("--epsilon", type=float, default=1.0, help="per-user epsilon (default 1)")
     demo.add_argument("--delta", type=float, default=1e-6, help="per-user delta (default 1e-6)")
-    demo.add_argument("--norm-budget", type=float, default=40.0,
-                      help="B, squared-norm budget per user (default 40)")
-    demo.add_argument("--policy", choices=("drop", "clip"), default="clip",
-                      help="what happens to a contribution past a user's budget (default clip)")
+    demo.add_argument("--norm-budget", type=float, default=60.0,
+                      help="B, squared-norm budget per user (default 60)")
+    demo.add_argument("--policy", choices=("drop", "clip"), default="drop",
+                      help="what happens to a contribution past a user's budget (default drop)")
     demo.add_argument("--accounting", choices=ACCOUNTINGS, default="gdp",
                       help="how (epsilon, delta) maps to the zCDP budget (default gdp)")
     demo.add_argument("--out", default="renyi-demo", help="output folder (default ./renyi-demo)")

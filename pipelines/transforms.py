@@ -65,7 +65,9 @@ class ReadAndValidate(beam.DoFn):
         offset = 0
         for batch in read_batches(path, batch_rows=self._batch_rows):
             yield beam.pvalue.TaggedOutput("read", (path, batch.num_rows))
-            checked = validate_batch(batch, window=self._window, start_window=self._start,
+            # No lower bound here: a row before the schedule is "late" if its window was released
+            # and "out of range" otherwise, which the validator alone cannot tell apart.
+            checked = validate_batch(batch, window=self._window, start_window=None,
                                      end_window=self._end, indicator_columns=self._columns)
             if checked.rejected.num_rows:
                 yield beam.pvalue.TaggedOutput("dead", _dead_letters(path, offset, checked.rejected))
@@ -73,11 +75,16 @@ class ReadAndValidate(beam.DoFn):
             rows = pa.array(np.flatnonzero(_valid_mask(batch.num_rows, checked.rejected)) + offset, type=pa.int64())
             valid = valid.append_column(SOURCE, pa.array([file_index] * valid.num_rows, type=pa.int64()))
             valid = valid.append_column(ROW, rows)
-            late = np.isin(valid.column(WINDOW_ID).to_numpy(), self._released)
-            if late.any():
-                late_rows = valid.filter(pa.array(late))
-                yield beam.pvalue.TaggedOutput("dead", _late_letters(path, late_rows, self._columns))
-                valid = valid.filter(pa.array(~late))
+            windows = valid.column(WINDOW_ID).to_numpy()
+            late = np.isin(windows, self._released)
+            early = (windows < self._start) & ~late
+            for mask, reason, detail in ((late, LATE_WINDOW, "window {} was already released"),
+                                         (early, "out_of_range_time", "window {} is before the schedule")):
+                if mask.any():
+                    yield beam.pvalue.TaggedOutput(
+                        "dead", _window_letters(path, valid.filter(pa.array(mask)), self._columns, reason, detail))
+            if late.any() or early.any():
+                valid = valid.filter(pa.array(~(late | early)))
             if valid.num_rows:
                 yield valid
             offset += batch.num_rows
@@ -99,14 +106,13 @@ def _dead_letters(path: str, offset: int, rejected: pa.Table) -> pa.Table:
     }, schema=DEAD_LETTER_SCHEMA)
 
 
-def _late_letters(path: str, rows: pa.Table, columns: Sequence[str]) -> pa.Table:
+def _window_letters(path: str, rows: pa.Table, columns: Sequence[str], reason: str, detail: str) -> pa.Table:
     n = rows.num_rows
     return pa.table({
         "source": pa.array([path] * n, type=pa.string()),
         "row_index": rows.column(ROW),
-        "reason": pa.array([LATE_WINDOW] * n, type=pa.string()),
-        "detail": pa.array([f"window {w} was already released" for w in rows.column(WINDOW_ID).to_pylist()],
-                           type=pa.string()),
+        "reason": pa.array([reason] * n, type=pa.string()),
+        "detail": pa.array([detail.format(w) for w in rows.column(WINDOW_ID).to_pylist()], type=pa.string()),
         "raw": _raw_json(pa.table({c: rows.column(c) for c in [USER_ID, WINDOW_ID, *columns]})),
     }, schema=DEAD_LETTER_SCHEMA)
 

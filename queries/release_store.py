@@ -1,10 +1,12 @@
 """The public release store: a DuckDB file of released (noisy) answers and nothing else.
 
-Analysts query the view ``releases`` with SQL; nothing pre-noise is ever written here
-(DESIGN.md invariant 4). A (query, window, coordinate) is released once (invariant 5):
-:meth:`ReleaseStore.publish` inserts only keys not yet present, skips identical re-publishes
-and refuses a different value for a released key, which could only come from a second noisy
-draw or another noise key.
+Analysts query the view ``releases`` with SQL, through :func:`connect_read_only` (no file system,
+no network, no other database, settings locked). Nothing pre-noise is ever written here
+(DESIGN.md invariant 4): true sums, user counts and budgets live in the curator's ledger, a
+different file. A ``(query, window, coordinate)`` is released once (invariant 5):
+:meth:`ReleaseStore.publish` inserts only keys not yet present, skips identical re-publishes (a
+retried bundle, a re-run, the outbox after a crash) and refuses a *different* row for a released
+key, which could only come from a second noisy draw, another noise key or a changed query.
 
 Schema (version 1):
 
@@ -13,7 +15,11 @@ Schema (version 1):
 * ``releases`` (view, the public contract): ``query_id, window_id, window_start, window_end,
   label, coordinate, value, noise_std, kind, accounting, mechanism, key_fingerprint,
   released_at``;
-* ``store_meta``: ``schema_version`` and the ``key_fingerprint`` of the noise key.
+* ``store_meta(key, value)``: ``schema_version`` and, from the first publish on, the
+  ``key_fingerprint`` of the noise key (:attr:`stream.noise.NoiseKey.fingerprint`, public).
+
+Timestamps are ``TIMESTAMP WITH TIME ZONE``; the connections opened here use the UTC time zone so
+that ``window_start::DATE`` means the same day on every machine.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 SCHEMA_VERSION = 1
+
 RELEASE_SCHEMA = pa.schema([
     ("query_id", pa.string()),
     ("window_id", pa.int64()),
@@ -43,68 +50,166 @@ RELEASE_SCHEMA = pa.schema([
     ("key_fingerprint", pa.string()),
 ])
 
-# version -> statements that bring a store from version - 1 to version.
-_MIGRATIONS: dict[int, list[str]] = {
-    1: [
+#: What :meth:`ReleaseStore.read` returns: the release columns and the time of the first publish.
+READ_SCHEMA = RELEASE_SCHEMA.append(pa.field("released_at", pa.timestamp("us", tz="UTC")))
+
+KINDS = frozenset({"window"})
+MECHANISMS = frozenset({"gaussian", "discrete_gaussian"})
+
+_KEY = ("query_id", "window_id", "coordinate")
+_NON_EMPTY = ("query_id", "kind", "accounting", "mechanism", "key_fingerprint")
+_COLUMNS = ", ".join(RELEASE_SCHEMA.names)
+_INCOMING = "_renyi_incoming_releases"
+
+# Schema migrations: version -> the SQL statements that bring a store from ``version - 1`` to
+# ``version``. Version 0 is an empty database file. Every migration runs in one transaction
+# together with the update of ``store_meta.schema_version``, so a failed one leaves the store
+# at its previous version. Add a version here (never edit a released one) and bump SCHEMA_VERSION.
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        "CREATE TABLE store_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)",
         """CREATE TABLE release_data (
-            query_id VARCHAR NOT NULL, window_id BIGINT NOT NULL, window_start TIMESTAMPTZ NOT NULL,
-            window_end TIMESTAMPTZ NOT NULL, label VARCHAR NOT NULL, coordinate INTEGER NOT NULL,
-            value DOUBLE NOT NULL, noise_std DOUBLE NOT NULL, kind VARCHAR NOT NULL,
-            accounting VARCHAR NOT NULL, mechanism VARCHAR NOT NULL, key_fingerprint VARCHAR NOT NULL,
-            released_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            query_id VARCHAR NOT NULL,
+            window_id BIGINT NOT NULL,
+            window_start TIMESTAMP WITH TIME ZONE NOT NULL,
+            window_end TIMESTAMP WITH TIME ZONE NOT NULL,
+            label VARCHAR NOT NULL,
+            coordinate INTEGER NOT NULL,
+            value DOUBLE NOT NULL,
+            noise_std DOUBLE NOT NULL,
+            kind VARCHAR NOT NULL,
+            accounting VARCHAR NOT NULL,
+            mechanism VARCHAR NOT NULL,
+            key_fingerprint VARCHAR NOT NULL,
+            released_at TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
             PRIMARY KEY (query_id, window_id, coordinate))""",
-        """CREATE VIEW releases AS SELECT query_id, window_id, window_start, window_end, label,
-            coordinate, value, noise_std, kind, accounting, mechanism, key_fingerprint, released_at
+        """CREATE VIEW releases AS
+            SELECT query_id, window_id, window_start, window_end, label, coordinate, value,
+                   noise_std, kind, accounting, mechanism, key_fingerprint, released_at
             FROM release_data""",
-    ],
+    ),
 }
 
 
 class ReleaseStoreError(RuntimeError):
-    """The store cannot be opened or used as asked."""
+    """The release store cannot be opened or used as asked."""
 
 
 class ReleaseConflictError(ReleaseStoreError):
-    """A second, different answer for a released window, or another noise key."""
+    """A second, different answer for a released key, or releases made with another noise key."""
 
 
-def _validate(releases: pa.Table) -> pa.Table:
-    missing = [name for name in RELEASE_SCHEMA.names if name not in releases.column_names]
+# --- validation (pure, before anything touches the database) -------------------------------
+
+
+def _validate(releases: Any) -> pa.Table:
+    """Return ``releases`` cast to :data:`RELEASE_SCHEMA`, or raise ValueError naming the column.
+
+    Messages never quote released values: a refused row may be a second noisy draw of a
+    released window, and two draws of one window average the noise away.
+    """
+    if not isinstance(releases, pa.Table):
+        raise ValueError(f"releases must be a pyarrow.Table, got releases={type(releases).__name__}")
+    names = releases.column_names
+    if len(set(names)) != len(names):
+        raise ValueError(f"releases have duplicate columns {sorted({n for n in names if names.count(n) > 1})}")
+    missing = [name for name in RELEASE_SCHEMA.names if name not in names]
     if missing:
-        raise ValueError(f"releases are missing columns {missing}")
-    try:
-        table = releases.select(RELEASE_SCHEMA.names).cast(RELEASE_SCHEMA)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise ValueError(f"releases do not match the release schema: {exc}") from exc
-    for name in RELEASE_SCHEMA.names:
-        if table.column(name).null_count:
-            raise ValueError(f"releases column {name!r} contains nulls")
+        raise ValueError(f"releases are missing column(s) {missing}; expected {RELEASE_SCHEMA.names}")
+    # Refuse rather than drop: an unexpected column (a true sum, a user count) means the caller
+    # is about to publish something that is not a release.
+    extra = [name for name in names if name not in RELEASE_SCHEMA.names]
+    if extra:
+        raise ValueError(f"releases have unexpected column(s) {extra}; the release store holds only "
+                         f"{RELEASE_SCHEMA.names}")
+    columns = []
+    for field in RELEASE_SCHEMA:
+        column = releases.column(field.name)
+        try:
+            columns.append(column.cast(field.type))  # safe cast: no truncation, no overflow
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            raise ValueError(f"releases column {field.name!r} of type {column.type} cannot be cast to "
+                             f"{field.type}: {exc}") from exc
+        if columns[-1].null_count:
+            raise ValueError(f"releases column {field.name!r} has {columns[-1].null_count} null(s)")
+    table = pa.Table.from_arrays(columns, schema=RELEASE_SCHEMA)
+    if table.num_rows == 0:
+        return table
+
     value = table.column("value").to_numpy()
-    if not np.isfinite(value).all():
-        raise ValueError("releases column 'value' must be finite")
+    bad = int(np.count_nonzero(~np.isfinite(value)))
+    if bad:
+        raise ValueError(f"releases column 'value' must be finite; {bad} row(s) are NaN or infinite")
     std = table.column("noise_std").to_numpy()
-    if not (np.isfinite(std).all() and (std > 0).all()):
-        raise ValueError("releases column 'noise_std' must be finite and > 0")
-    if table.num_rows and not pc.all(pc.greater(table.column("window_end"), table.column("window_start"))).as_py():
-        raise ValueError("releases column 'window_end' must be after 'window_start'")
+    bad = int(np.count_nonzero(~(np.isfinite(std) & (std > 0))))
+    if bad:
+        raise ValueError(f"releases column 'noise_std' must be finite and > 0; {bad} row(s) are not")
+    bad = table.num_rows - pc.sum(pc.greater(table.column("window_end"), table.column("window_start"))).as_py()
+    if bad:
+        raise ValueError(f"releases column 'window_end' must be after 'window_start'; {bad} row(s) are not")
+    bad = int(pc.sum(pc.less(table.column("coordinate"), 0)).as_py() or 0)
+    if bad:
+        raise ValueError(f"releases column 'coordinate' must be >= 0; {bad} row(s) are negative")
+    for name in _NON_EMPTY:
+        bad = int(pc.sum(pc.equal(pc.utf8_length(table.column(name)), 0)).as_py() or 0)
+        if bad:
+            raise ValueError(f"releases column {name!r} must be non-empty; {bad} row(s) are empty")
+    for name, allowed in (("kind", KINDS), ("mechanism", MECHANISMS)):
+        unknown = sorted(set(pc.unique(table.column(name)).to_pylist()) - allowed)
+        if unknown:
+            raise ValueError(f"releases column {name!r} has unknown value(s) {unknown}; "
+                             f"expected one of {sorted(allowed)}")
+    distinct = table.select(list(_KEY)).group_by(list(_KEY)).aggregate([]).num_rows
+    if distinct != table.num_rows:
+        raise ValueError(f"releases repeat the key {list(_KEY)}: {table.num_rows - distinct} duplicate row(s) "
+                         "in one batch")
     return table
 
 
+def _to_table(result: Any) -> pa.Table:
+    """An Arrow table from a DuckDB result, across the supported DuckDB versions."""
+    if hasattr(result, "to_arrow_table"):  # duckdb >= 1.4
+        return result.to_arrow_table()
+    return result.fetch_arrow_table()
+
+
+# --- the store ---------------------------------------------------------------------------------
+
+
 class ReleaseStore:
-    """Read and append released answers; opened read-write by the job, read-only otherwise."""
+    """Read and append released answers; opened read-write by the job, read-only otherwise.
+
+    The first read-write open of a missing or empty file creates it (and its parent folders)
+    with the current schema; an older store is migrated; a newer one, or a database that is not
+    a release store (the curator's ledger, say), is refused.
+    """
 
     def __init__(self, path: str | os.PathLike, *, read_only: bool = False) -> None:
-        self.path = Path(path)
-        if read_only and not self.path.exists():
-            raise ReleaseStoreError(f"release store {self.path} does not exist")
-        if not read_only:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._path = Path(path)
+        self._read_only = bool(read_only)
+        if self._read_only and not self._path.exists():
+            raise ReleaseStoreError(f"release store {self._path} does not exist (opened read-only, so it "
+                                    "is not created); publish to it once first")
+        if not self._read_only:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self._db = duckdb.connect(str(self.path), read_only=read_only)
+            self._db: duckdb.DuckDBPyConnection | None = duckdb.connect(str(self._path), read_only=self._read_only)
         except duckdb.Error as exc:
-            raise ReleaseStoreError(f"cannot open release store {self.path}: {exc}") from exc
-        self._read_only = read_only
-        self._migrate()
+            raise ReleaseStoreError(f"cannot open release store {self._path}: {exc}") from exc
+        try:
+            self._db.execute("SET TimeZone = 'UTC'")
+            self._migrate()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def read_only(self) -> bool:
+        return self._read_only
 
     def __enter__(self) -> "ReleaseStore":
         return self
@@ -112,103 +217,215 @@ class ReleaseStore:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def __repr__(self) -> str:
+        state = "closed" if self._db is None else ("read-only" if self._read_only else "read-write")
+        return f"ReleaseStore({str(self._path)!r}, {state})"
+
     def close(self) -> None:
-        self._db.close()
+        """Close the connection; a second call does nothing."""
+        if self._db is not None:
+            db, self._db = self._db, None
+            db.close()
+
+    @property
+    def _conn(self) -> duckdb.DuckDBPyConnection:
+        if self._db is None:
+            raise ReleaseStoreError(f"release store {self._path} is closed")
+        return self._db
+
+    # --- schema -------------------------------------------------------------------------------
+
+    def schema_version(self) -> int:
+        """The schema version recorded in the file (0 for an empty file)."""
+        return _schema_version(self._conn, self._path)
 
     def _meta(self, key: str) -> str | None:
-        exists = self._db.execute(
-            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'store_meta'").fetchone()[0]
-        if not exists:
-            return None
-        row = self._db.execute("SELECT value FROM store_meta WHERE key = ?", [key]).fetchone()
+        row = self._conn.execute("SELECT value FROM store_meta WHERE key = ?", [key]).fetchone()
         return None if row is None else row[0]
 
     def _migrate(self) -> None:
-        version = int(self._meta("schema_version") or 0)
+        version = self.schema_version()
         if version > SCHEMA_VERSION:
             raise ReleaseStoreError(
-                f"release store {self.path} has schema version {version}, newer than this "
-                f"renyi-stream ({SCHEMA_VERSION}); upgrade renyi-stream")
-        if version == SCHEMA_VERSION or self._read_only:
-            if version < SCHEMA_VERSION:
-                raise ReleaseStoreError(f"release store {self.path} needs a migration; open it read-write once")
+                f"release store {self._path} has schema version {version}, newer than this renyi-stream "
+                f"understands ({SCHEMA_VERSION}); upgrade renyi-stream")
+        if version == SCHEMA_VERSION:
             return
-        db = self._db
+        if self._read_only:
+            raise ReleaseStoreError(
+                f"release store {self._path} has schema version {version} and needs a migration to "
+                f"{SCHEMA_VERSION}; open it read-write once (the next daily run does)")
+        db = self._conn
         db.execute("BEGIN TRANSACTION")
         try:
-            db.execute("CREATE TABLE IF NOT EXISTS store_meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
             for step in range(version + 1, SCHEMA_VERSION + 1):
                 for statement in _MIGRATIONS[step]:
                     db.execute(statement)
-            db.execute("INSERT OR REPLACE INTO store_meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+            db.execute("INSERT OR REPLACE INTO store_meta (key, value) VALUES ('schema_version', ?)",
+                       [str(SCHEMA_VERSION)])
             db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
+        except BaseException as exc:
+            _rollback(db)
+            if isinstance(exc, duckdb.Error):
+                raise ReleaseStoreError(f"migrating release store {self._path} from schema version {version} "
+                                        f"to {SCHEMA_VERSION} failed (nothing was changed): {exc}") from exc
             raise
+
+    # --- writing ------------------------------------------------------------------------------
 
     def publish(self, releases: pa.Table) -> int:
         """Insert the releases not yet in the store, in one transaction; return how many.
 
-        Identical re-publishes are skipped; a different value or noise std for a released key,
-        or rows under another noise key, raise :class:`ReleaseConflictError` and insert nothing.
+        ``releases`` has the columns of :data:`RELEASE_SCHEMA` (types castable to them, no
+        nulls, finite values, ``noise_std > 0``, ``window_end > window_start``, one row per
+        ``(query_id, window_id, coordinate)``), else ValueError naming the column. A row whose key
+        is already released with identical contents is skipped (invariant 5: a re-run publishes
+        nothing new). A row that differs from the released one, or a noise key other than the
+        store's, raises :class:`ReleaseConflictError` and nothing of the batch is inserted.
         """
+        if self._read_only:
+            raise ReleaseStoreError(f"release store {self._path} is open read-only; cannot publish")
         table = _validate(releases)
         if table.num_rows == 0:
             return 0
-        fingerprints = pc.unique(table.column("key_fingerprint")).to_pylist()
+        fingerprints = sorted(pc.unique(table.column("key_fingerprint")).to_pylist())
         if len(fingerprints) != 1:
-            raise ReleaseConflictError(f"releases carry several noise key fingerprints: {fingerprints}")
-        stored = self._meta("key_fingerprint")
-        if stored is not None and stored != fingerprints[0]:
             raise ReleaseConflictError(
-                f"release store {self.path} was written with noise key {stored}; these releases "
-                f"come from key {fingerprints[0]}: refusing to mix answers from two keys")
-        db = self._db
+                f"releases carry several noise key fingerprints {fingerprints}; one batch comes from one key")
+        fingerprint = fingerprints[0]
+        db = self._conn
         db.execute("BEGIN TRANSACTION")
         try:
-            db.register("incoming", table)
-            conflicts = db.execute("""
-                SELECT i.query_id, i.window_id, i.coordinate FROM incoming i JOIN release_data r
-                  USING (query_id, window_id, coordinate)
-                WHERE i.value <> r.value OR i.noise_std <> r.noise_std LIMIT 3""").fetchall()
-            if conflicts:
-                raise ReleaseConflictError(
-                    f"a different answer for already released (query, window, coordinate) {conflicts}: "
-                    "a window is released once (first write wins)")
-            columns = ", ".join(RELEASE_SCHEMA.names)
-            inserted = db.execute(f"""
-                INSERT INTO release_data ({columns})
-                SELECT {columns} FROM incoming i WHERE NOT EXISTS (
-                    SELECT 1 FROM release_data r WHERE r.query_id = i.query_id
-                      AND r.window_id = i.window_id AND r.coordinate = i.coordinate)""").fetchone()[0]
-            if stored is None:
-                db.execute("INSERT OR REPLACE INTO store_meta VALUES ('key_fingerprint', ?)", [fingerprints[0]])
+            inserted = self._publish_in_transaction(table, fingerprint)
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            _rollback(db)
             raise
+        return inserted
+
+    def _publish_in_transaction(self, table: pa.Table, fingerprint: str) -> int:
+        db = self._conn
+        stored = self._meta("key_fingerprint")
+        if stored is not None and stored != fingerprint:
+            raise ReleaseConflictError(
+                f"release store {self._path} holds releases made with noise key {stored}; these releases "
+                f"come from noise key {fingerprint}: refusing to mix answers from two keys (a re-run with "
+                "another key would be a second, independent noisy draw)")
+        db.register(_INCOMING, table)
+        try:
+            differs = " OR ".join(f"i.{name} IS DISTINCT FROM r.{name}"
+                                  for name in RELEASE_SCHEMA.names if name not in _KEY)
+            which = ", ".join(f"i.{name} IS DISTINCT FROM r.{name}"
+                              for name in RELEASE_SCHEMA.names if name not in _KEY)
+            rows = db.execute(f"""
+                SELECT i.query_id, i.window_id, i.coordinate, {which}
+                FROM {_INCOMING} i JOIN release_data r USING (query_id, window_id, coordinate)
+                WHERE {differs}
+                ORDER BY i.query_id, i.window_id, i.coordinate""").fetchall()
+            if rows:
+                compared = [name for name in RELEASE_SCHEMA.names if name not in _KEY]
+                columns = sorted({name for row in rows for name, d in zip(compared, row[3:]) if d})
+                keys = [tuple(row[:3]) for row in rows[:3]]
+                raise ReleaseConflictError(
+                    f"{len(rows)} release(s) differ from what release store {self._path} already holds for "
+                    f"the same (query_id, window_id, coordinate), e.g. {keys}, in column(s) {columns}: a "
+                    "window is released once (first write wins); nothing from this batch was inserted")
+            inserted = db.execute(f"""
+                INSERT INTO release_data ({_COLUMNS})
+                SELECT {_COLUMNS} FROM {_INCOMING} i
+                WHERE NOT EXISTS (
+                    SELECT 1 FROM release_data r
+                    WHERE r.query_id = i.query_id AND r.window_id = i.window_id
+                      AND r.coordinate = i.coordinate)""").fetchone()[0]
         finally:
-            db.unregister("incoming")
+            db.unregister(_INCOMING)
+        if stored is None:
+            db.execute("INSERT INTO store_meta (key, value) VALUES ('key_fingerprint', ?)", [fingerprint])
         return int(inserted)
 
+    # --- reading ------------------------------------------------------------------------------
+
+    def key_fingerprint(self) -> str | None:
+        """The fingerprint of the noise key of the releases here (None before the first publish)."""
+        return self._meta("key_fingerprint")
+
     def released_windows(self, query_id: str) -> list[int]:
-        rows = self._db.execute(
-            "SELECT DISTINCT window_id FROM release_data WHERE query_id = ? ORDER BY window_id", [query_id]).fetchall()
-        return [int(w) for (w,) in rows]
+        """The sorted window ids released for ``query_id`` (empty for an unknown query)."""
+        rows = self._conn.execute(
+            "SELECT DISTINCT window_id FROM release_data WHERE query_id = ? ORDER BY window_id",
+            [query_id]).fetchall()
+        return [int(window) for (window,) in rows]
 
     def read(self, query_id: str | None = None) -> pa.Table:
-        sql = "SELECT * FROM releases"
+        """Releases (all, or one query's), ordered by query_id, window_id, coordinate."""
+        sql = f"SELECT {_COLUMNS}, released_at FROM releases"
         params: list[Any] = []
         if query_id is not None:
             sql += " WHERE query_id = ?"
             params.append(query_id)
-        result = self._db.execute(sql + " ORDER BY query_id, window_id, coordinate", params).arrow()
-        return result.read_all() if hasattr(result, "read_all") else result
+        sql += " ORDER BY query_id, window_id, coordinate"
+        return _to_table(self._conn.execute(sql, params)).cast(READ_SCHEMA)
+
+
+def _rollback(db: duckdb.DuckDBPyConnection) -> None:
+    """Roll back the open transaction, if any: a failed COMMIT has already ended it, and its
+    error, not a second one from ROLLBACK, is the one to report."""
+    try:
+        db.execute("ROLLBACK")
+    except duckdb.Error:
+        pass
+
+
+def _schema_version(db: duckdb.DuckDBPyConnection, path: Path) -> int:
+    tables = {name for (name,) in db.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_catalog = current_database()").fetchall()}
+    if "store_meta" not in tables:
+        if tables:
+            raise ReleaseStoreError(
+                f"{path} is a DuckDB database but not a renyi-stream release store (it has tables "
+                f"{sorted(tables)[:5]} and no store_meta); refusing to use it")
+        return 0
+    row = db.execute("SELECT value FROM store_meta WHERE key = 'schema_version'").fetchone()
+    try:
+        return int(row[0])
+    except (TypeError, ValueError):
+        raise ReleaseStoreError(f"release store {path} has no valid schema_version in store_meta "
+                                f"(found {None if row is None else row[0]!r})") from None
+
+
+# --- the analysts' entry point -----------------------------------------------------------------
 
 
 def connect_read_only(path: str | os.PathLike) -> duckdb.DuckDBPyConnection:
-    """A connection for analysts' SQL: read-only, no file or network access, settings locked."""
-    if not Path(path).exists():
+    """A DuckDB connection for analysts' SQL over the release store at ``path``.
+
+    Read-only, with external access disabled (no files, no network, no ATTACH of another
+    database such as the curator's ledger, no extension install or load from disk) and the
+    configuration locked, so SQL cannot turn any of that back on. The session time zone is UTC.
+    """
+    path = Path(path)
+    if not path.exists():
         raise ReleaseStoreError(f"release store {path} does not exist")
-    return duckdb.connect(str(path), read_only=True,
-                          config={"enable_external_access": False, "lock_configuration": True})
+    try:
+        db = duckdb.connect(str(path), read_only=True, config={
+            "enable_external_access": False,
+            "autoinstall_known_extensions": False,
+            "autoload_known_extensions": False,
+        })
+    except duckdb.Error as exc:
+        raise ReleaseStoreError(f"cannot open release store {path} read-only: {exc}") from exc
+    try:
+        # TimeZone is provided by the ICU extension, so it is not a connect-time option; set it,
+        # then lock the configuration before any analyst SQL runs.
+        db.execute("SET TimeZone = 'UTC'")
+        db.execute("SET lock_configuration = true")
+        version = _schema_version(db, path)
+        if version != SCHEMA_VERSION:
+            raise ReleaseStoreError(
+                f"release store {path} has schema version {version}, this renyi-stream reads version "
+                f"{SCHEMA_VERSION}" + ("; open it read-write once to migrate it" if version < SCHEMA_VERSION
+                                       else "; upgrade renyi-stream"))
+    except BaseException:
+        db.close()
+        raise
+    return db

@@ -1,17 +1,38 @@
 """Keyed, reproducible, secret noise for releases.
 
-Invariant 5 of DESIGN.md: a window is released once. A retried bundle, a re-run of the same day
-or a recovery after a crash must give the *identical* answer, never a second independent draw
-(two draws of the same sum average away the noise). So the noise for ``(query, window)`` is not
-drawn from a live generator: it is derived from a secret key. HMAC-SHA256(secret, query,
-window) gives a 128-bit key for NumPy's counter-based Philox generator; the same
-``(key, query, window)`` yields the same draw bit for bit, and different ones are independent
-(HMAC is a PRF; Philox is a strong counter-based generator).
+Why keyed noise. Invariant 5 of DESIGN.md: a window is released once. A retried bundle, a re-run
+of the same day or a recovery after a crash must give the *identical* answer, never a second
+independent draw: two independent noisy answers to the same sum average the noise away and spend
+the privacy budget twice. So the noise of release ``(query_id, window_id)`` is not drawn from a
+live generator; it is a function of a secret key:
 
-Floating-point Gaussian samples leak through their least significant bits (Mironov 2012, "On
-significance of the least significant bits for differential privacy"); for integer-valued
-queries use :func:`discrete_gaussian_noise`, the exact discrete Gaussian of Canonne, Kamath &
-Steinke (2020), which has no such weakness.
+    philox_key = HMAC-SHA256(secret, domain || len(query) || query || window)[:16]
+    noise      = Generator(Philox(key=philox_key)).<sampler>(dim)
+
+where ``len(query)`` is the byte length of the UTF-8 query id as 8 bytes big-endian and
+``window`` is the window id as a signed 8-byte big-endian integer. The length prefix makes the
+encoding injective (``("a", 12)`` and ``("a1", 2)`` are different messages), and each sampler
+has its own ``domain``, so the continuous and the discrete Gaussian never share a stream.
+
+* The same ``(key, query_id, window_id)`` gives the same draw, bit for bit, on every run.
+* Any change of key, query id or window id gives an independent draw: HMAC-SHA256 is a
+  pseudo-random function of the message under a secret key, and Philox (Salmon et al. 2011,
+  "Parallel random numbers: as easy as 1, 2, 3") is a counter-based generator whose streams
+  under distinct keys are statistically independent.
+* Without the secret the noise cannot be predicted or subtracted. The secret is 32 bytes from
+  :func:`secrets.token_bytes` in a file of mode 0600 next to the curator's ledger
+  (:meth:`NoiseKey.load_or_create`). Losing it does not break privacy, but re-runs of old
+  windows would then draw new noise: back it up with the ledger.
+* The derivation is part of the release format: changing it changes the answer of a re-run.
+  ``tests/test_noise.py`` pins a few draws so that it cannot change by accident.
+
+Floating point. The continuous Gaussian is sampled in floating point, and floating-point samples
+are not exactly Gaussian: the set of representable outputs depends on the input, which can
+leak through the least significant bits of a release (Mironov 2012, "On significance of the
+least significant bits for differential privacy", CCS). For integer-valued queries (counts,
+sums of 0/1 indicators) the remedy is :func:`discrete_gaussian_noise`, the exact discrete
+Gaussian of Canonne, Kamath & Steinke 2020 ("The Discrete Gaussian for Differential Privacy",
+NeurIPS), sampled with exact rational arithmetic from uniform integers only.
 """
 
 from __future__ import annotations
@@ -31,9 +52,14 @@ from typing import Any
 import numpy as np
 
 KEY_BYTES = 32
+# The largest sigma^2 the discrete sampler accepts: sigma = 1e15, so an int64 draw
+# (|x| < 9.2e18 = 9200 sigma) overflows with probability below exp(-4e7).
+MAX_DISCRETE_SIGMA_SQUARED = 1e30
+
 _GAUSSIAN_DOMAIN = b"renyi-stream/gaussian/v1"
 _DISCRETE_DOMAIN = b"renyi-stream/discrete-gaussian/v1"
 _FINGERPRINT_DOMAIN = b"renyi-stream/fingerprint/v1"
+_INSECURE_DOMAIN = b"renyi-stream/insecure-test-key/"
 
 
 class InsecureNoiseWarning(UserWarning):
@@ -48,8 +74,9 @@ class NoiseKeyError(ValueError):
 class NoiseKey:
     """The curator's secret from which all release noise is derived.
 
-    Create it once with :meth:`load_or_create` and keep it with the curator's ledger: whoever
-    holds it can subtract the noise from every release.
+    Create it once with :meth:`load_or_create` and keep (and back up) it with the curator's
+    ledger: whoever holds it can subtract the noise from every release, and whoever loses it
+    can no longer reproduce old releases. ``repr`` shows only the public :attr:`fingerprint`.
     """
 
     secret: bytes
@@ -57,197 +84,352 @@ class NoiseKey:
 
     def __post_init__(self) -> None:
         if not isinstance(self.secret, bytes) or len(self.secret) != KEY_BYTES:
-            raise NoiseKeyError(f"secret must be {KEY_BYTES} bytes")
+            got = f"{len(self.secret)} bytes" if isinstance(self.secret, bytes) else type(self.secret).__name__
+            raise NoiseKeyError(f"secret must be exactly {KEY_BYTES} bytes, got {got}")
+        if not isinstance(self.insecure, bool):
+            raise NoiseKeyError(f"insecure must be a bool, got insecure={self.insecure!r}")
 
     def __repr__(self) -> str:
         return f"NoiseKey(fingerprint={self.fingerprint!r}, insecure={self.insecure})"
 
     @property
     def fingerprint(self) -> str:
-        """A public identifier of the key (16 hex digits), safe to store next to releases."""
+        """A public identifier of the key: the first 16 hex digits of
+        ``sha256(b"renyi-stream/fingerprint/v1" + secret)``. Safe to store next to releases, so
+        that a re-run can check it uses the key the first run used."""
         return hashlib.sha256(_FINGERPRINT_DOMAIN + self.secret).hexdigest()[:16]
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "NoiseKey":
-        """Read an existing key file; refuse one that is missing, malformed or not private (0600)."""
+        """Read an existing key file; never creates one.
+
+        Raises :class:`NoiseKeyError` (naming the path and the fix) when the file is missing,
+        is not a regular file, has any group/other permission bit (``mode & 0o077``) or does
+        not hold exactly 32 bytes.
+        """
         path = Path(path)
         try:
-            info = path.stat()
+            fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             raise NoiseKeyError(
                 f"noise key file {path} does not exist; create it with NoiseKey.load_or_create "
-                "(the first run does), or restore the curator's key"
+                "(the first run of the job does), or restore the curator's key from its backup"
             ) from None
-        if stat.S_IMODE(info.st_mode) & 0o077:
-            raise NoiseKeyError(
-                f"noise key file {path} is readable or writable by group/others "
-                f"(mode {stat.S_IMODE(info.st_mode):04o}); run 'chmod 600 {path}'"
-            )
-        secret = path.read_bytes()
+        except OSError as e:
+            raise NoiseKeyError(f"cannot open noise key file {path}: {e.strerror}; check the path and its owner") from e
+        try:
+            # fstat the open descriptor, not the path, so the checks apply to what is read.
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise NoiseKeyError(f"noise key file {path} is not a regular file; point the key path at the key file")
+            mode = stat.S_IMODE(info.st_mode)
+            if mode & 0o077:
+                raise NoiseKeyError(
+                    f"noise key file {path} is accessible to group/others (mode {mode:04o}); "
+                    f"run 'chmod 600 {path}', and rotate the key if others may have read it"
+                )
+            secret = _read_at_most(fd, KEY_BYTES + 1)
+        finally:
+            os.close(fd)
         if len(secret) != KEY_BYTES:
+            size = f"{len(secret)} bytes" if len(secret) <= KEY_BYTES else f"more than {KEY_BYTES} bytes"
             raise NoiseKeyError(
-                f"noise key file {path} holds {len(secret)} bytes, expected {KEY_BYTES}: "
-                "it is not a renyi-stream key or it was damaged"
+                f"noise key file {path} holds {size}, expected exactly {KEY_BYTES}: it is not a "
+                "renyi-stream noise key or it was damaged; restore it from the curator's backup"
             )
         return cls(secret=secret)
 
     @classmethod
     def load_or_create(cls, path: str | os.PathLike) -> "NoiseKey":
-        """Load the key at ``path``, creating it (32 random bytes, mode 0600) if it is absent."""
+        """Load the key at ``path``; if there is none, create it.
+
+        Creation makes the parent directory if needed (mode 0700), then creates the file with
+        ``O_CREAT | O_EXCL`` and mode 0600 (so an existing key is never overwritten, not even by
+        a concurrent creator) holding 32 bytes of :func:`secrets.token_bytes`, and fsyncs the
+        file and its directory, so that a crash right after the first release cannot lose the
+        key the release was noised with. An existing file is checked as by :meth:`load`.
+        """
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.parent.exists():
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             return cls.load(path)
+        secret = secrets.token_bytes(KEY_BYTES)
         try:
-            os.write(fd, secrets.token_bytes(KEY_BYTES))
+            view = memoryview(secret)
+            while view:
+                view = view[os.write(fd, view):]
             os.fsync(fd)
-        finally:
+        except BaseException:
             os.close(fd)
-        return cls.load(path)
+            path.unlink(missing_ok=True)  # never leave a short key behind
+            raise
+        os.close(fd)
+        _fsync_directory(path.parent)
+        return cls(secret=secret)
 
     @classmethod
     def insecure_for_tests(cls, seed: int) -> "NoiseKey":
-        """A key derived from a public seed, for tests only. Warns every time."""
+        """A key derived from a public integer seed, for tests only: ``insecure=True``.
+
+        Deterministic in ``seed``. Warns :class:`InsecureNoiseWarning` on every call; anyone
+        who knows the seed can remove the noise, so releases made with it are not private.
+        """
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ValueError(f"seed must be an integer, got seed={seed!r}")
         warnings.warn(
             "using an insecure noise key derived from a public seed: releases made with it are "
             "not private", InsecureNoiseWarning, stacklevel=2,
         )
-        secret = hashlib.sha256(b"renyi-stream/insecure-test-key/" + str(int(seed)).encode()).digest()
+        secret = hashlib.sha256(_INSECURE_DOMAIN + str(int(seed)).encode()).digest()
         return cls(secret=secret, insecure=True)
 
 
-def _check_request(query_id: Any, window_id: Any, dim: Any) -> None:
+def _read_at_most(fd: int, n: int) -> bytes:
+    chunks = []
+    while n > 0:
+        chunk = os.read(fd, n)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # platforms without directory descriptors
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# --- keyed derivation ----------------------------------------------------------------------------
+
+
+def _check_release(key: Any, query_id: Any, window_id: Any, dim: Any) -> None:
+    if not isinstance(key, NoiseKey):
+        raise ValueError(
+            f"key must be a NoiseKey (NoiseKey.load_or_create, or NoiseKey.insecure_for_tests in "
+            f"tests), got key of type {type(key).__name__}"
+        )
     if not isinstance(query_id, str) or not query_id:
         raise ValueError(f"query_id must be a non-empty string, got query_id={query_id!r}")
     if isinstance(window_id, bool) or not isinstance(window_id, (int, np.integer)):
-        raise ValueError(f"window_id must be an integer, got window_id={window_id!r}")
+        raise ValueError(f"window_id must be an integer in [-2**63, 2**63), got window_id={window_id!r}")
     if not -(2**63) <= int(window_id) < 2**63:
-        raise ValueError(f"window_id must fit in int64, got window_id={window_id!r}")
+        raise ValueError(f"window_id must be an integer in [-2**63, 2**63), got window_id={window_id!r}")
     if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
         raise ValueError(f"dim must be an integer >= 1, got dim={dim!r}")
 
 
-def _generator(key: NoiseKey, domain: bytes, query_id: str, window_id: int) -> np.random.Generator:
-    if not isinstance(key, NoiseKey):
-        raise ValueError(f"key must be a NoiseKey, got key={type(key).__name__}")
+def _keyed_generator(key: NoiseKey, domain: bytes, query_id: str, window_id: int) -> np.random.Generator:
+    """Philox generator keyed by HMAC-SHA256(secret, domain || len || query || window)[:16]."""
     query = query_id.encode("utf-8")
-    # Length-prefixing makes the encoding injective: ("a", 12) and ("a1", 2) differ.
     message = domain + len(query).to_bytes(8, "big") + query + int(window_id).to_bytes(8, "big", signed=True)
     digest = hmac.new(key.secret, message, hashlib.sha256).digest()
     return np.random.Generator(np.random.Philox(key=int.from_bytes(digest[:16], "big")))
 
 
 def gaussian_noise(key: NoiseKey, *, query_id: str, window_id: int, dim: int, noise_std: float) -> np.ndarray:
-    """The Gaussian noise of release ``(query_id, window_id)``: ``dim`` draws of N(0, noise_std^2).
+    """The Gaussian noise of release ``(query_id, window_id)``: float64 array of shape ``(dim,)``,
+    i.i.d. N(0, noise_std^2) per coordinate.
 
-    Deterministic in ``(key, query_id, window_id)`` (invariant 5); independent across any change
-    of them. ``noise_std`` is the standard deviation per coordinate.
+    ``noise_std`` is the standard deviation *per coordinate*, in the units of the query's
+    answer (the ``s_t`` of DESIGN.md; the zCDP charge of a contribution ``v`` is
+    ``||v||^2 / (2 noise_std^2)``). Deterministic in ``(key, query_id, window_id)``
+    (invariant 5), independent across any change of them; for a fixed key the draw for
+    ``dim = k`` is the prefix of the draw for any larger ``dim`` and is scaled linearly in
+    ``noise_std``.
+
+    This is a floating-point sampler, with the least-significant-bit weakness of
+    Mironov 2012; prefer :func:`discrete_gaussian_noise` for integer-valued answers.
+    Raises ``ValueError`` naming the parameter for a non-``NoiseKey`` key, an empty
+    ``query_id``, a non-integer or out-of-int64 ``window_id``, ``dim < 1`` or a
+    ``noise_std`` that is not finite and > 0.
     """
-    _check_request(query_id, window_id, dim)
+    _check_release(key, query_id, window_id, dim)
     if isinstance(noise_std, bool) or not isinstance(noise_std, (int, float, np.integer, np.floating)) \
             or not math.isfinite(noise_std) or noise_std <= 0:
-        raise ValueError(f"noise_std must be finite and > 0, got noise_std={noise_std!r}")
-    rng = _generator(key, _GAUSSIAN_DOMAIN, query_id, int(window_id))
+        raise ValueError(f"noise_std must be a finite number > 0, got noise_std={noise_std!r}")
+    rng = _keyed_generator(key, _GAUSSIAN_DOMAIN, query_id, int(window_id))
     return float(noise_std) * rng.standard_normal(int(dim))
 
 
-# --- the discrete Gaussian (Canonne, Kamath & Steinke 2020) -----------------------------------
+# --- the exact discrete Gaussian (Canonne, Kamath & Steinke 2020) ------------------------------
+#
+# Every probability below is a ratio of Python integers ``num / den`` and every random choice is
+# ``uniform integer in [0, den) < num``, so the samplers are exact: no floating point touches the
+# output distribution. Rationals are carried as unreduced (num, den) pairs rather than Fraction
+# objects, which saves a gcd per Bernoulli trial.
 
 
-def _as_fraction(name: str, value: Any) -> Fraction:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a positive number, got {name}={value!r}")
-    if isinstance(value, Fraction):
-        result = value
-    elif isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(float(value)):
-        result = Fraction(float(value)) if isinstance(value, (float, np.floating)) else Fraction(int(value))
-    else:
-        raise ValueError(f"{name} must be a finite positive number, got {name}={value!r}")
-    if result <= 0:
-        raise ValueError(f"{name} must be > 0, got {name}={value!r}")
-    return result
+def _uniform_below(n: int, rng: np.random.Generator) -> int:
+    """An exactly uniform integer in [0, n), for any Python int n >= 1."""
+    if n <= 2**63:
+        return int(rng.integers(0, n))
+    # Beyond int64: draw bit_length(n) random bits from 64-bit words and reject values >= n
+    # (acceptance probability > 1/2).
+    bits = n.bit_length()
+    words = -(-bits // 64)
+    while True:
+        value = 0
+        for word in rng.integers(0, 2**64, size=words, dtype=np.uint64, endpoint=False):
+            value = (value << 64) | int(word)
+        value >>= words * 64 - bits
+        if value < n:
+            return value
 
 
-def _bernoulli(p: Fraction, rng: np.random.Generator) -> bool:
-    """Exact Bernoulli(p) for rational p in [0, 1] from a uniform integer."""
-    return int(rng.integers(0, p.denominator)) < p.numerator
+def _bernoulli_exp_at_most_one(num: int, den: int, rng: np.random.Generator) -> bool:
+    """Bernoulli(exp(-gamma)) for gamma = num/den in [0, 1] (CKS 2020, Algorithm 1, gamma <= 1).
 
-
-def _bernoulli_exp_small(gamma: Fraction, rng: np.random.Generator) -> bool:
-    """Bernoulli(exp(-gamma)) for 0 <= gamma <= 1 (CKS 2020, Algorithm 1, first part)."""
+    Draws A_k ~ Bernoulli(gamma / k) for k = 1, 2, ... until the first failure at K; returns
+    whether K is odd. P(K odd) = sum_k (-gamma)^k / k! = exp(-gamma). Expected trials <= e.
+    """
     k = 1
-    while _bernoulli(gamma / k, rng):
+    while _uniform_below(den * k, rng) < num:
         k += 1
     return k % 2 == 1
 
 
-def _bernoulli_exp(gamma: Fraction, rng: np.random.Generator) -> bool:
-    """Bernoulli(exp(-gamma)) for gamma >= 0 (CKS 2020, Algorithm 1)."""
-    while gamma > 1:
-        if not _bernoulli_exp_small(Fraction(1), rng):
+def _bernoulli_exp(num: int, den: int, rng: np.random.Generator) -> bool:
+    """Bernoulli(exp(-gamma)) for any rational gamma = num/den >= 0 (CKS 2020, Algorithm 1).
+
+    exp(-gamma) = exp(-1)^floor(gamma) * exp(-(gamma - floor(gamma))): floor(gamma) trials of
+    Bernoulli(exp(-1)), stopping at the first failure, then one with the fractional part.
+    """
+    whole, rest = divmod(num, den)
+    for _ in range(whole):  # stops early with probability 1 - 1/e per round
+        if not _bernoulli_exp_at_most_one(1, 1, rng):
             return False
-        gamma -= 1
-    return _bernoulli_exp_small(gamma, rng)
+    return _bernoulli_exp_at_most_one(rest, den, rng)
 
 
 def _discrete_laplace(t: int, rng: np.random.Generator) -> int:
-    """P(Y = y) proportional to exp(-|y| / t) for integer t >= 1 (CKS 2020, Algorithm 2)."""
+    """One draw with P(Y = y) proportional to exp(-|y| / t), integer t >= 1 (CKS 2020,
+    Algorithm 2 with s = 1)."""
     while True:
-        u = int(rng.integers(0, t))
-        if not _bernoulli_exp(Fraction(u, t), rng):
+        u = _uniform_below(t, rng)
+        if not _bernoulli_exp(u, t, rng):
             continue
-        v = 0
-        while _bernoulli_exp(Fraction(1), rng):
+        v = 0  # geometric: P(V = v) = (1 - 1/e) e^-v
+        while _bernoulli_exp_at_most_one(1, 1, rng):
             v += 1
-        y = u + t * v
-        negative = _bernoulli(Fraction(1, 2), rng)
-        if negative and y == 0:
-            continue
-        return -y if negative else y
+        magnitude = u + t * v  # P(X = x) proportional to exp(-x / t) on x >= 0
+        negative = _uniform_below(2, rng) == 1
+        if negative and magnitude == 0:
+            continue  # otherwise 0 would be counted twice
+        return -magnitude if negative else magnitude
 
 
-def _discrete_gaussian_one(sigma_squared: Fraction, rng: np.random.Generator) -> int:
-    """One draw of N_Z(0, sigma^2) by rejection from the discrete Laplace (CKS 2020, Algorithm 3)."""
-    t = math.floor(math.isqrt(sigma_squared.numerator // sigma_squared.denominator)) + 1
+def _discrete_gaussian_one(num: int, den: int, rng: np.random.Generator) -> int:
+    """One draw of N_Z(0, sigma^2), sigma^2 = num/den, by rejection from the discrete Laplace
+    of scale t = floor(sigma) + 1 (CKS 2020, Algorithm 3)."""
+    t = math.isqrt(num // den) + 1  # floor(sqrt(floor(x))) == floor(sqrt(x))
     while True:
         y = _discrete_laplace(t, rng)
-        gamma = (abs(y) - sigma_squared / t) ** 2 / (2 * sigma_squared)
-        if _bernoulli_exp(gamma, rng):
+        # Accept with probability exp(-(|y| - sigma^2/t)^2 / (2 sigma^2)), as one fraction:
+        # (|y| t den - num)^2 / (2 num t^2 den).
+        gap = abs(y) * t * den - num
+        if _bernoulli_exp(gap * gap, 2 * num * t * t * den, rng):
             return y
 
 
-def sample_discrete_gaussian(sigma_squared: float | Fraction, size: int, rng: np.random.Generator) -> np.ndarray:
-    """``size`` exact draws of the discrete Gaussian ``N_Z(0, sigma^2)``, int64.
+def _sigma_squared_fraction(value: Any) -> Fraction:
+    if isinstance(value, Fraction):
+        result = value
+    elif isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        result = Fraction(int(value))
+    elif isinstance(value, (float, np.floating)) and math.isfinite(value):
+        result = Fraction(float(value))  # the exact binary value of the float
+    else:
+        raise ValueError(
+            f"sigma_squared must be a finite number or Fraction in (0, {MAX_DISCRETE_SIGMA_SQUARED:g}], "
+            f"got sigma_squared={value!r}"
+        )
+    if not 0 < result <= MAX_DISCRETE_SIGMA_SQUARED:
+        raise ValueError(
+            f"sigma_squared must be in (0, {MAX_DISCRETE_SIGMA_SQUARED:g}], got sigma_squared={value!r}"
+        )
+    return result
 
-    Canonne, Kamath & Steinke 2020, Algorithm 3, in exact rational arithmetic: only uniform
-    integers are drawn from ``rng``, so the output distribution is exactly
-    ``P(x) proportional to exp(-x^2 / (2 sigma^2))`` over the integers. A Python loop runs per
-    sample (a handful of rejection rounds each): fine for the few coordinates of a release,
-    about 10^4-10^5 samples per second.
+
+def _sample(sigma_squared: Fraction, size: int, rng: np.random.Generator) -> np.ndarray:
+    num, den = sigma_squared.numerator, sigma_squared.denominator
+    return np.array([_discrete_gaussian_one(num, den, rng) for _ in range(size)], dtype=np.int64)
+
+
+def sample_discrete_gaussian(sigma_squared: float | Fraction, size: int, rng: np.random.Generator) -> np.ndarray:
+    """``size`` i.i.d. exact draws of the discrete Gaussian ``N_Z(0, sigma^2)``: int64 array.
+
+    ``P(X = x) = exp(-x^2 / (2 sigma^2)) / sum_y exp(-y^2 / (2 sigma^2))`` for every integer
+    ``x``; ``sigma_squared`` is the scale parameter squared (the variance is slightly below
+    it, CKS 2020 Corollary 9). A float is taken at its exact binary value
+    (``Fraction(sigma_squared)``); pass a ``Fraction`` to state a rational exactly.
+
+    Canonne, Kamath & Steinke 2020, Algorithms 1-3, in exact rational arithmetic: the only
+    randomness used is uniform integers from ``rng``, so the output distribution is exact (up
+    to the quality of ``rng``), with no floating-point weakness. Cost: a Python loop per
+    sample, about 20-60 uniform draws in a few rejection rounds (the expected number of rounds
+    is bounded by a constant for every sigma), i.e. a few tens of microseconds per sample —
+    fine for the handful of coordinates of a release, not for millions of samples.
+
+    ``sigma_squared`` must lie in (0, 1e30] (beyond that int64 could overflow) and ``size``
+    must be an integer >= 0; otherwise ``ValueError`` naming the parameter.
     """
-    sigma2 = _as_fraction("sigma_squared", sigma_squared)
+    sigma2 = _sigma_squared_fraction(sigma_squared)
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
         raise ValueError(f"size must be an integer >= 0, got size={size!r}")
-    return np.array([_discrete_gaussian_one(sigma2, rng) for _ in range(int(size))], dtype=np.int64)
+    if not isinstance(rng, np.random.Generator):
+        raise ValueError(f"rng must be a numpy.random.Generator, got rng of type {type(rng).__name__}")
+    return _sample(sigma2, int(size), rng)
 
 
 def discrete_gaussian_noise(
     key: NoiseKey, *, query_id: str, window_id: int, dim: int, sigma_squared: float | Fraction
 ) -> np.ndarray:
-    """The discrete Gaussian noise of release ``(query_id, window_id)``, int64, keyed like
-    :func:`gaussian_noise` (with its own domain, so the two never share a draw)."""
-    _check_request(query_id, window_id, dim)
-    sigma2 = _as_fraction("sigma_squared", sigma_squared)
-    return sample_discrete_gaussian(sigma2, int(dim), _generator(key, _DISCRETE_DOMAIN, query_id, int(window_id)))
+    """The discrete Gaussian noise of release ``(query_id, window_id)``: int64 array of shape
+    ``(dim,)``, i.i.d. exact ``N_Z(0, sigma_squared)`` per coordinate (see
+    :func:`sample_discrete_gaussian`).
+
+    Keyed like :func:`gaussian_noise` (deterministic in ``(key, query_id, window_id)``,
+    independent otherwise) but with its own HMAC domain, so it never shares a stream with the
+    continuous noise of the same release. Use it for integer-valued answers: the release
+    ``sum + noise`` is then an integer and has no floating-point side channel (Mironov 2012).
+    For zCDP accounting the discrete Gaussian with scale ``sigma^2`` gives at least the
+    guarantee of the continuous one, ``rho = Delta_2^2 / (2 sigma^2)`` (CKS 2020, Theorem 14).
+    """
+    _check_release(key, query_id, window_id, dim)
+    sigma2 = _sigma_squared_fraction(sigma_squared)
+    return _sample(sigma2, int(dim), _keyed_generator(key, _DISCRETE_DOMAIN, query_id, int(window_id)))
 
 
 def discrete_gaussian_pmf(values: Any, sigma_squared: float) -> np.ndarray:
-    """The pmf of ``N_Z(0, sigma^2)`` at integer ``values`` (normalised by a sum over +-60 sigma)."""
-    sigma2 = float(_as_fraction("sigma_squared", sigma_squared))
-    reach = int(60 * math.sqrt(sigma2)) + 60
-    support = np.arange(-reach, reach + 1)
-    norm = np.exp(-(support.astype(np.float64) ** 2) / (2 * sigma2)).sum()
+    """The probability mass function of ``N_Z(0, sigma^2)`` at the integers ``values``
+    (float64, same shape), normalised over all of Z. For tests and documentation.
+
+    The normaliser ``Z = sum_x exp(-x^2 / (2 sigma^2))`` is summed directly for sigma^2 <= 1
+    (terms vanish beyond |x| = 40 sigma + 1) and by Poisson summation,
+    ``Z = sqrt(2 pi sigma^2) (1 + 2 sum_k exp(-2 pi^2 sigma^2 k^2))``, above, where three terms
+    are exact to double precision. Raises ``ValueError`` for non-integer values.
+    """
+    sigma2 = float(_sigma_squared_fraction(sigma_squared))
     x = np.asarray(values, dtype=np.float64)
+    if not np.all(np.isfinite(x)) or not np.array_equal(x, np.round(x)):
+        raise ValueError("values must be integers")
+    if sigma2 <= 1.0:
+        reach = math.ceil(40 * math.sqrt(sigma2)) + 1
+        support = np.arange(-reach, reach + 1, dtype=np.float64)
+        norm = float(np.exp(-(support**2) / (2 * sigma2)).sum())
+    else:
+        k = np.arange(1, 4, dtype=np.float64)
+        norm = math.sqrt(2 * math.pi * sigma2) * (1 + 2 * float(np.exp(-2 * math.pi**2 * sigma2 * k**2).sum()))
     return np.exp(-(x**2) / (2 * sigma2)) / norm

@@ -1,15 +1,22 @@
-"""Keyed noise: reproducible per (query, window), independent otherwise, secret key handling."""
+"""Keyed noise: reproducible per (query, window), independent otherwise, exact discrete Gaussian,
+and the handling of the secret key file."""
 
 from __future__ import annotations
 
+import hashlib
+import math
 import os
 import stat
+import warnings
 from fractions import Fraction
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
+from stream import noise
 from stream.noise import (
     InsecureNoiseWarning,
     NoiseKey,
@@ -20,9 +27,14 @@ from stream.noise import (
     sample_discrete_gaussian,
 )
 
-# Every statistical test below uses a fixed key or seed and rejects at p < 1e-3: with a correct
-# sampler a given test fails with probability 1e-3 over the choice of seed, and never flakes.
+# False alarms. Every statistical test below uses a fixed key or seed, so it is deterministic:
+# it never flakes. Each one rejects when its p-value is below P_FLOOR = 1e-3, so a correct
+# sampler would fail it for at most a fraction 1e-3 of possible seeds (2e-3 where a test makes
+# two checks, by the union bound); a broken one fails it for almost every seed.
 P_FLOOR = 1e-3
+Z_TWO_SIDED = stats.norm.ppf(1 - P_FLOOR / 2)  # 3.29: |N(0,1)| exceeds it with probability 1e-3
+
+FIXED_SECRET = bytes(range(32))
 
 
 @pytest.fixture(scope="module")
@@ -31,148 +43,382 @@ def key() -> NoiseKey:
         return NoiseKey.insecure_for_tests(2024)
 
 
+def _noise(key: NoiseKey, query_id: str = "q", window_id: int = 1, dim: int = 4, noise_std: float = 1.0):
+    return gaussian_noise(key, query_id=query_id, window_id=window_id, dim=dim, noise_std=noise_std)
+
+
+# --- determinism and the keyed derivation -------------------------------------------------------
+
+
 def test_the_same_query_and_window_give_the_identical_draw(key):
-    a = gaussian_noise(key, query_id="q", window_id=20000, dim=5, noise_std=3.0)
-    b = gaussian_noise(key, query_id="q", window_id=20000, dim=5, noise_std=3.0)
-    assert np.array_equal(a, b)
+    assert np.array_equal(_noise(key, "q", 20000, 5, 3.0), _noise(key, "q", 20000, 5, 3.0))
 
 
-def test_a_different_window_query_or_key_gives_a_different_draw(key):
-    base = gaussian_noise(key, query_id="q", window_id=1, dim=4, noise_std=1.0)
-    assert not np.array_equal(base, gaussian_noise(key, query_id="q", window_id=2, dim=4, noise_std=1.0))
-    assert not np.array_equal(base, gaussian_noise(key, query_id="r", window_id=1, dim=4, noise_std=1.0))
-    other = NoiseKey(secret=bytes(range(32)))
-    assert not np.array_equal(base, gaussian_noise(other, query_id="q", window_id=1, dim=4, noise_std=1.0))
+def test_the_draw_is_float64_of_shape_dim(key):
+    draw = _noise(key, dim=7)
+    assert draw.dtype == np.float64 and draw.shape == (7,)
+
+
+def test_a_reloaded_key_gives_the_identical_draw(tmp_path):
+    first = NoiseKey.load_or_create(tmp_path / "noise.key")
+    again = NoiseKey.load(tmp_path / "noise.key")
+    assert np.array_equal(_noise(first, "sum:active", 19000), _noise(again, "sum:active", 19000))
+
+
+def test_a_different_window_gives_a_different_draw(key):
+    assert not np.array_equal(_noise(key, window_id=1), _noise(key, window_id=2))
+
+
+def test_a_different_query_gives_a_different_draw(key):
+    assert not np.array_equal(_noise(key, query_id="q"), _noise(key, query_id="r"))
+
+
+def test_a_different_key_gives_a_different_draw(key):
+    assert not np.array_equal(_noise(key), _noise(NoiseKey(secret=FIXED_SECRET)))
 
 
 def test_query_and_window_are_encoded_without_collisions(key):
-    a = gaussian_noise(key, query_id="a", window_id=12, dim=3, noise_std=1.0)
-    b = gaussian_noise(key, query_id="a1", window_id=2, dim=3, noise_std=1.0)
-    assert not np.array_equal(a, b)
+    assert not np.array_equal(_noise(key, "a", 12), _noise(key, "a1", 2))
+    assert not np.array_equal(_noise(key, "1", 2), _noise(key, "12", 2))
 
 
-def test_the_gaussian_and_discrete_gaussian_never_share_a_draw(key):
-    cont = gaussian_noise(key, query_id="q", window_id=5, dim=8, noise_std=1.0)
-    disc = discrete_gaussian_noise(key, query_id="q", window_id=5, dim=8, sigma_squared=1.0)
-    assert not np.array_equal(np.round(cont), disc)
+@settings(max_examples=200, deadline=None)
+@given(
+    st.tuples(st.text(min_size=1, max_size=6), st.integers(-(2**63), 2**63 - 1)),
+    st.tuples(st.text(min_size=1, max_size=6), st.integers(-(2**63), 2**63 - 1)),
+)
+def test_distinct_query_window_pairs_never_share_a_draw(pair_a, pair_b):
+    secret_key = NoiseKey(secret=FIXED_SECRET)
+    same = np.array_equal(_noise(secret_key, *pair_a, dim=2), _noise(secret_key, *pair_b, dim=2))
+    assert same == (pair_a == pair_b)
 
 
-def test_pooled_draws_follow_n_0_s2_by_ks(key):
-    draws = np.concatenate([gaussian_noise(key, query_id="ks", window_id=w, dim=10, noise_std=2.5)
-                            for w in range(2000)])
-    assert stats.kstest(draws, "norm", args=(0.0, 2.5)).pvalue > P_FLOOR
+def test_numpy_integer_window_ids_give_the_same_draw_as_python_ints(key):
+    assert np.array_equal(_noise(key, window_id=np.int64(7)), _noise(key, window_id=7))
+    assert np.array_equal(_noise(key, window_id=np.uint32(7)), _noise(key, window_id=7))
 
 
-def test_consecutive_windows_are_uncorrelated(key):
-    draws = np.array([gaussian_noise(key, query_id="ind", window_id=w, dim=1, noise_std=1.0)[0]
-                      for w in range(5001)])
-    r = np.corrcoef(draws[:-1], draws[1:])[0, 1]
-    # Under independence sqrt(n) * r is approximately N(0, 1); two-sided test at 1e-3.
-    assert abs(r) * np.sqrt(draws.size - 1) < stats.norm.ppf(1 - P_FLOOR / 2)
-    # Differences of independent N(0,1) pairs are N(0, 2).
-    assert stats.kstest(draws[1:] - draws[:-1], "norm", args=(0.0, np.sqrt(2))).pvalue > P_FLOOR
+def test_noise_std_scales_the_draw_and_dim_extends_it(key):
+    base = _noise(key, "q", 3, dim=6, noise_std=1.0)
+    assert np.allclose(_noise(key, "q", 3, dim=6, noise_std=2.5), 2.5 * base, rtol=0, atol=1e-15)
+    assert np.array_equal(_noise(key, "q", 3, dim=3, noise_std=1.0), base[:3])
 
 
-def test_coordinates_within_a_release_are_independent(key):
-    draws = np.array([gaussian_noise(key, query_id="coords", window_id=w, dim=2, noise_std=1.0)
-                      for w in range(5000)])
-    r = np.corrcoef(draws[:, 0], draws[:, 1])[0, 1]
-    assert abs(r) * np.sqrt(draws.shape[0]) < stats.norm.ppf(1 - P_FLOOR / 2)
+def test_the_derivation_is_pinned_so_reruns_of_old_windows_reproduce():
+    # Changing the HMAC message layout, the domain or the Philox keying would make a re-run of an
+    # already released window draw new noise (invariant 5). These values were produced by the
+    # first released version of this module.
+    fixed = NoiseKey(secret=FIXED_SECRET)
+    assert _noise(fixed, "sum:active", 19000, dim=3).tolist() == [
+        0.8515858830972197, -0.5954319757260003, 1.2714494474889513]
+    assert _noise(fixed, "q", -1, dim=2).tolist() == [-0.2045310704050357, 0.03610177091566632]
 
 
-@pytest.mark.parametrize("sigma_squared", [0.5, 3.0, Fraction(81, 4)])
-def test_discrete_gaussian_matches_its_pmf_by_chi_square(sigma_squared):
-    rng = np.random.default_rng(99)
-    n = 20_000
-    draws = sample_discrete_gaussian(sigma_squared, n, rng)
-    lo, hi = draws.min(), draws.max()
-    support = np.arange(lo, hi + 1)
-    observed = np.array([(draws == v).sum() for v in support], dtype=float)
-    expected = discrete_gaussian_pmf(support, float(sigma_squared)) * n
-    # Merge the tails into the outermost bins so every expected count is >= 5.
-    keep = expected >= 5
-    first, last = np.flatnonzero(keep)[[0, -1]]
-    obs = np.concatenate([[observed[: first + 1].sum()], observed[first + 1:last], [observed[last:].sum()]])
-    exp = np.concatenate([[expected[: first + 1].sum()], expected[first + 1:last], [expected[last:].sum()]])
-    exp = exp * obs.sum() / exp.sum()
-    assert stats.chisquare(obs, exp).pvalue > P_FLOOR
-
-
-def test_discrete_gaussian_is_symmetric_with_mean_zero():
-    draws = sample_discrete_gaussian(4.0, 20_000, np.random.default_rng(3))
-    assert abs(draws.mean()) < 3.29 * 2.0 / np.sqrt(draws.size)  # two-sided 1e-3
-    positive, negative = (draws > 0).sum(), (draws < 0).sum()
-    assert stats.binomtest(int(positive), int(positive + negative)).pvalue > P_FLOOR
+def test_the_gaussian_and_discrete_gaussian_use_separate_streams(key):
+    continuous = noise._keyed_generator(key, noise._GAUSSIAN_DOMAIN, "q", 5)
+    discrete = noise._keyed_generator(key, noise._DISCRETE_DOMAIN, "q", 5)
+    assert continuous.bit_generator.state["state"]["key"].tolist() != \
+        discrete.bit_generator.state["state"]["key"].tolist()
 
 
 def test_discrete_gaussian_noise_is_keyed_and_integer(key):
     a = discrete_gaussian_noise(key, query_id="c", window_id=9, dim=6, sigma_squared=10.0)
-    assert a.dtype == np.int64
+    assert a.dtype == np.int64 and a.shape == (6,)
     assert np.array_equal(a, discrete_gaussian_noise(key, query_id="c", window_id=9, dim=6, sigma_squared=10.0))
+    others = [discrete_gaussian_noise(key, query_id="c", window_id=w, dim=6, sigma_squared=10.0) for w in range(10, 14)]
+    assert not any(np.array_equal(a, other) for other in others)
+
+
+# --- the continuous Gaussian: distribution and independence -------------------------------------
+
+
+def test_pooled_draws_follow_n_0_s2_by_ks(key):
+    s = 2.5
+    draws = np.concatenate([_noise(key, "ks", w, dim=10, noise_std=s) for w in range(2000)])
+    assert stats.kstest(draws, "norm", args=(0.0, s)).pvalue > P_FLOOR
+
+
+def _fisher_z(x: np.ndarray, y: np.ndarray) -> float:
+    """Fisher's z of the sample correlation: approximately N(0, 1) when x and y are independent
+    normal samples of size n (atanh(r) ~ N(0, 1 / (n - 3)))."""
+    r = np.corrcoef(x, y)[0, 1]
+    return float(np.arctanh(r) * math.sqrt(x.size - 3))
+
+
+def test_consecutive_windows_are_independent(key):
+    draws = np.array([_noise(key, "ind", w, dim=1)[0] for w in range(5001)])
+    # Lag-1 correlation: two-sided at 1e-3 by Fisher's z.
+    assert abs(_fisher_z(draws[:-1], draws[1:])) < Z_TWO_SIDED
+    # Differences of independent N(0, 1) draws are N(0, 2); a common component would shrink
+    # them. Use non-overlapping pairs so the differences are i.i.d. under the null.
+    diffs = draws[1::2] - draws[0:-1:2]
+    assert stats.kstest(diffs, "norm", args=(0.0, math.sqrt(2))).pvalue > P_FLOOR
+
+
+def test_queries_in_the_same_window_are_independent(key):
+    a = np.array([_noise(key, "query-a", w, dim=1)[0] for w in range(4000)])
+    b = np.array([_noise(key, "query-b", w, dim=1)[0] for w in range(4000)])
+    assert abs(_fisher_z(a, b)) < Z_TWO_SIDED  # two-sided, false alarm 1e-3
+
+
+def test_coordinates_within_a_release_are_independent(key):
+    draws = np.array([_noise(key, "coords", w, dim=2) for w in range(4000)])
+    assert abs(_fisher_z(draws[:, 0], draws[:, 1])) < Z_TWO_SIDED  # two-sided, false alarm 1e-3
+
+
+# --- the exact discrete Gaussian ----------------------------------------------------------------
+
+
+def _tail_binned_chisquare(draws: np.ndarray, sigma_squared: float) -> float:
+    """Chi-square goodness of fit to N_Z(0, sigma^2): one bin per integer in [-m, m] and one bin
+    for each tail beyond, with m the largest value whose tail still has expected count >= 5."""
+    n = draws.size
+    reach = int(40 * math.sqrt(sigma_squared)) + 40
+    support = np.arange(-reach, reach + 1)
+    pmf = discrete_gaussian_pmf(support, sigma_squared)
+    upper_tail = np.cumsum(pmf[::-1])[::-1]  # upper_tail[i] = P(X >= support[i])
+    m = int(support[(upper_tail * n >= 5) & (support > 0)].max()) - 1
+    inner = np.arange(-m, m + 1)
+    observed = np.concatenate([[(draws < -m).sum()], [(draws == v).sum() for v in inner], [(draws > m).sum()]])
+    tail = float(upper_tail[support == m + 1][0])
+    expected = n * np.concatenate([[tail], discrete_gaussian_pmf(inner, sigma_squared), [tail]])
+    assert expected.min() >= 5 and math.isclose(expected.sum(), n, rel_tol=1e-9)
+    return float(stats.chisquare(observed, expected).pvalue)
+
+
+@pytest.mark.parametrize("sigma_squared", [0.5, 3.0, Fraction(81, 4), 7.3])
+def test_discrete_gaussian_matches_its_pmf_by_chi_square(sigma_squared):
+    # 7.3 is a float whose exact binary value has a 2^-50 denominator: the exact arithmetic
+    # then runs on integers beyond int64.
+    draws = sample_discrete_gaussian(sigma_squared, 20_000, np.random.default_rng(99))
+    assert _tail_binned_chisquare(draws, float(sigma_squared)) > P_FLOOR
+
+
+def test_discrete_gaussian_has_mean_zero():
+    sigma_squared = 4.0
+    draws = sample_discrete_gaussian(sigma_squared, 20_000, np.random.default_rng(3))
+    # The variance of N_Z(0, s^2) is at most s^2 (CKS 2020, Corollary 9): a two-sided z-test
+    # at 1e-3 with that bound is conservative.
+    assert abs(draws.mean()) < Z_TWO_SIDED * math.sqrt(sigma_squared / draws.size)
+
+
+def test_discrete_gaussian_is_symmetric():
+    draws = sample_discrete_gaussian(4.0, 20_000, np.random.default_rng(4))
+    # Sign: given X != 0, P(X > 0) = 1/2 (exact binomial test, false alarm <= 1e-3).
+    positive, nonzero = int((draws > 0).sum()), int((draws != 0).sum())
+    assert stats.binomtest(positive, nonzero).pvalue > P_FLOOR
+    # Magnitudes: |X| given X > 0 and |X| given X < 0 have the same law (two-sample
+    # chi-square over |x| = 1..4 and >= 5, false alarm 1e-3; union with the above: 2e-3).
+    bins = [1, 2, 3, 4, 5, np.inf]
+    table = np.array([np.histogram(draws[draws > 0], bins)[0], np.histogram(-draws[draws < 0], bins)[0]])
+    assert stats.chi2_contingency(table).pvalue > P_FLOOR
+
+
+@pytest.mark.parametrize("sigma_squared", [1e-300, 1e6, 1e30])
+def test_discrete_gaussian_handles_extreme_scales(sigma_squared):
+    draws = sample_discrete_gaussian(sigma_squared, 200, np.random.default_rng(5))
+    assert draws.dtype == np.int64 and draws.shape == (200,)
+    if sigma_squared < 1e-3:
+        assert not draws.any()  # P(X != 0) = 2 exp(-5e299): never
+    else:
+        # The sample variance of 200 draws is within a factor 2 of sigma^2 except with
+        # probability below 1e-6 (chi-square with 200 degrees of freedom).
+        assert 0.5 < draws.astype(float).var() / sigma_squared < 2
+
+
+def test_sampling_only_uses_the_given_generator():
+    a = sample_discrete_gaussian(Fraction(1, 3), 50, np.random.default_rng(11))
+    b = sample_discrete_gaussian(Fraction(1, 3), 50, np.random.default_rng(11))
+    assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("gamma", [Fraction(0), Fraction(1, 3), Fraction(1), Fraction(5, 2)])
+def test_bernoulli_exp_minus_gamma_has_the_right_frequency(gamma):
+    rng = np.random.default_rng(12)
+    n = 20_000
+    hits = sum(noise._bernoulli_exp(gamma.numerator, gamma.denominator, rng) for _ in range(n))
+    p = math.exp(-gamma)
+    if p == 1:
+        assert hits == n
+    else:
+        assert stats.binomtest(hits, n, p).pvalue > P_FLOOR  # exact two-sided, false alarm 1e-3
+
+
+def test_uniform_integers_beyond_int64_are_uniform():
+    n = 3 * 2**70 + 1
+    rng = np.random.default_rng(13)
+    values = [noise._uniform_below(n, rng) for _ in range(6000)]
+    assert all(0 <= v < n for v in values)
+    # Six equal-width bins by the top of the range, chi-square (false alarm 1e-3).
+    counts = np.bincount([v * 6 // n for v in values], minlength=6)
+    assert stats.chisquare(counts).pvalue > P_FLOOR
+
+
+@pytest.mark.parametrize("sigma_squared", [0.05, 0.5, 1.0, 2.0, 20.25])
+def test_the_pmf_is_normalised_and_symmetric(sigma_squared):
+    support = np.arange(-400, 401)
+    pmf = discrete_gaussian_pmf(support, sigma_squared)
+    assert math.isclose(pmf.sum(), 1.0, rel_tol=1e-12)
+    assert np.array_equal(pmf, pmf[::-1])
+    # Brute-force normalisation agrees with the closed form on both sides of sigma^2 = 1.
+    weights = np.exp(-(support.astype(float) ** 2) / (2 * sigma_squared))
+    assert np.allclose(pmf, weights / weights.sum(), rtol=1e-12, atol=0)
+
+
+def test_the_pmf_refuses_non_integer_values():
+    with pytest.raises(ValueError, match="values"):
+        discrete_gaussian_pmf(np.array([0.5]), 1.0)
+
+
+# --- the key file -------------------------------------------------------------------------------
 
 
 def test_a_new_key_file_is_private_and_reloads_to_the_same_key(tmp_path):
-    path = tmp_path / "keys" / "noise.key"
+    path = tmp_path / "curator" / "keys" / "noise.key"  # parents are created
     created = NoiseKey.load_or_create(path)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert os.path.getsize(path) == 32
     assert NoiseKey.load(path).fingerprint == created.fingerprint
     assert NoiseKey.load_or_create(path).secret == created.secret
     assert not created.insecure
 
 
-def test_a_key_file_readable_by_others_is_refused(tmp_path):
+def test_two_new_keys_differ(tmp_path):
+    assert NoiseKey.load_or_create(tmp_path / "a.key").secret != NoiseKey.load_or_create(tmp_path / "b.key").secret
+
+
+def test_the_fingerprint_is_the_documented_hash():
+    expected = hashlib.sha256(b"renyi-stream/fingerprint/v1" + FIXED_SECRET).hexdigest()[:16]
+    assert NoiseKey(secret=FIXED_SECRET).fingerprint == expected == "107027a8c25cdc51"
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o660, 0o644, 0o700 | 0o001])
+def test_a_key_file_accessible_to_others_is_refused(tmp_path, mode):
     path = tmp_path / "noise.key"
     NoiseKey.load_or_create(path)
-    os.chmod(path, 0o644)
+    os.chmod(path, mode)
+    with pytest.raises(NoiseKeyError, match="chmod 600") as error:
+        NoiseKey.load(path)
+    assert str(path) in str(error.value)
     with pytest.raises(NoiseKeyError, match="chmod 600"):
-        NoiseKey.load(path)
+        NoiseKey.load_or_create(path)
 
 
-def test_a_key_file_of_the_wrong_length_is_refused(tmp_path):
+@pytest.mark.parametrize("content", [b"", b"short", bytes(33)])
+def test_a_key_file_of_the_wrong_length_is_refused(tmp_path, content):
     path = tmp_path / "noise.key"
-    path.write_bytes(b"short")
+    path.write_bytes(content)
     os.chmod(path, 0o600)
-    with pytest.raises(NoiseKeyError, match="5 bytes"):
+    with pytest.raises(NoiseKeyError, match="expected exactly 32") as error:
         NoiseKey.load(path)
+    assert str(path) in str(error.value)
+    with pytest.raises(NoiseKeyError):
+        NoiseKey.load_or_create(path)  # an existing bad file is never replaced
+    assert path.read_bytes() == content
 
 
-def test_a_missing_key_file_is_refused_by_load(tmp_path):
-    with pytest.raises(NoiseKeyError, match="does not exist"):
-        NoiseKey.load(tmp_path / "absent.key")
+def test_a_missing_key_file_is_refused_by_load_and_not_created(tmp_path):
+    path = tmp_path / "absent.key"
+    with pytest.raises(NoiseKeyError, match="does not exist") as error:
+        NoiseKey.load(path)
+    assert str(path) in str(error.value) and "load_or_create" in str(error.value)
+    assert not path.exists()
 
 
-def test_the_insecure_key_warns_every_time():
+def test_a_directory_is_refused_as_a_key_file(tmp_path):
+    with pytest.raises(NoiseKeyError, match="not a regular file"):
+        NoiseKey.load(tmp_path)
+
+
+def test_a_secret_of_the_wrong_length_is_refused():
+    with pytest.raises(NoiseKeyError, match="32 bytes"):
+        NoiseKey(secret=b"too short")
+
+
+def test_the_insecure_key_warns_every_time_and_is_deterministic():
     with pytest.warns(InsecureNoiseWarning):
         first = NoiseKey.insecure_for_tests(1)
     with pytest.warns(InsecureNoiseWarning):
         second = NoiseKey.insecure_for_tests(1)
-    assert first.secret == second.secret and first.insecure
+    with pytest.warns(InsecureNoiseWarning):
+        other = NoiseKey.insecure_for_tests(2)
+    assert first.secret == second.secret != other.secret
+    assert first.insecure and second.insecure
+
+
+def test_a_real_key_does_not_warn(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        NoiseKey.load_or_create(tmp_path / "noise.key")
+        NoiseKey.load(tmp_path / "noise.key")
 
 
 def test_the_secret_never_appears_in_repr():
-    key = NoiseKey(secret=bytes(range(32)))
-    assert bytes(range(32)).hex() not in repr(key)
-    assert "fingerprint" in repr(key)
+    secret_key = NoiseKey(secret=FIXED_SECRET)
+    for text in (repr(secret_key), str(secret_key), f"{secret_key}", repr([secret_key])):
+        assert FIXED_SECRET.hex() not in text and repr(FIXED_SECRET) not in text
+        assert "fingerprint" in text
+
+
+# --- parameter validation -----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     "kwargs,name",
     [
-        (dict(query_id="", window_id=1, dim=1, noise_std=1.0), "query_id"),
-        (dict(query_id="q", window_id=1.5, dim=1, noise_std=1.0), "window_id"),
-        (dict(query_id="q", window_id=True, dim=1, noise_std=1.0), "window_id"),
-        (dict(query_id="q", window_id=1, dim=0, noise_std=1.0), "dim"),
-        (dict(query_id="q", window_id=1, dim=1, noise_std=0.0), "noise_std"),
-        (dict(query_id="q", window_id=1, dim=1, noise_std=float("nan")), "noise_std"),
+        (dict(query_id=""), "query_id"),
+        (dict(query_id=5), "query_id"),
+        (dict(window_id=1.5), "window_id"),
+        (dict(window_id=True), "window_id"),
+        (dict(window_id="3"), "window_id"),
+        (dict(window_id=2**63), "window_id"),
+        (dict(dim=0), "dim"),
+        (dict(dim=2.0), "dim"),
+        (dict(dim=True), "dim"),
+        (dict(noise_std=0.0), "noise_std"),
+        (dict(noise_std=-1.0), "noise_std"),
+        (dict(noise_std=float("nan")), "noise_std"),
+        (dict(noise_std=float("inf")), "noise_std"),
+        (dict(noise_std="1"), "noise_std"),
+        (dict(noise_std=True), "noise_std"),
     ],
 )
 def test_bad_noise_parameters_raise_naming_the_parameter(key, kwargs, name):
-    with pytest.raises(ValueError, match=name):
-        gaussian_noise(key, **kwargs)
+    args = dict(query_id="q", window_id=1, dim=1, noise_std=1.0) | kwargs
+    with pytest.raises(ValueError, match=name) as error:
+        gaussian_noise(key, **args)
+    assert repr(kwargs[name]) in str(error.value)
 
 
-def test_bad_discrete_parameters_raise_naming_the_parameter(key):
+def test_noise_without_a_key_is_refused():
+    for not_a_key in (None, FIXED_SECRET):
+        with pytest.raises(ValueError, match="key must be a NoiseKey"):
+            gaussian_noise(not_a_key, query_id="q", window_id=1, dim=1, noise_std=1.0)
+        with pytest.raises(ValueError, match="key must be a NoiseKey"):
+            discrete_gaussian_noise(not_a_key, query_id="q", window_id=1, dim=1, sigma_squared=1.0)
+
+
+@pytest.mark.parametrize("sigma_squared", [0.0, -1.0, float("nan"), float("inf"), True, 1e31, "1", Fraction(-1, 2)])
+def test_bad_sigma_squared_raises_naming_the_parameter(key, sigma_squared):
     with pytest.raises(ValueError, match="sigma_squared"):
-        discrete_gaussian_noise(key, query_id="q", window_id=1, dim=1, sigma_squared=0.0)
+        discrete_gaussian_noise(key, query_id="q", window_id=1, dim=1, sigma_squared=sigma_squared)
+    with pytest.raises(ValueError, match="sigma_squared"):
+        sample_discrete_gaussian(sigma_squared, 1, np.random.default_rng(0))
+
+
+def test_bad_discrete_request_parameters_raise_naming_the_parameter(key):
+    with pytest.raises(ValueError, match="dim"):
+        discrete_gaussian_noise(key, query_id="q", window_id=1, dim=0, sigma_squared=1.0)
+    with pytest.raises(ValueError, match="window_id"):
+        discrete_gaussian_noise(key, query_id="q", window_id=None, dim=1, sigma_squared=1.0)
     with pytest.raises(ValueError, match="size"):
         sample_discrete_gaussian(1.0, -1, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="size"):
+        sample_discrete_gaussian(1.0, 2.0, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="rng"):
+        sample_discrete_gaussian(1.0, 1, 0)
+
+
+def test_the_insecure_seed_must_be_an_integer():
+    with pytest.raises(ValueError, match="seed"):
+        NoiseKey.insecure_for_tests("1")
