@@ -207,10 +207,6 @@ class ReleaseStore:
     def path(self) -> Path:
         return self._path
 
-    @property
-    def read_only(self) -> bool:
-        return self._read_only
-
     def __enter__(self) -> "ReleaseStore":
         return self
 
