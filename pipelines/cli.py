@@ -209,8 +209,8 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--days", type=int, default=90, help="number of daily windows (default 90)")
     demo.add_argument("--epsilon", type=float, default=1.0, help="per-user epsilon (default 1)")
     demo.add_argument("--delta", type=float, default=1e-6, help="per-user delta (default 1e-6)")
-    demo.add_argument("--norm-budget", type=float, default=60.0,
-                      help="B, squared-norm budget per user (default 60)")
+    demo.add_argument("--norm-budget", type=float, default=None,
+                      help="B, squared-norm budget per user (default: the number of days)")
     demo.add_argument("--policy", choices=("drop", "clip"), default="drop",
                       help="what happens to a contribution past a user's budget (default drop)")
     demo.add_argument("--accounting", choices=ACCOUNTINGS, default="gdp",

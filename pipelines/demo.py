@@ -43,7 +43,7 @@ class DemoConfig:
     days: int = 90
     epsilon: float = 1.0
     delta: float = 1e-6
-    norm_budget: float = 60.0
+    norm_budget: float | None = None  # default: one unit per day, see ``budget``
     policy: str = "drop"
     accounting: str = "gdp"
     out_dir: str | Path = "renyi-demo"
@@ -57,7 +57,13 @@ class DemoConfig:
         if self.accounting not in ACCOUNTINGS:
             raise ValueError(f"accounting must be one of {ACCOUNTINGS}, got accounting={self.accounting!r}")
         Policy(self.policy)
-        calibrate(epsilon=self.epsilon, delta=self.delta, norm_budget=self.norm_budget, accounting=self.accounting)
+        calibrate(epsilon=self.epsilon, delta=self.delta, norm_budget=self.budget, accounting=self.accounting)
+
+    @property
+    def budget(self) -> float:
+        """B: by default one unit of squared norm per day, so a user who shows one indicator
+        every day stays in throughout, while worst-case accounting must assume all three."""
+        return float(self.days) if self.norm_budget is None else self.norm_budget
 
 
 @dataclass
@@ -131,14 +137,14 @@ def run_demo(config: DemoConfig, progress: TextIO | None = None) -> DemoSummary:
     if progress:
         progress.write(f"[demo] generating {config.users:,} users x {config.days} days ...\n")
     paths, truth = _generate(config, out / "input")
-    cal = calibrate(epsilon=config.epsilon, delta=config.delta, norm_budget=config.norm_budget,
+    cal = calibrate(epsilon=config.epsilon, delta=config.delta, norm_budget=config.budget,
                     accounting=config.accounting)
     summary = DemoSummary(noise_std=cal.noise_std)
     first_window = (START_DAY - _EPOCH).days
     for d, path in enumerate(paths):
         job = run_job(JobConfig(
             inputs=(path,), store=str(out / "releases.duckdb"), ledger=str(out / "curator" / "ledger.duckdb"),
-            epsilon=config.epsilon, delta=config.delta, norm_budget=config.norm_budget,
+            epsilon=config.epsilon, delta=config.delta, norm_budget=config.budget,
             start_window=first_window + d, end_window=first_window + d, policy=config.policy,
             accounting=config.accounting, key_path=str(out / "curator" / "noise.key"),
         ))
@@ -152,7 +158,7 @@ def run_demo(config: DemoConfig, progress: TextIO | None = None) -> DemoSummary:
             progress.flush()
     released = _released(out / "releases.duckdb", config.days)
     worst_sq_norm = float(len(INDICATORS))  # binary indicators: ||q||^2 <= d on any day
-    summary.worst_case_days_at_same_noise = min(config.days, int(config.norm_budget // worst_sq_norm))
+    summary.worst_case_days_at_same_noise = min(config.days, int(config.budget // worst_sq_norm))
     summary.worst_case_noise_std = math.sqrt(config.days * worst_sq_norm / (2 * cal.rho))
     summary.rmse_individual = float(np.sqrt(np.mean((released - truth) ** 2)))
     # Worst-case accounting answering every day: unbiased, with noise sqrt(T d / (2 rho)).
@@ -208,7 +214,7 @@ def _chart(path: Path, released: np.ndarray, truth: np.ndarray, noise_std: float
         ax.plot(days, truth[:, j], color="black", lw=0.8, ls="--", label="synthetic truth (curator only)")
         ax.set_ylabel(f"daily sum\n{name}")
         if j == 0:
-            ax.legend(loc="upper right", fontsize=7, ncol=2)
+            ax.legend(loc="lower left", fontsize=7, ncol=2)
     axes[-1].plot(days[: filtered.size], 100 * filtered, color="tab:purple")
     axes[-1].set_ylabel("% of the day's\nusers filtered")
     axes[-1].set_xlabel("day")
