@@ -132,7 +132,7 @@ def _run_command(args: argparse.Namespace) -> int:
             inputs=tuple(args.input), store=args.store, ledger=args.ledger, epsilon=args.epsilon,
             delta=args.delta, norm_budget=args.norm_budget, start_window=start, end_window=end, window=spec,
             policy=args.policy, accounting=args.accounting, key_path=args.key, n_shards=args.shards,
-            beam_args=tuple(beam_args),
+            beam_args=tuple(beam_args), releases_parquet=args.releases_parquet,
         )
     except ValueError as exc:
         raise _UsageError(str(exc)) from exc
@@ -193,6 +193,8 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--accounting", choices=ACCOUNTINGS, default="gdp", help="default gdp")
     run.add_argument("--key", default=None, help="noise key file (default: beside the ledger)")
     run.add_argument("--shards", type=int, default=16, help="user shards of the stateful filter (default 16)")
+    run.add_argument("--releases-parquet", default=None, metavar="DIR",
+                     help="also write each window's releases as DIR/window_id=N/releases.parquet")
     run.add_argument("--runner", default="DirectRunner", help="Beam runner (default DirectRunner)")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
     run.set_defaults(handler=_run_command)

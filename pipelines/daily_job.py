@@ -57,6 +57,7 @@ class JobConfig:
     key_path: str | None = None
     n_shards: int = DEFAULT_SHARDS
     beam_args: tuple[str, ...] = ()
+    releases_parquet: str | None = None  # also write releases as Parquet files under this root
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -232,6 +233,9 @@ def _run_pipeline(config: JobConfig, params: LedgerParameters, columns: list[str
                         window=config.window, accounting=params.accounting, key_fingerprint=params.key_fingerprint,
                     ), sums=beam.pvalue.AsDict(sums)))
         _write(releases | "ReleaseRows" >> beam.combiners.ToList(), out / "releases", _releases_table)
+        if config.releases_parquet:
+            (releases | "ByWindow" >> beam.Map(lambda r: (r["window_id"], r)) | "GroupWindow" >> beam.GroupByKey()
+             | "ReleaseFiles" >> beam.ParDo(tx.WriteReleaseFiles(config.releases_parquet)))
         _write(filtered.ledger | "Ledgers" >> beam.combiners.ToList(), out / "ledger", _concat_ledgers)
         _write(filtered.counts | "Counts" >> beam.combiners.ToList(), out / "counts", _counts_table)
         _write((read.dead, filtered.dead) | "Dead" >> beam.Flatten() | "DeadList" >> beam.combiners.ToList(),

@@ -266,3 +266,39 @@ def ledger_shards(snapshot: pa.Table, n_shards: int) -> Iterable[tuple[int, tupl
     metadata = snapshot.schema.metadata
     return [(shard, ("ledger", part.replace_schema_metadata(metadata)))
             for shard, (_, part) in split_by_shard(snapshot, n_shards)]
+
+
+class WriteReleaseFiles(beam.DoFn):
+    """(window id, release rows) -> ``<root>/window_id=<id>/releases.parquet``, first write wins.
+
+    The Parquet release path for runs without a DuckDB writer (distributed runners write to
+    object storage): one file per window, Hive-partitioned so that DuckDB reads the folder with
+    ``read_parquet('<root>/*/*.parquet', hive_partitioning = true)``. A file already there is
+    kept: noise is keyed, so a retried or re-run window computes the identical rows anyway, and
+    a released window is never rewritten (invariant 5). ``root`` may be a local path or any URI
+    ``pyarrow.fs`` understands.
+    """
+
+    def __init__(self, root: str) -> None:
+        self._root = root
+
+    def process(self, element: tuple[int, list[dict]]) -> Iterator[str]:
+        import pyarrow.fs as pafs
+        import pyarrow.parquet as pq
+
+        from queries.release_store import RELEASE_SCHEMA
+
+        window, rows = element
+        fs, root = pafs.FileSystem.from_uri(self._root) if "://" in self._root else (
+            pafs.LocalFileSystem(), str(Path(self._root).resolve()))
+        folder = f"{root}/window_id={int(window)}"
+        target = f"{folder}/releases.parquet"
+        if fs.get_file_info(target).type != pafs.FileType.NotFound:
+            return
+        fs.create_dir(folder, recursive=True)
+        table = pa.Table.from_pylist(sorted(rows, key=lambda r: (r["query_id"], r["coordinate"])),
+                                     schema=RELEASE_SCHEMA).drop_columns(["window_id"])
+        scratch = f"{folder}/.releases.parquet.tmp"
+        pq.write_table(table, scratch, filesystem=fs)
+        fs.move(scratch, target)  # a reader sees the whole file or none of it
+        yield target

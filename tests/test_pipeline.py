@@ -208,3 +208,35 @@ def test_the_multi_process_direct_runner_gives_the_same_outcome(tmp_path):
     assert summary.balanced
     assert _releases(multi).equals(_releases(in_memory))
     assert _ledger(multi) == _ledger(in_memory)
+
+
+def test_releases_are_also_written_as_parquet_files_that_duckdb_reads(tmp_path):
+    day0 = _write_day(tmp_path / "d0.parquet", 0, [1, 2, 3], [1.0, 0.0, 1.0], [1.0, 1.0, 0.0])
+    root = tmp_path / "release-files"
+    config = _config(tmp_path, [day0], start=0, end=2, releases_parquet=str(root))
+    run_job(config)
+    files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.parquet"))
+    assert files == [f"window_id={W0 + d}/releases.parquet" for d in range(3)]
+    db = duckdb.connect()
+    from_files = db.execute(
+        f"SELECT query_id, window_id, coordinate, value, noise_std FROM read_parquet('{root}/*/*.parquet', "
+        "hive_partitioning = true) ORDER BY query_id, window_id, coordinate").fetchall()
+    db.close()
+    from_store = [tuple(r.values()) for r in _releases(config).to_pylist()]
+    assert from_files == from_store
+    stamps = {p: p.stat().st_mtime_ns for p in root.rglob("*.parquet")}
+    run_job(config)  # a re-run rewrites nothing
+    assert {p: p.stat().st_mtime_ns for p in root.rglob("*.parquet")} == stamps
+
+
+def test_a_release_file_is_never_rewritten_first_write_wins(tmp_path):
+    from pipelines.transforms import WriteReleaseFiles
+
+    start = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
+    row = {"query_id": "sum:a", "window_id": 5, "window_start": start, "window_end": start + dt.timedelta(days=1),
+           "label": "a", "coordinate": 0, "value": 1.5, "noise_std": 2.0, "kind": "window",
+           "accounting": "gdp", "mechanism": "gaussian", "key_fingerprint": "f" * 16}
+    writer = WriteReleaseFiles(str(tmp_path))
+    assert list(writer.process((5, [row]))) == [str(tmp_path.resolve() / "window_id=5" / "releases.parquet")]
+    assert list(writer.process((5, [{**row, "value": 99.0}]))) == []
+    assert pq.read_table(tmp_path / "window_id=5" / "releases.parquet").column("value").to_pylist() == [1.5]
