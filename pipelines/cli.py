@@ -151,6 +151,30 @@ def _run_command(args: argparse.Namespace) -> int:
     return 0 if summary.balanced else 1
 
 
+def _sql_command(args: argparse.Namespace) -> int:
+    from queries.release_store import ReleaseStoreError
+    from queries.sql import SqlRefused, format_result, run_sql, write_parquet
+
+    if args.format == "parquet" and not args.out:
+        raise _UsageError("--format parquet needs --out FILE")
+    try:
+        table = run_sql(args.store, args.query)
+    except (SqlRefused, ReleaseStoreError) as exc:
+        print(f"{PROG} sql: error: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # DuckDB's own syntax and binder errors, shown as they are
+        print(f"{PROG} sql: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 1
+    if args.format == "parquet":
+        print(f"wrote {table.num_rows} rows to {write_parquet(table, args.out)}")
+    elif args.out:
+        with open(args.out, "w") as handle:
+            handle.write(format_result(table, args.format))
+    else:
+        sys.stdout.write(format_result(table, args.format))
+    return 0
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -198,6 +222,20 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--runner", default="DirectRunner", help="Beam runner (default DirectRunner)")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
     run.set_defaults(handler=_run_command)
+
+    sql = sub.add_parser(
+        "sql",
+        help="run SQL over the public release store (read-only, no file or network access)",
+        description="Run one SQL statement against the release store, opened read-only with external "
+        "access disabled and configuration locked: SELECT from the releases view; writes, files, "
+        "ATTACH and extensions are refused.",
+    )
+    sql.add_argument("query", help='e.g. "SELECT * FROM releases ORDER BY window_start"')
+    sql.add_argument("--store", required=True, help="the release store (DuckDB file)")
+    sql.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table",
+                     help="output format (default table; parquet needs --out)")
+    sql.add_argument("--out", default=None, help="write the result to this file instead of stdout")
+    sql.set_defaults(handler=_sql_command)
 
     demo = sub.add_parser(
         "demo",

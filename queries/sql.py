@@ -1,0 +1,105 @@
+"""The analysts' SQL entry point over the public release store.
+
+:func:`run_sql` opens the store through ``connect_read_only`` (read-only, no external access,
+configuration locked) and returns the result as Arrow. A statement that tries to write, to read
+or write a file, to ATTACH another database (the curator's ledger) or to install or load an
+extension fails inside DuckDB; :class:`SqlRefused` carries DuckDB's message with a plain-words
+explanation of why such statements are not allowed here.
+
+Writing the result to a file (``--format parquet --out F``) happens in this process, after the
+query, never from inside SQL.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from queries.release_store import connect_read_only
+
+FORMATS = ("table", "csv", "json", "parquet")
+
+
+class SqlRefused(ValueError):
+    """A statement the analyst entry point does not run: writes, files, ATTACH, extensions."""
+
+
+def run_sql(store: str | os.PathLike, statement: str) -> pa.Table:
+    """Run one SQL statement read-only against the release store and return its rows."""
+    if not isinstance(statement, str) or not statement.strip():
+        raise ValueError("sql must be a non-empty SQL statement")
+    db = connect_read_only(store)
+    try:
+        result = db.execute(statement)
+        if result.description is None:  # a statement without rows (SET, PRAGMA ...)
+            return pa.table({})
+        table = result.arrow()
+        return table.read_all() if hasattr(table, "read_all") else table
+    except (duckdb.PermissionException, duckdb.InvalidInputException, duckdb.CatalogException,
+            duckdb.BinderException, duckdb.IOException, duckdb.NotImplementedException) as exc:
+        message = str(exc)
+        if _is_refusal(message):
+            raise SqlRefused(
+                "the release store is opened read-only with external access disabled: queries may read "
+                f"its tables and views, not write, touch files, attach databases or load extensions "
+                f"(DuckDB said: {message.splitlines()[0]})") from exc
+        raise
+    finally:
+        db.close()
+
+
+def _is_refusal(message: str) -> bool:
+    lowered = message.lower()
+    return any(word in lowered for word in (
+        "read-only", "read only", "external access", "disabled", "permission", "lock_configuration",
+        "configuration has been locked", "cannot change", "not allowed",
+    ))
+
+
+def format_result(table: pa.Table, fmt: str) -> str:
+    """Render rows as an aligned text table, CSV or JSON lines (one object per row)."""
+    if fmt == "csv":
+        buffer = io.BytesIO()
+        pacsv.write_csv(table, buffer)
+        return buffer.getvalue().decode()
+    if fmt == "json":
+        return "".join(json.dumps(row, default=str) + "\n" for row in table.to_pylist())
+    if fmt == "table":
+        return _text_table(table)
+    raise ValueError(f"format must be one of {FORMATS[:-1]} for text output, got format={fmt!r}")
+
+
+def write_parquet(table: pa.Table, path: str | os.PathLike) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+    return path
+
+
+def _text_table(table: pa.Table, max_rows: int = 200) -> str:
+    names = table.column_names
+    rows = [[_cell(v) for v in row.values()] for row in table.slice(0, max_rows).to_pylist()]
+    widths = [max([len(n)] + [len(r[i]) for r in rows]) for i, n in enumerate(names)]
+    lines = ["  ".join(n.ljust(w) for n, w in zip(names, widths)),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    if table.num_rows > max_rows:
+        lines.append(f"... {table.num_rows - max_rows} more rows (use --format csv or parquet for all)")
+    lines.append(f"({table.num_rows} row{'s' if table.num_rows != 1 else ''})")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
