@@ -210,6 +210,10 @@ class CuratorStore:
         last = self._db.execute("SELECT max(run_id) FROM run_counts").fetchone()[0]
         return 1 if last is None else int(last) + 1
 
+    def processed_keys(self) -> set[tuple[str, int]]:
+        """Every (query_id, window_id) this ledger has charged and released."""
+        return {(q, int(w)) for q, w in self._db.execute("SELECT query_id, window_id FROM processed_windows").fetchall()}
+
     def processed_windows(self) -> set[int]:
         return {int(w) for (w,) in self._db.execute("SELECT DISTINCT window_id FROM processed_windows").fetchall()}
 

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.curator_store import CuratorStore, LedgerParameters, RunLock, crash_point
+from pipelines.curator_store import CuratorStore, CuratorStoreError, LedgerParameters, RunLock, crash_point
 from pipelines.readers import read_batches
 from queries.release_store import RELEASE_SCHEMA, ReleaseStore
 from stream.accounting import calibrate
@@ -131,6 +131,8 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
             n_shards=config.n_shards, key_fingerprint=key.fingerprint,
             window_seconds=config.window.length_seconds, origin_seconds=config.window.origin_seconds,
         )
+        with ReleaseStore(config.store) as store:
+            _refuse_a_ledger_behind_the_store(curator, store, config)
         params = curator.check_or_record_parameters(wanted)
         with ReleaseStore(config.store) as store:
             recovered = _publish_pending(curator, store)
@@ -164,6 +166,23 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
             dropped=counts["dropped"], rejected=counts["rejected"], late=counts["late"],
             releases_published=published, users_in_ledger=outputs["ledger"].num_rows,
             seconds=time.perf_counter() - started,
+        )
+
+
+def _refuse_a_ledger_behind_the_store(curator: CuratorStore, store: ReleaseStore, config: JobConfig) -> None:
+    """A ledger that does not know every released window was lost, replaced or restored from an
+    old backup: its users would be charged from a budget that forgets what they already spent."""
+    releases = store.read()
+    released = {(q, int(w)) for q, w in zip(releases.column("query_id").to_pylist(),
+                                           releases.column("window_id").to_pylist())}
+    unknown = released - curator.processed_keys()
+    if unknown:
+        example = sorted(unknown)[0]
+        raise CuratorStoreError(
+            f"the release store {config.store} holds {len(unknown)} release(s) the ledger {config.ledger} never "
+            f"charged (e.g. query {example[0]!r}, window {example[1]}): the ledger is missing, new or older "
+            "than the store. Restore the ledger that produced these releases; starting users from zero "
+            "budget would break every user's promise."
         )
 
 

@@ -240,3 +240,28 @@ def test_a_release_file_is_never_rewritten_first_write_wins(tmp_path):
     assert list(writer.process((5, [row]))) == [str(tmp_path.resolve() / "window_id=5" / "releases.parquet")]
     assert list(writer.process((5, [{**row, "value": 99.0}]))) == []
     assert pq.read_table(tmp_path / "window_id=5" / "releases.parquet").column("value").to_pylist() == [1.5]
+
+
+def test_a_missing_ledger_for_a_store_with_releases_is_refused(tmp_path):
+    day0 = _write_day(tmp_path / "d0.parquet", 0, [1], [1.0], [0.0])
+    config = _config(tmp_path, [day0], start=0, end=0)
+    run_job(config)
+    for suffix in ("", ".wal"):
+        (tmp_path / ("a.ledger.duckdb" + suffix)).unlink(missing_ok=True)  # the ledger is lost
+    day1 = _write_day(tmp_path / "d1.parquet", 1, [1], [1.0], [0.0])
+    with pytest.raises(CuratorStoreError, match="never charged"):
+        run_job(_config(tmp_path, [day1], start=1, end=1))
+
+
+def test_a_ledger_restored_from_an_older_backup_is_refused(tmp_path):
+    import shutil
+
+    day0 = _write_day(tmp_path / "d0.parquet", 0, [1], [1.0], [0.0])
+    run_job(_config(tmp_path, [day0], start=0, end=0))
+    shutil.copy(tmp_path / "a.ledger.duckdb", tmp_path / "backup.duckdb")
+    day1 = _write_day(tmp_path / "d1.parquet", 1, [1], [1.0], [0.0])
+    run_job(_config(tmp_path, [day1], start=1, end=1))
+    shutil.copy(tmp_path / "backup.duckdb", tmp_path / "a.ledger.duckdb")  # yesterday's ledger
+    day2 = _write_day(tmp_path / "d2.parquet", 2, [1], [1.0], [0.0])
+    with pytest.raises(CuratorStoreError, match="older than the store"):
+        run_job(_config(tmp_path, [day2], start=2, end=2))
