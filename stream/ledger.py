@@ -49,6 +49,10 @@ BUDGET_SAFETY = 1e-9
 # anew from the scaled row) is below what the ledger records for it.
 _CLIP_SHRINK = 1.0 - 1e-9
 SNAPSHOT_VERSION = 1
+# Noise stds whose 2 s^2 is a normal float64 with room to spare: outside this range the charge
+# ||q||^2 / (2 s^2) divides by zero or by infinity (and would be recorded as 0 or NaN).
+_MIN_NOISE_STD = 1e-150
+_MAX_NOISE_STD = 1e150
 
 
 class Policy(str, enum.Enum):
@@ -156,6 +160,14 @@ def _refuse_repeats_str(ids: pa.Array) -> None:
             raise _repeat_error(counts.field("values")[int(np.argmax(tally))].as_py())
 
 
+def _gather(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``values[positions]`` with 0 where ``positions`` is -1 (an unknown id), also when
+    ``values`` is still empty (a ledger that has seen nobody)."""
+    if values.size == 0:
+        return np.zeros(positions.shape)
+    return np.where(positions >= 0, values[np.maximum(positions, 0)], 0.0)
+
+
 class Ledger:
     """Per-user used privacy budget (zCDP) and personal trackers, for int64 or string user ids.
 
@@ -189,6 +201,11 @@ class Ledger:
         return self._n
 
     def _as_ids(self, user_ids: Any) -> np.ndarray | pa.Array:
+        if isinstance(user_ids, (str, bytes, set, frozenset)) or user_ids is None:
+            # A str would be read as one id per character, a set in arbitrary order.
+            raise ValueError(
+                f"user_ids must be an ordered sequence or array of ids, got {type(user_ids).__name__}"
+            )
         if self.id_type == "int64":
             if isinstance(user_ids, (pa.Array, pa.ChunkedArray)):
                 if not pa.types.is_integer(user_ids.type):
@@ -197,6 +214,8 @@ class Ledger:
                     raise ValueError("user_ids must not contain nulls")
                 return np.asarray(user_ids.to_numpy(zero_copy_only=False), dtype=np.int64)
             ids = np.asarray(user_ids)
+            if ids.size == 0:  # an empty list is float64 to NumPy: no ids is no ids
+                return np.zeros(0, dtype=np.int64)
             if ids.dtype.kind not in "iu":
                 raise ValueError(f"user_ids must be integers for an int64 ledger, got dtype {ids.dtype}")
             if ids.dtype.kind == "u" and ids.size and ids.max() > np.iinfo(np.int64).max:
@@ -205,7 +224,10 @@ class Ledger:
         if isinstance(user_ids, (pa.Array, pa.ChunkedArray)):
             ids = user_ids
         else:
-            ids = pa.array(user_ids.tolist() if isinstance(user_ids, np.ndarray) else list(user_ids))
+            try:
+                ids = pa.array(user_ids.tolist() if isinstance(user_ids, np.ndarray) else list(user_ids))
+            except (TypeError, OverflowError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+                raise ValueError(f"user_ids must be strings for a string ledger: {exc}") from exc
         if isinstance(ids, pa.ChunkedArray):
             ids = ids.combine_chunks()
         if not (pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)):
@@ -275,7 +297,14 @@ class Ledger:
         whole request is validated before any state changes (repeated ids, NaN/inf, shapes).
         """
         noise_std = check.positive("noise_std", noise_std)
+        if not _MIN_NOISE_STD <= noise_std <= _MAX_NOISE_STD:
+            # Outside, 2 s^2 underflows or overflows float64 and the charge is lost (0 or NaN).
+            raise ValueError(
+                f"noise_std must be in [{_MIN_NOISE_STD:g}, {_MAX_NOISE_STD:g}], got noise_std={noise_std!r}"
+            )
         policy = _policy(policy)
+        if np.iscomplexobj(contributions):
+            raise ValueError("contributions must be real numbers, got a complex array")
         x = np.asarray(contributions, dtype=np.float64)
         if x.ndim == 1:
             x = x[:, None]
@@ -314,7 +343,7 @@ class Ledger:
     def used(self, user_ids: Any) -> np.ndarray:
         """Used budget (zCDP) of each id; 0 for ids the ledger has never seen."""
         positions = self._positions(self._as_ids(user_ids), add=False)
-        return np.where(positions >= 0, self._used[np.maximum(positions, 0)], 0.0)
+        return np.where(positions >= 0, _gather(self._used, positions), 0.0)
 
     def remaining(self, user_ids: Any) -> np.ndarray:
         """Budget (zCDP) each id may still spend."""
@@ -327,9 +356,8 @@ class Ledger:
         ``i`` (and to nobody else). A user never charged anything has lost nothing: 0.
         """
         positions = self._positions(self._as_ids(user_ids), add=False)
-        safe = np.maximum(positions, 0)
-        bound = np.minimum(self._tracker[safe], self.budget)
-        spent = (positions >= 0) & (self._used[safe] > 0)
+        bound = np.minimum(_gather(self._tracker, positions), self.budget)
+        spent = (positions >= 0) & (_gather(self._used, positions) > 0)
         return np.where(spent, bound, 0.0)
 
     def personal_epsilon(self, user_ids: Any, *, delta: float, accounting: str = "gdp") -> np.ndarray:

@@ -13,7 +13,8 @@ Input batch (a ``pa.RecordBatch`` or ``pa.Table``)
     Any integer type (cast to int64) or a string type (utf8, large_utf8, string_view; kept as
     utf8). String ids are compared exactly, byte for byte: no trimming, no Unicode
     normalisation; very long and non-ASCII ids are fine. An unsigned id above ``2**63 - 1``
-    does not fit int64 and rejects its row (``wrong_type``, detail names ``user_id``).
+    does not fit int64 and rejects its row (``wrong_type``, detail names ``user_id``); so
+    does the id ``-2**63`` (:data:`RESERVED_USER_ID`), which the ledger's index reserves.
 
 exactly one of ``day`` or ``event_time`` (required)
     ``day``: date32, date64 or a string ``'YYYY-MM-DD'`` (surrounding whitespace ignored).
@@ -59,8 +60,8 @@ indicators, so that a dead-letter row can be replayed); sorted by ``row_index``.
 timestamps as strings, decimals as numbers.
 
 A rejected row gets the first matching reason in this order: null user id, empty user id
-(then an unsigned id beyond int64, as ``wrong_type``), null time, bad time, null indicator,
-unparseable indicator string (``wrong_type``), NaN/inf indicator, window outside
+(then an unsigned id beyond int64 or the reserved id, as ``wrong_type``), null time, bad
+time, null indicator, unparseable indicator string (``wrong_type``), NaN/inf indicator, window outside
 ``[start_window, end_window]``, duplicate ``(user_id, window_id)``. Within one reason the first
 indicator column in input order is named. Among the rows that pass every other check, the first
 occurrence (lowest row index) of a ``(user_id, window_id)`` pair stays valid and later ones are
@@ -91,6 +92,7 @@ __all__ = [
     "MAX_TIME_SECONDS",
     "MIN_TIME_SECONDS",
     "REJECTED_SCHEMA",
+    "RESERVED_USER_ID",
     "USER_ID",
     "WINDOW_ID",
     "RejectReason",
@@ -115,6 +117,11 @@ MAX_TIME_SECONDS = 253_402_300_799
 #: :meth:`WindowSpec.window_of_seconds` accepts: with both below 2**61, ``seconds - origin``
 #: cannot overflow int64.
 MAX_ABS_SECONDS = 2**61
+
+#: The int64 minimum marks empty slots in the ledger's id index (``stream.id_index``), so it
+#: can never be a user id: a row carrying it is rejected (``wrong_type``) rather than left to
+#: fail the whole job at the ledger.
+RESERVED_USER_ID = -(2**63)
 
 _SECONDS_PER_DAY = 86_400
 _DETAIL_MAX_CHARS = 40  # longer values are cut in `detail` (never in `raw`)
@@ -163,7 +170,7 @@ def _as_int(name: str, value: Any) -> int:
 
 @dataclass(frozen=True)
 class WindowSpec:
-    """Fixed windows of ``length_seconds``; window 0 is ``[origin, origin + length)`` (UTC).
+    """Fixed windows of ``length_seconds`` (1 to 2**61); window 0 is ``[origin, origin + length)`` (UTC).
 
     The default is daily windows from 1970-01-01, so a row's ``window_id`` is its day number
     since the Unix epoch. Windows are half-open and computed with floor division, so times
@@ -175,8 +182,8 @@ class WindowSpec:
 
     def __post_init__(self) -> None:
         length = _as_int("length_seconds", self.length_seconds)
-        if length <= 0:
-            raise ValueError(f"length_seconds must be > 0, got length_seconds={length}")
+        if not 0 < length <= MAX_ABS_SECONDS:  # above 2**61 the int64 window arithmetic overflows
+            raise ValueError(f"length_seconds must be in [1, 2**61], got length_seconds={length}")
         origin = _as_int("origin_seconds", self.origin_seconds)
         if abs(origin) > MAX_ABS_SECONDS:
             raise ValueError(
@@ -554,7 +561,13 @@ def _user_ids(arr: pa.Array, rej: _Rejections) -> pa.Array:
             lambda: _join(f"{USER_ID} ", arr.cast(pa.string()), " does not fit in int64"),
         )
         arr = pc.if_else(pa.array(too_big), pa.scalar(0, pa.uint64()), arr)
-    return arr.cast(pa.int64())
+    ids = arr.cast(pa.int64())
+    rej.add(
+        _mask(pc.equal(ids, pa.scalar(RESERVED_USER_ID, pa.int64()))),
+        RejectReason.WRONG_TYPE,
+        f"{USER_ID} {RESERVED_USER_ID} is reserved (the int64 minimum) and cannot be a user id",
+    )
+    return ids
 
 
 def _time_seconds(name: str, arr: pa.Array, rej: _Rejections) -> np.ndarray:

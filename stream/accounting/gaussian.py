@@ -25,6 +25,9 @@ MAX_DIM = 4096
 _ROUND_UP = 1.0 + 1e-12
 # Smallest positive float64: the charge of any non-zero contribution, however tiny.
 _TINIEST = float(np.nextafter(0.0, 1.0))
+# Below this a computed ||q||^2 may have lost its relative precision to subnormal rounding
+# (float64's smallest normal is 2**-1022), so such rows are recomputed in a scaled form.
+_SUBNORMAL_RISK = 2.0**-1000
 
 
 def squared_norms(contributions: Any) -> Any:
@@ -65,7 +68,26 @@ def gaussian_charge(*, contributions: Any, noise_std: float) -> Any:
     if contributions.shape[1] > MAX_DIM:
         raise ValueError(f"contributions dim must be <= {MAX_DIM}, got dim={contributions.shape[1]}")
     sq = squared_norms(contributions)
-    with np.errstate(over="ignore"):
+    nonzero = nonzero_rows(contributions)
+    with np.errstate(over="ignore", under="ignore"):
         charge = sq * (_ROUND_UP / (2.0 * noise_std * noise_std))
+        tiny = nonzero & (sq < _SUBNORMAL_RISK)
+        if bool(tiny.any()):
+            charge[tiny] = _tiny_row_charge(contributions[tiny], noise_std)
         charge += _TINIEST
-    return xp.where(nonzero_rows(contributions), charge, 0.0)
+    return xp.where(nonzero, charge, 0.0)
+
+
+def _tiny_row_charge(rows: Any, noise_std: float) -> Any:
+    """The rounded-up charge of rows whose squares fall into float64's subnormal range.
+
+    Each row is divided by the power of two ``2**e`` nearest its largest magnitude (exact), the
+    charge of the scaled row (a normal number: its squares sum to ``[0.25, d]``) is rounded up,
+    and ``2**(2e)`` is applied last with ``ldexp``, whose single rounding (at most half the
+    smallest subnormal) the caller's ``+ _TINIEST`` covers.
+    """
+    xp = array_module(rows)
+    _, exponent = xp.frexp(xp.max(xp.abs(rows), axis=1))
+    scaled = xp.ldexp(rows, -exponent[:, None])
+    inner = xp.einsum("ij,ij->i", scaled, scaled) * (_ROUND_UP / (2.0 * noise_std * noise_std))
+    return xp.ldexp(inner, 2 * exponent)
