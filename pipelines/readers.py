@@ -2,7 +2,11 @@
 
 The format is chosen by extension (``.parquet``/``.pq``, ``.arrow``/``.feather``/``.ipc``,
 ``.csv``). A file that cannot be read as its extension says raises :class:`InputFileError`
-naming the file, before any of it is charged.
+naming the file, before any of it is charged. So does a file whose header lacks ``user_id`` or
+does not have exactly one of ``day`` and ``event_time`` (a CSV with a wrong header), and an
+Arrow IPC *stream* without its end-of-stream marker (cut short, possibly exactly between two
+batches, where the format itself cannot tell). A file with a valid header and no rows yields
+one empty batch, so that its schema can be read (an empty day is a valid input).
 """
 
 from __future__ import annotations
@@ -31,30 +35,80 @@ def file_format(path: str | Path) -> str:
 
 
 def read_batches(path: str | Path, *, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch]:
-    """Yield the file's rows as record batches of at most ``batch_rows`` rows."""
+    """Yield the file's rows as record batches of at most ``batch_rows`` rows (at least one
+    batch, empty when the file has no rows)."""
     kind = file_format(path)
     if not Path(path).is_file():
         raise InputFileError(f"input file {path} does not exist")
     try:
         if kind == "parquet":
-            yield from pq.ParquetFile(path).iter_batches(batch_size=batch_rows)
+            reader = pq.ParquetFile(path)
+            _check_header(path, reader.schema_arrow)
+            batches: Iterator[pa.RecordBatch] = reader.iter_batches(batch_size=batch_rows)
+            schema = reader.schema_arrow
         elif kind == "ipc":
-            yield from _ipc_batches(path, batch_rows)
+            schema, batches = _ipc_batches(path, batch_rows)
+            _check_header(path, schema)
         else:
             table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
                 column_types={"day": pa.string(), "event_time": pa.string()}))
-            yield from table.to_batches(max_chunksize=batch_rows)
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
-        raise InputFileError(f"input file {path} is not a readable {kind} file: {exc}") from exc
+            _check_header(path, table.schema)
+            schema, batches = table.schema, iter(table.to_batches(max_chunksize=batch_rows))
+        empty = True
+        for batch in batches:
+            empty = False
+            yield batch
+        if empty:
+            yield pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
+        raise InputFileError(f"input file {path} is not a readable {kind} file: {_short(exc)}") from exc
 
 
-def _ipc_batches(path: str | Path, batch_rows: int) -> Iterator[pa.RecordBatch]:
-    with pa.memory_map(str(path)) as source:
-        try:
-            reader = ipc.open_file(source)
-            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
-        except pa.ArrowInvalid:
-            source.seek(0)
-            batches = iter(ipc.open_stream(source))
+def _short(exc: BaseException) -> str:
+    """The first line of an error, printable characters only, at most 200 of them (a binary
+    file read as CSV puts its raw bytes in the parser's message)."""
+    lines = str(exc).splitlines()
+    text = "".join(c if c.isprintable() else "?" for c in (lines[0] if lines else type(exc).__name__))
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _check_header(path: str | Path, schema: pa.Schema) -> None:
+    names = schema.names
+    has_time = [name for name in ("day", "event_time") if name in names]
+    if "user_id" not in names or len(has_time) != 1:
+        need = "no 'user_id' column" if "user_id" not in names else (
+            "no 'day' or 'event_time' column" if not has_time else "both 'day' and 'event_time'")
+        raise InputFileError(
+            f"input file {path} has {need}; columns found: {names[:20]}{' ...' if len(names) > 20 else ''}. "
+            "An indicator file needs 'user_id' and exactly one of 'day' or 'event_time' (check its header)"
+        )
+
+
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # continuation marker + zero length
+
+
+def _ipc_batches(path: str | Path, batch_rows: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    source = pa.memory_map(str(path))
+    try:
+        reader = ipc.open_file(source)
+        schema = reader.schema
+        batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+    except pa.ArrowInvalid:
+        size = source.size()
+        source.seek(max(size - len(_END_OF_STREAM), 0))
+        if source.read(len(_END_OF_STREAM)) != _END_OF_STREAM:
+            source.close()
+            raise InputFileError(
+                f"input file {path} is not a readable ipc file: it has neither an Arrow IPC file footer "
+                "nor an end-of-stream marker (cut short, or not an Arrow file at all)"
+            ) from None
+        source.seek(0)
+        stream = ipc.open_stream(source)
+        schema, batches = stream.schema, iter(stream)
+    return schema, _split(source, batches, batch_rows)
+
+
+def _split(source: pa.MemoryMappedFile, batches: Iterator[pa.RecordBatch], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    with source:
         for batch in batches:
             yield from pa.Table.from_batches([batch]).to_batches(max_chunksize=batch_rows)

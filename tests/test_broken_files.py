@@ -1,0 +1,225 @@
+"""Broken input files: each is refused with one clear line naming it, and a daily run that meets
+one exits non-zero leaving the curator's ledger, the public release store and the noise key
+exactly as the last good run left them.
+
+tests/test_readers.py covers a truncated Parquet file, an Arrow stream cut mid-batch, CSV text
+named .parquet and an empty .parquet; this file adds the cases they do not (a CSV with a wrong
+header, a stream cut exactly between two batches, a cut IPC file, empty files of every
+extension, files of one format named as another, binary garbage, a header without rows) and
+runs the worst of them through ``renyi-stream run`` on a store that already holds a released
+day.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.cli import main
+from pipelines.readers import InputFileError, read_batches
+
+DAY1, DAY2 = dt.date(2026, 3, 1), dt.date(2026, 3, 2)
+
+
+def _day(day: dt.date, users=(1, 2, 3)) -> pa.Table:
+    return pa.table({
+        "user_id": pa.array(list(users), pa.int64()),
+        "day": pa.array([day] * len(users), pa.date32()),
+        "opened": pa.array([1.0, 0.0, 1.0][: len(users)]),
+    })
+
+
+TABLE = _day(DAY2)
+
+
+def _parquet_bytes(table: pa.Table = TABLE) -> bytes:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def _stream_bytes(*, close: bool = True) -> bytes:
+    sink = pa.BufferOutputStream()
+    writer = ipc.new_stream(sink, TABLE.schema)
+    writer.write_table(TABLE)
+    writer.write_table(TABLE)
+    if close:
+        writer.close()  # writes the end-of-stream marker
+    return sink.getvalue().to_pybytes()
+
+
+def _ipc_file_bytes() -> bytes:
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(sink, TABLE.schema) as writer:
+        writer.write_table(TABLE)
+    return sink.getvalue().to_pybytes()
+
+
+def _csv_text(table: pa.Table = TABLE) -> bytes:
+    sink = pa.BufferOutputStream()
+    pacsv.write_csv(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+# name -> (file name, bytes); every one must be refused naming the file.
+BROKEN = {
+    "csv_with_a_wrong_header": ("wrong-header.csv", _csv_text(TABLE.rename_columns(["uid", "date", "opened"]))),
+    "csv_without_a_time_column": ("no-time.csv", b"user_id,opened\n1,1\n"),
+    "csv_with_both_time_columns": ("two-times.csv", b"user_id,day,event_time,opened\n1,2026-03-02,2026-03-02,1\n"),
+    "csv_with_a_short_row": ("ragged.csv", b"user_id,day,opened\n1,2026-03-02,1\n2,2026-03-02\n"),
+    "csv_of_binary_garbage": ("garbage.csv", bytes(range(256)) * 4),
+    "parquet_with_the_wrong_columns": ("wrong-columns.parquet",
+                                       _parquet_bytes(TABLE.rename_columns(["uid", "date", "opened"]))),
+    "parquet_cut_before_its_footer": ("cut-footer.parquet", _parquet_bytes()[:-3]),
+    "parquet_overwritten_in_the_middle": ("overwritten.parquet", (lambda b: b[:40] + b"\xff" * 64 + b[104:])(
+        _parquet_bytes())),
+    "arrow_stream_cut_between_two_batches": ("cut-between.arrow", _stream_bytes(close=False)),
+    "arrow_stream_cut_mid_batch": ("cut-mid.ipc", _stream_bytes()[:-50]),
+    "arrow_file_cut_before_its_footer": ("cut-file.feather", _ipc_file_bytes()[:-16]),
+    "empty_csv": ("empty.csv", b""),
+    "empty_parquet": ("empty.pq", b""),
+    "empty_arrow": ("empty.arrow", b""),
+    "empty_ipc": ("empty.ipc", b""),
+    "empty_feather": ("empty.feather", b""),
+    "csv_named_arrow": ("really-csv.arrow", _csv_text()),
+    "parquet_named_csv": ("really-parquet.csv", _parquet_bytes()),
+    "parquet_named_arrow": ("really-parquet.arrow", _parquet_bytes()),
+    "arrow_named_parquet": ("really-arrow.parquet", _stream_bytes()),
+}
+
+
+def _write(tmp_path: Path, kind: str) -> Path:
+    name, data = BROKEN[kind]
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("kind", sorted(BROKEN))
+def test_a_broken_file_is_refused_with_one_printable_line_naming_it(tmp_path, kind):
+    path = _write(tmp_path, kind)
+    with pytest.raises(InputFileError) as info:
+        list(read_batches(path))
+    message = str(info.value)
+    assert str(path) in message
+    assert "\n" not in message and message.isprintable() and len(message) < len(str(path)) + 400
+
+
+def test_a_complete_arrow_stream_and_file_still_read(tmp_path):
+    (tmp_path / "whole.arrow").write_bytes(_stream_bytes())
+    (tmp_path / "whole.feather").write_bytes(_ipc_file_bytes())
+    assert sum(b.num_rows for b in read_batches(tmp_path / "whole.arrow")) == 6
+    assert sum(b.num_rows for b in read_batches(tmp_path / "whole.feather")) == 3
+
+
+@pytest.mark.parametrize("name,data", [("header-only.csv", b"user_id,day,opened\n"),
+                                       ("no-rows.parquet", _parquet_bytes(TABLE.slice(0, 0)))])
+def test_a_file_with_a_header_and_no_rows_reads_as_one_empty_batch_with_its_schema(tmp_path, name, data):
+    (tmp_path / name).write_bytes(data)
+    batches = list(read_batches(tmp_path / name))
+    assert len(batches) == 1 and batches[0].num_rows == 0
+    assert batches[0].schema.names == ["user_id", "day", "opened"]
+
+
+def test_a_directory_with_an_input_extension_is_refused_naming_it(tmp_path):
+    (tmp_path / "folder.parquet").mkdir()
+    with pytest.raises(InputFileError, match="folder.parquet"):
+        list(read_batches(tmp_path / "folder.parquet"))
+
+
+# --------------------------------------------------------------------------- through the job
+
+
+def _run_args(root: Path, inputs: list[str], start: dt.date, end: dt.date) -> list[str]:
+    return ["run", "--input", *inputs, "--store", str(root / "releases.duckdb"), "--ledger", str(root / "ledger.duckdb"),
+            "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "4", "--start", start.isoformat(),
+            "--end", end.isoformat(), "--shards", "2", "--quiet"]
+
+
+def _snapshot(root: Path) -> dict:
+    """Every table of both databases (all rows, sorted), the key's bytes and the files present."""
+    state: dict = {"files": sorted(p.name for p in root.iterdir() if p.suffix != ".wal")}
+    for db_name in ("ledger.duckdb", "releases.duckdb"):
+        db = duckdb.connect(str(root / db_name), read_only=True)
+        try:
+            tables = [r[0] for r in db.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_type = 'BASE TABLE' ORDER BY 1").fetchall()]
+            for table in tables:
+                state[(db_name, table)] = db.execute(f'SELECT * FROM "{table}" ORDER BY ALL').fetchall()
+        finally:
+            db.close()
+    state["key"] = (root / "ledger.noise.key").read_bytes()
+    return state
+
+
+@pytest.fixture(scope="module")
+def released_day(tmp_path_factory) -> Path:
+    """A store and ledger after one good run that released DAY1."""
+    root = tmp_path_factory.mktemp("released")
+    pq.write_table(_day(DAY1), root / "day1.parquet")
+    assert main(_run_args(root, [str(root / "day1.parquet")], DAY1, DAY1)) == 0
+    return root
+
+
+@pytest.mark.parametrize(
+    "kind,position",
+    [
+        ("csv_with_a_wrong_header", "first"),  # refused before the pipeline starts
+        ("arrow_stream_cut_mid_batch", "second"),  # refused inside the Beam pipeline
+        ("arrow_stream_cut_between_two_batches", "second"),
+        ("parquet_cut_before_its_footer", "second"),
+        ("empty_csv", "first"),
+        ("csv_named_arrow", "second"),
+    ],
+)
+def test_run_with_a_broken_file_exits_non_zero_naming_it_and_leaves_everything_committed_as_it_was(
+        released_day, tmp_path, capsys, kind, position):
+    root = tmp_path / "store"
+    shutil.copytree(released_day, root)
+    before = _snapshot(root)
+    good = tmp_path / "day2.parquet"
+    pq.write_table(_day(DAY2), good)
+    broken = _write(tmp_path, kind)
+    inputs = [str(broken), str(good)] if position == "first" else [str(good), str(broken)]
+    capsys.readouterr()
+    assert main(_run_args(root, inputs, DAY2, DAY2)) != 0
+    err = capsys.readouterr().err
+    assert f"renyi-stream run: error: input file {broken}" in err
+    assert _snapshot(root) == before  # nothing committed is harmed, nothing half-written is added
+    assert not any(p.name.endswith(".lock") for p in root.iterdir())
+
+
+def test_after_a_refused_run_the_fixed_input_runs_the_day_normally(released_day, tmp_path, capsys):
+    root = tmp_path / "store"
+    shutil.copytree(released_day, root)
+    good = tmp_path / "day2.parquet"
+    pq.write_table(_day(DAY2), good)
+    broken = _write(tmp_path, "parquet_cut_before_its_footer")
+    assert main(_run_args(root, [str(good), str(broken)], DAY2, DAY2)) != 0
+    assert main(_run_args(root, [str(good)], DAY2, DAY2)) == 0
+    assert "released 1 window(s)" in capsys.readouterr().out
+    db = duckdb.connect(str(root / "releases.duckdb"), read_only=True)
+    try:
+        windows = [r[0] for r in db.execute("SELECT DISTINCT window_id FROM releases ORDER BY 1").fetchall()]
+    finally:
+        db.close()
+    epoch = dt.date(1970, 1, 1)
+    assert windows == [(DAY1 - epoch).days, (DAY2 - epoch).days]
+
+
+def test_run_on_an_input_with_a_header_and_no_rows_releases_noise_only(tmp_path, capsys):
+    """An empty day is valid input (the schedule is public, invariant 3); it used to stop the
+    job with a bare StopIteration when it came first."""
+    (tmp_path / "empty-day.parquet").write_bytes(_parquet_bytes(TABLE.slice(0, 0)))
+    assert main(_run_args(tmp_path, [str(tmp_path / "empty-day.parquet")], DAY2, DAY2)) == 0
+    out = capsys.readouterr().out
+    assert "released 1 window(s)" in out and "rows read 0" in out
