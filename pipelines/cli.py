@@ -6,6 +6,7 @@ Subcommands:
 * ``run``: the daily job (Beam pipeline, DuckDB release store and curator ledger).
 * ``demo``: the daily job run day by day on a generated stream, compared with worst-case
   accounting, with a chart.
+* ``features`` and ``train``: the batch training stage (:mod:`pipelines.train`).
 
 Errors in parameters exit with status 2 and a message that names the parameter.
 """
@@ -17,6 +18,7 @@ import json
 import sys
 from typing import Sequence
 
+from pipelines.train import add_train_subcommand
 from stream.accounting import ACCOUNTINGS, calibrate, describe_accounting
 
 PROG = "renyi-stream"
@@ -259,6 +261,7 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=7, help="seed of the generated data (not of the noise)")
     demo.add_argument("--quiet", action="store_true", help="no progress lines")
     demo.set_defaults(handler=_demo_command)
+    add_train_subcommand(sub)
     return parser
 
 

@@ -1,0 +1,191 @@
+"""One full-batch DP-GD step: this implementation against Opacus, in the same run.
+
+    python benchmarks/bench_dpgd.py                  # CPU: n = 200k, 784 features, 10 classes
+    python benchmarks/bench_dpgd.py --device gpu     # GPU: n = 1M, CuPy against Opacus on CUDA
+
+Both sides do the same step on the same synthetic data (float32, features uniform in [0, 1],
+random labels): per-example gradients of the cross-entropy, each clipped to ``C``, summed, plus
+Gaussian noise ``N(0, sigma^2 C^2)``, divided by ``n``, one SGD update. Models: multinomial
+logistic regression (784 -> 10) and a one-hidden-layer ReLU MLP (784 -> 256 -> 10).
+
+* **this implementation**: :func:`stream.training.dpgd.private_gd` running Algorithm 7 on a
+  fresh per-user ledger, so a step also does the individual filter and charges every user
+  (the whole production step, ledger included);
+* **Opacus** (PyTorch): ``PrivacyEngine.make_private(..., grad_sample_mode="ghost")``, its
+  fastest mode for these layers (ghost clipping: per-example norms from activations and
+  backprops, a second backward for the clipped sum; every layer here is ``nn.Linear``, so
+  ghost clipping applies to all of them and the per-sample hook mode is not needed). Skipped
+  with a message when ``torch``/``opacus`` are not installed (``pip install '.[bench]'``).
+
+Each step is timed after one warm-up step; the median of ``--repeats`` steps is reported as
+examples per second, with the ratio (target: >= 3x Opacus). On the GPU the step is also
+compared with the memory-bandwidth bound: the least any full-batch step must move is one read
+of ``x`` (``n * d * 4`` bytes); ``fraction = (bytes / peak bandwidth) / step time``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import platform
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from stream.noise import InsecureNoiseWarning  # noqa: E402
+from stream.training.budget import TrainingLedger  # noqa: E402
+from stream.training.dpgd import GDConfig, prepare_data, private_gd, training_generators  # noqa: E402
+from stream.training.models import make_model  # noqa: E402
+
+CLIP, SIGMA, LR = 1.0, 1.0, 0.1
+# Peak memory bandwidth (bytes/s) by device name, used when the driver does not report it.
+KNOWN_BANDWIDTH = {"H100 SXM": 3.35e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H100": 3.35e12,
+                   "H200": 4.8e12, "A100-SXM4-80GB": 2.04e12, "A100": 1.555e12, "L4": 0.3e12}
+
+
+def _median_step_seconds(run: Callable[[], Any], repeats: int, sync: Callable[[], None]) -> float:
+    run()
+    sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def time_ours(model_name: str, x: np.ndarray, y: np.ndarray, *, xp: Any, repeats: int,
+              chunk_rows: int | None) -> float:
+    """Median seconds of one Algorithm 7 step (ledger charging included)."""
+    model = make_model(model_name, hidden=256)
+    data = prepare_data(x, y, n_classes=10, xp=xp, dtype=np.float32)
+    ledger = TrainingLedger.fresh(data.n, budget=1e6, xp=xp)
+    config = GDConfig(clip=CLIP, noise_multiplier=SIGMA, learning_rate=LR, steps=10**6, filtering=True, max_steps=1)
+    params = model.init_params(data.n_features, 10, np.random.default_rng(0), xp, np.float32)
+    grad_rng, query_rng = training_generators(0)
+
+    def step() -> None:
+        result = private_gd(model, data, config=config, ledger=ledger, rng=grad_rng, query_rng=query_rng,
+                            init_params=params, chunk_rows=chunk_rows)
+        params.update(result.params)
+
+    sync = (lambda: xp.cuda.Stream.null.synchronize()) if xp is not np else (lambda: None)
+    seconds = _median_step_seconds(step, repeats, sync)
+    del data, ledger
+    gc.collect()
+    return seconds
+
+
+def time_opacus(model_name: str, x: np.ndarray, y: np.ndarray, *, device: str, repeats: int) -> float | str:
+    """Median seconds of one Opacus ghost-clipping step, or why it was skipped."""
+    try:
+        import torch
+        from opacus import PrivacyEngine
+    except ImportError as exc:
+        return f"skipped: {exc.name} is not installed (pip install '.[bench]')"
+    if device == "cuda" and not torch.cuda.is_available():
+        return "skipped: this torch build has no CUDA device"
+    torch.manual_seed(0)
+    d, k = x.shape[1], 10
+    net = torch.nn.Linear(d, k) if model_name == "logreg" else torch.nn.Sequential(
+        torch.nn.Linear(d, 256), torch.nn.ReLU(), torch.nn.Linear(256, k))
+    net = net.to(device)
+    xt = torch.from_numpy(x).to(device)
+    yt = torch.from_numpy(y.astype(np.int64)).to(device)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xt, yt), batch_size=len(y))
+    optimizer = torch.optim.SGD(net.parameters(), lr=LR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Opacus warns about secure_mode and full-batch sampling
+        engine = PrivacyEngine(accountant="rdp")
+        module, optimizer, criterion, _ = engine.make_private(
+            module=net, optimizer=optimizer, data_loader=loader, noise_multiplier=SIGMA, max_grad_norm=CLIP,
+            grad_sample_mode="ghost", criterion=torch.nn.CrossEntropyLoss(), poisson_sampling=False)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss = criterion(module(xt), yt)
+        loss.backward()
+        optimizer.step()
+
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    seconds = _median_step_seconds(step, repeats, sync)
+    del module, optimizer, xt, yt, loader
+    gc.collect()
+    return seconds
+
+
+def peak_bandwidth(xp: Any, override_gbs: float | None) -> tuple[float | None, str]:
+    if override_gbs:
+        return override_gbs * 1e9, "given"
+    props = xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    clock_khz, bus_bits = props.get("memoryClockRate", 0), props.get("memoryBusWidth", 0)
+    if clock_khz and bus_bits:
+        return 2.0 * clock_khz * 1e3 * bus_bits / 8.0, f"{name}, from the driver"
+    for key, value in KNOWN_BANDWIDTH.items():
+        if key in name:
+            return value, f"{name}, datasheet"
+    return None, f"{name}: unknown; pass --peak-bandwidth-gbs"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Time one full-batch DP-GD step against Opacus.")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--n", type=int, default=None, help="examples (default 200000 on cpu, 1000000 on gpu)")
+    parser.add_argument("--features", type=int, default=784)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--models", default="logreg,mlp")
+    parser.add_argument("--chunk-rows", type=int, default=None, help="process the batch in slices (ours)")
+    parser.add_argument("--skip-opacus", action="store_true")
+    parser.add_argument("--peak-bandwidth-gbs", type=float, default=None, help="GPU peak memory bandwidth, GB/s")
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore", InsecureNoiseWarning)  # a seeded benchmark, not a release
+    n = args.n or (200_000 if args.device == "cpu" else 1_000_000)
+    if args.device == "gpu":
+        try:
+            import cupy as xp  # type: ignore[import-not-found]
+        except ImportError:
+            print("--device gpu needs CuPy (pip install '.[gpu]')", file=sys.stderr)
+            return 2
+        torch_device = "cuda"
+    else:
+        xp, torch_device = np, "cpu"
+    rng = np.random.default_rng(0)
+    x = rng.random((n, args.features), dtype=np.float32)
+    y = rng.integers(0, 10, size=n)
+    print(f"# DP-GD step, n={n:,}, d={args.features}, 10 classes, float32, device={args.device}; "
+          f"{platform.machine()}, {platform.python_version()}, numpy {np.__version__}")
+    if args.device == "gpu":
+        bw, where = peak_bandwidth(xp, args.peak_bandwidth_gbs)
+        print(f"# peak memory bandwidth: {'?' if bw is None else f'{bw / 1e9:,.0f} GB/s'} ({where})")
+    header = "| model | ours s/step | ours examples/s | Opacus ghost s/step | Opacus examples/s | ratio |"
+    if args.device == "gpu":
+        header += " ours % of bandwidth bound |"
+    print(header)
+    print("|---" * (header.count("|") - 1) + "|")
+    for model_name in args.models.split(","):
+        ours = time_ours(model_name, x, y, xp=xp, repeats=args.repeats, chunk_rows=args.chunk_rows)
+        theirs: float | str = "skipped (--skip-opacus)" if args.skip_opacus else \
+            time_opacus(model_name, x, y, device=torch_device, repeats=args.repeats)
+        label = "logistic regression" if model_name == "logreg" else "MLP (256 hidden)"
+        if isinstance(theirs, str):
+            row = f"| {label} | {ours:.3f} | {n / ours:,.0f} | {theirs} | - | - |"
+        else:
+            row = f"| {label} | {ours:.3f} | {n / ours:,.0f} | {theirs:.3f} | {n / theirs:,.0f} | {theirs / ours:.2f}x |"
+        if args.device == "gpu":
+            bound = (n * args.features * 4) / bw if bw else None
+            row += f" {100 * bound / ours:.0f}% |" if bound else " ? |"
+        print(row, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,12 @@
+"""Private training on the shared per-user ledger (Feldman & Zrnic, Section 5 and Appendix A).
+
+* :mod:`~stream.training.models`: multinomial logistic regression and a one-hidden-layer ReLU
+  MLP with per-example gradient norms computed without materialising per-example gradients;
+* :mod:`~stream.training.dpgd`: Algorithms 6 and 7 (private gradient descent, with and without
+  individual filtering) in one implementation;
+* :mod:`~stream.training.budget`: the ledger as seen by a training run (arrays per row);
+* :mod:`~stream.training.stopping`: Appendix A's stopping rule with private accuracy queries;
+* :mod:`~stream.training.idx`: the MNIST IDX file format.
+
+NumPy on CPU, CuPy on GPU (``stream.xp``), one code path.
+"""

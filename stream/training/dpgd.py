@@ -1,0 +1,386 @@
+"""Private gradient descent (Feldman & Zrnic, Algorithm 6) and private gradient descent with
+individual filtering (Algorithm 7), in one implementation, charging the shared per-user ledger.
+
+One step ``t`` of both algorithms, for a full batch of ``n`` examples (one per user):
+
+1. per-example gradients ``g_t(x_i)`` of the cross-entropy loss (never materialised: the model
+   returns their norms and weighted sums, see :mod:`stream.training.models`);
+2. clip: ``g~_t(x_i) = g_t(x_i) * min(1, bound_i / ||g_t(x_i)||)`` with
+   ``bound_i = C`` (Algorithm 6) or ``bound_i = min(C, sqrt(B_i - sum_{j<t} ||g~_j(x_i)||^2))``
+   (Algorithm 7), where ``B_i`` is user ``i``'s squared-norm budget for this run;
+3. charge user ``i`` ``||g~_t(x_i)||^2 / (2 (sigma C)^2)`` zCDP in the ledger (the Gaussian
+   mechanism's individual cost; Proposition 5.2's proof), which never lets a user pass the
+   ledger's budget;
+4. noise: ``g~_t = (sum_i g~_t(x_i) + N(0, sigma^2 C^2 I)) / n``; step ``theta -= eta g~_t``.
+
+Units: ``C`` in gradient-norm units; ``sigma`` (``noise_multiplier``) dimensionless, the noise
+std per coordinate of the *sum* is ``sigma C``; budgets in zCDP ``rho`` (ledger units) or, for
+``B_norm``, in squared gradient norm. Guarantees: Algorithm 6 is ``k / (2 sigma^2)``-zCDP
+(Proposition 5.1); Algorithm 7 is ``B_norm / (2 sigma^2 C^2)``-zCDP whatever ``k_max``
+(Proposition 5.2).
+
+**One ledger.** With a ledger shared with the streaming pipeline, user ``i``'s budget for this
+run is ``B_i = min(B_norm, 2 sigma^2 C^2 (kappa - used_i - reserve))``: users who spent budget
+in daily releases have less left for training, and the ledger caps the sum of everything at
+``kappa``. ``reserve`` is what the Appendix A stopping rule's accuracy queries may cost.
+
+**Algorithm 7 reproduces Algorithm 6.** The filter's state is kept in units of ``C^2``
+(``u_i = sum_j ||g~_j(x_i)||^2 / C^2``, budget ``b_i = B_i / C^2``). A gradient clipped at ``C``
+adds exactly ``1.0``, and sums of terms ``<= 1`` rounded to nearest never pass the integer step
+count, so with ``B_norm = k C^2`` (``k C^2 / C^2`` exact in float64) and ``k_max = k`` the clip
+bound is exactly ``C`` at every step of every user and both modes produce bit-identical iterates
+from the same generator (tested). Calibrate ``sigma`` with :func:`noise_multiplier_for`, whose
+``1e-8`` relative headroom keeps rounded-up charges below the ledger's cap.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from stream.accounting import _validate as check
+from stream.accounting.calibration import NOISE_HEADROOM
+from stream.ledger import Policy
+from stream.noise import InsecureNoiseWarning
+from stream.training.budget import TrainingLedger
+from stream.training.models import Model, Params, augmented_sq_norms
+from stream.training.stopping import AccuracyStopping, private_accuracy
+from stream.xp import array_module
+
+# The per-user run budget derived from the ledger is shrunk by this relative amount, so that the
+# ledger's rounded-up charges (each up by ~1e-12 relative) still fit what is left.
+_LEDGER_SHRINK = 1.0 - 1e-9
+
+
+def _int_at_least(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {name}={value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class GDConfig:
+    """Hyperparameters of Algorithm 6 (``filtering=False``) or Algorithm 7 (``filtering=True``).
+
+    Attributes:
+        clip: ``C`` > 0, the per-example gradient clip (L2, gradient units).
+        noise_multiplier: ``sigma`` > 0; the noise added to the summed clipped gradients is
+            ``N(0, sigma^2 C^2 I)``.
+        learning_rate: ``eta`` > 0, constant step size.
+        steps: ``k`` >= 1. Algorithm 6: the number of steps. Algorithm 7: sets ``B_norm = k C^2``
+            unless ``norm_budget`` is given.
+        filtering: ``False`` for Algorithm 6, ``True`` for Algorithm 7.
+        norm_budget: ``B_norm`` > 0 (Algorithm 7 only), each user's squared-norm budget for the
+            run; default ``k C^2``.
+        max_steps: ``k_max`` >= 1 (Algorithm 7 only), steps to run; default ``k``. A stopping
+            rule (:class:`~stream.training.stopping.AccuracyStopping`) ends the run at its last
+            query instead.
+    """
+
+    clip: float
+    noise_multiplier: float
+    learning_rate: float
+    steps: int
+    filtering: bool = False
+    norm_budget: float | None = None
+    max_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        check.positive("clip", self.clip)
+        check.positive("noise_multiplier", self.noise_multiplier)
+        check.positive("learning_rate", self.learning_rate)
+        _int_at_least("steps", self.steps, 1)
+        if not isinstance(self.filtering, bool):
+            raise ValueError(f"filtering must be a bool, got filtering={self.filtering!r}")
+        if self.norm_budget is not None:
+            if not self.filtering:
+                raise ValueError("norm_budget is a parameter of Algorithm 7: set filtering=True, "
+                                 f"got norm_budget={self.norm_budget!r} with filtering=False")
+            check.positive("norm_budget", self.norm_budget)
+        if self.max_steps is not None:
+            if not self.filtering:
+                raise ValueError("max_steps is a parameter of Algorithm 7 (Algorithm 6 runs `steps` steps): "
+                                 f"set filtering=True, got max_steps={self.max_steps!r} with filtering=False")
+            _int_at_least("max_steps", self.max_steps, 1)
+
+    @property
+    def budget_steps(self) -> float:
+        """``B_norm / C^2``: the budget in steps at the full clip (``k`` for Algorithm 6)."""
+        if self.norm_budget is None:
+            return float(self.steps)
+        return self.norm_budget / (self.clip * self.clip)
+
+    @property
+    def total_steps(self) -> int:
+        """Steps the run takes without a stopping rule: ``k`` or ``k_max``."""
+        return self.steps if self.max_steps is None else self.max_steps
+
+    @property
+    def noise_std(self) -> float:
+        """``sigma C``: Gaussian noise std per coordinate of the summed clipped gradients."""
+        return self.noise_multiplier * self.clip
+
+    @property
+    def rho(self) -> float:
+        """zCDP of the run per user: ``k / (2 sigma^2)`` (Prop. 5.1) or ``B_norm / (2 sigma^2 C^2)``
+        (Prop. 5.2), without the stopping rule's queries."""
+        return self.budget_steps / (2.0 * self.noise_multiplier**2)
+
+
+def noise_multiplier_for(*, steps: float, rho: float) -> float:
+    """``sigma`` such that ``steps`` full-clip steps cost ``rho`` zCDP: ``sqrt(steps / (2 rho))``
+    (Proposition 5.1 solved for ``sigma``), raised by ``NOISE_HEADROOM`` (1e-8 relative) so that the
+    rounded-up charges of ``steps`` steps fit under the ledger's cap."""
+    steps = check.positive("steps", steps)
+    rho = check.positive("rho", rho)
+    return math.sqrt(steps / (2.0 * rho)) * (1.0 + NOISE_HEADROOM)
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """A full batch on one device: features ``x`` ``(n, d)``, integer labels ``(n,)``, their
+    one-hot transposed ``(K, n)`` and ``||x_i||^2 + 1`` (float64). Build with :func:`prepare_data`."""
+
+    x: Any
+    labels: Any
+    onehot_t: Any
+    x_sq_norms: Any
+    n_classes: int
+
+    @property
+    def n(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        return int(self.x.shape[1])
+
+
+def prepare_data(x: Any, labels: Any, *, n_classes: int | None = None, xp: Any = np,
+                 dtype: Any = np.float64) -> TrainingData:
+    """Move ``x`` (``(n, d)`` finite) and ``labels`` (``(n,)`` integers in ``[0, K)``) to ``xp``
+    (``numpy`` or ``cupy``) in ``dtype``. ``n_classes`` defaults to ``max(labels) + 1``."""
+    x_host = np.asarray(x.get() if hasattr(x, "get") else x)
+    y_host = np.asarray(labels.get() if hasattr(labels, "get") else labels)
+    if x_host.ndim != 2 or x_host.shape[0] < 1 or x_host.shape[1] < 1:
+        raise ValueError(f"x must be a non-empty 2-d array (n, d), got shape={x_host.shape}")
+    if y_host.shape != (x_host.shape[0],):
+        raise ValueError(f"labels must have shape ({x_host.shape[0]},), got shape={y_host.shape}")
+    if y_host.dtype.kind not in "iu":
+        raise ValueError(f"labels must be integers, got dtype {y_host.dtype}")
+    if not np.isfinite(x_host).all():
+        raise ValueError("x must be finite (no NaN or inf)")
+    k = int(y_host.max()) + 1 if n_classes is None else _int_at_least("n_classes", n_classes, 2)
+    if y_host.min() < 0 or y_host.max() >= k:
+        raise ValueError(f"labels must be in [0, {k}), got labels in [{y_host.min()}, {y_host.max()}]")
+    xd = xp.asarray(x_host, dtype=dtype)
+    yd = xp.asarray(y_host.astype(np.int64))
+    onehot_t = xp.zeros((k, x_host.shape[0]), dtype=dtype)
+    onehot_t[yd, xp.arange(x_host.shape[0])] = 1
+    return TrainingData(x=xd, labels=yd, onehot_t=onehot_t, x_sq_norms=augmented_sq_norms(xd), n_classes=k)
+
+
+def training_generators(seed: int | None = None) -> tuple[np.random.Generator, np.random.Generator]:
+    """Two independent generators (gradient noise, accuracy-query noise), Philox-based.
+
+    ``seed=None`` (production): keyed from 128 bits of ``secrets``. An integer seed gives
+    reproducible runs for tests and experiments, and warns :class:`InsecureNoiseWarning`:
+    anyone who knows the seed can remove the noise.
+    """
+    if seed is None:
+        root = np.random.SeedSequence(secrets.randbits(128))
+    else:
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ValueError(f"seed must be an integer or None, got seed={seed!r}")
+        warnings.warn("training noise from a public seed: the trained model is not private "
+                      "(use seed=None in production)", InsecureNoiseWarning, stacklevel=2)
+        root = np.random.SeedSequence(int(seed))
+    grad_seq, query_seq = root.spawn(2)
+    return np.random.Generator(np.random.Philox(grad_seq)), np.random.Generator(np.random.Philox(query_seq))
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What a progress callback sees after step ``step``.
+
+    ``noisy_accuracy`` is a released value (public). ``params`` is the iterate, a
+    post-processing of released noisy gradients. ``weights`` (the per-example clip factors) is
+    curator-only: never log or publish it.
+    """
+
+    step: int
+    total_steps: int
+    seconds: float
+    rho_bound: float  # worst-case zCDP spent by any user so far in this run
+    noisy_accuracy: float | None
+    params: Params
+    weights: Any
+
+
+@dataclass
+class TrainResult:
+    """The outcome of :func:`private_gd`.
+
+    Attributes:
+        params: the returned model: the best queried iterate under a stopping rule, else the last.
+        final_params: the last iterate.
+        steps_run: steps taken.
+        chosen_step: the step whose iterate is ``params``.
+        accuracy_queries: ``(step, noisy training accuracy)`` pairs released by the stopping rule.
+        rho: zCDP bound of the run per user (gradient steps + reserved queries).
+        curator: per-step counts (sensitive, curator-only): ``clipped`` (gradients scaled to
+            their bound), ``budget_bound`` (bound below ``C`` because of the user's budget),
+            ``exhausted`` (bound 0: filtered out), ``ledger_scaled`` (scaled by the ledger's cap).
+    """
+
+    params: Params
+    final_params: Params
+    steps_run: int
+    chosen_step: int
+    accuracy_queries: list[tuple[int, float]]
+    rho: float
+    curator: dict[str, list[int]] = field(default_factory=dict)
+
+
+def _copy(params: Params) -> Params:
+    return {k: v.copy() for k, v in params.items()}
+
+
+def run_budget_steps(config: GDConfig, ledger: TrainingLedger, reserve: float) -> Any:
+    """``b_i = B_i / C^2``: each row's squared-norm budget for the run in units of ``C^2``,
+    ``min(B_norm / C^2, 2 sigma^2 (remaining_i - reserve))`` (at least 0)."""
+    xp = array_module(ledger.used)
+    left = xp.maximum(ledger.remaining() - reserve, 0.0)
+    from_ledger = (2.0 * config.noise_multiplier**2) * left * _LEDGER_SHRINK
+    return xp.minimum(from_ledger, config.budget_steps)
+
+
+def private_gd(
+    model: Model,
+    data: TrainingData,
+    *,
+    config: GDConfig,
+    ledger: TrainingLedger,
+    rng: np.random.Generator,
+    query_rng: np.random.Generator | None = None,
+    stopping: AccuracyStopping | None = None,
+    init_params: Params | None = None,
+    init_rng: np.random.Generator | None = None,
+    chunk_rows: int | None = None,
+    progress: Callable[[StepReport], None] | None = None,
+) -> TrainResult:
+    """Run Algorithm 6 or 7 on ``data`` (one row per user, in ``ledger``'s row order).
+
+    Args:
+        model: :class:`~stream.training.models.LogisticRegression` or ``MLP``.
+        data: the full batch (:func:`prepare_data`), on the device the run uses.
+        config: the algorithm and its hyperparameters (:class:`GDConfig`).
+        ledger: the users' budgets; charged in place at every step and query.
+        rng: generator of the gradient noise (:func:`training_generators`).
+        query_rng: generator of the accuracy queries' noise (default: spawned from ``rng``).
+        stopping: Appendix A's rule; the run then ends at its last query and returns the best
+            queried iterate. Its queries' cost is reserved from every user's budget first.
+        init_params: starting point ``theta_1`` (default: ``model.init_params`` with ``init_rng``).
+        chunk_rows: process the batch in slices of this many rows (same result up to float
+            summation order; bounds the memory of the intermediates). Default: one slice.
+        progress: called after every step with a :class:`StepReport`.
+
+    Raises ``ValueError`` before any charge when the run cannot fit: sizes differ, or the
+    run's zCDP (``config.rho`` plus the stopping rule's reserve) exceeds the ledger budget.
+    """
+    if data.n != len(ledger):
+        raise ValueError(f"data and ledger must have the same rows, got n={data.n} rows and {len(ledger)} ledger rows")
+    reserve = 0.0 if stopping is None else stopping.rho_per_user
+    if config.rho + reserve > ledger.budget:
+        raise ValueError(
+            f"the run needs {config.rho + reserve:.6g} zCDP per user (steps: {config.rho:.6g}, accuracy "
+            f"queries: {reserve:.6g}), more than the ledger budget kappa={ledger.budget:.6g}; raise "
+            "noise_multiplier (see noise_multiplier_for) or lower steps / norm_budget")
+    if stopping is not None and config.max_steps is not None and config.max_steps < stopping.last_step:
+        raise ValueError(f"max_steps must be >= the stopping rule's last query step {stopping.last_step}, "
+                         f"got max_steps={config.max_steps}")
+    if chunk_rows is not None:
+        _int_at_least("chunk_rows", chunk_rows, 1)
+    total = stopping.last_step if stopping is not None else config.total_steps
+    xp = array_module(data.x)
+    params = _copy(init_params) if init_params is not None else model.init_params(
+        data.n_features, data.n_classes, init_rng or np.random.default_rng(0), xp, data.x.dtype)
+    query_rng = query_rng if query_rng is not None else rng.spawn(1)[0]
+
+    n = data.n
+    clip, sigma = float(config.clip), float(config.noise_multiplier)
+    noise_std = config.noise_std
+    budget = run_budget_steps(config, ledger, reserve) if config.filtering else None
+    spent = xp.zeros(n)  # u_i: sum of ||g~_j(x_i)||^2 / C^2 in this run
+    slices = [slice(s, min(s + chunk_rows, n)) for s in range(0, n, chunk_rows)] if chunk_rows else [slice(0, n)]
+    counts: dict[str, list[int]] = {"clipped": [], "budget_bound": [], "exhausted": [], "ledger_scaled": []}
+    queries: list[tuple[int, float]] = []
+    best: tuple[float, int, Params] | None = None
+    started = time.perf_counter()
+
+    for step in range(1, total + 1):
+        grads: Params | None = None
+        weights = xp.empty(n)
+        tallies = np.zeros(4, dtype=np.int64)
+        for rows in slices:
+            pe = model.per_example(params, data.x[rows], data.onehot_t[:, rows], data.x_sq_norms[rows])
+            norm = xp.sqrt(pe.sq_norms) / clip  # ||g_i|| / C
+            if budget is None:  # Algorithm 6: bound C
+                bound = xp.ones_like(norm)
+            else:  # Algorithm 7: bound min(C, sqrt(B_i - sum ||g~||^2)) / C
+                bound = xp.minimum(xp.sqrt(xp.maximum(budget[rows] - spent[rows], 0.0)), 1.0)
+            over = norm > bound
+            contribution = xp.where(over, bound, norm)  # ||g~_t(x_i)|| / C
+            scale = ledger.charge(contribution, noise_std=sigma, policy=Policy.CLIP, rows=rows)
+            safe_norm = xp.where(norm > 0, norm, 1.0)
+            w = xp.where(over, bound / safe_norm, 1.0) * scale
+            contributed = contribution * scale
+            spent[rows] += contributed * contributed
+            weights[rows] = w
+            part = pe.weighted_sum(w)
+            if grads is None:
+                grads = part
+            else:
+                for k in grads:
+                    grads[k] += part[k]
+            tallies += np.array([int(over.sum()), int((bound < 1.0).sum()), int((bound == 0.0).sum()),
+                                 int((scale < 1.0).sum())])
+        for key, value in zip(counts, tallies):
+            counts[key].append(int(value))
+        assert grads is not None
+        for k, p in params.items():
+            noise = xp.asarray(rng.standard_normal(p.shape) * noise_std, dtype=p.dtype)
+            g = grads[k]
+            g += noise
+            p -= (config.learning_rate / n) * g
+
+        noisy_acc = None
+        if stopping is not None and stopping.is_query_step(step):
+            predictions = xp.argmax(model.logits(params, data.x), axis=1)
+            noisy_acc = private_accuracy(predictions == data.labels, ledger, noise_std=stopping.noise_std,
+                                         rng=query_rng)
+            queries.append((step, noisy_acc))
+            if best is None or noisy_acc > best[0]:
+                best = (noisy_acc, step, _copy(params))
+        if progress is not None:
+            progress(StepReport(step=step, total_steps=total, seconds=time.perf_counter() - started,
+                                rho_bound=min(step, config.budget_steps) / (2.0 * sigma**2),
+                                noisy_accuracy=noisy_acc, params=params, weights=weights))
+
+    chosen_params, chosen_step = (best[2], best[1]) if best is not None else (params, total)
+    return TrainResult(params=chosen_params, final_params=params, steps_run=total, chosen_step=chosen_step,
+                       accuracy_queries=queries, rho=config.rho + reserve, curator=counts)
+
+
+def accuracy(model: Model, params: Params, x: Any, labels: Any) -> float:
+    """Plain (non-private) accuracy, for evaluation on held-out data only."""
+    xp = array_module(params[next(iter(params))])
+    xd = xp.asarray(x, dtype=params[next(iter(params))].dtype)
+    pred = xp.argmax(model.logits(params, xd), axis=1)
+    return float((pred == xp.asarray(labels)).mean())

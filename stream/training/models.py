@@ -1,0 +1,278 @@
+"""Models for full-batch private gradient descent, with per-example gradient norms for free.
+
+Both models are trained on the cross-entropy loss ``l(theta; x_i, y_i) = -log softmax(z_i)[y_i]``
+(natural log), and expose, for one pass over a batch of examples:
+
+* ``sq_norms``: an *upper bound* on each example's squared gradient norm ``||g_i||^2``
+  (``(n,)`` float64), computed without materialising any per-example gradient;
+* ``weighted_sum(w)``: ``sum_i w_i g_i`` for per-example weights ``w`` (the clip factors of
+  Algorithms 6 and 7), as a dict of parameter-shaped arrays, by one matrix product per layer.
+
+The algebra (Goodfellow 2015, "Efficient per-example gradient computations"; the same identity
+underlies Opacus's ghost clipping): for a dense layer ``z = x W + b`` the per-example gradient
+is the outer product ``x~_i (x) delta_i`` with ``x~_i = (x_i, 1)`` and ``delta_i = dl/dz_i``,
+so ``||g_i||^2 = ||x~_i||^2 ||delta_i||^2 = (||x_i||^2 + 1) ||delta_i||^2``. A network's squared
+per-example norm is the sum over its layers.
+
+Units and precision: the norms are upper bounds in the data's units. Row sums of squares are
+computed in the working dtype (float32 or float64) and multiplied by ``1 + (m + 4) eps`` where
+``m`` is the number of terms (Higham, *Accuracy and Stability of Numerical Algorithms*, eq. 3.4:
+a recursive sum of ``m`` non-negative terms errs by at most ``gamma_{m-1}``; pairwise and BLAS
+orders err less), so the clip bound holds for the gradient the algorithm contributes up to the
+rounding of the final matrix product. ``||x_i||^2`` is computed once, in float64.
+
+Array module: one body for NumPy and CuPy (``stream.xp.array_module`` on the inputs); no loop
+over examples anywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from stream.xp import array_module
+
+Params = dict[str, Any]
+
+
+def _slack(terms: int, dtype: Any) -> float:
+    """Relative factor that turns a computed sum of ``terms`` squares into an upper bound."""
+    return 1.0 + (terms + 4) * float(np.finfo(dtype).eps)
+
+
+def row_sq_norms(a: Any) -> Any:
+    """Upper bound on the squared L2 norm of each row of a 2-d array, as float64 ``(n,)``."""
+    xp = array_module(a)
+    sq = xp.einsum("ij,ij->i", a, a)
+    return sq.astype(xp.float64) * _slack(a.shape[1], a.dtype)
+
+
+def softmax_residual(logits: Any, onehot_t: Any) -> Any:
+    """``(softmax(logits) - onehot)^T``: the cross-entropy gradient w.r.t. the logits, as a
+    ``(K, n)`` array (classes by examples; ``onehot_t`` is ``(K, n)``).
+
+    The transposed layout makes every reduction over the ``K`` classes a sum of ``K`` contiguous
+    rows of length ``n`` (vectorised over examples) instead of ``n`` tiny strided reductions.
+    """
+    xp = array_module(logits)
+    zt = xp.ascontiguousarray(logits.T)
+    zt -= zt.max(axis=0)
+    xp.exp(zt, out=zt)
+    zt /= zt.sum(axis=0)
+    zt -= onehot_t
+    return zt
+
+
+def col_sq_norms(a_t: Any) -> Any:
+    """Upper bound on the squared L2 norm of each *column* of a ``(K, n)`` array, float64 ``(n,)``."""
+    xp = array_module(a_t)
+    sq = xp.einsum("ij,ij->j", a_t, a_t)
+    return sq.astype(xp.float64) * _slack(a_t.shape[0], a_t.dtype)
+
+
+def cross_entropy(logits: Any, labels: Any) -> Any:
+    """Per-example cross-entropy (nats), ``(n,)`` float64."""
+    xp = array_module(logits)
+    z = logits.astype(xp.float64)
+    z = z - z.max(axis=1, keepdims=True)
+    log_norm = xp.log(xp.exp(z).sum(axis=1))
+    return log_norm - z[xp.arange(z.shape[0]), labels]
+
+
+@dataclass(frozen=True)
+class PerExample:
+    """One pass over a batch: bounds on per-example squared gradient norms, and a way to sum
+    the per-example gradients with weights (without ever forming them one by one)."""
+
+    sq_norms: Any  # (n,) float64, >= ||g_i||^2 (squared data units)
+    weighted_sum: Callable[[Any], Params]  # w (n,) -> {name: sum_i w_i g_i}; call at most once
+
+
+class Model(Protocol):
+    """What :func:`stream.training.dpgd.private_gd` needs from a model."""
+
+    name: str
+
+    def init_params(self, n_features: int, n_classes: int, rng: np.random.Generator,
+                    xp: Any, dtype: Any) -> Params: ...
+
+    def logits(self, params: Params, x: Any) -> Any: ...
+
+    def per_example(self, params: Params, x: Any, onehot_t: Any, x_sq_norms: Any) -> PerExample: ...
+
+    def config(self) -> dict[str, Any]: ...
+
+
+class LogisticRegression:
+    """Multinomial logistic regression: ``z = x W + b``, ``W`` ``(d, K)``, ``b`` ``(K,)``.
+
+    Per-example gradient: ``(x~_i (x) (p_i - y_i))``; squared norm
+    ``(||x_i||^2 + 1) ||p_i - y_i||^2`` (at most ``2 (||x_i||^2 + 1)``).
+    """
+
+    name = "logreg"
+
+    def init_params(self, n_features: int, n_classes: int, rng: np.random.Generator,
+                    xp: Any = np, dtype: Any = np.float64) -> Params:
+        """Zeros (Algorithm 6 allows any data-independent initialisation)."""
+        return {"W": xp.zeros((n_features, n_classes), dtype=dtype), "b": xp.zeros(n_classes, dtype=dtype)}
+
+    def logits(self, params: Params, x: Any) -> Any:
+        return x @ params["W"] + params["b"]
+
+    def per_example(self, params: Params, x: Any, onehot_t: Any, x_sq_norms: Any) -> PerExample:
+        """``onehot_t``: ``(K, n)`` one-hot labels; ``x_sq_norms``: ``||x_i||^2 + 1`` as float64
+        upper bounds (see :func:`augmented_sq_norms`)."""
+        delta_t = softmax_residual(self.logits(params, x), onehot_t)
+        sq = (x_sq_norms * col_sq_norms(delta_t)) * _slack(2, np.float64)
+
+        def weighted_sum(w: Any) -> Params:
+            d_t = delta_t * w[None, :].astype(delta_t.dtype)
+            return {"W": x.T @ d_t.T, "b": d_t.sum(axis=1)}
+
+        return PerExample(sq_norms=sq, weighted_sum=weighted_sum)
+
+    def config(self) -> dict[str, Any]:
+        return {"model": self.name}
+
+
+class MLP:
+    """One hidden layer with ReLU: ``h = relu(x W1 + b1)``, ``z = h W2 + b2``.
+
+    Per-example gradient of the two layers: ``x~_i (x) delta1_i`` and ``h~_i (x) delta2_i`` with
+    ``delta2 = p - y`` and ``delta1 = (delta2 W2^T) * 1[x W1 + b1 > 0]``; squared norm
+    ``(||x_i||^2 + 1) ||delta1_i||^2 + (||h_i||^2 + 1) ||delta2_i||^2``.
+
+    Args:
+        hidden: number of hidden units (>= 1).
+    """
+
+    name = "mlp"
+
+    def __init__(self, hidden: int = 256) -> None:
+        if isinstance(hidden, bool) or not isinstance(hidden, (int, np.integer)) or hidden < 1:
+            raise ValueError(f"hidden must be an integer >= 1, got hidden={hidden!r}")
+        self.hidden = int(hidden)
+
+    def init_params(self, n_features: int, n_classes: int, rng: np.random.Generator,
+                    xp: Any = np, dtype: Any = np.float64) -> Params:
+        """He-uniform ``W1``, Glorot-uniform ``W2``, zero biases, drawn from ``rng`` (data-independent)."""
+        lim1 = np.sqrt(6.0 / n_features)
+        lim2 = np.sqrt(6.0 / (self.hidden + n_classes))
+        w1 = rng.uniform(-lim1, lim1, size=(n_features, self.hidden))
+        w2 = rng.uniform(-lim2, lim2, size=(self.hidden, n_classes))
+        return {
+            "W1": xp.asarray(w1, dtype=dtype), "b1": xp.zeros(self.hidden, dtype=dtype),
+            "W2": xp.asarray(w2, dtype=dtype), "b2": xp.zeros(n_classes, dtype=dtype),
+        }
+
+    def logits(self, params: Params, x: Any) -> Any:
+        xp = array_module(x)
+        h = x @ params["W1"]
+        h += params["b1"]
+        xp.maximum(h, 0, out=h)
+        return h @ params["W2"] + params["b2"]
+
+    def per_example(self, params: Params, x: Any, onehot_t: Any, x_sq_norms: Any) -> PerExample:
+        xp = array_module(x)
+        h = x @ params["W1"]
+        h += params["b1"]
+        xp.maximum(h, 0, out=h)  # h = relu(a); a > 0 exactly where h > 0
+        delta2_t = softmax_residual(h @ params["W2"] + params["b2"], onehot_t)  # (K, n)
+        delta1 = delta2_t.T @ params["W2"].T  # (n, hidden)
+        delta1 *= h > 0
+        sq = (x_sq_norms * row_sq_norms(delta1)
+              + (row_sq_norms(h) + 1.0) * col_sq_norms(delta2_t)) * _slack(4, np.float64)
+        used = []
+
+        def weighted_sum(w: Any) -> Params:
+            if used:
+                raise RuntimeError("MLP.per_example(...).weighted_sum may be called once (it scales in place)")
+            used.append(True)
+            d2_t = delta2_t * w[None, :].astype(delta2_t.dtype)
+            d1 = delta1
+            d1 *= w[:, None].astype(d1.dtype)  # in place: saves an (n, hidden) array
+            return {"W1": x.T @ d1, "b1": d1.sum(axis=0), "W2": h.T @ d2_t.T, "b2": d2_t.sum(axis=1)}
+
+        return PerExample(sq_norms=sq, weighted_sum=weighted_sum)
+
+    def config(self) -> dict[str, Any]:
+        return {"model": self.name, "hidden": self.hidden}
+
+
+def augmented_sq_norms(x: Any) -> Any:
+    """``||x_i||^2 + 1`` per row, float64 upper bound (the bias input counts as a feature 1)."""
+    xp = array_module(x)
+    x64 = x.astype(xp.float64, copy=False)
+    return xp.einsum("ij,ij->i", x64, x64) * _slack(x.shape[1], np.float64) + 1.0
+
+
+def make_model(name: str, *, hidden: int = 256) -> LogisticRegression | MLP:
+    """``"logreg"`` or ``"mlp"`` (with ``hidden`` units)."""
+    if name == "logreg":
+        return LogisticRegression()
+    if name == "mlp":
+        return MLP(hidden)
+    raise ValueError(f"model must be 'logreg' or 'mlp', got model={name!r}")
+
+
+def per_example_gradients_reference(model: LogisticRegression | MLP, params: Params, x: np.ndarray,
+                                    y: np.ndarray, n_classes: int) -> dict[str, np.ndarray]:
+    """Per-example gradients materialised one example at a time (float64, NumPy): the slow,
+    obvious definition the fast path is tested against. ``{name: (n, *shape)}``."""
+    out: dict[str, list[np.ndarray]] = {k: [] for k in params}
+    p = {k: np.asarray(v, dtype=np.float64) for k, v in params.items()}
+    for xi, yi in zip(np.asarray(x, dtype=np.float64), np.asarray(y)):
+        target = np.eye(n_classes)[yi]
+        if isinstance(model, LogisticRegression):
+            z = xi @ p["W"] + p["b"]
+            e = np.exp(z - z.max())
+            d = e / e.sum() - target
+            out["W"].append(np.outer(xi, d))
+            out["b"].append(d)
+        else:
+            a = xi @ p["W1"] + p["b1"]
+            h = np.maximum(a, 0.0)
+            z = h @ p["W2"] + p["b2"]
+            e = np.exp(z - z.max())
+            d2 = e / e.sum() - target
+            d1 = (p["W2"] @ d2) * (a > 0)
+            out["W1"].append(np.outer(xi, d1))
+            out["b1"].append(d1)
+            out["W2"].append(np.outer(h, d2))
+            out["b2"].append(d2)
+    return {k: np.stack(v) for k, v in out.items()}
+
+
+MODEL_FORMAT = 1
+
+
+def save_model(path: str | Any, model: LogisticRegression | MLP, params: Params,
+               metadata: dict[str, Any] | None = None) -> Any:
+    """Write the parameters as a NumPy ``.npz`` (one array per parameter, on the host) with a
+    ``__meta__`` JSON entry: format version, the model's configuration and ``metadata``."""
+    import json
+    from pathlib import Path
+
+    arrays = {name: (v.get() if hasattr(v, "get") else np.asarray(v)) for name, v in params.items()}
+    meta = {"format": MODEL_FORMAT, **model.config(), **(metadata or {})}
+    with open(Path(path), "wb") as handle:
+        np.savez(handle, __meta__=np.array(json.dumps(meta)), **arrays)
+    return path
+
+
+def load_model(path: str | Any) -> tuple[LogisticRegression | MLP, Params, dict[str, Any]]:
+    """Read :func:`save_model`'s file: ``(model, params, metadata)``; refuses other formats."""
+    import json
+
+    with np.load(path, allow_pickle=False) as data:
+        if "__meta__" not in data.files:
+            raise ValueError(f"{path} is not a renyi-stream model file (no __meta__ entry)")
+        meta = json.loads(str(data["__meta__"]))
+        if meta.get("format") != MODEL_FORMAT:
+            raise ValueError(f"{path}: model format must be {MODEL_FORMAT}, got {meta.get('format')!r}")
+        params = {k: data[k] for k in data.files if k != "__meta__"}
+    model = make_model(meta["model"], hidden=int(meta.get("hidden", 256)))
+    return model, params, meta
