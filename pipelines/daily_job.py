@@ -17,12 +17,11 @@ nobody is charged, nothing new is released, and step 5 re-publishes nothing.
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, TextIO, Tuple
+from typing import Sequence, TextIO
 
 import numpy as np
 import pyarrow as pa
@@ -233,33 +232,18 @@ def _run_pipeline(config: JobConfig, params: LedgerParameters, columns: list[str
     out = Path(scratch)
     say(f"[run] running the Beam pipeline ({options.view_as(beam.options.pipeline_options.StandardOptions).runner})")
     with beam.Pipeline(options=options) as p:
-        files = p | "Files" >> beam.Create(list(enumerate(config.inputs)))
-        read = files | "ReadAndValidate" >> beam.ParDo(tx.ReadAndValidate(
-            window=config.window, start_window=config.start_window, end_window=config.end_window,
-            released=sorted(released), indicator_columns=columns)).with_outputs("dead", "read", main="valid")
-        keyed = read.valid | "ByShard" >> beam.FlatMap(tx.split_by_shard, config.n_shards)
-        initial = p | "PreviousLedger" >> beam.Create(list(tx.ledger_shards(previous, config.n_shards)))
-        # Typed as (int, Any): shard keys then get a deterministic coder, as state needs.
-        filtered = ((keyed, initial) | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
-                    | "IndividualFilter" >> beam.ParDo(tx.IndividualFilterDoFn(
-                        indicator_columns=columns, noise_std=params.noise_std, policy=config.policy,
-                        budget=params.rho, id_type=params.id_type, tracker_step=params.tracker_step,
-                    )).with_outputs("ledger", "counts", "dead", main="sums"))
-        sums = filtered.sums | "SumShards" >> beam.CombinePerKey(sum)
-        releases = (p | "Schedule" >> beam.Create(to_release)
-                    | "Release" >> beam.ParDo(tx.ReleaseWindow(
-                        key_path=config.resolved_key_path, indicator_columns=columns, noise_std=params.noise_std,
-                        window=config.window, accounting=params.accounting, key_fingerprint=params.key_fingerprint,
-                    ), sums=beam.pvalue.AsDict(sums)))
-        _write(releases | "ReleaseRows" >> beam.combiners.ToList(), out / "releases", _releases_table)
-        if config.releases_parquet:
-            (releases | "ByWindow" >> beam.Map(lambda r: (r["window_id"], r)) | "GroupWindow" >> beam.GroupByKey()
-             | "ReleaseFiles" >> beam.ParDo(tx.WriteReleaseFiles(config.releases_parquet)))
-        _write(filtered.ledger | "Ledgers" >> beam.combiners.ToList(), out / "ledger", _concat_ledgers)
-        _write(filtered.counts | "Counts" >> beam.combiners.ToList(), out / "counts", _counts_table)
-        _write((read.dead, filtered.dead) | "Dead" >> beam.Flatten() | "DeadList" >> beam.combiners.ToList(),
-               out / "dead", _dead_table)
-        _write(read.read | "ReadCounts" >> beam.combiners.ToList(), out / "read", _read_table)
+        graph = p | "DailyReleases" >> tx.DailyReleases(
+            config.inputs, window=config.window, start_window=config.start_window, end_window=config.end_window,
+            released=sorted(released), schedule=to_release, indicator_columns=columns,
+            noise_std=params.noise_std, policy=config.policy, budget=params.rho, id_type=params.id_type,
+            tracker_step=params.tracker_step, n_shards=config.n_shards, previous_ledger=previous,
+            key_path=config.resolved_key_path, accounting=params.accounting,
+            key_fingerprint=params.key_fingerprint, releases_parquet=config.releases_parquet)
+        _write(graph["releases"] | "ReleaseRows" >> beam.combiners.ToList(), out / "releases", _releases_table)
+        _write(graph["ledger"] | "Ledgers" >> beam.combiners.ToList(), out / "ledger", _concat_ledgers)
+        _write(graph["counts"] | "Counts" >> beam.combiners.ToList(), out / "counts", _counts_table)
+        _write(graph["dead"] | "DeadList" >> beam.combiners.ToList(), out / "dead", _dead_table)
+        _write(graph["read"] | "ReadCounts" >> beam.combiners.ToList(), out / "read", _read_table)
     outputs = {name: pq.read_table(out / f"{name}.parquet") for name in ("releases", "ledger", "counts", "dead", "read")}
     template = Ledger(budget=params.rho, id_type=params.id_type, tracker_step=params.tracker_step).to_arrow()
     ledger = outputs["ledger"]

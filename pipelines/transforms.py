@@ -9,6 +9,10 @@
 * :class:`ReleaseWindow`: every window of the public schedule gets a release for every query,
   with or without rows (invariant 3), noise keyed by (query, window) (invariant 5).
 
+Composite transforms wire them together, for use from any Beam pipeline:
+:class:`ReadIndicators` -> :class:`IndividualFilter` -> :class:`ReleaseWindows` (and
+:class:`WriteReleaseParquet`), all four in :class:`DailyReleases`, which the daily job runs.
+
 Elements are Arrow tables (one per batch and shard), not rows: the per-row Python work of
 classic Beam DP pipelines is what this design avoids.
 """
@@ -18,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -302,3 +306,133 @@ class WriteReleaseFiles(beam.DoFn):
         pq.write_table(table, scratch, filesystem=fs)
         fs.move(scratch, target)  # a reader sees the whole file or none of it
         yield target
+
+
+# --- composite transforms: the daily job's graph, usable from any Beam pipeline ------------------
+
+
+class ReadIndicators(beam.PTransform):
+    """``PBegin`` -> tagged outputs ``valid`` (Arrow tables of validated rows, with their input
+    position), ``dead`` (dead-letter tables) and ``read`` (``(path, rows)`` per batch read).
+
+    Rows of windows in ``released`` are dead-lettered as ``late_window`` (invariant 7), rows
+    before ``start_window`` or after ``end_window`` as out of range, so ``rows read = valid +
+    dead`` holds per file.
+    """
+
+    def __init__(self, inputs: Sequence[str], *, window: WindowSpec, start_window: int, end_window: int,
+                 released: Sequence[int], indicator_columns: Sequence[str], batch_rows: int = 65_536) -> None:
+        super().__init__()
+        self._inputs = [str(path) for path in inputs]
+        self._read = ReadAndValidate(window=window, start_window=start_window, end_window=end_window,
+                                     released=released, indicator_columns=indicator_columns, batch_rows=batch_rows)
+
+    def expand(self, pbegin: Any) -> Any:
+        return (pbegin
+                | "Files" >> beam.Create(list(enumerate(self._inputs)))
+                | "ReadAndValidate" >> beam.ParDo(self._read).with_outputs("dead", "read", main="valid"))
+
+
+class IndividualFilter(beam.PTransform):
+    """Validated tables -> the individual filter per user shard, in the global window.
+
+    Input: Arrow tables from :class:`ReadIndicators` (``valid``). ``previous_ledger`` is the
+    ledger snapshot to continue from (empty for a new ledger): each shard starts from its part.
+    Tagged outputs: ``sums`` (``((query_id, window_id), partial sum)`` per shard, to be summed
+    across shards), ``ledger`` (each shard's new snapshot), ``counts`` (``(window, counts)``) and
+    ``dead`` (duplicate rows).
+    """
+
+    def __init__(self, *, indicator_columns: Sequence[str], noise_std: float, policy: str, budget: float,
+                 id_type: str, tracker_step: float, n_shards: int, previous_ledger: pa.Table) -> None:
+        super().__init__()
+        self._n_shards = n_shards
+        self._previous = previous_ledger
+        self._filter = IndividualFilterDoFn(indicator_columns=indicator_columns, noise_std=noise_std, policy=policy,
+                                            budget=budget, id_type=id_type, tracker_step=tracker_step)
+
+    def expand(self, valid: Any) -> Any:
+        keyed = valid | "ByShard" >> beam.FlatMap(split_by_shard, self._n_shards)
+        initial = valid.pipeline | "PreviousLedger" >> beam.Create(list(ledger_shards(self._previous, self._n_shards)))
+        # Typed as (int, Any): shard keys then get a deterministic coder, as state needs.
+        return ((keyed, initial) | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
+                | "Filter" >> beam.ParDo(self._filter).with_outputs("ledger", "counts", "dead", main="sums"))
+
+
+class ReleaseWindows(beam.PTransform):
+    """Per-shard partial sums -> one release row per (query, window, coordinate) of ``schedule``.
+
+    Every window of ``schedule`` is released for every query, with or without rows (invariant
+    3); the noise is keyed by (query, window) (invariant 5), so a retried bundle or a re-run
+    computes the identical row.
+    """
+
+    def __init__(self, schedule: Sequence[int], *, key_path: str, indicator_columns: Sequence[str],
+                 noise_std: float, window: WindowSpec, accounting: str, key_fingerprint: str) -> None:
+        super().__init__()
+        self._schedule = [int(w) for w in schedule]
+        self._release = ReleaseWindow(key_path=key_path, indicator_columns=indicator_columns, noise_std=noise_std,
+                                      window=window, accounting=accounting, key_fingerprint=key_fingerprint)
+
+    def expand(self, partial_sums: Any) -> Any:
+        sums = partial_sums | "SumShards" >> beam.CombinePerKey(sum)
+        return (partial_sums.pipeline
+                | "Schedule" >> beam.Create(self._schedule)
+                | "Release" >> beam.ParDo(self._release, sums=beam.pvalue.AsDict(sums)))
+
+
+class WriteReleaseParquet(beam.PTransform):
+    """Release rows -> one Parquet file per window under ``root`` (:class:`WriteReleaseFiles`);
+    outputs the paths written (windows already on disk are kept and not listed)."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__()
+        self._root = root
+
+    def expand(self, releases: Any) -> Any:
+        return (releases
+                | "ByWindow" >> beam.Map(_by_window).with_output_types(Tuple[int, Any])
+                | "GroupWindow" >> beam.GroupByKey()
+                | "ReleaseFiles" >> beam.ParDo(WriteReleaseFiles(self._root)))
+
+
+def _by_window(row: dict) -> tuple[int, dict]:
+    return int(row["window_id"]), row
+
+
+class DailyReleases(beam.PTransform):
+    """The whole daily graph from ``PBegin``: read -> individual filter -> sum -> noisy releases.
+
+    Returns a dict of PCollections: ``releases`` (release rows, dicts of
+    :data:`queries.release_store.RELEASE_SCHEMA`), ``ledger`` (shard snapshots), ``counts``,
+    ``dead`` (dead-letter tables from reading and from the filter) and ``read`` (rows read per
+    batch). With ``releases_parquet`` the releases are also written as Parquet files per window.
+    The caller decides where the curator's outputs go (the daily job collects them into one
+    transaction; a distributed job writes them to its own sinks).
+    """
+
+    def __init__(self, inputs: Sequence[str], *, window: WindowSpec, start_window: int, end_window: int,
+                 released: Sequence[int], schedule: Sequence[int], indicator_columns: Sequence[str],
+                 noise_std: float, policy: str, budget: float, id_type: str, tracker_step: float, n_shards: int,
+                 previous_ledger: pa.Table, key_path: str, accounting: str, key_fingerprint: str,
+                 releases_parquet: str | None = None) -> None:
+        super().__init__()
+        self._read = ReadIndicators(inputs, window=window, start_window=start_window, end_window=end_window,
+                                    released=released, indicator_columns=indicator_columns)
+        self._filter = IndividualFilter(indicator_columns=indicator_columns, noise_std=noise_std, policy=policy,
+                                        budget=budget, id_type=id_type, tracker_step=tracker_step,
+                                        n_shards=n_shards, previous_ledger=previous_ledger)
+        self._release = ReleaseWindows(schedule, key_path=key_path, indicator_columns=indicator_columns,
+                                       noise_std=noise_std, window=window, accounting=accounting,
+                                       key_fingerprint=key_fingerprint)
+        self._parquet = releases_parquet
+
+    def expand(self, pbegin: Any) -> dict[str, Any]:
+        read = pbegin | "ReadIndicators" >> self._read
+        filtered = read.valid | "IndividualFilter" >> self._filter
+        releases = filtered.sums | "ReleaseWindows" >> self._release
+        if self._parquet:
+            _ = releases | "WriteReleaseParquet" >> WriteReleaseParquet(self._parquet)
+        dead = (read.dead, filtered.dead) | "DeadLetters" >> beam.Flatten()
+        return {"releases": releases, "ledger": filtered.ledger, "counts": filtered.counts, "dead": dead,
+                "read": read.read}

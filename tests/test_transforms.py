@@ -1,0 +1,49 @@
+"""The composite transforms run inside any Beam pipeline, not only the daily job's."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from pipelines import transforms as tx
+from stream.ledger import Ledger
+from stream.noise import NoiseKey
+from stream.schema import WindowSpec
+
+DAY0 = dt.date(2026, 3, 1)
+W0 = (DAY0 - dt.date(1970, 1, 1)).days
+
+
+def _day_file(path, offset, users):
+    pq.write_table(pa.table({
+        "user_id": pa.array(users, type=pa.int64()),
+        "day": pa.array([DAY0 + dt.timedelta(days=offset)] * len(users), type=pa.date32()),
+        "opened": pa.array(np.ones(len(users))),
+    }), path)
+    return str(path)
+
+
+def test_the_daily_graph_composes_inside_a_users_own_pipeline(tmp_path):
+    key_path = str(tmp_path / "k.key")
+    key = NoiseKey.load_or_create(key_path)
+    inputs = [_day_file(tmp_path / "d0.parquet", 0, [1, 2, 3]), _day_file(tmp_path / "d2.parquet", 2, [1, 4])]
+    template = Ledger(budget=1.0).to_arrow()
+    with TestPipeline() as p:
+        graph = p | tx.DailyReleases(
+            inputs, window=WindowSpec(), start_window=W0, end_window=W0 + 2, released=[], schedule=[W0, W0 + 1, W0 + 2],
+            indicator_columns=["opened"], noise_std=2.0, policy="drop", budget=1.0, id_type="int64",
+            tracker_step=1 / 32, n_shards=3, previous_ledger=template.slice(0, 0), key_path=key_path,
+            accounting="gdp", key_fingerprint=key.fingerprint)
+        windows = graph["releases"] | beam.Map(lambda r: (r["query_id"], r["window_id"]))
+        # Every window of the schedule, the empty one (W0 + 1) included.
+        assert_that(windows, equal_to([("sum:opened", W0 + w) for w in range(3)]), label="every_window")
+        users = graph["ledger"] | beam.FlatMap(lambda t: t.column("user_id").to_pylist())
+        assert_that(users, equal_to([1, 2, 3, 4]), label="every_user_charged")
+        read = graph["read"] | beam.Map(lambda item: item[1]) | beam.CombineGlobally(sum)
+        assert_that(read, equal_to([5]), label="rows_read")
