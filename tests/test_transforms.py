@@ -8,7 +8,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines import transforms as tx
@@ -34,7 +34,7 @@ def test_the_daily_graph_composes_inside_a_users_own_pipeline(tmp_path):
     key = NoiseKey.load_or_create(key_path)
     inputs = [_day_file(tmp_path / "d0.parquet", 0, [1, 2, 3]), _day_file(tmp_path / "d2.parquet", 2, [1, 4])]
     template = Ledger(budget=1.0).to_arrow()
-    with TestPipeline() as p:
+    with test_pipeline.TestPipeline() as p:
         graph = p | tx.DailyReleases(
             inputs, window=WindowSpec(), start_window=W0, end_window=W0 + 2, released=[], schedule=[W0, W0 + 1, W0 + 2],
             indicator_columns=["opened"], noise_std=2.0, policy="drop", budget=1.0, id_type="int64",
