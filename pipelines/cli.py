@@ -7,6 +7,7 @@ Subcommands:
 * ``demo``: the daily job run day by day on a generated stream, compared with worst-case
   accounting, with a chart.
 * ``features`` and ``train``: the batch training stage (:mod:`pipelines.train`).
+* ``query add|list|retire`` and ``privacy-report`` (:mod:`pipelines.cli_queries`).
 
 Errors in parameters exit with status 2 and a message that names the parameter.
 """
@@ -18,6 +19,7 @@ import json
 import sys
 from typing import Sequence
 
+from pipelines.cli_queries import add_query_subcommands
 from pipelines.train import add_train_subcommand
 from stream.accounting import ACCOUNTINGS, calibrate, describe_accounting
 
@@ -134,7 +136,7 @@ def _run_command(args: argparse.Namespace) -> int:
             inputs=tuple(args.input), store=args.store, ledger=args.ledger, epsilon=args.epsilon,
             delta=args.delta, norm_budget=args.norm_budget, start_window=start, end_window=end, window=spec,
             policy=args.policy, accounting=args.accounting, key_path=args.key, n_shards=args.shards,
-            beam_args=tuple(beam_args), releases_parquet=args.releases_parquet,
+            beam_args=tuple(beam_args), releases_parquet=args.releases_parquet, release=args.release,
         )
     except ValueError as exc:
         raise _UsageError(str(exc)) from exc
@@ -221,6 +223,9 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shards", type=int, default=16, help="user shards of the stateful filter (default 16)")
     run.add_argument("--releases-parquet", default=None, metavar="DIR",
                      help="also write each window's releases as DIR/window_id=N/releases.parquet")
+    run.add_argument("--release", choices=("window", "running"), default="window",
+                     help="on a store with no registered query: answer each numeric column as its per-window "
+                     "sum (window, default) or as its running total since --start (running)")
     run.add_argument("--runner", default="DirectRunner", help="Beam runner (default DirectRunner)")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
     run.set_defaults(handler=_run_command)
@@ -262,6 +267,7 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--quiet", action="store_true", help="no progress lines")
     demo.set_defaults(handler=_demo_command)
     add_train_subcommand(sub)
+    add_query_subcommands(sub)
     return parser
 
 

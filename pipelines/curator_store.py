@@ -18,13 +18,16 @@ leaves either the previous state or the new one, never a ledger without its rele
 from __future__ import annotations
 
 import errno
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import duckdb
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from queries.release_store import RELEASE_SCHEMA
 from stream.ledger import Ledger
@@ -175,6 +178,12 @@ class CuratorStore:
         db.execute("""
             CREATE TABLE IF NOT EXISTS dead_letters (run_id BIGINT NOT NULL, source VARCHAR NOT NULL,
                 row_index BIGINT NOT NULL, reason VARCHAR NOT NULL, detail VARCHAR NOT NULL, raw VARCHAR NOT NULL)""")
+        # Running queries: each one's released rows y (noisy, needed to estimate later running
+        # totals) and each user's history (sensitive, like the ledger; replaced every run).
+        db.execute("""
+            CREATE TABLE IF NOT EXISTS running_releases (query_id VARCHAR NOT NULL, window_id BIGINT NOT NULL,
+                y DOUBLE[] NOT NULL, run_id BIGINT NOT NULL, PRIMARY KEY (query_id, window_id))""")
+        db.execute("CREATE TABLE IF NOT EXISTS running_meta (query_id VARCHAR PRIMARY KEY, meta VARCHAR NOT NULL)")
         if version is None:
             db.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
 
@@ -230,6 +239,40 @@ class CuratorStore:
         Ledger.from_arrow(table)  # refuses a corrupted ledger (nulls, repeats, budgets out of range)
         return table
 
+    def load_running(self, id_type: str) -> dict[str, pa.Table]:
+        """Every running query's history snapshot (:meth:`RunningState.to_arrow` layout, metadata
+        included), by query id; empty when no running query has run."""
+        metas = dict(self._db.execute("SELECT query_id, meta FROM running_meta").fetchall())
+        if not metas:
+            return {}
+        rows = self._db.execute(
+            "SELECT query_id, user_id, window_id, vals FROM running_state ORDER BY query_id, user_id, window_id"
+        ).arrow()
+        rows = rows.read_all() if hasattr(rows, "read_all") else rows
+        out = {}
+        id_arrow = pa.int64() if id_type == "int64" else pa.large_string()
+        for query_id, meta_json in metas.items():
+            meta = json.loads(meta_json)
+            part = rows.filter(pc.equal(rows.column("query_id"), query_id))
+            dim = int(meta["dim"])
+            flat = pc.list_flatten(part.column("vals")).cast(pa.float64()) if part.num_rows else pa.array([], pa.float64())
+            table = pa.table({
+                "user_id": part.column("user_id").cast(id_arrow),
+                "window_id": part.column("window_id").cast(pa.int64()),
+                "values": pa.FixedSizeListArray.from_arrays(flat.combine_chunks() if isinstance(flat, pa.ChunkedArray)
+                                                            else flat, dim),
+            })
+            out[query_id] = table.replace_schema_metadata(meta)
+        return out
+
+    def load_running_releases(self) -> dict[str, list[tuple[int, list[float]]]]:
+        """Every running query's released rows ``y`` so far: ``query_id -> [(window, y flat)]``."""
+        out: dict[str, list[tuple[int, list[float]]]] = {}
+        for query_id, window, y in self._db.execute(
+                "SELECT query_id, window_id, y FROM running_releases ORDER BY query_id, window_id").fetchall():
+            out.setdefault(query_id, []).append((int(window), [float(v) for v in y]))
+        return out
+
     def pending_releases(self) -> pa.Table:
         columns = ", ".join(RELEASE_SCHEMA.names)
         table = self._db.execute(
@@ -254,6 +297,8 @@ class CuratorStore:
         run_counts: Mapping[str, int],
         dead_letters: pa.Table,
         previous_users: int,
+        running: Mapping[str, pa.Table] | None = None,
+        running_releases: Sequence[tuple[str, int, Sequence[float]]] = (),
     ) -> None:
         """Write one run's outcome in a single transaction (the outbox pattern).
 
@@ -294,11 +339,47 @@ class CuratorStore:
                 [run_id, run_counts["rows_read"], run_counts["admitted"], run_counts["clipped"],
                  run_counts["dropped"], run_counts["rejected"], run_counts["late"]],
             )
+            if running:
+                self._write_running(running)
+            if running_releases:
+                raw = pa.table({
+                    "query_id": pa.array([q for q, _, _ in running_releases], type=pa.string()),
+                    "window_id": pa.array([int(w) for _, w, _ in running_releases], type=pa.int64()),
+                    "y": pa.array([list(map(float, y)) for _, _, y in running_releases], type=pa.list_(pa.float64())),
+                })
+                db.register("new_raw", raw)
+                db.execute("INSERT INTO running_releases SELECT query_id, window_id, y, ? FROM new_raw", [run_id])
+                db.unregister("new_raw")
             crash_point("after_ledger_write")
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
+
+    def _write_running(self, running: Mapping[str, pa.Table]) -> None:
+        db = self._db
+        parts, metas = [], []
+        for query_id, table in sorted(running.items()):
+            meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+            metas.append((query_id, json.dumps(meta, sort_keys=True)))
+            values = table.column("values").combine_chunks()
+            dim = values.type.list_size
+            flat = values.flatten()
+            offsets = pa.array(np.arange(0, len(flat) + 1, dim, dtype=np.int32))
+            parts.append(pa.table({
+                "query_id": pa.array([query_id] * table.num_rows, type=pa.string()),
+                "user_id": table.column("user_id").cast(pa.string() if not pa.types.is_integer(
+                    table.schema.field("user_id").type) else pa.int64()),
+                "window_id": table.column("window_id"),
+                "vals": pa.ListArray.from_arrays(offsets, flat),
+            }))
+        state = pa.concat_tables(parts) if parts else None
+        if state is not None:
+            db.register("new_running", state)
+            db.execute("CREATE OR REPLACE TABLE running_state AS SELECT * FROM new_running")
+            db.unregister("new_running")
+        db.execute("DELETE FROM running_meta")
+        db.executemany("INSERT INTO running_meta VALUES (?, ?)", metas)
 
     def mark_published(self, releases: pa.Table) -> None:
         db = self._db

@@ -16,6 +16,7 @@ nobody is charged, nothing new is released, and step 5 re-publishes nothing.
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 import time
@@ -25,10 +26,12 @@ from typing import Sequence, TextIO
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.curator_store import CuratorStore, CuratorStoreError, LedgerParameters, RunLock, crash_point
 from pipelines.readers import read_batches
+from pipelines.shard_state import PlannedQuery, QueryPlan
 from queries.release_store import RELEASE_SCHEMA, ReleaseStore
 from stream.accounting import calibrate
 from stream.ledger import Ledger, Policy
@@ -57,6 +60,7 @@ class JobConfig:
     n_shards: int = DEFAULT_SHARDS
     beam_args: tuple[str, ...] = ()
     releases_parquet: str | None = None  # also write releases as Parquet files under this root
+    release: str = "window"  # kind of the default per-column queries: "window" or "running"
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -66,6 +70,8 @@ class JobConfig:
         if self.end_window - self.start_window > 100_000:
             raise ValueError("the schedule may span at most 100000 windows")
         Policy(self.policy)
+        if self.release not in ("window", "running"):
+            raise ValueError(f"release must be 'window' or 'running', got release={self.release!r}")
         if not 1 <= self.n_shards <= 4096:
             raise ValueError(f"n_shards must be in [1, 4096], got n_shards={self.n_shards}")
         calibrate(epsilon=self.epsilon, delta=self.delta, norm_budget=self.norm_budget, accounting=self.accounting)
@@ -144,21 +150,29 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
         run_id = curator.next_run_id()
         columns = _indicator_columns(config.inputs)
         previous = curator.load_ledger(params)
+        previous_running = curator.load_running(params.id_type)
+        with ReleaseStore(config.store) as store:
+            plan = _query_plan(store, config, columns, previous_running, to_release)
+        _refuse_gaps_in_running_queries(plan, previous_running, to_release)
         say(f"[run] run {run_id}: {len(config.inputs)} input file(s), {len(to_release)} window(s) to release, "
             f"{len(skipped)} already released, {previous.num_rows:,} users in the ledger")
         with tempfile.TemporaryDirectory(prefix="renyi-run-") as scratch:
-            outputs = _run_pipeline(config, params, columns, released, to_release, previous, scratch, say)
+            outputs = _run_pipeline(config, params, plan, columns, released, to_release, previous,
+                                    previous_running, curator.load_running_releases(), scratch, say)
             counts = _totals(outputs)
             curator.commit_run(
                 run_id=run_id, ledger=outputs["ledger"], releases=outputs["releases"],
                 window_counts=outputs["window_counts"], run_counts=counts,
                 dead_letters=outputs["dead"], previous_users=previous.num_rows,
+                running=outputs["running"], running_releases=outputs["raw"],
             )
         say(f"[run] committed the ledger ({outputs['ledger'].num_rows:,} users) and "
             f"{outputs['releases'].num_rows} releases")
         crash_point("before_publish")
         with ReleaseStore(config.store) as store:
             published = _publish_pending(curator, store)
+            store.record_promise(epsilon=params.epsilon, delta=params.delta, accounting=params.accounting,
+                                 norm_budget=params.norm_budget)
         return JobSummary(
             run_id=run_id, windows_released=to_release, windows_skipped=skipped,
             rows_read=counts["rows_read"], admitted=counts["admitted"], clipped=counts["clipped"],
@@ -223,8 +237,56 @@ def _beam():
     return beam, PipelineOptions
 
 
-def _run_pipeline(config: JobConfig, params: LedgerParameters, columns: list[str], released: set[int],
-                  to_release: list[int], previous: pa.Table, scratch: str, say) -> dict[str, pa.Table]:
+def _query_plan(store: ReleaseStore, config: JobConfig, columns: list[str], previous_running: dict[str, pa.Table],
+                to_release: list[int]) -> QueryPlan:
+    """The registered queries active in this run's windows; on a store with no registered
+    query, the default per-column queries (kind ``config.release``) are registered first, from
+    this run's first window, so that the catalogue always lists what is answered."""
+    from queries.linear import default_queries
+    from queries.registry import QueryRegistry
+
+    registry = QueryRegistry(store)
+    if to_release and registry.list().num_rows == 0:
+        for query in default_queries(columns, kind=config.release):
+            registry.add(query, effective_from=min(to_release))
+    if not to_release:
+        return QueryPlan(())
+    entries = [PlannedQuery(query, first, retired)
+               for query, first, retired in registry.plan(min(to_release), max(to_release))]
+    for entry in entries:
+        missing = [c for c in getattr(entry.query, "columns_needed", ()) if c not in columns]
+        if missing:
+            raise ValueError(f"query {entry.query_id!r} reads column(s) {missing} that the input does not have "
+                             f"(indicator columns: {columns}); retire it or fix the input")
+    return QueryPlan(tuple(entries))
+
+
+def _refuse_gaps_in_running_queries(plan: QueryPlan, previous_running: dict[str, pa.Table],
+                                    to_release: list[int]) -> None:
+    """A running total is released for every window from its first, in order: a run that would
+    skip one of its windows (or go back to one) is refused before anything is charged."""
+    pending = set(to_release)
+    for entry in plan.running:
+        snapshot = previous_running.get(entry.query_id)
+        next_window = int(snapshot.schema.metadata[b"next_window"]) if snapshot is not None else entry.first_window
+        mine = [w for w in to_release if entry.active_in(w)]
+        if not mine:
+            continue
+        needed = [w for w in range(next_window, max(mine) + 1) if entry.active_in(w)]
+        skipped = [w for w in needed if w not in pending]
+        early = [w for w in mine if w < next_window]
+        if skipped or early:
+            raise ValueError(
+                f"running query {entry.query_id!r} must be released window by window from window {next_window}; "
+                f"this run would {'skip window ' + str(skipped[0]) if skipped else 'go back to window ' + str(early[0])}. "
+                "Run the missing days in order (or set --start to the first unreleased day)"
+            )
+
+
+def _run_pipeline(config: JobConfig, params: LedgerParameters, plan: QueryPlan, columns: list[str],
+                  released: set[int], to_release: list[int], previous: pa.Table,
+                  previous_running: dict[str, pa.Table], previous_raw: dict, scratch: str,
+                  say) -> dict[str, pa.Table]:
     beam, PipelineOptions = _beam()
     from pipelines import transforms as tx
 
@@ -234,17 +296,21 @@ def _run_pipeline(config: JobConfig, params: LedgerParameters, columns: list[str
     with beam.Pipeline(options=options) as p:
         graph = p | "DailyReleases" >> tx.DailyReleases(
             config.inputs, window=config.window, start_window=config.start_window, end_window=config.end_window,
-            released=sorted(released), schedule=to_release, indicator_columns=columns,
+            released=sorted(released), schedule=to_release, plan=plan, indicator_columns=columns,
             noise_std=params.noise_std, policy=config.policy, budget=params.rho, id_type=params.id_type,
             tracker_step=params.tracker_step, n_shards=config.n_shards, previous_ledger=previous,
             key_path=config.resolved_key_path, accounting=params.accounting,
-            key_fingerprint=params.key_fingerprint, releases_parquet=config.releases_parquet)
+            key_fingerprint=params.key_fingerprint, previous_running=previous_running, previous_raw=previous_raw,
+            releases_parquet=config.releases_parquet)
         _write(graph["releases"] | "ReleaseRows" >> beam.combiners.ToList(), out / "releases", _releases_table)
         _write(graph["ledger"] | "Ledgers" >> beam.combiners.ToList(), out / "ledger", _concat_ledgers)
         _write(graph["counts"] | "Counts" >> beam.combiners.ToList(), out / "counts", _counts_table)
         _write(graph["dead"] | "DeadList" >> beam.combiners.ToList(), out / "dead", _dead_table)
         _write(graph["read"] | "ReadCounts" >> beam.combiners.ToList(), out / "read", _read_table)
-    outputs = {name: pq.read_table(out / f"{name}.parquet") for name in ("releases", "ledger", "counts", "dead", "read")}
+        _write(graph["raw"] | "RawList" >> beam.combiners.ToList(), out / "raw", _raw_table)
+        _write(graph["running"] | "RunningList" >> beam.combiners.ToList(), out / "running", _running_table)
+    names = ("releases", "ledger", "counts", "dead", "read", "raw", "running")
+    outputs = {name: pq.read_table(out / f"{name}.parquet") for name in names}
     template = Ledger(budget=params.rho, id_type=params.id_type, tracker_step=params.tracker_step).to_arrow()
     ledger = outputs["ledger"]
     ledger = ledger.cast(template.schema.remove_metadata()).replace_schema_metadata(template.schema.metadata)
@@ -254,6 +320,9 @@ def _run_pipeline(config: JobConfig, params: LedgerParameters, columns: list[str
         "window_counts": outputs["counts"],
         "dead": outputs["dead"],
         "rows_read": int(np.sum(outputs["read"].column("rows").to_numpy())) if outputs["read"].num_rows else 0,
+        "raw": [(q, int(w), y) for q, w, y in zip(*(outputs["raw"].column(c).to_pylist()
+                                                    for c in ("query_id", "window_id", "y")))],
+        "running": _split_running(outputs["running"]),
     }
 
 
@@ -303,6 +372,40 @@ def _dead_table(tables: list[pa.Table]) -> pa.Table:
         return DEAD_LETTER_SCHEMA.empty_table()
     return pa.concat_tables([t.cast(DEAD_LETTER_SCHEMA) for t in tables]).sort_by(
         [("source", "ascending"), ("row_index", "ascending")])
+
+
+def _raw_table(items: list[tuple[str, int, list[float]]]) -> pa.Table:
+    return pa.table({"query_id": pa.array([q for q, _, _ in items], type=pa.string()),
+                     "window_id": pa.array([w for _, w, _ in items], type=pa.int64()),
+                     "y": pa.array([y for _, _, y in items], type=pa.list_(pa.float64()))})
+
+
+def _running_table(items: list[tuple[str, pa.Table]]) -> pa.Table:
+    """Every shard's running-query snapshots in one table (column ``query_id`` added); the
+    per-query metadata (equal on every shard, checked) goes to the schema metadata as JSON."""
+    metas: dict[str, dict[str, str]] = {}
+    parts = []
+    for query_id, table in items:
+        meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+        if metas.setdefault(query_id, meta) != meta:
+            raise RuntimeError(f"running query {query_id!r}: shards disagree on its state ({meta} vs {metas[query_id]})")
+        parts.append(table.replace_schema_metadata(None).add_column(
+            0, "query_id", pa.array([query_id] * table.num_rows, type=pa.string())))
+    if not parts:
+        return pa.table({"query_id": pa.array([], type=pa.string())})
+    merged = pa.concat_tables(parts, promote_options="default")
+    return merged.replace_schema_metadata({"renyi_stream.running_meta": json.dumps(metas, sort_keys=True)})
+
+
+def _split_running(table: pa.Table) -> dict[str, pa.Table]:
+    raw = (table.schema.metadata or {}).get(b"renyi_stream.running_meta")
+    if raw is None:
+        return {}
+    out = {}
+    for query_id, meta in json.loads(raw).items():
+        part = table.filter(pc.equal(table.column("query_id"), query_id)).drop_columns(["query_id"])
+        out[query_id] = part.replace_schema_metadata(meta)
+    return out
 
 
 def _read_table(items: list[tuple[str, int]]) -> pa.Table:

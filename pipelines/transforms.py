@@ -35,6 +35,8 @@ from apache_beam.transforms.window import GlobalWindow
 
 from pipelines.readers import read_batches
 from pipelines.sharding import shard_of
+from pipelines.shard_state import QueryPlan, ShardState
+from stream.continual.running import RunningState
 from stream.ledger import Ledger
 from stream.noise import NoiseKey, gaussian_noise
 from stream.schema import USER_ID, WINDOW_ID, WindowSpec, validate_batch
@@ -142,42 +144,51 @@ class IndividualFilterDoFn(beam.DoFn):
 
     State (per shard key, global window):
       ROWS   -- bag of Arrow tables: this run's valid rows for the shard, in arrival order.
-      LEDGER -- bag holding the shard's ledger snapshot from the previous run (zero or one table).
+      LEDGER -- bag of the shard's snapshots from the previous run: ``("ledger", table)`` (zero
+                or one) and ``("running", (query_id, table))`` per running query.
     Timer:
       FLUSH  -- event-time timer at the end of the global window: fires once all input has been
-                read (batch) and charges the buffered rows window by window, in window order.
-    Outputs: ``((query_id, window_id), (sum, 1))`` partial sums (main), the shard's new ledger
-    snapshot (tag ``ledger``), per-window status counts (tag ``counts``) and duplicate rows
-    (tag ``dead``).
+                read (batch) and charges the buffered rows window by window, in window order,
+                through :class:`pipelines.shard_state.ShardState` (every active query of a
+                window charged together, running queries stepped through every window).
+    Outputs: ``((query_id, window_id), partial sum vector)`` (main), the shard's new ledger
+    snapshot (tag ``ledger``), ``(query_id, running-state snapshot)`` (tag ``running``),
+    per-window row counts (tag ``counts``) and duplicate rows (tag ``dead``).
     """
 
     ROWS = BagStateSpec("rows", PickleCoder())
     LEDGER = BagStateSpec("ledger", PickleCoder())
     FLUSH = TimerSpec("flush", TimeDomain.WATERMARK)
 
-    def __init__(self, *, indicator_columns: Sequence[str], noise_std: float, policy: str,
-                 budget: float, id_type: str, tracker_step: float) -> None:
+    def __init__(self, *, plan: QueryPlan, indicator_columns: Sequence[str], noise_std: float, policy: str,
+                 budget: float, id_type: str, tracker_step: float, last_window: int | None = None,
+                 running_meta: dict[str, dict[str, str]] | None = None) -> None:
+        self._plan = plan
         self._columns = list(indicator_columns)
         self._noise_std = noise_std
         self._policy = policy
         self._budget = budget
         self._id_type = id_type
         self._tracker_step = tracker_step
+        self._last_window = last_window
+        self._running_meta = dict(running_meta or {})
 
-    def process(self, element: tuple[int, tuple[str, pa.Table]],
+    def process(self, element: tuple[int, tuple[str, Any]],
                 rows: Any = beam.DoFn.StateParam(ROWS), ledger: Any = beam.DoFn.StateParam(LEDGER),
                 flush: Any = beam.DoFn.TimerParam(FLUSH)) -> None:
-        _, (kind, table) = element
-        (rows if kind == "rows" else ledger).add(table)
+        _, (kind, payload) = element
+        if kind == "rows":
+            rows.add(payload)
+        else:
+            ledger.add((kind, payload))
         flush.set(GlobalWindow().max_timestamp())
 
     @on_timer(FLUSH)
     def charge(self, key: Any = beam.DoFn.KeyParam, rows: Any = beam.DoFn.StateParam(ROWS),
                ledger: Any = beam.DoFn.StateParam(LEDGER)) -> Iterator[Any]:
-        snapshots = list(ledger.read())
-        shard_ledger = (Ledger.from_arrow(snapshots[0]) if snapshots
-                        else Ledger(budget=self._budget, id_type=self._id_type, tracker_step=self._tracker_step))
+        state = self._restore(list(ledger.read()))
         buffered = list(rows.read())
+        data = None
         if buffered:
             data = pa.concat_tables(buffered, promote_options="default")
             # Event-time order, ties broken by input position: arrival order never matters.
@@ -185,26 +196,57 @@ class IndividualFilterDoFn(beam.DoFn):
             data, duplicates = _first_per_user_window(data)
             if duplicates.num_rows:
                 yield beam.pvalue.TaggedOutput("dead", duplicates)
-            yield from self._charge_windows(shard_ledger, data)
-        yield beam.pvalue.TaggedOutput("ledger", shard_ledger.to_arrow())
+        yield from self._charge_windows(state, data)
+        yield beam.pvalue.TaggedOutput("ledger", state.ledger.to_arrow())
+        for query_id, running in sorted(state.running.items()):
+            yield beam.pvalue.TaggedOutput("running", (query_id, running.to_arrow()))
         rows.clear()
         ledger.clear()
 
-    def _charge_windows(self, shard_ledger: Ledger, data: pa.Table) -> Iterator[Any]:
+    def _restore(self, snapshots: list[tuple[str, Any]]) -> ShardState:
+        ledgers = [payload for kind, payload in snapshots if kind == "ledger"]
+        shard_ledger = (Ledger.from_arrow(ledgers[0]) if ledgers
+                        else Ledger(budget=self._budget, id_type=self._id_type, tracker_step=self._tracker_step))
+        running = {query_id: RunningState.from_arrow(table)
+                   for kind, (query_id, table) in ((k, p) for k, p in snapshots if k == "running")}
+        for query_id, meta in self._running_meta.items():
+            if query_id not in running:  # a shard with no history yet continues where the query is
+                running[query_id] = RunningState.from_arrow(empty_running_snapshot(meta, self._id_type))
+        return ShardState(self._plan, shard_ledger, running)
+
+    def _charge_windows(self, state: ShardState, data: pa.Table | None) -> Iterator[Any]:
+        if data is None:
+            data = _empty_rows(self._id_type, self._columns)
         windows = data.column(WINDOW_ID).to_numpy()
         bounds = np.flatnonzero(np.diff(windows)) + 1
-        starts = np.r_[0, bounds]
-        stops = np.r_[bounds, windows.size]
-        values = np.column_stack([data.column(c).to_numpy() for c in self._columns])
-        ids = data.column(USER_ID)
-        for start, stop in zip(starts, stops):
-            window = int(windows[start])
-            result = shard_ledger.admit(ids.slice(start, stop - start), values[start:stop],
-                                        noise_std=self._noise_std, policy=self._policy)
-            sums = result.contributions.sum(axis=0)
-            for j, column in enumerate(self._columns):
-                yield (query_id_for(column), window), float(sums[j])
-            yield beam.pvalue.TaggedOutput("counts", (window, result.counts()))
+        starts = np.r_[0, bounds] if windows.size else np.zeros(0, dtype=np.int64)
+        stops = np.r_[bounds, windows.size] if windows.size else np.zeros(0, dtype=np.int64)
+        slices = {int(windows[a]): (int(a), int(b)) for a, b in zip(starts, stops)}
+        empty = data.slice(0, 0)
+        for window in state.windows_to_step(list(slices), self._last_window):
+            a, b = slices.get(window, (0, 0))
+            part = data.slice(a, b - a) if window in slices else empty
+            charged = state.charge_window(window, part, noise_std=self._noise_std, policy=self._policy)
+            for query_id, partial in charged.sums.items():
+                yield (query_id, window), partial
+            if part.num_rows:
+                yield beam.pvalue.TaggedOutput("counts", (window, charged.counts))
+
+
+def _empty_rows(id_type: str, columns: Sequence[str]) -> pa.Table:
+    fields = [(USER_ID, pa.int64() if id_type == "int64" else pa.string()), (WINDOW_ID, pa.int64())]
+    fields += [(c, pa.float64()) for c in columns]
+    return pa.schema(fields).empty_table()
+
+
+def empty_running_snapshot(meta: dict[str, str], id_type: str) -> pa.Table:
+    """An empty running-state snapshot carrying ``meta`` (the query's strategy, ``dim``,
+    ``start_window`` and ``next_window``): the state of a shard none of whose users has history."""
+    dim = int(meta["dim"])
+    ids = pa.array([], type=pa.int64() if id_type == "int64" else pa.large_string())
+    table = pa.table({"user_id": ids, "window_id": pa.array([], type=pa.int64()),
+                      "values": pa.FixedSizeListArray.from_arrays(pa.array([], type=pa.float64()), dim)})
+    return table.replace_schema_metadata(meta)
 
 
 def _first_per_user_window(data: pa.Table) -> tuple[pa.Table, pa.Table]:
@@ -230,12 +272,15 @@ def _first_per_user_window(data: pa.Table) -> tuple[pa.Table, pa.Table]:
 
 
 class ReleaseWindow(beam.DoFn):
-    """window id -> one release row per query: the sum (0 when no rows) plus keyed noise."""
+    """window id -> one release row per (query, coordinate) for each window query active in it:
+    the sum (0 when no rows) plus keyed noise; for each active running query, the noisy release
+    ``y_t = C_t x + z_t`` (tag ``raw``: ``(query_id, window_id, y flat)``), which
+    :class:`RunningEstimates` turns into running totals."""
 
-    def __init__(self, *, key_path: str, indicator_columns: Sequence[str], noise_std: float,
-                 window: WindowSpec, accounting: str, key_fingerprint: str) -> None:
+    def __init__(self, *, key_path: str, plan: QueryPlan, noise_std: float, window: WindowSpec, accounting: str,
+                 key_fingerprint: str) -> None:
         self._key_path = key_path
-        self._columns = list(indicator_columns)
+        self._plan = plan
         self._noise_std = noise_std
         self._window = window
         self._accounting = accounting
@@ -247,28 +292,87 @@ class ReleaseWindow(beam.DoFn):
         if self._key.fingerprint != self._fingerprint:
             raise RuntimeError(f"the noise key at {self._key_path} is not the one this ledger was started with")
 
-    def process(self, window: int, sums: dict) -> Iterator[dict]:
+    def process(self, window: int, sums: dict) -> Iterator[Any]:
         assert self._key is not None
-        start = dt.datetime.fromtimestamp(int(self._window.window_start_seconds(window)), tz=dt.timezone.utc)
-        end = dt.datetime.fromtimestamp(int(self._window.window_end_seconds(window)), tz=dt.timezone.utc)
-        for column in self._columns:
-            query_id = query_id_for(column)
-            true_sum = sums.get((query_id, window), 0.0)
-            noise = gaussian_noise(self._key, query_id=query_id, window_id=window, dim=1, noise_std=self._noise_std)
-            yield {
-                "query_id": query_id, "window_id": window, "window_start": start, "window_end": end,
-                "label": column, "coordinate": 0, "value": float(true_sum + noise[0]),
-                "noise_std": self._noise_std, "kind": "window", "accounting": self._accounting,
-                "mechanism": "gaussian", "key_fingerprint": self._fingerprint,
-            }
+        for entry in self._plan.active(window):
+            query = entry.query
+            if entry.kind == "running":
+                running = self._plan.running_query(entry.query_id, self._noise_std)
+                total = np.asarray(sums.get((entry.query_id, window), np.zeros(running.rows_at(window) * query.dim)))
+                y = running.noisy_release(total.reshape(running.rows_at(window), query.dim), key=self._key,
+                                          window_id=window)
+                yield beam.pvalue.TaggedOutput("raw", (entry.query_id, int(window), y.ravel().tolist()))
+                continue
+            total = np.asarray(sums.get((entry.query_id, window), np.zeros(query.dim)), dtype=np.float64)
+            noise = gaussian_noise(self._key, query_id=entry.query_id, window_id=window, dim=query.dim,
+                                   noise_std=self._noise_std)
+            values = total + noise
+            for j, label in enumerate(query.labels):
+                yield release_row(self._window, window, query_id=entry.query_id, label=label, coordinate=j,
+                                  value=float(values[j]), noise_std=self._noise_std, kind="window",
+                                  accounting=self._accounting, key_fingerprint=self._fingerprint)
+
+
+def release_row(spec: WindowSpec, window: int, *, query_id: str, label: str, coordinate: int, value: float,
+                noise_std: float, kind: str, accounting: str, key_fingerprint: str) -> dict:
+    """One row of :data:`queries.release_store.RELEASE_SCHEMA`."""
+    start = dt.datetime.fromtimestamp(int(spec.window_start_seconds(window)), tz=dt.timezone.utc)
+    end = dt.datetime.fromtimestamp(int(spec.window_end_seconds(window)), tz=dt.timezone.utc)
+    return {"query_id": query_id, "window_id": int(window), "window_start": start, "window_end": end,
+            "label": label, "coordinate": coordinate, "value": value, "noise_std": noise_std, "kind": kind,
+            "accounting": accounting, "mechanism": "gaussian", "key_fingerprint": key_fingerprint}
+
+
+class RunningEstimates(beam.DoFn):
+    """``(query_id, [(window, y flat), ...])`` of this run -> running-total release rows.
+
+    The estimate through window ``t`` is ``(B y)_t`` over the query's releases from its first
+    window (post-processing of noisy releases: no privacy cost); its ``noise_std`` is the
+    estimate's standard deviation, not one release's. ``previous`` holds the releases ``y`` of
+    earlier runs (``query_id -> [(window, y flat)]``), which the estimate needs.
+    """
+
+    def __init__(self, *, plan: QueryPlan, noise_std: float, window: WindowSpec, accounting: str,
+                 key_fingerprint: str) -> None:
+        self._plan = plan
+        self._noise_std = noise_std
+        self._window = window
+        self._accounting = accounting
+        self._fingerprint = key_fingerprint
+
+    def process(self, element: tuple[str, Iterable[tuple[int, list[float]]]], previous: dict) -> Iterator[dict]:
+        query_id, fresh = element
+        entry = self._plan.get(query_id)
+        running = self._plan.running_query(query_id, self._noise_std)
+        fresh = sorted((int(w), y) for w, y in fresh)
+        series = sorted([(int(w), y) for w, y in previous.get(query_id, [])] + fresh)
+        windows = [w for w, _ in series]
+        expected = list(range(entry.first_window, entry.first_window + len(series)))
+        if windows != expected:
+            raise RuntimeError(f"running query {query_id!r} has releases for windows {windows[:5]}..., not the "
+                               f"contiguous windows from its first window {entry.first_window}")
+        ys = [np.asarray(y, dtype=np.float64).reshape(running.rows_at(w), entry.query.dim) for w, y in series]
+        estimates = running.estimates(ys)
+        for w, _ in fresh:
+            t = w - entry.first_window
+            std = running.estimate_std(w)
+            for j, label in enumerate(entry.query.labels):
+                yield release_row(self._window, w, query_id=query_id, label=label, coordinate=j,
+                                  value=float(estimates[t, j]), noise_std=std, kind="running",
+                                  accounting=self._accounting, key_fingerprint=self._fingerprint)
 
 
 def ledger_shards(snapshot: pa.Table, n_shards: int) -> Iterable[tuple[int, tuple[str, pa.Table]]]:
     """The previous ledger split into ``(shard, ("ledger", table))`` elements."""
+    return [(shard, ("ledger", part)) for shard, (_, part) in snapshot_shards(snapshot, n_shards)]
+
+
+def snapshot_shards(snapshot: pa.Table, n_shards: int) -> list[tuple[int, tuple[str, pa.Table]]]:
+    """A per-user snapshot (``user_id`` column) split by shard, each part keeping the metadata."""
     if snapshot.num_rows == 0:
         return []
     metadata = snapshot.schema.metadata
-    return [(shard, ("ledger", part.replace_schema_metadata(metadata)))
+    return [(shard, ("rows", part.replace_schema_metadata(metadata)))
             for shard, (_, part) in split_by_shard(snapshot, n_shards)]
 
 
@@ -337,48 +441,82 @@ class IndividualFilter(beam.PTransform):
     """Validated tables -> the individual filter per user shard, in the global window.
 
     Input: Arrow tables from :class:`ReadIndicators` (``valid``). ``previous_ledger`` is the
-    ledger snapshot to continue from (empty for a new ledger): each shard starts from its part.
-    Tagged outputs: ``sums`` (``((query_id, window_id), partial sum)`` per shard, to be summed
-    across shards), ``ledger`` (each shard's new snapshot), ``counts`` (``(window, counts)``) and
-    ``dead`` (duplicate rows).
+    ledger snapshot to continue from (empty for a new ledger), ``previous_running`` the running
+    queries' history snapshots (``query_id -> table``): each shard starts from its part.
+    ``last_window`` is the last window of this run's schedule: running queries step every
+    window through it. Tagged outputs: ``sums`` (``((query_id, window_id), partial vector)`` per
+    shard, to be summed across shards), ``ledger`` (each shard's new snapshot), ``running``
+    (``(query_id, snapshot)`` per shard), ``counts`` (``(window, counts)``) and ``dead``
+    (duplicate rows).
     """
 
-    def __init__(self, *, indicator_columns: Sequence[str], noise_std: float, policy: str, budget: float,
-                 id_type: str, tracker_step: float, n_shards: int, previous_ledger: pa.Table) -> None:
+    def __init__(self, *, plan: QueryPlan, indicator_columns: Sequence[str], noise_std: float, policy: str,
+                 budget: float, id_type: str, tracker_step: float, n_shards: int, previous_ledger: pa.Table,
+                 previous_running: dict[str, pa.Table] | None = None, last_window: int | None = None) -> None:
         super().__init__()
         self._n_shards = n_shards
         self._previous = previous_ledger
-        self._filter = IndividualFilterDoFn(indicator_columns=indicator_columns, noise_std=noise_std, policy=policy,
-                                            budget=budget, id_type=id_type, tracker_step=tracker_step)
+        self._running = dict(previous_running or {})
+        meta = {q: {k.decode(): v.decode() for k, v in t.schema.metadata.items()} for q, t in self._running.items()}
+        self._filter = IndividualFilterDoFn(plan=plan, indicator_columns=indicator_columns, noise_std=noise_std,
+                                            policy=policy, budget=budget, id_type=id_type, tracker_step=tracker_step,
+                                            last_window=last_window, running_meta=meta)
 
     def expand(self, valid: Any) -> Any:
         keyed = valid | "ByShard" >> beam.FlatMap(split_by_shard, self._n_shards)
-        initial = valid.pipeline | "PreviousLedger" >> beam.Create(list(ledger_shards(self._previous, self._n_shards)))
+        initial = list(ledger_shards(self._previous, self._n_shards))
+        for query_id, table in sorted(self._running.items()):
+            initial += [(shard, ("running", (query_id, part)))
+                        for shard, (_, part) in snapshot_shards(table, self._n_shards)]
+        previous = valid.pipeline | "PreviousState" >> beam.Create(initial)
         # Typed as (int, Any): shard keys then get a deterministic coder, as state needs.
-        return ((keyed, initial) | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
-                | "Filter" >> beam.ParDo(self._filter).with_outputs("ledger", "counts", "dead", main="sums"))
+        return ((keyed, previous) | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
+                | "Filter" >> beam.ParDo(self._filter).with_outputs("ledger", "running", "counts", "dead",
+                                                                     main="sums"))
 
 
 class ReleaseWindows(beam.PTransform):
-    """Per-shard partial sums -> one release row per (query, window, coordinate) of ``schedule``.
+    """Per-shard partial sums -> release rows for every (query, window, coordinate) of ``schedule``.
 
-    Every window of ``schedule`` is released for every query, with or without rows (invariant
-    3); the noise is keyed by (query, window) (invariant 5), so a retried bundle or a re-run
-    computes the identical row.
+    Every window of ``schedule`` is released for every query active in it, with or without rows
+    (invariant 3); the noise is keyed by (query, window) (invariant 5), so a retried bundle or a
+    re-run computes the identical row. Running queries' releases ``y`` (tag ``raw``, to be kept
+    by the curator for later runs) become running-total rows with ``previous_raw``
+    (``query_id -> [(window, y flat)]`` of earlier runs).
+    Outputs a dict: ``releases`` (rows) and ``raw`` (``(query_id, window, y flat)``).
     """
 
-    def __init__(self, schedule: Sequence[int], *, key_path: str, indicator_columns: Sequence[str],
-                 noise_std: float, window: WindowSpec, accounting: str, key_fingerprint: str) -> None:
+    def __init__(self, schedule: Sequence[int], *, key_path: str, plan: QueryPlan, noise_std: float,
+                 window: WindowSpec, accounting: str, key_fingerprint: str,
+                 previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None) -> None:
         super().__init__()
         self._schedule = [int(w) for w in schedule]
-        self._release = ReleaseWindow(key_path=key_path, indicator_columns=indicator_columns, noise_std=noise_std,
-                                      window=window, accounting=accounting, key_fingerprint=key_fingerprint)
+        self._previous_raw = dict(previous_raw or {})
+        self._release = ReleaseWindow(key_path=key_path, plan=plan, noise_std=noise_std, window=window,
+                                      accounting=accounting, key_fingerprint=key_fingerprint)
+        self._estimates = RunningEstimates(plan=plan, noise_std=noise_std, window=window, accounting=accounting,
+                                           key_fingerprint=key_fingerprint)
 
-    def expand(self, partial_sums: Any) -> Any:
-        sums = partial_sums | "SumShards" >> beam.CombinePerKey(sum)
-        return (partial_sums.pipeline
-                | "Schedule" >> beam.Create(self._schedule)
-                | "Release" >> beam.ParDo(self._release, sums=beam.pvalue.AsDict(sums)))
+    def expand(self, partial_sums: Any) -> dict[str, Any]:
+        sums = partial_sums | "SumShards" >> beam.CombinePerKey(_add_vectors)
+        released = (partial_sums.pipeline
+                    | "Schedule" >> beam.Create(self._schedule)
+                    | "Release" >> beam.ParDo(self._release, sums=beam.pvalue.AsDict(sums)).with_outputs(
+                        "raw", main="rows"))
+        previous = partial_sums.pipeline | "PreviousRaw" >> beam.Create([self._previous_raw])
+        running = (released.raw
+                   | "RawByQuery" >> beam.Map(lambda r: (r[0], (r[1], r[2]))).with_output_types(Tuple[str, Any])
+                   | "GroupRaw" >> beam.GroupByKey()
+                   | "RunningTotals" >> beam.ParDo(self._estimates, previous=beam.pvalue.AsSingleton(previous)))
+        rows = (released.rows, running) | "AllReleases" >> beam.Flatten()
+        return {"releases": rows, "raw": released.raw}
+
+
+def _add_vectors(parts: Iterable[Any]) -> np.ndarray:
+    total = None
+    for part in parts:
+        total = np.array(part, dtype=np.float64) if total is None else total + part
+    return total
 
 
 class WriteReleaseParquet(beam.PTransform):
@@ -404,35 +542,40 @@ class DailyReleases(beam.PTransform):
     """The whole daily graph from ``PBegin``: read -> individual filter -> sum -> noisy releases.
 
     Returns a dict of PCollections: ``releases`` (release rows, dicts of
-    :data:`queries.release_store.RELEASE_SCHEMA`), ``ledger`` (shard snapshots), ``counts``,
-    ``dead`` (dead-letter tables from reading and from the filter) and ``read`` (rows read per
-    batch). With ``releases_parquet`` the releases are also written as Parquet files per window.
-    The caller decides where the curator's outputs go (the daily job collects them into one
-    transaction; a distributed job writes them to its own sinks).
+    :data:`queries.release_store.RELEASE_SCHEMA`), ``ledger`` (shard snapshots), ``running``
+    (running-query history snapshots per shard), ``raw`` (running queries' releases ``y``),
+    ``counts``, ``dead`` (dead-letter tables from reading and from the filter) and ``read`` (rows
+    read per batch). With ``releases_parquet`` the releases are also written as Parquet files per
+    window. The caller decides where the curator's outputs go (the daily job collects them into
+    one transaction; a distributed job writes them to its own sinks).
     """
 
     def __init__(self, inputs: Sequence[str], *, window: WindowSpec, start_window: int, end_window: int,
-                 released: Sequence[int], schedule: Sequence[int], indicator_columns: Sequence[str],
-                 noise_std: float, policy: str, budget: float, id_type: str, tracker_step: float, n_shards: int,
-                 previous_ledger: pa.Table, key_path: str, accounting: str, key_fingerprint: str,
+                 released: Sequence[int], schedule: Sequence[int], plan: QueryPlan,
+                 indicator_columns: Sequence[str], noise_std: float, policy: str, budget: float, id_type: str,
+                 tracker_step: float, n_shards: int, previous_ledger: pa.Table, key_path: str, accounting: str,
+                 key_fingerprint: str, previous_running: dict[str, pa.Table] | None = None,
+                 previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None,
                  releases_parquet: str | None = None) -> None:
         super().__init__()
         self._read = ReadIndicators(inputs, window=window, start_window=start_window, end_window=end_window,
                                     released=released, indicator_columns=indicator_columns)
-        self._filter = IndividualFilter(indicator_columns=indicator_columns, noise_std=noise_std, policy=policy,
-                                        budget=budget, id_type=id_type, tracker_step=tracker_step,
-                                        n_shards=n_shards, previous_ledger=previous_ledger)
-        self._release = ReleaseWindows(schedule, key_path=key_path, indicator_columns=indicator_columns,
-                                       noise_std=noise_std, window=window, accounting=accounting,
-                                       key_fingerprint=key_fingerprint)
+        self._filter = IndividualFilter(plan=plan, indicator_columns=indicator_columns, noise_std=noise_std,
+                                        policy=policy, budget=budget, id_type=id_type, tracker_step=tracker_step,
+                                        n_shards=n_shards, previous_ledger=previous_ledger,
+                                        previous_running=previous_running,
+                                        last_window=max(schedule) if schedule else None)
+        self._release = ReleaseWindows(schedule, key_path=key_path, plan=plan, noise_std=noise_std, window=window,
+                                       accounting=accounting, key_fingerprint=key_fingerprint,
+                                       previous_raw=previous_raw)
         self._parquet = releases_parquet
 
     def expand(self, pbegin: Any) -> dict[str, Any]:
         read = pbegin | "ReadIndicators" >> self._read
         filtered = read.valid | "IndividualFilter" >> self._filter
-        releases = filtered.sums | "ReleaseWindows" >> self._release
+        released = filtered.sums | "ReleaseWindows" >> self._release
         if self._parquet:
-            _ = releases | "WriteReleaseParquet" >> WriteReleaseParquet(self._parquet)
+            _ = released["releases"] | "WriteReleaseParquet" >> WriteReleaseParquet(self._parquet)
         dead = (read.dead, filtered.dead) | "DeadLetters" >> beam.Flatten()
-        return {"releases": releases, "ledger": filtered.ledger, "counts": filtered.counts, "dead": dead,
-                "read": read.read}
+        return {"releases": released["releases"], "raw": released["raw"], "ledger": filtered.ledger,
+                "running": filtered.running, "counts": filtered.counts, "dead": dead, "read": read.read}

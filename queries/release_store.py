@@ -18,6 +18,18 @@ Schema (version 1):
 * ``store_meta(key, value)``: ``schema_version`` and, from the first publish on, the
   ``key_fingerprint`` of the noise key (:attr:`stream.noise.NoiseKey.fingerprint`, public).
 
+Version 2 adds the query registry and the analysts' views:
+
+* ``query_registry`` (:mod:`queries.registry`): one row per registered query, its spec (JSON),
+  ``kind`` (``window`` or ``running``), labels, and the windows it is answered in,
+  ``[effective_from, retired_from)``;
+* ``query_catalogue`` (view): the registry in readable form, with ``dim``;
+* ``releases_with_ci`` (view): ``releases`` plus ``ci95_low`` / ``ci95_high``
+  (``value -/+ 1.96 noise_std``; Gaussian noise, so an exact 95% interval for each release);
+* ``releases_wide`` (view): one row per window, one column per query coordinate (named by the
+  query id, or ``query_id[label]`` for a query with several coordinates); recreated whenever the
+  registry changes, because DuckDB views cannot pivot on values found in the data.
+
 Timestamps are ``TIMESTAMP WITH TIME ZONE``; the connections opened here use the UTC time zone so
 that ``window_start::DATE`` means the same day on every machine.
 """
@@ -33,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 RELEASE_SCHEMA = pa.schema([
     ("query_id", pa.string()),
@@ -53,7 +65,7 @@ RELEASE_SCHEMA = pa.schema([
 #: What :meth:`ReleaseStore.read` returns: the release columns and the time of the first publish.
 READ_SCHEMA = RELEASE_SCHEMA.append(pa.field("released_at", pa.timestamp("us", tz="UTC")))
 
-KINDS = frozenset({"window"})
+KINDS = frozenset({"window", "running"})
 MECHANISMS = frozenset({"gaussian", "discrete_gaussian"})
 
 _KEY = ("query_id", "window_id", "coordinate")
@@ -87,6 +99,28 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             SELECT query_id, window_id, window_start, window_end, label, coordinate, value,
                    noise_std, kind, accounting, mechanism, key_fingerprint, released_at
             FROM release_data""",
+    ),
+    # Version 2: the query registry (queries.registry) and the analysts' views.
+    2: (
+        """CREATE TABLE query_registry (
+            query_id VARCHAR PRIMARY KEY,
+            kind VARCHAR NOT NULL,
+            spec_json VARCHAR NOT NULL,
+            labels VARCHAR[] NOT NULL,
+            description VARCHAR NOT NULL,
+            effective_from BIGINT NOT NULL,
+            retired_from BIGINT,
+            registered_at TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now())""",
+        """CREATE VIEW releases_with_ci AS
+            SELECT *, value - 1.959963984540054 * noise_std AS ci95_low,
+                      value + 1.959963984540054 * noise_std AS ci95_high
+            FROM releases""",
+        """CREATE VIEW query_catalogue AS
+            SELECT query_id, kind, description, labels, len(labels) AS dim, effective_from,
+                   retired_from, registered_at, spec_json
+            FROM query_registry ORDER BY query_id""",
+        """CREATE VIEW releases_wide AS
+            SELECT DISTINCT window_id, window_start, window_end FROM releases ORDER BY window_id""",
     ),
 }
 
@@ -340,6 +374,19 @@ class ReleaseStore:
         return int(inserted)
 
     # --- reading ------------------------------------------------------------------------------
+
+    def record_promise(self, *, epsilon: float, delta: float, accounting: str, norm_budget: float) -> None:
+        """Record the public promise every user has, ``(epsilon, delta)`` under ``accounting`` with
+        squared-norm budget ``norm_budget``, in ``store_meta`` (keys ``promise_*``), for reports."""
+        values = {"promise_epsilon": repr(float(epsilon)), "promise_delta": repr(float(delta)),
+                  "promise_accounting": str(accounting), "promise_norm_budget": repr(float(norm_budget))}
+        for key, value in values.items():
+            self._conn.execute("INSERT OR REPLACE INTO store_meta (key, value) VALUES (?, ?)", [key, value])
+
+    def promise(self) -> dict[str, str]:
+        """The recorded promise (``epsilon``, ``delta``, ``accounting``, ``norm_budget``), or {}."""
+        rows = self._conn.execute("SELECT key, value FROM store_meta WHERE key LIKE 'promise_%'").fetchall()
+        return {key.removeprefix("promise_"): value for key, value in rows}
 
     def key_fingerprint(self) -> str | None:
         """The fingerprint of the noise key of the releases here (None before the first publish)."""

@@ -12,6 +12,8 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines import transforms as tx
+from pipelines.shard_state import QueryPlan
+from queries.linear import default_queries
 from stream.ledger import Ledger
 from stream.noise import NoiseKey
 from stream.schema import WindowSpec
@@ -37,6 +39,7 @@ def test_the_daily_graph_composes_inside_a_users_own_pipeline(tmp_path):
     with test_pipeline.TestPipeline() as p:
         graph = p | tx.DailyReleases(
             inputs, window=WindowSpec(), start_window=W0, end_window=W0 + 2, released=[], schedule=[W0, W0 + 1, W0 + 2],
+            plan=QueryPlan.starting_at(default_queries(["opened"]), W0),
             indicator_columns=["opened"], noise_std=2.0, policy="drop", budget=1.0, id_type="int64",
             tracker_step=1 / 32, n_shards=3, previous_ledger=template.slice(0, 0), key_path=key_path,
             accounting="gdp", key_fingerprint=key.fingerprint)

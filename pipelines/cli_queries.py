@@ -1,0 +1,225 @@
+"""``renyi-stream query add|list|retire``, ``privacy-report`` and ``report``.
+
+Parameter errors exit with status 2 and a message naming the parameter; a missing store or
+ledger exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+PROG = "renyi-stream"
+
+
+class _Usage(Exception):
+    """A bad parameter: exit status 2."""
+
+
+def _fail(command: str, message: str, status: int) -> int:
+    print(f"{PROG} {command}: error: {message}", file=sys.stderr)
+    if status == 2:
+        raise SystemExit(2)
+    return status
+
+
+def _window(name: str, text: str, window: str) -> int:
+    """A window id from ``YYYY-MM-DD`` (the window holding that day's midnight UTC) or an integer id."""
+    from pipelines.cli import _window_seconds
+    from stream.schema import WindowSpec
+
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        day = dt.date.fromisoformat(text)
+    except ValueError:
+        raise _Usage(f"{name} must be a date YYYY-MM-DD or a window id, got {name} {text!r}") from None
+    spec = WindowSpec(length_seconds=_window_seconds(window))
+    return int(spec.window_of_seconds(int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.timezone.utc).timestamp())))
+
+
+def _split(name: str, text: str) -> list[str]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise _Usage(f"{name} must list at least one value, got {text!r}")
+    return items
+
+
+def _query_from_args(args: argparse.Namespace) -> Any:
+    from queries.linear import LinearQuery
+
+    chosen = [flag for flag, value in (("--columns", args.columns), ("--histogram", args.histogram),
+                                       ("--clamp", args.clamp), ("--weighted", args.weighted)) if value]
+    if len(chosen) != 1:
+        raise _Usage("give exactly one of --columns, --histogram, --clamp, --weighted"
+                     + (f" (got {', '.join(chosen)})" if chosen else ""))
+    common = {"kind": args.kind, "description": args.description or ""}
+    if args.columns:
+        return LinearQuery.columns(args.id, _split("--columns", args.columns), **common)
+    if args.histogram:
+        if not args.categories:
+            raise _Usage("--histogram needs --categories (the public list of category codes)")
+        try:
+            categories = [float(c) for c in _split("--categories", args.categories)]
+        except ValueError:
+            raise _Usage(f"--categories must be numbers, got {args.categories!r}") from None
+        return LinearQuery.histogram(args.id, args.histogram, categories, **common)
+    if args.clamp:
+        if args.lo is None or args.hi is None:
+            raise _Usage("--clamp needs --lo and --hi")
+        return LinearQuery.clamp(args.id, args.clamp, args.lo, args.hi, **common)
+    weights = {}
+    for item in _split("--weighted", args.weighted):
+        column, _, weight = item.partition("=")
+        try:
+            weights[column.strip()] = float(weight)
+        except ValueError:
+            raise _Usage(f"--weighted takes column=weight pairs, got {item!r}") from None
+    return LinearQuery.weighted(args.id, weights, **common)
+
+
+def _query_command(args: argparse.Namespace) -> int:
+    from queries.registry import QueryRegistry
+    from queries.release_store import ReleaseStore, ReleaseStoreError
+
+    command = f"query {args.action}"
+    try:
+        if args.action == "list":
+            if not Path(args.store).exists():
+                return _fail(command, f"release store {args.store} does not exist", 1)
+            with ReleaseStore(args.store, read_only=True) as store:
+                table = QueryRegistry(store).list()
+            rows = table.drop_columns(["spec_json"]).to_pylist()
+            if args.format == "json":
+                print(json.dumps(rows, default=str, indent=1))
+            else:
+                for row in rows:
+                    retired = f", retired from {row['retired_from']}" if row["retired_from"] is not None else ""
+                    print(f"{row['query_id']:<24} {row['kind']:<8} dim {row['dim']:<4} from window "
+                          f"{row['effective_from']}{retired}  {row['description']}")
+            return 0
+        first = _window("--from", args.start, args.window)
+        with ReleaseStore(args.store) as store:
+            registry = QueryRegistry(store)
+            if args.action == "add":
+                query = _query_from_args(args)
+                registry.add(query, effective_from=first)
+                print(f"registered {query.query_id} ({query.kind}, dim {query.dim}: {', '.join(query.labels)}) "
+                      f"from window {first}")
+            else:
+                registry.retire(args.id, from_window=first)
+                print(f"retired {args.id} from window {first}")
+        return 0
+    except _Usage as exc:
+        return _fail(command, str(exc), 2)
+    except ValueError as exc:
+        return _fail(command, str(exc), 2)
+    except ReleaseStoreError as exc:
+        return _fail(command, str(exc), 1)
+
+
+def _privacy_report_command(args: argparse.Namespace) -> int:
+    from pipelines.curator_store import CuratorStoreError
+    from queries.privacy_report import privacy_report
+
+    if (args.user is None) == (not args.all):
+        return _fail("privacy-report", "give exactly one of --user ID or --all (with --out FILE.parquet)", 2)
+    if args.all and not args.out:
+        return _fail("privacy-report", "--all needs --out FILE.parquet (reports never go to stdout or the public store)", 2)
+    if args.delta is not None and not 0 < args.delta < 1:
+        return _fail("privacy-report", f"--delta must be in (0, 1), got --delta {args.delta}", 2)
+    if not Path(args.ledger).exists():
+        return _fail("privacy-report", f"ledger {args.ledger} does not exist", 1)
+    try:
+        table = privacy_report(args.ledger, user=args.user, delta=args.delta)
+    except (CuratorStoreError, ValueError) as exc:
+        return _fail("privacy-report", str(exc), 1)
+    if args.all:
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, args.out)
+        print(f"wrote {table.num_rows:,} users' privacy reports to {args.out} (curator only: never publish it)")
+        return 0
+    if table.num_rows == 0:
+        print(f"user {args.user}: no contribution was ever charged; nothing of theirs has been released")
+        return 0
+    row = table.to_pylist()[0]
+    print(f"user {row['user_id']}")
+    print(f"  budget used:       {row['used_rho']:.6g} of {row['budget_rho']:.6g} zCDP "
+          f"({100 * row['used_rho'] / row['budget_rho']:.1f}%); remaining {row['remaining_rho']:.6g}")
+    print(f"  personal odometer: ({row['odometer_epsilon']:.4g}, {row['delta']:g})-DP so far "
+          f"(Feldman & Zrnic Alg. 5 / Cor. 4.11: a bound valid for this user alone)")
+    print(f"  promise:           ({row['promised_epsilon']:g}, {row['delta']:g})-DP over everything ever released")
+    return 0
+
+
+def _report_command(args: argparse.Namespace) -> int:
+    from queries.release_store import ReleaseStoreError
+    from queries.report import render_report
+
+    for name, path in (("--store", args.store), ("--ledger", args.ledger)):
+        if path is not None and not Path(path).exists():
+            return _fail("report", f"{name} {path} does not exist", 1)
+    try:
+        path = render_report(args.store, args.out, ledger=args.ledger)
+    except ReleaseStoreError as exc:
+        return _fail("report", str(exc), 1)
+    print(f"wrote {path}" + (" (curator variant: sensitive, keep it with the ledger)" if args.ledger else ""))
+    return 0
+
+
+def add_query_subcommands(sub: Any) -> None:
+    """Register ``query`` and ``privacy-report`` on the ``renyi-stream`` subparsers."""
+    query = sub.add_parser("query", help="register, retire and list the queries the daily job answers",
+                           description="The query registry lives in the release store (public). A query takes "
+                           "effect from a window after the last released one: released answers never change.")
+    actions = query.add_subparsers(dest="action", required=True, metavar="ACTION")
+    add = actions.add_parser("add", help="register a query from a future window on")
+    add.add_argument("--store", required=True, help="the release store (DuckDB file)")
+    add.add_argument("--id", required=True, help="query id: [a-z0-9_][a-z0-9_:.-]{0,63}")
+    add.add_argument("--columns", help="comma-separated indicator columns: one coordinate each")
+    add.add_argument("--histogram", metavar="COLUMN", help="one-hot of this column's category codes")
+    add.add_argument("--categories", help="with --histogram: the public category codes, comma-separated")
+    add.add_argument("--clamp", metavar="COLUMN", help="this column clamped to [--lo, --hi]")
+    add.add_argument("--lo", type=float, help="with --clamp: lower bound")
+    add.add_argument("--hi", type=float, help="with --clamp: upper bound")
+    add.add_argument("--weighted", metavar="COL=W,...", help="one coordinate: sum of weight * column")
+    add.add_argument("--kind", choices=("window", "running"), default="window",
+                     help="window: each window's own sum (default); running: the total since --from")
+    add.add_argument("--description", default="", help="public description")
+    add.add_argument("--from", dest="start", required=True, help="first window answered (YYYY-MM-DD or window id)")
+    add.add_argument("--window", default="1d", help="window length, as given to renyi-stream run (default 1d)")
+    retire = actions.add_parser("retire", help="stop answering a query from a future window on")
+    retire.add_argument("--store", required=True, help="the release store (DuckDB file)")
+    retire.add_argument("--id", required=True, help="the query id")
+    retire.add_argument("--from", dest="start", required=True, help="first window not answered (YYYY-MM-DD or id)")
+    retire.add_argument("--window", default="1d", help="window length (default 1d)")
+    listing = actions.add_parser("list", help="the query catalogue")
+    listing.add_argument("--store", required=True, help="the release store (DuckDB file)")
+    listing.add_argument("--format", choices=("table", "json"), default="table")
+    for parser in (add, retire, listing):
+        parser.set_defaults(handler=_query_command)
+
+    report = sub.add_parser("privacy-report", help="curator only: a user's spent budget and personal odometer",
+                            description="Print one user's used and remaining budget and their personal odometer "
+                            "(Feldman & Zrnic, Algorithm 5 / Corollary 4.11), or export every user's report with "
+                            "--all --out. Computed from the user's own data: disclose it to that user alone.")
+    report.add_argument("--ledger", required=True, help="the curator's ledger (DuckDB file)")
+    report.add_argument("--user", default=None, help="the user id")
+    report.add_argument("--all", action="store_true", help="every user (needs --out)")
+    report.add_argument("--out", default=None, help="with --all: Parquet file to write")
+    report.add_argument("--delta", type=float, default=None, help="delta of the odometer (default: the ledger's)")
+    report.set_defaults(handler=_privacy_report_command)
+
+    html_report = sub.add_parser("report", help="a self-contained HTML page of the released series with charts",
+                                 description="Charts of every query's released series with 95% confidence bands "
+                                 "and the promise in plain words. With --ledger, the curator variant adds the "
+                                 "distribution of budget used and the share of rows filtered per window.")
+    html_report.add_argument("--store", required=True, help="the release store (DuckDB file)")
+    html_report.add_argument("--out", required=True, help="HTML file to write")
+    html_report.add_argument("--ledger", default=None, help="curator variant: the ledger (DuckDB file)")
+    html_report.set_defaults(handler=_report_command)

@@ -1,0 +1,244 @@
+"""One shard's filter state and what it does per window, free of Beam (the DoFn only holds it).
+
+A shard holds the ledger of its users (:class:`stream.ledger.Ledger`) and, for every running
+query, the users' histories (:class:`stream.continual.running.RunningState`). Per window,
+:meth:`ShardState.charge_window` evaluates every query active in that window (the
+:class:`QueryPlan`), concatenates each user's vectors, charges the ledger **once** with the
+squared norm of the concatenation (Feldman & Zrnic, Algorithm 3, drop, or Algorithm 7's clip),
+and returns the per-query partial sums of what it admitted. Charging the concatenation, not each
+query on its own, is what makes the filter see the whole adaptive interaction: a user's budget
+covers window sums, running totals and every registered query together.
+
+A running query also queries users who have no row this window but a history (their running
+total still includes their past): they are charged like everybody else, and they are left out of
+the row counts (which count rows read, not users queried).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stream.continual.running import RunningQuery, RunningState
+from stream.continual.strategies import SquareRootFactorization
+from stream.ledger import ADMITTED, STATUS_NAMES, Ledger
+from stream.schema import USER_ID
+
+KINDS = ("window", "running")
+
+
+@dataclass(frozen=True)
+class PlannedQuery:
+    """A query and the windows it is answered in: ``[first_window, retired_from)``.
+
+    ``query`` is a :class:`queries.linear.LinearQuery` (anything with ``query_id``, ``kind``,
+    ``dim``, ``labels`` and ``evaluate(table) -> (n, dim)`` float64).
+    """
+
+    query: Any
+    first_window: int
+    retired_from: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.query.kind not in KINDS:
+            raise ValueError(f"query kind must be one of {KINDS}, got kind={self.query.kind!r}")
+        if self.retired_from is not None and self.retired_from <= self.first_window:
+            raise ValueError(f"retired_from must be after first_window={self.first_window}, "
+                             f"got retired_from={self.retired_from}")
+
+    @property
+    def query_id(self) -> str:
+        return self.query.query_id
+
+    @property
+    def kind(self) -> str:
+        return self.query.kind
+
+    def active_in(self, window_id: int) -> bool:
+        return self.first_window <= window_id and (self.retired_from is None or window_id < self.retired_from)
+
+
+@dataclass(frozen=True)
+class QueryPlan:
+    """Every query a run answers, with the windows each is active in. Public (it is the query
+    catalogue), and the same on every worker."""
+
+    entries: tuple[PlannedQuery, ...]
+
+    def __post_init__(self) -> None:
+        ids = [e.query_id for e in self.entries]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"query ids must be distinct in a plan, got {sorted(ids)}")
+        object.__setattr__(self, "entries", tuple(sorted(self.entries, key=lambda e: e.query_id)))
+
+    @classmethod
+    def starting_at(cls, queries: Sequence[Any], first_window: int) -> "QueryPlan":
+        """Every query in ``queries`` active from ``first_window`` on (e.g.
+        ``queries.linear.default_queries(columns)``)."""
+        return cls(tuple(PlannedQuery(query, int(first_window)) for query in queries))
+
+    def active(self, window_id: int) -> tuple[PlannedQuery, ...]:
+        """The queries answered in ``window_id``, sorted by query id."""
+        return tuple(e for e in self.entries if e.active_in(window_id))
+
+    @property
+    def running(self) -> tuple[PlannedQuery, ...]:
+        return tuple(e for e in self.entries if e.kind == "running")
+
+    def get(self, query_id: str) -> PlannedQuery:
+        for entry in self.entries:
+            if entry.query_id == query_id:
+                return entry
+        raise KeyError(query_id)
+
+    def running_query(self, query_id: str, noise_std: float) -> RunningQuery:
+        """The mechanism of a running query: square-root factorisation from its first window."""
+        entry = self.get(query_id)
+        return RunningQuery(query_id=entry.query_id, dim=entry.query.dim, start_window=entry.first_window,
+                            noise_std=noise_std, strategy=SquareRootFactorization())
+
+
+@dataclass(frozen=True)
+class WindowCharge:
+    """What one shard charged in one window (sensitive: curator only until noised).
+
+    ``sums[query_id]`` is the shard's partial sum, flat ``float64``: ``dim`` numbers for a
+    window query, ``rows * dim`` (row-major) for a running query. ``counts`` counts the
+    window's *rows* by status (history-only users of running queries are not rows).
+    """
+
+    window_id: int
+    sums: dict[str, np.ndarray]
+    counts: dict[str, int]
+
+
+class ShardState:
+    """The ledger and running-query histories of one shard of users."""
+
+    def __init__(self, plan: QueryPlan, ledger: Ledger, running: dict[str, RunningState] | None = None) -> None:
+        self.plan = plan
+        self.ledger = ledger
+        self.running = dict(running or {})
+
+    def _running_state(self, entry: PlannedQuery) -> RunningState:
+        state = self.running.get(entry.query_id)
+        if state is None:
+            state = RunningState(strategy=SquareRootFactorization(), dim=entry.query.dim,
+                                 start_window=entry.first_window, id_type=self.ledger.id_type)
+            self.running[entry.query_id] = state
+        return state
+
+    def windows_to_step(self, data_windows: Sequence[int], last_window: int | None) -> list[int]:
+        """The windows this shard must process: those with rows, and for each running query
+        every window from its next unprocessed one through ``last_window`` (its users' histories
+        are queried whether or not they have rows)."""
+        windows = {int(w) for w in data_windows}
+        if last_window is not None:
+            for entry in self.plan.running:
+                state = self.running.get(entry.query_id)
+                first = state.next_window if state is not None else entry.first_window
+                stop = last_window + 1 if entry.retired_from is None else min(last_window + 1, entry.retired_from)
+                windows.update(range(first, stop))
+        return sorted(windows)
+
+    def charge_window(self, window_id: int, rows: pa.Table, *, noise_std: float, policy: str) -> WindowCharge:
+        """Evaluate, filter and charge one window; ``rows`` has one row per distinct user.
+
+        The ledger charges each user ``||v_i||^2 / (2 s^2)`` for ``v_i`` the concatenation of
+        every active query's vector (zCDP units, Section 4.2), and admits, drops or clips the
+        whole vector (one decision per user and window). Running-query histories advance only
+        after the charge succeeded, so a refused window changes nothing.
+        """
+        active = self.plan.active(window_id)
+        ids = rows.column(USER_ID).combine_chunks() if isinstance(rows.column(USER_ID), pa.ChunkedArray) \
+            else rows.column(USER_ID)
+        n = rows.num_rows
+        blocks: list[tuple[str, int]] = []  # (query id, width of its part of the vector)
+        parts: list[np.ndarray] = []
+        pending: list[tuple[RunningState, Any]] = []
+        extra_ids: list[Any] = []
+        extra_vectors: list[tuple[int, np.ndarray]] = []  # (block index, vectors of history-only users)
+        for entry in active:
+            values = np.asarray(entry.query.evaluate(rows), dtype=np.float64).reshape(n, entry.query.dim)
+            if entry.kind == "window":
+                blocks.append((entry.query_id, entry.query.dim))
+                parts.append(values)
+                continue
+            state = self._running_state(entry)
+            queried = state.queries_at(_as_state_ids(ids, state), values, window_id=window_id)
+            pending.append((state, queried))
+            width = queried.rows * queried.dim
+            block = np.zeros((n, width))
+            positions = _positions_in(ids, queried.user_ids)
+            inside = positions >= 0
+            block[positions[inside]] = queried.vectors[inside]
+            blocks.append((entry.query_id, width))
+            parts.append(block)
+            if (~inside).any():
+                extra_ids.append(_take(queried.user_ids, np.flatnonzero(~inside)))
+                extra_vectors.append((len(blocks) - 1, queried.vectors[~inside]))
+        union, matrix = _union_matrix(ids, n, parts, extra_ids, extra_vectors, [w for _, w in blocks])
+        width = matrix.shape[1]
+        if width and len(union):
+            result = self.ledger.admit(union, matrix, noise_std=noise_std, policy=policy)
+            admitted, status = result.contributions, result.status[:n]
+        else:  # no query asks anything in this window: nobody is charged, every row is admitted
+            admitted, status = np.zeros((len(union), width)), np.full(n, ADMITTED, dtype=np.int8)
+        for state, queried in pending:
+            state.commit(queried)
+        totals = admitted.sum(axis=0)
+        sums, start = {}, 0
+        for query_id, w in blocks:
+            sums[query_id] = totals[start:start + w].copy()
+            start += w
+        tally = np.bincount(status.astype(np.int64), minlength=len(STATUS_NAMES))
+        counts = {name: int(tally[i]) for i, name in enumerate(STATUS_NAMES)}
+        return WindowCharge(window_id=window_id, sums=sums, counts=counts)
+
+
+def _as_state_ids(ids: pa.Array, state: RunningState) -> Any:
+    return ids.to_numpy(zero_copy_only=False).astype(np.int64) if state.id_type == "int64" else ids
+
+
+def _positions_in(ids: pa.Array, queried: Any) -> np.ndarray:
+    """For each queried id, its position among this window's row ids, or -1 (history only)."""
+    arr = pa.array(queried) if isinstance(queried, np.ndarray) else queried
+    if pa.types.is_large_string(arr.type):
+        arr = arr.cast(pa.string())
+    keys = ids.cast(pa.string()) if pa.types.is_large_string(ids.type) else ids
+    found = pc.index_in(arr, value_set=keys)
+    return np.asarray(found.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _take(queried: Any, positions: np.ndarray) -> Any:
+    return queried[positions] if isinstance(queried, np.ndarray) else queried.take(pa.array(positions))
+
+
+def _union_matrix(ids: pa.Array, n: int, parts: list[np.ndarray], extra_ids: list[Any],
+                  extra_vectors: list[tuple[int, np.ndarray]], widths: list[int]) -> tuple[Any, np.ndarray]:
+    """The window's users (row ids first, then history-only users of running queries, each once)
+    and the matrix of their concatenated query vectors."""
+    matrix = np.concatenate(parts, axis=1) if parts else np.zeros((n, 0))
+    if not extra_ids:
+        return ids, matrix
+    offsets = np.concatenate([[0], np.cumsum(widths)])
+    if pa.types.is_integer(ids.type):
+        extra = np.concatenate([np.asarray(e, dtype=np.int64) for e in extra_ids])
+        unique_extra, inverse = np.unique(extra, return_inverse=True)
+        union = pa.concat_arrays([ids.cast(pa.int64()), pa.array(unique_extra, type=pa.int64())])
+    else:
+        extra_arr = pa.concat_arrays([pa.array(e).cast(pa.string()) for e in extra_ids])
+        unique_extra = pc.unique(extra_arr)
+        inverse = np.asarray(pc.index_in(extra_arr, value_set=unique_extra).to_numpy(zero_copy_only=False))
+        union = pa.concat_arrays([ids.cast(pa.string()), unique_extra])
+    extra_matrix = np.zeros((len(unique_extra), matrix.shape[1]))
+    start = 0
+    for block, vectors in extra_vectors:
+        rows = inverse[start:start + len(vectors)]
+        extra_matrix[rows, offsets[block]:offsets[block + 1]] = vectors
+        start += len(vectors)
+    return union, np.concatenate([matrix, extra_matrix], axis=0)
