@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from queries.release_store import RELEASE_SCHEMA
+from stream.faults import crash_point
 from stream.ledger import Ledger
 
 SCHEMA_VERSION = 1
@@ -406,15 +407,3 @@ def _duck_type(arrow_type: pa.DataType) -> str:
     if pa.types.is_timestamp(arrow_type):
         return "TIMESTAMPTZ" if arrow_type.tz else "TIMESTAMP"
     raise TypeError(f"no DuckDB column type for {arrow_type}")
-
-
-# Test-only fault injection (issue: crash tests). RENYI_STREAM_CRASH_AT names a point; the
-# process kills itself there with SIGKILL, as a power cut would.
-CRASH_ENV = "RENYI_STREAM_CRASH_AT"
-
-
-def crash_point(name: str) -> None:
-    if os.environ.get(CRASH_ENV) == name:
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)

@@ -37,6 +37,7 @@ from pipelines.readers import read_batches
 from pipelines.sharding import shard_of
 from pipelines.shard_state import QueryPlan, ShardState
 from stream.continual.running import RunningState
+from stream.faults import crash_point
 from stream.ledger import Ledger
 from stream.noise import NoiseKey, gaussian_noise
 from stream.schema import USER_ID, WINDOW_ID, WindowSpec, validate_batch
@@ -94,6 +95,7 @@ class ReadAndValidate(beam.DoFn):
             if valid.num_rows:
                 yield valid
             offset += batch.num_rows
+            crash_point("while_reading")  # test-only: input read, nothing committed
 
 
 def _valid_mask(n: int, rejected: pa.Table) -> np.ndarray:

@@ -45,6 +45,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from stream.faults import crash_point
+
 SCHEMA_VERSION = 2
 
 RELEASE_SCHEMA = pa.schema([
@@ -371,6 +373,7 @@ class ReleaseStore:
             db.unregister(_INCOMING)
         if stored is None:
             db.execute("INSERT INTO store_meta (key, value) VALUES ('key_fingerprint', ?)", [fingerprint])
+        crash_point("during_release_insert")  # test-only: rows inserted, transaction not committed
         return int(inserted)
 
     # --- reading ------------------------------------------------------------------------------

@@ -50,6 +50,16 @@ def _releases(config) -> pa.Table:
         return store.read().select(["query_id", "window_id", "coordinate", "value", "noise_std"])
 
 
+def _run_totals(config) -> list[tuple]:
+    """The curator's row totals of every run: (rows_read, admitted, clipped, dropped, rejected, late)."""
+    db = duckdb.connect(config.ledger, read_only=True)
+    try:
+        return db.execute("SELECT rows_read, admitted, clipped, dropped, rejected, late FROM run_counts "
+                          "ORDER BY run_id").fetchall()
+    finally:
+        db.close()
+
+
 def _ledger(config) -> dict:
     db = duckdb.connect(config.ledger, read_only=True)
     try:
@@ -180,7 +190,8 @@ _CRASHING_RUN = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("crash_at", ["after_ledger_write", "before_publish", "after_publish"])
+@pytest.mark.parametrize("crash_at", ["while_reading", "after_ledger_write", "before_publish",
+                                      "during_release_insert", "after_publish"])
 def test_a_run_killed_mid_commit_recovers_to_the_uninterrupted_outcome(tmp_path, crash_at):
     day0 = _write_day(tmp_path / "d0.parquet", 0, [1, 2, 3], [1.0, 1.0, 0.0], [1.0, 0.0, 1.0])
     clean = _config(tmp_path, [day0], start=0, end=1, name="clean")
@@ -190,9 +201,17 @@ def test_a_run_killed_mid_commit_recovers_to_the_uninterrupted_outcome(tmp_path,
             str(crashed.start_window), str(crashed.end_window)]
     result = subprocess.run(args, env={**os.environ, "RENYI_STREAM_CRASH_AT": crash_at}, capture_output=True)
     assert result.returncode == -9, result.stderr.decode()[-2000:]  # SIGKILL, mid-commit
-    run_job(crashed)  # the re-run, with the lock left behind by the dead process
-    assert _releases(crashed).equals(_releases(clean))
-    assert _ledger(crashed) == _ledger(clean)
+    rerun = run_job(crashed)  # the re-run, with the lock left behind by the dead process
+    assert _releases(crashed).equals(_releases(clean))  # each window released once, same answer
+    assert _ledger(crashed) == _ledger(clean)  # each user charged once
+    # Row totals exact: the committed run counts as the clean one did; a re-run of a committed
+    # day (crash after the commit) reads its rows again and counts every one as late.
+    totals = _run_totals(crashed)
+    assert totals[0] == _run_totals(clean)[0]
+    committed_before_crash = crash_at in ("before_publish", "during_release_insert", "after_publish")
+    assert len(totals) == (2 if committed_before_crash else 1)
+    if committed_before_crash:
+        assert totals[1] == (3, 0, 0, 0, 0, 3) and rerun.balanced
 
 
 @pytest.mark.slow

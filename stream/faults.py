@@ -1,0 +1,22 @@
+"""Test-only fault injection: a process that kills itself at a named commit point.
+
+``RENYI_STREAM_CRASH_AT=<point>`` makes :func:`crash_point` send SIGKILL to its own process
+there, as a power cut would (no cleanup, no ``finally``). Points: ``while_reading`` (the
+pipeline has read input, nothing is committed), ``after_ledger_write`` (inside the curator's
+transaction, before COMMIT), ``before_publish``, ``during_release_insert`` (inside the release
+store's transaction, before COMMIT), ``after_publish`` (published, not yet marked). Unset in
+production: the check is one environment lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+CRASH_ENV = "RENYI_STREAM_CRASH_AT"
+
+
+def crash_point(name: str) -> None:
+    """Die here with SIGKILL when ``RENYI_STREAM_CRASH_AT`` names this point."""
+    if os.environ.get(CRASH_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
