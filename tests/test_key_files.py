@@ -1,0 +1,77 @@
+"""The daily job refuses a loose or changed noise key and a corrupted ledger file, changing nothing."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.curator_store import CuratorStoreError
+from pipelines.daily_job import JobConfig, run_job
+from queries.release_store import ReleaseConflictError, ReleaseStore
+from stream.noise import NoiseKey, NoiseKeyError
+
+DAY0 = dt.date(2026, 3, 1)
+W0 = (DAY0 - dt.date(1970, 1, 1)).days
+
+
+def _day(tmp_path, offset):
+    path = tmp_path / f"d{offset}.parquet"
+    pq.write_table(pa.table({"user_id": pa.array([1, 2], type=pa.int64()),
+                             "day": pa.array([DAY0 + dt.timedelta(days=offset)] * 2, type=pa.date32()),
+                             "opened": pa.array([1.0, 0.0])}), path)
+    return str(path)
+
+
+def _config(tmp_path, offset, *, key="k.key", ledger="l.duckdb"):
+    return JobConfig(inputs=(_day(tmp_path, offset),), store=str(tmp_path / "s.duckdb"),
+                     ledger=str(tmp_path / ledger), epsilon=1.0, delta=1e-6, norm_budget=5.0,
+                     start_window=W0 + offset, end_window=W0 + offset, key_path=str(tmp_path / key), n_shards=2)
+
+
+def _digest(*paths) -> list[str]:
+    return [hashlib.sha256(open(p, "rb").read()).hexdigest() if os.path.exists(p) else "" for p in paths]
+
+
+def test_a_key_file_readable_by_others_is_refused_and_nothing_is_committed(tmp_path):
+    run_job(_config(tmp_path, 0))
+    os.chmod(tmp_path / "k.key", 0o644)
+    before = _digest(tmp_path / "s.duckdb", tmp_path / "l.duckdb")
+    with pytest.raises(NoiseKeyError, match="chmod 600"):
+        run_job(_config(tmp_path, 1))
+    assert _digest(tmp_path / "s.duckdb", tmp_path / "l.duckdb") == before
+
+
+def test_a_changed_key_for_an_existing_ledger_and_store_is_refused_and_nothing_is_committed(tmp_path):
+    run_job(_config(tmp_path, 0))
+    os.remove(tmp_path / "k.key")
+    NoiseKey.load_or_create(tmp_path / "k.key")  # a new key where the old one was
+    before = _digest(tmp_path / "s.duckdb", tmp_path / "l.duckdb")
+    with pytest.raises(CuratorStoreError, match="key_fingerprint"):
+        run_job(_config(tmp_path, 1))
+    assert _digest(tmp_path / "s.duckdb", tmp_path / "l.duckdb") == before
+
+
+def test_releases_drawn_with_another_key_never_enter_a_store(tmp_path):
+    run_job(_config(tmp_path, 0))
+    with ReleaseStore(tmp_path / "s.duckdb", read_only=True) as store:
+        before = store.read()
+    # Another curator (new ledger, new key) publishing into the same public store.
+    with pytest.raises((CuratorStoreError, ReleaseConflictError)):
+        run_job(_config(tmp_path, 1, key="other.key", ledger="other.duckdb"))
+    with ReleaseStore(tmp_path / "s.duckdb", read_only=True) as store:
+        assert store.read().equals(before)
+
+
+def test_a_corrupted_ledger_file_is_refused_with_a_clear_message(tmp_path):
+    run_job(_config(tmp_path, 0))
+    ledger = tmp_path / "l.duckdb"
+    data = bytearray(ledger.read_bytes())
+    data[:4096] = os.urandom(4096)  # the header and first block: no longer a DuckDB file
+    ledger.write_bytes(bytes(data))
+    with pytest.raises(CuratorStoreError, match="ledger"):
+        run_job(_config(tmp_path, 1))
