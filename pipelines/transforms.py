@@ -473,8 +473,9 @@ class IndividualFilter(beam.PTransform):
         previous = valid.pipeline | "PreviousState" >> beam.Create(initial)
         # Typed as (int, Any): shard keys then get a deterministic coder, as state needs.
         return ((keyed, previous) | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
-                | "Filter" >> beam.ParDo(self._filter).with_outputs("ledger", "running", "counts", "dead",
-                                                                     main="sums"))
+                | "Filter" >> beam.ParDo(self._filter)
+                .with_output_types(Tuple[Tuple[str, int], Any])  # (query, window) keys: deterministic coder
+                .with_outputs("ledger", "running", "counts", "dead", main="sums"))
 
 
 class ReleaseWindows(beam.PTransform):
