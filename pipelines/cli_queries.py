@@ -180,7 +180,7 @@ def add_query_subcommands(sub: Any) -> None:
     actions = query.add_subparsers(dest="action", required=True, metavar="ACTION")
     add = actions.add_parser("add", help="register a query from a future window on")
     add.add_argument("--store", required=True, help="the release store (DuckDB file)")
-    add.add_argument("--id", required=True, help="query id: [a-z0-9_][a-z0-9_:.-]{0,63}")
+    add.add_argument("--id", required=True, help="query id: up to 160 printable characters, no brackets")
     add.add_argument("--columns", help="comma-separated indicator columns: one coordinate each")
     add.add_argument("--histogram", metavar="COLUMN", help="one-hot of this column's category codes")
     add.add_argument("--categories", help="with --histogram: the public category codes, comma-separated")

@@ -34,7 +34,9 @@ from stream.accounting.gaussian import MAX_DIM
 
 KINDS = ("window", "running")
 TYPES = ("columns", "histogram", "clamp", "weighted")
-_ID = re.compile(r"^[a-z0-9_][a-z0-9_:.\-]{0,63}$")
+# Any printable id of at most 160 characters, without surrounding whitespace or brackets (which
+# name the coordinates of `releases_wide`): default ids are `sum:<column>` for any column name.
+_ID = re.compile(r"^(?=\S)(?!.*\s$)[^\[\]\x00-\x1f\x7f]{1,160}$")
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,8 @@ class LinearQuery:
 
     def __post_init__(self) -> None:
         if not isinstance(self.query_id, str) or not _ID.match(self.query_id):
-            raise ValueError(f"query_id must match [a-z0-9_][a-z0-9_:.-]{{0,63}}, got query_id={self.query_id!r}")
+            raise ValueError("query_id must be 1 to 160 printable characters without surrounding whitespace "
+                             f"or brackets, got query_id={self.query_id!r}")
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got kind={self.kind!r}")
         if not isinstance(self.description, str) or len(self.description) > 2000:

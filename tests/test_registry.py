@@ -66,7 +66,8 @@ def test_a_spec_serialises_canonically_and_round_trips():
     (lambda: LinearQuery.clamp("q", "m", 5, 5), "lo must be below hi"),
     (lambda: LinearQuery.clamp("q", "m", 0, float("inf")), "finite"),
     (lambda: LinearQuery.weighted("q", {"a": float("nan")}), "finite"),
-    (lambda: LinearQuery.columns("Bad Id!", ["a"]), "query_id"),
+    (lambda: LinearQuery.columns("bad[id]", ["a"]), "query_id"),
+    (lambda: LinearQuery.columns(" padded", ["a"]), "query_id"),
     (lambda: LinearQuery.columns("q", ["a"], kind="hourly"), "kind"),
     (lambda: LinearQuery("q", {"type": "cube"}), "type"),
     (lambda: LinearQuery.from_json("{not json"), "not a query spec"),
@@ -79,6 +80,11 @@ def test_a_bad_spec_is_refused_with_a_message_naming_the_problem(build, message)
 def test_a_query_on_an_unknown_column_is_refused():
     with pytest.raises(ValueError, match="unknown column"):
         LinearQuery.columns("q", ["nope"]).validate_against(["opened"])
+
+
+def test_default_queries_exist_for_any_column_name():
+    (query,) = default_queries(["Opened App (%)"])
+    assert query.query_id == "sum:Opened App (%)"
 
 
 def test_default_queries_are_the_per_column_sums_or_running_totals():
@@ -210,7 +216,7 @@ def test_query_add_list_retire_from_the_command_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, parameter", [
     (["query", "add", "--id", "q", "--columns", "a", "--from", "2026-03-01"], "--store"),
-    (["query", "add", "--store", "S", "--id", "Bad!", "--columns", "a", "--from", "2026-03-01"], "query_id"),
+    (["query", "add", "--store", "S", "--id", "bad[id]", "--columns", "a", "--from", "2026-03-01"], "query_id"),
     (["query", "add", "--store", "S", "--id", "q", "--clamp", "m", "--lo", "3", "--hi", "1", "--from", "2026-03-01"],
      "lo"),
     (["query", "add", "--store", "S", "--id", "q", "--columns", "a", "--from", "March"], "--from"),
