@@ -20,8 +20,10 @@ class _Usage(Exception):
     """A bad parameter: exit status 2."""
 
 
-def _fail(command: str, message: str, status: int) -> int:
-    print(f"{PROG} {command}: error: {message}", file=sys.stderr)
+def _fail(command: str, message: str, status: int, args: argparse.Namespace | None = None) -> int:
+    from pipelines.cli import name_the_option
+
+    print(f"{PROG} {command}: error: {name_the_option(command, message, args)}", file=sys.stderr)
     if status == 2:
         raise SystemExit(2)
     return status
@@ -49,6 +51,16 @@ def _split(name: str, text: str) -> list[str]:
     return items
 
 
+def _categories(text: str) -> list[float] | list[str]:
+    """``--categories``: numbers (category codes in a numeric column) when every item is a
+    number, else strings (values of a string column)."""
+    items = _split("--categories", text)
+    try:
+        return [float(item) for item in items]
+    except ValueError:
+        return items
+
+
 def _query_from_args(args: argparse.Namespace) -> Any:
     from queries.linear import LinearQuery
 
@@ -62,12 +74,8 @@ def _query_from_args(args: argparse.Namespace) -> Any:
         return LinearQuery.columns(args.id, _split("--columns", args.columns), **common)
     if args.histogram:
         if not args.categories:
-            raise _Usage("--histogram needs --categories (the public list of category codes)")
-        try:
-            categories = [float(c) for c in _split("--categories", args.categories)]
-        except ValueError:
-            raise _Usage(f"--categories must be numbers, got {args.categories!r}") from None
-        return LinearQuery.histogram(args.id, args.histogram, categories, **common)
+            raise _Usage("--histogram needs --categories (the public list of categories)")
+        return LinearQuery.histogram(args.id, args.histogram, _categories(args.categories), **common)
     if args.clamp:
         if args.lo is None or args.hi is None:
             raise _Usage("--clamp needs --lo and --hi")
@@ -103,13 +111,20 @@ def _query_command(args: argparse.Namespace) -> int:
                           f"{row['effective_from']}{retired}  {row['description']}")
             return 0
         first = _window("--from", args.start, args.window)
+        existed = Path(args.store).exists()
+        if args.action == "retire" and not existed:
+            return _fail(command, f"release store {args.store} does not exist", 1)
+        query = _query_from_args(args) if args.action == "add" else None  # bad specs fail before the store opens
         with ReleaseStore(args.store) as store:
             registry = QueryRegistry(store)
-            if args.action == "add":
-                query = _query_from_args(args)
+            last = registry.last_released_window()
+            if last is not None and first <= last:
+                raise _Usage(f"--from must be after the last released window {last}, got --from {args.start} "
+                             f"(window {first}): released answers never change")
+            if query is not None:
                 registry.add(query, effective_from=first)
                 print(f"registered {query.query_id} ({query.kind}, dim {query.dim}: {', '.join(query.labels)}) "
-                      f"from window {first}")
+                      f"from window {first}" + ("" if existed else f" in the new release store {args.store}"))
             else:
                 registry.retire(args.id, from_window=first)
                 print(f"retired {args.id} from window {first}")
@@ -117,9 +132,9 @@ def _query_command(args: argparse.Namespace) -> int:
     except _Usage as exc:
         return _fail(command, str(exc), 2)
     except ValueError as exc:
-        return _fail(command, str(exc), 2)
+        return _fail(command, str(exc), 2, args)
     except ReleaseStoreError as exc:
-        return _fail(command, str(exc), 1)
+        return _fail(command, str(exc), 1, args)
 
 
 def _privacy_report_command(args: argparse.Namespace) -> int:
@@ -130,18 +145,25 @@ def _privacy_report_command(args: argparse.Namespace) -> int:
         return _fail("privacy-report", "give exactly one of --user ID or --all (with --out FILE.parquet)", 2)
     if args.all and not args.out:
         return _fail("privacy-report", "--all needs --out FILE.parquet (reports never go to stdout or the public store)", 2)
+    if args.out is not None and (not args.all or not args.out.endswith(".parquet")):
+        return _fail("privacy-report", f"--out takes a FILE.parquet with --all, got --out {args.out!r}", 2)
     if args.delta is not None and not 0 < args.delta < 1:
         return _fail("privacy-report", f"--delta must be in (0, 1), got --delta {args.delta}", 2)
     if not Path(args.ledger).exists():
         return _fail("privacy-report", f"ledger {args.ledger} does not exist", 1)
     try:
         table = privacy_report(args.ledger, user=args.user, delta=args.delta)
-    except (CuratorStoreError, ValueError) as exc:
-        return _fail("privacy-report", str(exc), 1)
+    except ValueError as exc:  # a --user that cannot be an id of this ledger
+        return _fail("privacy-report", f"--user: {exc}", 2)
+    except CuratorStoreError as exc:
+        return _fail("privacy-report", str(exc), 1, args)
     if args.all:
         import pyarrow.parquet as pq
 
-        pq.write_table(table, args.out)
+        try:
+            pq.write_table(table, args.out)
+        except OSError as exc:  # --out in a missing folder, or a folder itself
+            return _fail("privacy-report", f"--out: cannot write {args.out}: {exc}", 1)
         print(f"wrote {table.num_rows:,} users' privacy reports to {args.out} (curator only: never publish it)")
         return 0
     if table.num_rows == 0:
@@ -149,25 +171,34 @@ def _privacy_report_command(args: argparse.Namespace) -> int:
         return 0
     row = table.to_pylist()[0]
     print(f"user {row['user_id']}")
-    print(f"  budget used:       {row['used_rho']:.6g} of {row['budget_rho']:.6g} zCDP "
-          f"({100 * row['used_rho'] / row['budget_rho']:.1f}%); remaining {row['remaining_rho']:.6g}")
-    print(f"  personal odometer: ({row['odometer_epsilon']:.4g}, {row['delta']:g})-DP so far "
-          f"(Feldman & Zrnic Alg. 5 / Cor. 4.11: a bound valid for this user alone)")
-    print(f"  promise:           ({row['promised_epsilon']:g}, {row['delta']:g})-DP over everything ever released")
+    print(f"  budget used:       {row['used_rho']:.6g} of {row['budget_rho']:.6g} (zCDP rho, "
+          f"{100 * row['used_rho'] / row['budget_rho']:.1f}%); remaining {row['remaining_rho']:.6g}")
+    print(f"  personal odometer: rho <= {row['odometer_rho']:.6g} (tracker step {row['tracker_step']:.3g}), i.e. "
+          f"({row['odometer_epsilon']:.4g}, {row['delta']:g})-DP so far with {row['accounting']} accounting "
+          "(Feldman & Zrnic Alg. 5 / Cor. 4.11: a bound valid for this user alone)")
+    print(f"  promise:           ({row['promised_epsilon']:.4g}, {row['delta']:g})-DP over everything ever released")
     return 0
 
 
 def _report_command(args: argparse.Namespace) -> int:
+    from pipelines.curator_store import CuratorStoreError
     from queries.release_store import ReleaseStoreError
     from queries.report import render_report
 
+    if Path(args.out).suffix.lower() not in (".html", ".htm"):
+        return _fail("report", f"--out must be an .html file, got --out {args.out!r}", 2)
     for name, path in (("--store", args.store), ("--ledger", args.ledger)):
         if path is not None and not Path(path).exists():
             return _fail("report", f"{name} {path} does not exist", 1)
+    if args.ledger is not None and Path(args.ledger).resolve() == Path(args.store).resolve():
+        return _fail("report", f"--ledger takes the curator's ledger, not the release store given to --store "
+                     f"({args.store})", 2)
     try:
         path = render_report(args.store, args.out, ledger=args.ledger)
-    except ReleaseStoreError as exc:
-        return _fail("report", str(exc), 1)
+    except (ReleaseStoreError, CuratorStoreError) as exc:
+        return _fail("report", str(exc), 1, args)
+    except OSError as exc:  # --out in a missing folder, or a folder itself
+        return _fail("report", f"--out: cannot write {args.out}: {exc.strerror or exc}", 1)
     print(f"wrote {path}" + (" (curator variant: sensitive, keep it with the ledger)" if args.ledger else ""))
     return 0
 
@@ -180,10 +211,12 @@ def add_query_subcommands(sub: Any) -> None:
     actions = query.add_subparsers(dest="action", required=True, metavar="ACTION")
     add = actions.add_parser("add", help="register a query from a future window on")
     add.add_argument("--store", required=True, help="the release store (DuckDB file)")
-    add.add_argument("--id", required=True, help="query id: up to 160 printable characters, no brackets")
+    add.add_argument("--id", required=True, help="query id: 1 to 160 printable characters, no brackets (e.g. tiers)")
     add.add_argument("--columns", help="comma-separated indicator columns: one coordinate each")
-    add.add_argument("--histogram", metavar="COLUMN", help="one-hot of this column's category codes")
-    add.add_argument("--categories", help="with --histogram: the public category codes, comma-separated")
+    add.add_argument("--histogram", metavar="COLUMN", help="one-hot of this column over --categories "
+                     "(a value outside them counts nowhere)")
+    add.add_argument("--categories", help="with --histogram: the public categories, comma-separated: numbers "
+                     "(codes in a numeric column) or strings (values of a string column)")
     add.add_argument("--clamp", metavar="COLUMN", help="this column clamped to [--lo, --hi]")
     add.add_argument("--lo", type=float, help="with --clamp: lower bound")
     add.add_argument("--hi", type=float, help="with --clamp: upper bound")

@@ -8,42 +8,64 @@ concatenation (Feldman & Zrnic, Algorithm 3, applied to the fully adaptive seque
 
 Specs (``spec["type"]``):
 
-* ``columns``: the selected indicator columns, one coordinate each (a daily sum per column);
-* ``histogram``: a one-hot of a numeric category code over declared, public category values;
-  a value outside the list maps to the zero vector (it contributes to no bucket and costs
-  nothing), so the list is the whole histogram;
-* ``clamp``: one column clamped to a declared ``[lo, hi]`` (bounding the contribution);
+* ``columns``: the selected numeric columns, one coordinate each (a daily sum per column);
+* ``histogram``: a one-hot of a column over a declared, public list of categories, either
+  numbers (category codes in a numeric column) or strings (a string column). A value outside
+  the list (or a null in a string column) maps to the **zero vector**: it counts in no bucket and
+  costs nothing, so the declared list is the whole histogram (there is no "other" bucket;
+  declare one value per bucket you want counted);
+* ``clamp``: one numeric column clamped to a declared ``[lo, hi]`` (bounding the contribution);
 * ``weighted``: ``sum_j w_j * column_j``, one coordinate.
 
 ``kind`` is ``window`` (each window's own sum) or ``running`` (the running total from the
-query's first window, through a streaming matrix mechanism; see :mod:`stream.continual`).
+query's first window, through a streaming matrix mechanism; see :mod:`stream.continual`). Here it
+is metadata: it is validated and round-trips through JSON, and the pipeline acts on it.
+
+Every constructor validates the whole spec (empty lists, repeated columns or categories,
+repeated labels, ``dim > MAX_DIM``, ``lo >= hi``, non-finite numbers, bad ids), so a
+``LinearQuery`` that exists is well formed; :meth:`LinearQuery.validate_against` adds the
+checks that need the data's schema (unknown and non-numeric columns).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from stream.accounting.gaussian import MAX_DIM
+from stream.schema import DAY, EVENT_TIME, USER_ID, WINDOW_ID
 
 KINDS = ("window", "running")
 TYPES = ("columns", "histogram", "clamp", "weighted")
-# Any printable id of at most 160 characters, without surrounding whitespace or brackets (which
-# name the coordinates of `releases_wide`): default ids are `sum:<column>` for any column name.
-_ID = re.compile(r"^(?=\S)(?!.*\s$)[^\[\]\x00-\x1f\x7f]{1,160}$")
+
+#: Longest query id. Default ids are ``sum:<column>`` / ``running:<column>`` and a column name
+#: has at most :data:`MAX_NAME` characters, so every default id fits.
+MAX_ID = 160
+#: Longest column name or string category.
+MAX_NAME = 128
+#: Columns a query may not read: they identify the user or the window, not what the user did.
+RESERVED_COLUMNS = (USER_ID, WINDOW_ID, DAY, EVENT_TIME)
+_SPEC_KEYS = {"columns": {"columns"}, "histogram": {"column", "categories"}, "clamp": {"column", "lo", "hi"},
+              "weighted": {"weights"}}
+_JSON_KEYS = {"query_id", "kind", "description", "spec"}
+# Characters kept out of ids: brackets name the coordinates of a multi-coordinate query in the
+# releases_wide view (``query_id[label]``).
+_ID_FORBIDDEN = "[]"
 
 
 @dataclass(frozen=True)
 class LinearQuery:
-    """One registered query: ``query_id``, ``kind``, the ``spec`` of what it computes and a
-    public ``description``. Construct with :meth:`columns`, :meth:`histogram`, :meth:`clamp`,
-    :meth:`weighted` or :meth:`from_json`; every constructor validates."""
+    """One registered query: ``query_id``, ``spec`` (what it computes), ``kind`` and a public
+    ``description``. Construct with :meth:`columns`, :meth:`histogram`, :meth:`clamp`,
+    :meth:`weighted`, :meth:`from_json` or directly from a spec mapping; every constructor
+    validates and stores the spec in canonical form (so equal specs compare and hash equal)."""
 
     query_id: str
     spec: Mapping[str, Any]
@@ -52,48 +74,56 @@ class LinearQuery:
     _labels: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.query_id, str) or not _ID.match(self.query_id):
-            raise ValueError("query_id must be 1 to 160 printable characters without surrounding whitespace "
-                             f"or brackets, got query_id={self.query_id!r}")
+        _check_id(self.query_id)
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got kind={self.kind!r}")
         if not isinstance(self.description, str) or len(self.description) > 2000:
-            raise ValueError("description must be a string of at most 2000 characters")
+            raise ValueError(f"description must be a string of at most 2000 characters, got "
+                             f"{type(self.description).__name__} of length {len(str(self.description))}")
         spec = _canonical_spec(self.spec)
         object.__setattr__(self, "spec", spec)
         object.__setattr__(self, "_labels", _labels(spec))
+
+    def __hash__(self) -> int:
+        return hash(self.to_json())
 
     # -- constructors ---------------------------------------------------------------------------
 
     @classmethod
     def columns(cls, query_id: str, columns: Sequence[str], **kw: Any) -> "LinearQuery":
+        """One coordinate per column (labelled by the column name), in the order given."""
         return cls(query_id, {"type": "columns", "columns": list(columns)}, **kw)
 
     @classmethod
-    def histogram(cls, query_id: str, column: str, categories: Sequence[float], **kw: Any) -> "LinearQuery":
+    def histogram(cls, query_id: str, column: str, categories: Sequence[float | str], **kw: Any) -> "LinearQuery":
+        """One coordinate per declared category (``column=value``), 1 where the row's value is it."""
         return cls(query_id, {"type": "histogram", "column": column, "categories": list(categories)}, **kw)
 
     @classmethod
     def clamp(cls, query_id: str, column: str, lo: float, hi: float, **kw: Any) -> "LinearQuery":
+        """One coordinate: ``column`` clamped to ``[lo, hi]``."""
         return cls(query_id, {"type": "clamp", "column": column, "lo": lo, "hi": hi}, **kw)
 
     @classmethod
     def weighted(cls, query_id: str, weights: Mapping[str, float], **kw: Any) -> "LinearQuery":
+        """One coordinate: ``sum_j weights[j] * column_j``."""
         return cls(query_id, {"type": "weighted", "weights": dict(weights)}, **kw)
 
     # -- what it is -----------------------------------------------------------------------------
 
     @property
     def labels(self) -> tuple[str, ...]:
-        """One public label per coordinate."""
+        """One public label per coordinate, distinct, in coordinate order."""
         return self._labels
 
     @property
     def dim(self) -> int:
+        """Number of coordinates, ``1 <= dim <= MAX_DIM``."""
         return len(self._labels)
 
     @property
     def columns_needed(self) -> tuple[str, ...]:
+        """The input columns :meth:`evaluate` reads, each once."""
         spec = self.spec
         if spec["type"] == "columns":
             return tuple(spec["columns"])
@@ -101,96 +131,233 @@ class LinearQuery:
             return tuple(spec["weights"])
         return (spec["column"],)
 
-    def validate_against(self, columns: Sequence[str]) -> None:
-        """Raise ValueError naming the columns this query reads that are not indicator columns."""
-        missing = [c for c in self.columns_needed if c not in set(columns)]
+    @property
+    def categorical(self) -> bool:
+        """True for a histogram over string categories (it reads a string column)."""
+        return self.spec["type"] == "histogram" and isinstance(self.spec["categories"][0], str)
+
+    def validate_against(self, schema: pa.Schema | Sequence[str]) -> None:
+        """Raise ValueError naming the query and column when ``schema`` cannot feed :meth:`evaluate`.
+
+        ``schema`` is the schema of the rows :meth:`evaluate` will see (after
+        :func:`stream.schema.validate_batch`, indicator columns are float64). A plain sequence of
+        names means numeric columns of those names (what ``validate_batch`` produces). Checks:
+        every column read exists; a numeric spec reads numeric columns (integer, float, bool,
+        decimal); a string-category histogram reads a string column. The spec itself was checked
+        when the query was built.
+        """
+        if isinstance(schema, pa.Schema):
+            types = {f.name: f.type for f in schema}
+        elif isinstance(schema, (str, bytes)) or not isinstance(schema, Sequence):
+            raise ValueError(f"schema must be a pyarrow.Schema or a sequence of column names, got {schema!r}")
+        else:
+            types = {str(name): pa.float64() for name in schema}
+        missing = [c for c in self.columns_needed if c not in types]
         if missing:
             raise ValueError(f"query {self.query_id!r} reads unknown column(s) {missing}; "
-                             f"numeric indicator columns are {list(columns)}")
+                             f"the available columns are {sorted(types)}")
+        for name in self.columns_needed:
+            kind = _column_kind(types[name])
+            wanted = "string" if self.categorical else "number"
+            if kind != wanted:
+                what = ("a string column (its categories are strings)" if self.categorical
+                        else "a numeric column (integer, float, bool or decimal)")
+                raise ValueError(f"query {self.query_id!r} needs column {name!r} to be {what}, "
+                                 f"got type {types[name]}")
 
-    def evaluate(self, rows: pa.Table) -> np.ndarray:
-        """``(n, dim)`` float64: this query's vector for each row (vectorised, no row loop)."""
+    def evaluate(self, rows: pa.Table | pa.RecordBatch) -> np.ndarray:
+        """This query's vector for each row: an ``(n, dim)`` float64 array, vectorised.
+
+        Finite for finite input (no NaN), except that a weighted sum can overflow to infinity
+        when ``|w * x|`` exceeds float64's range, which the ledger then refuses loudly. Raises
+        ValueError naming the column when a column is absent, of the wrong kind, or (numeric
+        columns) has nulls: validate rows with :func:`stream.schema.validate_batch` first.
+        """
         spec = self.spec
         n = rows.num_rows
-
-        def col(name: str) -> np.ndarray:
-            if name not in rows.column_names:
-                raise ValueError(f"query {self.query_id!r} reads column {name!r}, absent from the batch")
-            return np.asarray(rows.column(name).to_numpy(zero_copy_only=False), dtype=np.float64)
-
-        if spec["type"] == "columns":
-            return np.column_stack([col(c) for c in spec["columns"]]) if n else np.zeros((0, self.dim))
-        if spec["type"] == "clamp":
-            return np.clip(col(spec["column"]), spec["lo"], spec["hi"])[:, None]
-        if spec["type"] == "weighted":
-            out = np.zeros(n)
-            for name, weight in spec["weights"].items():
-                out += weight * col(name)
-            return out[:, None]
-        values = col(spec["column"])
-        categories = np.asarray(spec["categories"], dtype=np.float64)
-        return (values[:, None] == categories[None, :]).astype(np.float64)
+        kind = spec["type"]
+        if kind == "columns":
+            if n == 0:
+                return np.zeros((0, self.dim))
+            return np.column_stack([self._numbers(rows, c) for c in spec["columns"]])
+        if kind == "clamp":
+            return np.clip(self._numbers(rows, spec["column"]), spec["lo"], spec["hi"]).reshape(n, 1)
+        if kind == "weighted":
+            names = list(spec["weights"])
+            if n == 0:
+                return np.zeros((0, 1))
+            x = np.column_stack([self._numbers(rows, c) for c in names])
+            with np.errstate(over="ignore", invalid="ignore"):
+                return (x @ np.array([spec["weights"][c] for c in names], dtype=np.float64)).reshape(n, 1)
+        return self._one_hot(rows)
 
     # -- serialisation --------------------------------------------------------------------------
 
     def to_json(self) -> str:
-        """Canonical JSON (sorted keys): the same query always serialises identically."""
+        """Canonical JSON (sorted keys, no spaces): the same query always serialises identically."""
         return json.dumps({"query_id": self.query_id, "kind": self.kind, "description": self.description,
-                           "spec": self.spec}, sort_keys=True, separators=(",", ":"))
+                           "spec": _jsonable(self.spec)}, sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=True, allow_nan=False)
 
     @classmethod
-    def from_json(cls, text: str) -> "LinearQuery":
+    def from_json(cls, text: str | bytes) -> "LinearQuery":
+        """The query :meth:`to_json` wrote; ValueError for anything that is not a valid spec."""
         try:
             data = json.loads(text)
-            return cls(data["query_id"], data["spec"], kind=data.get("kind", "window"),
-                       description=data.get("description", ""))
-        except (KeyError, TypeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"not a query spec: {exc}") from exc
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"not a query spec (invalid JSON): {exc}") from exc
+        if not isinstance(data, dict) or "query_id" not in data or "spec" not in data:
+            raise ValueError("not a query spec: expected a JSON object with 'query_id' and 'spec'")
+        unknown = sorted(set(data) - _JSON_KEYS)
+        if unknown:
+            raise ValueError(f"not a query spec: unknown key(s) {unknown}; expected {sorted(_JSON_KEYS)}")
+        return cls(data["query_id"], data["spec"], kind=data.get("kind", "window"),
+                   description=data.get("description", ""))
+
+    # -- private ----------------------------------------------------------------------------------
+
+    def _column(self, rows: pa.Table | pa.RecordBatch, name: str) -> pa.Array | pa.ChunkedArray:
+        if name not in rows.schema.names:
+            raise ValueError(f"query {self.query_id!r} reads column {name!r}, absent from the rows "
+                             f"(columns: {rows.schema.names})")
+        column = rows.column(name)
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(column.type.value_type)
+        return column
+
+    def _numbers(self, rows: pa.Table | pa.RecordBatch, name: str) -> np.ndarray:
+        column = self._column(rows, name)
+        if _column_kind(column.type) != "number":
+            raise ValueError(f"query {self.query_id!r} needs column {name!r} to be numeric, got type {column.type}")
+        if column.null_count:
+            raise ValueError(f"query {self.query_id!r}: column {name!r} has {column.null_count} null(s); "
+                             "validate rows with stream.schema.validate_batch first")
+        return np.asarray(column.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False), dtype=np.float64)
+
+    def _one_hot(self, rows: pa.Table | pa.RecordBatch) -> np.ndarray:
+        spec = self.spec
+        n = rows.num_rows
+        out = np.zeros((n, self.dim))
+        if n == 0:
+            return out
+        column = self._column(rows, spec["column"])
+        if not self.categorical:
+            # Numbers compare as numbers (-0.0 is 0.0; NaN is in no bucket): a sorted lookup.
+            values = self._numbers(rows, spec["column"])
+            categories = np.asarray(spec["categories"], dtype=np.float64)
+            order = np.argsort(categories)
+            found = np.minimum(np.searchsorted(categories[order], values), len(order) - 1)
+            hit = categories[order][found] == values
+            out[np.flatnonzero(hit), order[found[hit]]] = 1.0
+            return out
+        if _column_kind(column.type) != "string":
+            raise ValueError(f"query {self.query_id!r} needs column {spec['column']!r} to be a string column "
+                             f"(its categories are strings), got type {column.type}")
+        # Position of each row's value in the declared list; null (no bucket) for a value outside
+        # it and for a null value.
+        index = pc.index_in(column.cast(pa.string()), value_set=pa.array(spec["categories"], type=pa.string()),
+                            skip_nulls=True)
+        if isinstance(index, pa.ChunkedArray):
+            index = index.combine_chunks()
+        hit = np.asarray(index.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        positions = np.asarray(index.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
+        out[np.flatnonzero(hit), positions[hit]] = 1.0
+        return out
 
 
 def default_queries(columns: Sequence[str], *, kind: str = "window") -> list[LinearQuery]:
-    """The defaults: for each numeric indicator column ``c``, its per-window sum (``sum:c``) or
-    its running total (``running:c``), one coordinate labelled ``c``."""
+    """The defaults, one per numeric indicator column ``c`` in the order given: its per-window
+    sum, id ``sum:c`` (``kind="window"``), or its running total, id ``running:c``
+    (``kind="running"``); one coordinate labelled ``c``. Existing stores use these ids: they
+    never change."""
     prefix = {"window": "sum", "running": "running"}.get(kind)
     if prefix is None:
         raise ValueError(f"kind must be one of {KINDS}, got kind={kind!r}")
+    if isinstance(columns, (str, bytes)):
+        raise ValueError(f"columns must be a sequence of column names, got the string {columns!r}")
     return [LinearQuery.columns(f"{prefix}:{c}", [c], kind=kind,
                                 description=f"{'daily sum' if kind == 'window' else 'running total'} of {c}")
             for c in columns]
 
 
+# --- validation (pure) ---------------------------------------------------------------------------
+
+
+def _check_id(value: Any) -> None:
+    ok = (isinstance(value, str) and 1 <= len(value) <= MAX_ID and value.isprintable() and value == value.strip()
+          and not any(ch in value for ch in _ID_FORBIDDEN))
+    if not ok:
+        raise ValueError(f"query_id must be 1 to {MAX_ID} printable characters, without surrounding whitespace "
+                         f"or brackets (e.g. 'sum:opened', 'tiers'), got query_id={value!r}"[:400])
+
+
+def _column_kind(t: pa.DataType) -> str | None:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_decimal(t):
+        return "number"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view", lambda _: False)(t):
+        return "string"
+    return None
+
+
 def _name(what: str, value: Any) -> str:
-    if not isinstance(value, str) or not value or len(value) > 128:
-        raise ValueError(f"{what} must be a non-empty column name of at most 128 characters, got {value!r}")
+    if not isinstance(value, str) or not value or len(value) > MAX_NAME:
+        raise ValueError(f"{what} must be a non-empty column name of at most {MAX_NAME} characters, "
+                         f"got {what}={value!r}"[:300])
+    if value in RESERVED_COLUMNS:
+        raise ValueError(f"{what} may not be the reserved column {value!r} (reserved: {list(RESERVED_COLUMNS)}): "
+                         "a query reads what a user did, not who or when")
     return value
 
 
 def _number(what: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
-        raise ValueError(f"{what} must be a finite number, got {value!r}")
-    return float(value)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{what} must be a finite number, got {what}={value!r}"[:300])
+    try:
+        number = float(value)
+    except OverflowError:
+        raise ValueError(f"{what} must be a finite number, got {what}={value!r}"[:300]) from None
+    if not math.isfinite(number):
+        raise ValueError(f"{what} must be a finite number, got {what}={value!r}")
+    return number
+
+
+def _category(value: Any) -> float | str:
+    if isinstance(value, str):
+        if not value or len(value) > MAX_NAME or not value.isprintable():
+            raise ValueError(f"a string category must be 1 to {MAX_NAME} printable characters, "
+                             f"got category={value!r}"[:300])
+        return value
+    return _number("category", value)
+
+
+def _list(what: str, value: Any) -> list[Any]:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"{what} must list at least one value, got {what}={value!r}"[:300])
+    return list(value)
 
 
 def _canonical_spec(spec: Any) -> dict[str, Any]:
     if not isinstance(spec, Mapping) or spec.get("type") not in TYPES:
-        raise ValueError(f"spec must be a mapping with type in {TYPES}, got {spec!r}"[:300])
+        raise ValueError(f"spec must be a mapping with type in {TYPES}, got spec={spec!r}"[:300])
     kind = spec["type"]
+    unknown = sorted(str(key) for key in set(spec) - _SPEC_KEYS[kind] - {"type"})
+    if unknown:
+        raise ValueError(f"a {kind} spec takes the keys {sorted(_SPEC_KEYS[kind])}, got unknown key(s) {unknown}"[:300])
     if kind == "columns":
-        columns = spec.get("columns")
-        if not isinstance(columns, (list, tuple)) or not columns:
-            raise ValueError("columns must list at least one column")
-        names = [_name("column", c) for c in columns]
+        names = [_name("column", c) for c in _list("columns", spec.get("columns"))]
         if len(set(names)) != len(names):
-            raise ValueError(f"columns must be distinct, got {names}")
-        out: dict[str, Any] = {"type": kind, "columns": names}
+            raise ValueError(f"columns must be distinct, got columns={names}"[:300])
+        out: dict[str, Any] = {"type": kind, "columns": tuple(names)}
     elif kind == "histogram":
-        categories = spec.get("categories")
-        if not isinstance(categories, (list, tuple)) or not categories:
-            raise ValueError("categories must list at least one category value")
-        values = [_number("category", c) for c in categories]
+        values = [_category(c) for c in _list("categories", spec.get("categories"))]
+        if len({type(v) for v in values}) != 1:
+            raise ValueError("categories must be all numbers or all strings, got a mix"
+                             f" ({sorted({type(v).__name__ for v in values})})")
         if len(set(values)) != len(values):
-            raise ValueError(f"categories must be distinct, got {values}")
-        out = {"type": kind, "column": _name("column", spec.get("column")), "categories": values}
+            raise ValueError(f"categories must be distinct, got categories={values}"[:300])
+        out = {"type": kind, "column": _name("column", spec.get("column")), "categories": tuple(values)}
     elif kind == "clamp":
         lo, hi = _number("lo", spec.get("lo")), _number("hi", spec.get("hi"))
         if not lo < hi:
@@ -199,13 +366,24 @@ def _canonical_spec(spec: Any) -> dict[str, Any]:
     else:
         weights = spec.get("weights")
         if not isinstance(weights, Mapping) or not weights:
-            raise ValueError("weights must map at least one column to its weight")
-        out = {"type": kind, "weights": {_name("column", c): _number(f"weight of {c}", w)
-                                         for c, w in sorted(weights.items())}}
-    dim = len(_labels(out))
-    if dim > MAX_DIM:
-        raise ValueError(f"a query may have at most {MAX_DIM} coordinates, got dim={dim}")
+            raise ValueError(f"weights must map at least one column to its weight, got weights={weights!r}"[:300])
+        checked = {_name("column", c): _number(f"weight of {c!r}", w) for c, w in weights.items()}
+        out = {"type": kind, "weights": dict(sorted(checked.items()))}
+    labels = _labels(out)
+    if len(labels) > MAX_DIM:
+        raise ValueError(f"a query may have at most {MAX_DIM} coordinates (MAX_DIM), got dim={len(labels)}")
+    if len(set(labels)) != len(labels):
+        repeated = sorted({label for label in labels if labels.count(label) > 1})
+        raise ValueError(f"labels must be distinct, got repeated label(s) {repeated[:5]}")
     return out
+
+
+def _fmt(x: float) -> str:
+    """Short text of ``x`` that reads back as ``x``: ``%g`` when exact, else the integer or ``repr``."""
+    short = f"{x:g}"
+    if float(short) == x:
+        return short
+    return str(int(x)) if x.is_integer() and abs(x) < 2.0**53 else repr(x)
 
 
 def _labels(spec: Mapping[str, Any]) -> tuple[str, ...]:
@@ -213,7 +391,14 @@ def _labels(spec: Mapping[str, Any]) -> tuple[str, ...]:
     if kind == "columns":
         return tuple(spec["columns"])
     if kind == "histogram":
-        return tuple(f"{spec['column']}={c:g}" for c in spec["categories"])
+        return tuple(f"{spec['column']}={c if isinstance(c, str) else _fmt(c)}" for c in spec["categories"])
     if kind == "clamp":
-        return (f"clamp({spec['column']},{spec['lo']:g},{spec['hi']:g})",)
-    return ("+".join(f"{w:g}*{c}" for c, w in spec["weights"].items()),)
+        return (f"clamp({spec['column']},{_fmt(spec['lo'])},{_fmt(spec['hi'])})",)
+    return ("+".join(f"{_fmt(w)}*{c}" for c, w in spec["weights"].items()),)
+
+
+def _jsonable(spec: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in spec.items()}
+
+
+__all__ = ["KINDS", "MAX_ID", "RESERVED_COLUMNS", "TYPES", "LinearQuery", "default_queries"]

@@ -1,16 +1,24 @@
 """Personal privacy reports, from the curator's ledger (never from or to the public store).
 
 For each user: the zCDP budget used and remaining (the filter's state), and the personal
-odometer of Feldman & Zrnic, Algorithm 5 / Corollary 4.11: the tracker ``R_t(i)`` (used budget
-rounded up to the grid of step ``Delta``) is a valid bound on what user ``i`` has lost so far, so
-user ``i`` is ``(epsilon_i, delta)``-DP for ``epsilon_i`` converted from ``R_t(i)`` with the ledger's
-accounting. The odometer is computed from the user's own data, so it is disclosed to that user
-alone (Section 4.3 of the paper: publishing it would leak).
+odometer of Feldman & Zrnic, Algorithm 5 / Corollary 4.11. The ledger runs, per user, a chain of
+Rényi filters of budget ``Delta`` (the ledger's ``tracker_step``): the open filter takes what
+fits of each charge, and every filter that halts opens a new one and adds ``Delta`` to the
+tracker ``O^(i)`` (``O_1 = Delta``; :func:`stream.accounting.odometers.tracker_update` feeds a
+charge above ``Delta`` as pieces, a post-processing of the one Gaussian release). By
+Corollary 4.11, ``min(O^(i), kappa)`` bounds user ``i``'s zCDP loss so far; converted with the
+ledger's accounting it gives ``(epsilon_i, delta)``. A user never charged has lost nothing (0).
+
+The odometer is computed from the user's own data, so it may be disclosed to that user alone
+(Section 4.4 of the paper): these reports are for the curator and the user, never for the
+public release store.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -20,29 +28,50 @@ from pipelines.curator_store import CuratorStoreError, LedgerParameters, _parame
 from stream.accounting import epsilon_for_budget
 from stream.ledger import Ledger
 
+#: One row per user. ``used_rho``, ``remaining_rho``, ``budget_rho`` (kappa), ``odometer_rho``
+#: (``min(O^(i), kappa)``) and ``tracker_step`` (Delta) are zCDP; ``odometer_epsilon`` is the
+#: odometer at ``delta`` and ``promised_epsilon`` the promise every user has at that ``delta``,
+#: both with the ledger's ``accounting``.
 REPORT_SCHEMA = pa.schema([
     ("user_id", pa.string()), ("used_rho", pa.float64()), ("remaining_rho", pa.float64()),
     ("budget_rho", pa.float64()), ("odometer_rho", pa.float64()), ("odometer_epsilon", pa.float64()),
     ("delta", pa.float64()), ("promised_epsilon", pa.float64()), ("accounting", pa.string()),
+    ("tracker_step", pa.float64()),
 ])
 
 
-def load_ledger(path: str | os.PathLike) -> tuple[LedgerParameters, Ledger]:
-    """The ledger's parameters and its users, read-only (refuses a ledger that never ran)."""
+def load_ledger(path: str | os.PathLike, *, user: Any = None) -> tuple[LedgerParameters, Ledger]:
+    """The ledger's parameters and its users (only ``user``, when given), opened read-only.
+
+    Raises :class:`CuratorStoreError` for a missing file, a database that is not a ledger, or
+    a ledger that no daily run has used yet; ValueError for a ``user`` that cannot be an id of
+    this ledger (a string on an integer-id ledger).
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CuratorStoreError(f"the ledger {path} does not exist")
     try:
         db = duckdb.connect(str(path), read_only=True)
     except duckdb.Error as exc:
         raise CuratorStoreError(f"cannot open the ledger {path} read-only: {exc}") from exc
     try:
+        tables = {name for (name,) in db.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        if "meta" not in tables:
+            raise CuratorStoreError(f"{path} is not a renyi-stream ledger (no meta table)"
+                                    + ("; it is a public release store" if "store_meta" in tables else ""))
         meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
         if "rho" not in meta:
             raise CuratorStoreError(f"the ledger {path} has no parameters: no daily run has used it")
         params = _parameters_from_meta(meta)
         template = Ledger(budget=params.rho, id_type=params.id_type, tracker_step=params.tracker_step).to_arrow()
-        has = db.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'ledger'").fetchone()[0]
-        if not has:
+        if "ledger" not in tables:
             return params, Ledger.from_arrow(template)
-        table = db.execute("SELECT user_id, used, tracker_segment, tracker_bound FROM ledger").arrow()
+        sql = "SELECT user_id, used, tracker_segment, tracker_bound FROM ledger"
+        args: list[Any] = []
+        if user is not None:
+            sql += " WHERE user_id = ?"
+            args.append(_user_id(user, params.id_type))
+        table = db.execute(sql, args).arrow()
         table = table.read_all() if hasattr(table, "read_all") else table
     except duckdb.Error as exc:
         raise CuratorStoreError(f"the ledger {path} cannot be read: {exc}") from exc
@@ -52,41 +81,45 @@ def load_ledger(path: str | os.PathLike) -> tuple[LedgerParameters, Ledger]:
     return params, Ledger.from_arrow(table)
 
 
-def privacy_report(path: str | os.PathLike, *, user: str | None = None, delta: float | None = None) -> pa.Table:
+def privacy_report(path: str | os.PathLike, *, user: Any = None, delta: float | None = None) -> pa.Table:
     """Reports (:data:`REPORT_SCHEMA`) for ``user``, or for every user when ``user`` is None.
 
-    ``odometer_epsilon`` is the personal odometer at ``delta`` (default: the ledger's delta);
-    ``promised_epsilon`` the promise every user has (``epsilon`` of the ledger at that delta).
-    An unknown user gets an empty table: nothing of theirs was ever charged.
+    ``delta`` defaults to the ledger's. A user the ledger has never seen gets an empty table
+    (nothing of theirs was ever charged). Reads only the ledger; writes nothing.
     """
-    params, ledger = load_ledger(path)
+    if delta is not None and not (isinstance(delta, (int, float)) and 0 < delta < 1):
+        raise ValueError(f"delta must be in (0, 1), got delta={delta!r}")
+    params, ledger = load_ledger(path, user=user)
     delta = params.delta if delta is None else float(delta)
-    if not 0 < delta < 1:
-        raise ValueError(f"delta must be in (0, 1), got delta={delta}")
     users = ledger.to_arrow().column("user_id")
-    if user is not None:
-        if params.id_type == "int64":
-            try:
-                wanted = pa.array([int(user)], type=pa.int64())
-            except ValueError:
-                raise ValueError(f"user must be an integer id for this ledger, got user={user!r}") from None
-        else:
-            wanted = pa.array([str(user)], type=users.type)
-        if float(ledger.used(wanted)[0]) == 0.0 and float(ledger.personal_odometer(wanted)[0]) == 0.0:
-            known = bool(np.isin(wanted.to_numpy(zero_copy_only=False), users.to_numpy(zero_copy_only=False))[0])
-            if not known:
-                return REPORT_SCHEMA.empty_table()
-        users = wanted
-    used = ledger.used(users)
-    odometer = ledger.personal_odometer(users)
-    levels, inverse = np.unique(odometer, return_inverse=True)
-    eps = np.array([epsilon_for_budget(rho=float(r), delta=delta, accounting=params.accounting) if r > 0 else 0.0
-                    for r in levels])[inverse] if len(levels) else np.zeros(0)
-    promised = epsilon_for_budget(rho=params.rho, delta=delta, accounting=params.accounting)
     n = len(users)
+    odometer = ledger.personal_odometer(users)
     return pa.table({
-        "user_id": users.cast(pa.string()), "used_rho": used, "remaining_rho": ledger.remaining(users),
-        "budget_rho": np.full(n, params.rho), "odometer_rho": odometer, "odometer_epsilon": eps,
-        "delta": np.full(n, delta), "promised_epsilon": np.full(n, promised),
+        "user_id": users.cast(pa.string()),
+        "used_rho": ledger.used(users),
+        "remaining_rho": ledger.remaining(users),
+        "budget_rho": np.full(n, params.rho),
+        "odometer_rho": odometer,
+        "odometer_epsilon": (ledger.personal_epsilon(users, delta=delta, accounting=params.accounting)
+                             if n else np.zeros(0)),
+        "delta": np.full(n, delta),
+        "promised_epsilon": np.full(n, epsilon_for_budget(rho=params.rho, delta=delta, accounting=params.accounting)),
         "accounting": pa.array([params.accounting] * n, type=pa.string()),
+        "tracker_step": np.full(n, params.tracker_step),
     }, schema=REPORT_SCHEMA)
+
+
+def _user_id(user: Any, id_type: str) -> int | str:
+    if id_type == "int64":
+        try:
+            value = int(str(user).strip())
+        except ValueError:
+            value = None
+        if value is None or not -(2**63) < value < 2**63:
+            raise ValueError(f"user must be an integer id for this ledger (its user ids are int64), "
+                             f"got user={user!r}")
+        return value
+    return str(user)
+
+
+__all__ = ["REPORT_SCHEMA", "load_ledger", "privacy_report"]

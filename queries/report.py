@@ -1,18 +1,27 @@
-"""A self-contained HTML report of the released answers (charts embedded as PNG).
+"""A self-contained HTML report of the released answers (charts embedded as base64 PNG).
 
 The public report reads only the release store: each query's released series with its 95%
-confidence band (Gaussian noise of known std, so ``value -/+ 1.96 noise_std`` is exact), and the
-promise in plain words. The curator variant adds, from the ledger, the distribution of budget
-used and the share of rows filtered (dropped or clipped) per window: sensitive, for the curator.
+confidence band (Gaussian noise of known std, so ``value -/+ 1.96 noise_std`` is an exact 95%
+interval for each release), and the promise in plain words. It holds nothing pre-noise, so it
+may be published wherever the store may.
+
+The curator variant adds, from the ledger, the distribution of the budget users have used and
+the share of active users filtered (dropped or clipped) per window. Those are computed from
+users' data without noise (DESIGN.md invariant 4): the page says so and stays with the curator.
+
+The page needs nothing outside itself: no scripts, no fonts, no links; charts are PNG data URIs
+drawn with matplotlib's Agg backend (no display needed).
 """
 
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import html
 import io
 import os
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -22,15 +31,43 @@ import pyarrow.compute as pc
 from queries.release_store import ReleaseStore
 
 _Z95 = 1.959963984540054
+_MAX_LEGEND = 12  # a histogram with more coordinates gets no legend (the lines say enough)
+_STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em;color:#222}"
+          "img{max-width:100%;display:block;margin:.5em 0 1.5em}h2{margin-top:1.6em}"
+          ".curator{border-left:4px solid #b00;padding-left:1em}.note{color:#555;font-size:.92em}")
 
 
-def _png(fig) -> str:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+def render_report(store: str | os.PathLike, out: str | os.PathLike, *,
+                  ledger: str | os.PathLike | None = None) -> Path:
+    """Write the HTML report of ``store`` to ``out`` and return its path.
+
+    Public variant (``ledger`` None): reads only the release store (opened read-only), one
+    chart per released query, in query id order. With ``ledger``, the curator variant: the
+    same, then the budget and filtering charts from the ledger (opened read-only).
+    """
+    with ReleaseStore(store, read_only=True) as release_store:
+        releases = release_store.read()
+        promise = release_store.promise()
+    plt = _pyplot()
+    query_ids = sorted(set(releases.column("query_id").to_pylist()))
+    sections = [_query_section(plt, releases.filter(pc.equal(releases.column("query_id"), q)), q) for q in query_ids]
+    curator = _curator_sections(plt, Path(ledger)) if ledger is not None else ""
+    title = "renyi-stream releases" + (" (curator report: contains sensitive counts)" if ledger is not None else "")
+    count = f"{len(query_ids)} quer{'y' if len(query_ids) == 1 else 'ies'}"
+    page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{_STYLE}</style></head><body>"
+            f"<h1>{html.escape(title)}</h1>{_promise_words(promise)}"
+            f"<p>{releases.num_rows:,} released numbers for {count}.</p>"
+            + "".join(sections) + curator + "</body></html>")
+    path = Path(out)
+    path.write_text(page, encoding="utf-8")
+    return path
 
 
-def _figure():
+# --- public part ---------------------------------------------------------------------------------
+
+
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,25 +76,45 @@ def _figure():
     return plt
 
 
-def _series_chart(plt, table: pa.Table, query_id: str) -> str:
-    fig, ax = plt.subplots(figsize=(8, 3.2))
-    for coordinate in sorted(set(table.column("coordinate").to_pylist())):
-        part = table.filter(pc.equal(table.column("coordinate"), coordinate)).sort_by("window_id")
-        x = part.column("window_start").to_pylist()
-        y = np.asarray(part.column("value").to_pylist())
-        band = _Z95 * np.asarray(part.column("noise_std").to_pylist())
-        label = part.column("label")[0].as_py()
-        ax.plot(x, y, marker="o", markersize=2.5, linewidth=1.2, label=label)
-        ax.fill_between(x, y - band, y + band, alpha=0.2)
+def _png(plt: Any, fig: Any) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _img(alt: str, png: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{png}">'
+
+
+def _query_section(plt: Any, table: pa.Table, query_id: str) -> str:
+    """One query: a heading, what was released in words, and one chart of every coordinate."""
+    table = table.sort_by([("coordinate", "ascending"), ("window_id", "ascending")])
     kind = table.column("kind")[0].as_py()
-    ax.set_title(f"{query_id} ({'running total' if kind == 'running' else 'per window'}), 95% confidence band")
+    windows = pc.count_distinct(table.column("window_id")).as_py()
+    coordinates = pc.unique(table.column("coordinate")).to_pylist()
+    std = table.column("noise_std").to_numpy()
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    for coordinate in coordinates:
+        part = table.filter(pc.equal(table.column("coordinate"), coordinate))
+        x = part.column("window_start").to_pylist()
+        y = part.column("value").to_numpy()
+        band = _Z95 * part.column("noise_std").to_numpy()
+        ax.plot(x, y, marker="o", markersize=2.5, linewidth=1.2, label=part.column("label")[0].as_py())
+        ax.fill_between(x, y - band, y + band, alpha=0.2)
+    what = "running total" if kind == "running" else "per window"
+    ax.set_title(f"{query_id} ({what}), 95% confidence band")
     ax.set_xlabel("window start (UTC)")
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", fontsize=8)
+    if len(coordinates) <= _MAX_LEGEND:
+        ax.legend(loc="best", fontsize=8)
     fig.autofmt_xdate()
-    out = _png(fig)
-    plt.close(fig)
-    return out
+    noise = f"{std.min():.4g}" if np.ptp(std) == 0 else f"{std.min():.4g} to {std.max():.4g}"
+    words = (f"{windows} window(s) released, {len(coordinates)} coordinate(s) each; every number is the "
+             f"{'running total since the query began' if kind == 'running' else 'sum over the window'} plus "
+             f"Gaussian noise of standard deviation {noise}: the true value is inside the shaded band "
+             "(value ± 1.96 × std) with probability 95%.")
+    return f"<h2>{html.escape(query_id)}</h2><p class='note'>{html.escape(words)}</p>{_img(query_id, _png(plt, fig))}"
 
 
 def _promise_words(promise: dict[str, str]) -> str:
@@ -68,37 +125,16 @@ def _promise_words(promise: dict[str, str]) -> str:
             "everything ever released from it, whatever questions were asked and in whatever order: the released "
             f"numbers change by at most a factor e<sup>{eps:g}</sup> in probability (except with probability "
             f"{delta:g}) whether or not any one user's data is used. Each user's contributions are charged to a "
-            f"personal budget (squared-norm budget {float(promise['norm_budget']):g}, {promise['accounting']} "
-            "accounting); a user whose budget would be exceeded is left out of a release instead. Every number "
-            "below carries Gaussian noise whose standard deviation is shown as a 95% band.</p>")
+            f"personal budget (squared-norm budget {float(promise['norm_budget']):g}, "
+            f"{html.escape(promise['accounting'])} accounting); a user whose budget would be exceeded is left out "
+            "of a release instead. Every number below carries Gaussian noise whose standard deviation is shown "
+            "as a 95% band.</p>")
 
 
-def render_report(store: str | os.PathLike, out: str | os.PathLike, *, ledger: str | os.PathLike | None = None) -> Path:
-    """Write the HTML report of ``store`` to ``out``; with ``ledger``, the curator variant."""
-    with ReleaseStore(store, read_only=True) as release_store:
-        releases = release_store.read()
-        promise = release_store.promise()
-    plt = _figure()
-    sections = []
-    for query_id in sorted(set(releases.column("query_id").to_pylist())):
-        part = releases.filter(pc.equal(releases.column("query_id"), query_id))
-        windows = len(set(part.column("window_id").to_pylist()))
-        sections.append(f"<h2>{html.escape(query_id)}</h2><p>{windows} window(s) released.</p>"
-                        f'<img alt="{html.escape(query_id)}" src="data:image/png;base64,{_series_chart(plt, part, query_id)}">')
-    curator = _curator_sections(plt, Path(ledger)) if ledger is not None else ""
-    title = "renyi-stream releases" + (" (curator report: contains sensitive counts)" if ledger else "")
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
-            "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
-            "img{max-width:100%}</style></head><body>"
-            f"<h1>{title}</h1>{_promise_words(promise)}"
-            f"<p>{releases.num_rows} released numbers for {len(sections)} quer{'y' if len(sections) == 1 else 'ies'}.</p>"
-            + "".join(sections) + curator + "</body></html>")
-    path = Path(out)
-    path.write_text(page, encoding="utf-8")
-    return path
+# --- curator part ----------------------------------------------------------------------------------
 
 
-def _curator_sections(plt, ledger: Path) -> str:
+def _curator_sections(plt: Any, ledger: Path) -> str:
     from queries.privacy_report import load_ledger
 
     params, book = load_ledger(ledger)
@@ -108,8 +144,8 @@ def _curator_sections(plt, ledger: Path) -> str:
     ax.set_xlabel("share of the personal budget used")
     ax.set_ylabel("users")
     ax.set_title(f"budget used, {len(book):,} users")
-    budget_png = _png(fig)
-    plt.close(fig)
+    budget_png = _png(plt, fig)
+
     db = duckdb.connect(str(ledger), read_only=True)
     try:
         rows = db.execute("SELECT window_id, sum(admitted), sum(clipped), sum(dropped) FROM window_counts "
@@ -118,15 +154,19 @@ def _curator_sections(plt, ledger: Path) -> str:
         db.close()
     fig, ax = plt.subplots(figsize=(8, 3))
     if rows:
-        windows = [r[0] for r in rows]
-        filtered = [(r[2] + r[3]) / max(r[1] + r[2] + r[3], 1) for r in rows]
-        ax.plot(windows, filtered, marker="o", markersize=2.5)
-    ax.set_xlabel("window id")
-    ax.set_ylabel("share of rows filtered")
-    ax.set_title("rows dropped or clipped by the individual filter")
-    filtered_png = _png(fig)
-    plt.close(fig)
-    return ("<h2>Curator only: budgets and filtering</h2><p>These charts are computed from users' data without "
-            "noise: keep them with the ledger, never publish them.</p>"
-            f'<img alt="budget used" src="data:image/png;base64,{budget_png}">'
-            f'<img alt="share filtered" src="data:image/png;base64,{filtered_png}">')
+        starts = [dt.datetime.fromtimestamp(params.origin_seconds + int(r[0]) * params.window_seconds, dt.timezone.utc)
+                  for r in rows]
+        ax.plot(starts, [(r[2] + r[3]) / max(r[1] + r[2] + r[3], 1) for r in rows], marker="o", markersize=2.5,
+                label="dropped or clipped")
+        ax.plot(starts, [r[3] / max(r[1] + r[2] + r[3], 1) for r in rows], linestyle="--", label="dropped")
+        ax.legend(loc="best", fontsize=8)
+        fig.autofmt_xdate()
+    ax.set_xlabel("window start (UTC)")
+    ax.set_ylabel("share of active users")
+    ax.set_title("users filtered by the individual filter, per window")
+    filtered_png = _png(plt, fig)
+    exhausted = int(np.count_nonzero(used >= 1 - 1e-6))
+    return ("<div class='curator'><h2>Curator only: budgets and filtering</h2><p>These charts are computed from "
+            "users' data without noise: keep them with the ledger, never publish them. "
+            f"{exhausted:,} of {len(book):,} users have used their whole budget.</p>"
+            f"{_img('budget used', budget_png)}{_img('share filtered', filtered_png)}</div>")

@@ -1,95 +1,25 @@
-"""Linear query specs and the query registry in the release store (issue 4)."""
+"""The query registry in the release store (issue 4): registering, retiring, planning, the
+analysts' views, the schema migration and `renyi-stream query`. Specs: tests/test_linear_queries.py."""
 
 from __future__ import annotations
 
 import datetime as dt
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from pipelines.cli import main
 from pipelines.daily_job import JobConfig, run_job
-from queries.linear import LinearQuery, default_queries
-from stream.accounting import calibrate
+from queries.linear import LinearQuery
 from queries.registry import QueryRegistry
-from queries.release_store import ReleaseStore, connect_read_only
+from queries.release_store import _MIGRATIONS, RELEASE_SCHEMA, ReleaseStore, ReleaseStoreError, connect_read_only
+from stream.accounting import calibrate
+from stream.accounting.gaussian import MAX_DIM
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
-
-
-# --- specs -------------------------------------------------------------------------------------
-
-
-def _rows(**columns) -> pa.Table:
-    return pa.table({name: pa.array(values, type=pa.float64()) for name, values in columns.items()})
-
-
-def test_a_columns_query_has_one_labelled_coordinate_per_column():
-    q = LinearQuery.columns("opens", ["opened", "bought"])
-    assert (q.dim, q.labels) == (2, ("opened", "bought"))
-    np.testing.assert_array_equal(q.evaluate(_rows(opened=[1, 0], bought=[2, 3])), [[1, 2], [0, 3]])
-
-
-def test_a_histogram_is_one_hot_over_declared_categories_and_zero_outside_them():
-    q = LinearQuery.histogram("plan", "tier", [0, 1, 2])
-    np.testing.assert_array_equal(q.evaluate(_rows(tier=[2, 0, 7])), [[0, 0, 1], [1, 0, 0], [0, 0, 0]])
-    assert q.labels == ("tier=0", "tier=1", "tier=2")
-
-
-def test_a_clamped_query_bounds_each_contribution():
-    q = LinearQuery.clamp("minutes", "minutes", 0, 60)
-    np.testing.assert_array_equal(q.evaluate(_rows(minutes=[-5, 30, 500])), [[0], [30], [60]])
-
-
-def test_a_weighted_query_is_one_coordinate():
-    q = LinearQuery.weighted("score", {"opened": 0.5, "bought": 2})
-    np.testing.assert_array_equal(q.evaluate(_rows(opened=[2, 0], bought=[1, 1])), [[3], [2]])
-
-
-def test_a_spec_serialises_canonically_and_round_trips():
-    a = LinearQuery.weighted("score", {"b": 2, "a": 0.5}, description="d")
-    b = LinearQuery.weighted("score", {"a": 0.5, "b": 2.0}, description="d")
-    assert a.to_json() == b.to_json()
-    assert LinearQuery.from_json(a.to_json()) == a
-
-
-@pytest.mark.parametrize("build, message", [
-    (lambda: LinearQuery.columns("q", []), "at least one column"),
-    (lambda: LinearQuery.columns("q", ["a", "a"]), "distinct"),
-    (lambda: LinearQuery.histogram("q", "t", []), "at least one category"),
-    (lambda: LinearQuery.histogram("q", "t", [1, 1]), "distinct"),
-    (lambda: LinearQuery.histogram("q", "t", list(range(5000))), "at most 4096"),
-    (lambda: LinearQuery.clamp("q", "m", 5, 5), "lo must be below hi"),
-    (lambda: LinearQuery.clamp("q", "m", 0, float("inf")), "finite"),
-    (lambda: LinearQuery.weighted("q", {"a": float("nan")}), "finite"),
-    (lambda: LinearQuery.columns("bad[id]", ["a"]), "query_id"),
-    (lambda: LinearQuery.columns(" padded", ["a"]), "query_id"),
-    (lambda: LinearQuery.columns("q", ["a"], kind="hourly"), "kind"),
-    (lambda: LinearQuery("q", {"type": "cube"}), "type"),
-    (lambda: LinearQuery.from_json("{not json"), "not a query spec"),
-])
-def test_a_bad_spec_is_refused_with_a_message_naming_the_problem(build, message):
-    with pytest.raises(ValueError, match=message):
-        build()
-
-
-def test_a_query_on_an_unknown_column_is_refused():
-    with pytest.raises(ValueError, match="unknown column"):
-        LinearQuery.columns("q", ["nope"]).validate_against(["opened"])
-
-
-def test_default_queries_exist_for_any_column_name():
-    (query,) = default_queries(["Opened App (%)"])
-    assert query.query_id == "sum:Opened App (%)"
-
-
-def test_default_queries_are_the_per_column_sums_or_running_totals():
-    assert [q.query_id for q in default_queries(["a", "b"])] == ["sum:a", "sum:b"]
-    assert [(q.query_id, q.kind) for q in default_queries(["a"], kind="running")] == [("running:a", "running")]
 
 
 # --- registry ----------------------------------------------------------------------------------
@@ -166,6 +96,188 @@ def test_the_plan_lists_queries_active_in_a_range_with_their_windows(tmp_path):
         assert [q.query_id for q in registry.active(9)] == ["b"]
 
 
+def _publish(path, query_id, windows, labels=("a",), kind="window"):
+    """Release ``query_id`` for ``windows`` by hand (value = 10 * window + coordinate, std 2)."""
+    start = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+    rows = [{"query_id": query_id, "window_id": w, "window_start": start + dt.timedelta(days=w),
+             "window_end": start + dt.timedelta(days=w + 1), "label": label, "coordinate": j,
+             "value": 10.0 * w + j, "noise_std": 2.0, "kind": kind, "accounting": "gdp",
+             "mechanism": "gaussian", "key_fingerprint": "0" * 16}
+            for w in windows for j, label in enumerate(labels)]
+    with ReleaseStore(path) as store:
+        store.publish(pa.Table.from_pylist(rows, schema=RELEASE_SCHEMA))
+
+
+def test_a_registry_opened_on_a_path_opens_and_closes_its_own_store(tmp_path):
+    with QueryRegistry(tmp_path / "s.duckdb") as registry:
+        registry.add(LinearQuery.columns("q", ["a"]), effective_from=5)
+    with QueryRegistry(tmp_path / "s.duckdb", read_only=True) as registry:  # the file is free again
+        assert registry.get("q") == LinearQuery.columns("q", ["a"])
+
+
+def test_a_registry_on_a_store_leaves_the_store_open(tmp_path):
+    with ReleaseStore(tmp_path / "s.duckdb") as store:
+        with QueryRegistry(store) as registry:
+            registry.add(LinearQuery.columns("q", ["a"]), effective_from=5)
+        assert store.schema_version() == 2
+
+
+def test_a_query_takes_effect_only_after_the_last_window_released_for_any_query(tmp_path):
+    path = tmp_path / "s.duckdb"
+    _publish(path, "sum:a", [3, 4])
+    with QueryRegistry(path) as registry:
+        for window in (2, 4):
+            with pytest.raises(ValueError, match="effective_from must be after the last released window 4"):
+                registry.add(LinearQuery.columns("new", ["a"]), effective_from=window)
+        registry.add(LinearQuery.columns("new", ["a"]), effective_from=5)
+        assert registry.last_released_window() == 4
+
+
+def test_registering_and_retiring_leave_every_released_row_unchanged(tmp_path):
+    path = tmp_path / "s.duckdb"
+    _publish(path, "sum:a", [3, 4])
+    with ReleaseStore(path) as store:
+        before = store.read()
+        registry = QueryRegistry(store)
+        registry.add(LinearQuery.columns("sum:a", ["a"]), effective_from=5)
+        registry.add(LinearQuery.histogram("tiers", "tier", [0, 1]), effective_from=5)
+        registry.retire("sum:a", from_window=7)
+        assert store.read().equals(before)
+
+
+def test_a_refused_registration_changes_nothing(tmp_path):
+    with QueryRegistry(tmp_path / "s.duckdb") as registry:
+        registry.add(LinearQuery.columns("q", ["a"]), effective_from=5)
+        before = registry.list()
+        with pytest.raises(ValueError):
+            registry.add(LinearQuery.columns("q", ["b"]), effective_from=6)
+        assert registry.list().equals(before)
+
+
+def test_a_retired_id_stays_taken(tmp_path):
+    with QueryRegistry(tmp_path / "s.duckdb") as registry:
+        registry.add(LinearQuery.columns("q", ["a"]), effective_from=5)
+        registry.retire("q", from_window=8)
+        with pytest.raises(ValueError, match="already registered"):
+            registry.add(LinearQuery.columns("q", ["a"]), effective_from=9)
+
+
+def test_retiring_before_the_last_released_window_is_refused(tmp_path):
+    path = tmp_path / "s.duckdb"
+    with QueryRegistry(path) as registry:
+        registry.add(LinearQuery.columns("q", ["a"]), effective_from=3)
+    _publish(path, "q", [3, 4])
+    with QueryRegistry(path) as registry:
+        with pytest.raises(ValueError, match="from_window must be after the last released window 4"):
+            registry.retire("q", from_window=4)
+        registry.retire("q", from_window=5)
+        assert registry.plan(3, 10)[0][1:] == (3, 5)
+
+
+@pytest.mark.parametrize("query_id, window, message", [
+    ("nope", 9, "not registered"),
+    ("q", 5, "after the query's first window 5"),
+    ("q", 4, "after the query's first window 5"),
+])
+def test_a_bad_retirement_is_refused(tmp_path, query_id, window, message):
+    with QueryRegistry(tmp_path / "s.duckdb") as registry:
+        registry.add(LinearQuery.columns("q", ["a"]), effective_from=5)
+        with pytest.raises(ValueError, match=message):
+            registry.retire(query_id, from_window=window)
+
+
+def test_a_query_is_retired_once(tmp_path):
+    with QueryRegistry(tmp_path / "s.duckdb") as registry:
+        registry.add(LinearQuery.columns("q", ["a"]), effective_from=5)
+        registry.retire("q", from_window=8)
+        with pytest.raises(ValueError, match="already retired from window 8"):
+            registry.retire("q", from_window=9)
+
+
+def test_active_lists_the_queries_whose_windows_contain_it_by_query_id(tmp_path):
+    with QueryRegistry(tmp_path / "s.duckdb") as registry:
+        registry.add(LinearQuery.columns("z", ["a"]), effective_from=5)
+        registry.add(LinearQuery.columns("b", ["a"]), effective_from=5)
+        registry.add(LinearQuery.columns("m", ["a"]), effective_from=6)
+        registry.retire("z", from_window=7)
+        assert {w: [q.query_id for q in registry.active(w)] for w in range(4, 9)} == {
+            4: [], 5: ["b", "z"], 6: ["b", "m", "z"], 7: ["b", "m"], 8: ["b", "m"]}
+
+
+def test_a_plan_with_its_start_after_its_end_is_refused(tmp_path):
+    with QueryRegistry(tmp_path / "s.duckdb") as registry, pytest.raises(ValueError, match="start_window must be"):
+        registry.plan(6, 5)
+
+
+@pytest.mark.parametrize("window", [5.0, "5", True, None])
+def test_a_window_id_that_is_not_an_integer_is_refused(tmp_path, window):
+    with QueryRegistry(tmp_path / "s.duckdb") as registry, pytest.raises(ValueError, match="effective_from must be an integer"):
+        registry.add(LinearQuery.columns("q", ["a"]), effective_from=window)
+
+
+def test_queries_answered_together_may_not_exceed_max_dim_coordinates(tmp_path):
+    half = LinearQuery.histogram("h1", "t", list(range(MAX_DIM // 2)))
+    with QueryRegistry(tmp_path / "s.duckdb") as registry:
+        registry.add(half, effective_from=5)
+        registry.add(LinearQuery.histogram("h2", "t", list(range(MAX_DIM // 2))), effective_from=9)
+        with pytest.raises(ValueError, match=f"window 9 {MAX_DIM + 1} coordinates together"):
+            registry.add(LinearQuery.columns("one_more", ["a"]), effective_from=6)
+        registry.retire("h1", from_window=9)
+        registry.add(LinearQuery.columns("one_more", ["a"]), effective_from=6)  # h1 and h2 never overlap now
+
+
+def test_a_read_only_store_refuses_changes_and_changes_nothing(tmp_path):
+    with QueryRegistry(tmp_path / "s.duckdb") as registry:
+        registry.add(LinearQuery.columns("q", ["a"]), effective_from=5)
+    with QueryRegistry(tmp_path / "s.duckdb", read_only=True) as registry:
+        with pytest.raises(ReleaseStoreError, match="cannot change the query registry"):
+            registry.add(LinearQuery.columns("r", ["a"]), effective_from=6)
+        assert registry.list().column("query_id").to_pylist() == ["q"]
+
+
+def test_the_wide_view_has_one_column_per_query_coordinate_holding_the_released_values(tmp_path):
+    path = tmp_path / "s.duckdb"
+    with QueryRegistry(path) as registry:
+        registry.add(LinearQuery.columns("sum:a", ["a"]), effective_from=3)
+        registry.add(LinearQuery.histogram("tiers", "tier", [0, 1]), effective_from=4)
+    _publish(path, "sum:a", [3, 4])
+    _publish(path, "tiers", [4], labels=("tier=0", "tier=1"))
+    db = connect_read_only(path)
+    try:
+        rows = db.execute("SELECT * FROM releases_wide").fetchall()
+        names = [d[0] for d in db.description]
+    finally:
+        db.close()
+    assert names == ["window_id", "window_start", "window_end", "sum:a", "tiers[tier=0]", "tiers[tier=1]"]
+    assert [(r[0], *r[3:]) for r in rows] == [(3, 30.0, None, None), (4, 40.0, 40.0, 41.0)]
+
+
+def test_the_views_are_there_for_a_store_opened_read_only(tmp_path):
+    path = tmp_path / "s.duckdb"
+    with QueryRegistry(path) as registry:
+        registry.add(LinearQuery.columns("sum:a", ["a"]), effective_from=3)
+    _publish(path, "sum:a", [3])
+    with ReleaseStore(path, read_only=True) as store:
+        db = store._conn
+        assert db.execute("SELECT ci95_low, ci95_high FROM releases_with_ci").fetchall() == [
+            (pytest.approx(30 - 1.959964 * 2), pytest.approx(30 + 1.959964 * 2))]
+        assert db.execute('SELECT "sum:a" FROM releases_wide').fetchall() == [(30.0,)]
+        assert db.execute("SELECT query_id, dim, effective_from FROM query_catalogue").fetchall() == [("sum:a", 1, 3)]
+
+
+def test_a_plain_duckdb_client_reads_the_views(tmp_path):
+    path = tmp_path / "s.duckdb"
+    with QueryRegistry(path) as registry:
+        registry.add(LinearQuery.columns("sum:a", ["a"]), effective_from=3)
+    _publish(path, "sum:a", [3])
+    db = duckdb.connect(str(path), read_only=True)
+    try:
+        assert db.execute('SELECT window_id, "sum:a" FROM releases_wide').fetchall() == [(3, 30.0)]
+        assert db.execute("SELECT count(*) FROM releases_with_ci").fetchone() == (1,)
+    finally:
+        db.close()
+
+
 def test_analyst_views_give_confidence_intervals_a_wide_table_and_the_catalogue(tmp_path):
     run_job(_job(tmp_path, [_day(tmp_path, 0, [1, 2], [1, 1], [0, 1])], 0, 1))
     db = connect_read_only(tmp_path / "s.duckdb")
@@ -182,20 +294,46 @@ def test_analyst_views_give_confidence_intervals_a_wide_table_and_the_catalogue(
         db.close()
 
 
-def test_a_version_1_store_migrates_to_the_registry_on_open(tmp_path):
-    path = tmp_path / "old.duckdb"
+def _version_1_store(path, windows=()):
     db = duckdb.connect(str(path))
-    from queries.release_store import _MIGRATIONS
-
     db.execute("BEGIN")
     for statement in _MIGRATIONS[1]:
         db.execute(statement)
     db.execute("INSERT INTO store_meta VALUES ('schema_version', '1')")
+    for w in windows:
+        db.execute("INSERT INTO release_data (query_id, window_id, window_start, window_end, label, coordinate, value, "
+                   "noise_std, kind, accounting, mechanism, key_fingerprint) VALUES ('sum:a', ?, to_timestamp(?), "
+                   "to_timestamp(?), 'a', 0, 1.5, 2.0, 'window', 'gdp', 'gaussian', '0000000000000000')",
+                   [w, 86400 * w, 86400 * (w + 1)])
     db.execute("COMMIT")
     db.close()
+
+
+def test_a_version_1_store_migrates_to_the_registry_on_open(tmp_path):
+    path = tmp_path / "old.duckdb"
+    _version_1_store(path)
     with ReleaseStore(path) as store:
         assert store.schema_version() == 2
         assert QueryRegistry(store).list().num_rows == 0
+
+
+def test_migrating_keeps_the_released_rows_and_adds_the_views(tmp_path):
+    path = tmp_path / "old.duckdb"
+    _version_1_store(path, windows=[3, 4])
+    with ReleaseStore(path) as store:
+        assert store.read().column("window_id").to_pylist() == [3, 4]
+        assert store._conn.execute("SELECT count(*) FROM releases_with_ci").fetchone() == (2,)
+        with pytest.raises(ValueError, match="after the last released window 4"):
+            QueryRegistry(store).add(LinearQuery.columns("q", ["a"]), effective_from=4)
+
+
+def test_a_version_1_store_opened_read_only_asks_for_the_migration(tmp_path):
+    path = tmp_path / "old.duckdb"
+    _version_1_store(path)
+    with pytest.raises(ReleaseStoreError, match="needs a migration to 2"):
+        ReleaseStore(path, read_only=True)
+    with pytest.raises(ReleaseStoreError, match="open it read-write once to migrate"):
+        connect_read_only(path)
 
 
 # --- CLI ---------------------------------------------------------------------------------------
@@ -216,7 +354,7 @@ def test_query_add_list_retire_from_the_command_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, parameter", [
     (["query", "add", "--id", "q", "--columns", "a", "--from", "2026-03-01"], "--store"),
-    (["query", "add", "--store", "S", "--id", "bad[id]", "--columns", "a", "--from", "2026-03-01"], "query_id"),
+    (["query", "add", "--store", "S", "--id", "bad[1]", "--columns", "a", "--from", "2026-03-01"], "query_id"),
     (["query", "add", "--store", "S", "--id", "q", "--clamp", "m", "--lo", "3", "--hi", "1", "--from", "2026-03-01"],
      "lo"),
     (["query", "add", "--store", "S", "--id", "q", "--columns", "a", "--from", "March"], "--from"),
@@ -229,3 +367,27 @@ def test_query_add_with_bad_parameters_exits_2_naming_the_parameter(tmp_path, ca
         main(argv)
     assert exit_info.value.code == 2
     assert parameter in capsys.readouterr().err
+
+
+def test_query_add_takes_string_categories_for_a_string_column(tmp_path, capsys):
+    store = str(tmp_path / "s.duckdb")
+    assert main(["query", "add", "--store", store, "--id", "plans", "--histogram", "plan",
+                 "--categories", "free,pro", "--from", "5"]) == 0
+    with QueryRegistry(store, read_only=True) as registry:
+        assert registry.get("plans").labels == ("plan=free", "plan=pro")
+
+
+def test_query_add_for_a_released_window_exits_2_naming_from(tmp_path, capsys):
+    store = tmp_path / "s.duckdb"
+    _publish(store, "sum:a", [3, 4])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["query", "add", "--store", str(store), "--id", "q", "--columns", "a", "--from", "4"])
+    assert exit_info.value.code == 2
+    assert "--from must be after the last released window 4" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("action", [["list"], ["retire", "--id", "q", "--from", "9"]])
+def test_query_list_and_retire_on_a_missing_store_exit_1_and_create_nothing(tmp_path, capsys, action):
+    store = tmp_path / "none.duckdb"
+    assert main(["query", action[0], "--store", str(store), *action[1:]]) == 1
+    assert "does not exist" in capsys.readouterr().err and not store.exists()
