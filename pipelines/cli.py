@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from pipelines.cli_queries import add_query_subcommands
 from pipelines.train import add_train_subcommand
@@ -28,6 +30,52 @@ PROG = "renyi-stream"
 
 class _UsageError(Exception):
     """A parameter out of range: reported like argparse's own errors (exit status 2)."""
+
+
+# How messages from the library open, and the option they are about (when the command has it).
+_MESSAGE_OPTIONS = (
+    ("cannot open release store", "--store"), ("release store", "--store"),
+    ("cannot open the ledger", "--ledger"), ("the ledger", "--ledger"),
+    ("cannot open noise key file", "--key"), ("noise key file", "--key"),
+    ("input file", "--input"), ("inputs", "--input"), ("features file", "--features"),
+    ("n_shards", "--shards"), ("query_id", "--id"), ("effective_from", "--from"),
+    ("the schedule", "--end"), ("unexpected pipeline runner", "--runner"), ("weight of", "--weighted"),
+    ("the label window", "--label-start"),
+)
+
+
+def name_the_option(command: str, message: str, args: Any = None) -> str:
+    """``message`` opened with ``argument --option:``, as argparse words its own errors, when it
+    is about one of ``command``'s options (``epsilon must be > 0`` -> ``argument --epsilon:
+    epsilon must be > 0``; a message opening with a path given to ``--store`` names ``--store``).
+    ``command`` is a subcommand as typed: ``run``, ``query add``."""
+    if message.startswith(("argument ", "--")):
+        return message
+    options = _options_of(command)
+    for dest, option in options.items():
+        value = getattr(args, dest, None)  # a file given to this option
+        if isinstance(value, str) and ("/" in value or "." in value) and message.startswith(value):
+            return f"argument {option}: {message}"
+    lowered = message.lower()
+    for phrase, option in _MESSAGE_OPTIONS:
+        if lowered.startswith(phrase) and option in options.values():
+            return f"argument {option}: {message}"
+    word = re.match(r"[a-z_]+", message)
+    if word and word.group(0) in options:
+        return f"argument {options[word.group(0)]}: {message}"
+    return message
+
+
+def _options_of(command: str) -> dict[str, str]:
+    """``dest -> --option`` for the options of a subcommand (``run``, ``query add``)."""
+    parser: argparse.ArgumentParser = _build_parser()
+    for name in command.split():
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if sub is None or name not in sub.choices:
+            return {}
+        parser = sub.choices[name]
+    return {a.dest: a.option_strings[-1] for a in parser._actions
+            if a.option_strings and a.option_strings[-1].startswith("--") and a.dest != "help"}
 
 
 def _calibrate_command(args: argparse.Namespace) -> int:
@@ -78,6 +126,8 @@ def _calibrate_command(args: argparse.Namespace) -> int:
 def _demo_command(args: argparse.Namespace) -> int:
     from pipelines.demo import DemoConfig, run_demo  # heavy imports only when needed
 
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise _UsageError(f"--out must be a folder (it is created when missing), got the file {args.out}")
     try:
         config = DemoConfig(
             users=args.users,
@@ -122,10 +172,16 @@ def _run_command(args: argparse.Namespace) -> int:
     from pipelines.curator_store import CuratorStoreError
     from pipelines.daily_job import JobConfig, run_job
     from pipelines.readers import InputFileError
+    from queries.release_store import ReleaseStoreError
     from stream.schema import WindowSpec
 
     spec = WindowSpec(length_seconds=_window_seconds(args.window))
     start, end = _window_of_day("start", args.start, spec), _window_of_day("end", args.end, spec)
+    if start > end:
+        raise _UsageError(f"--start must not be after --end, got --start {args.start} --end {args.end}")
+    if os.path.abspath(args.store) == os.path.abspath(args.ledger):
+        raise _UsageError(f"--store and --ledger must be two files (the public releases, the curator's private "
+                          f"ledger), got {args.store} for both")
     beam_args = list(args.beam_args)
     if not any(a.startswith("--runner") for a in beam_args):
         beam_args.append(f"--runner={args.runner}")
@@ -142,8 +198,10 @@ def _run_command(args: argparse.Namespace) -> int:
         raise _UsageError(str(exc)) from exc
     try:
         summary = run_job(config, progress=None if args.quiet else sys.stderr)
-    except (CuratorStoreError, InputFileError) as exc:
-        print(f"{PROG} run: error: {exc}", file=sys.stderr)
+    except (CuratorStoreError, InputFileError, ReleaseStoreError, ValueError) as exc:
+        # ValueError: a loose or changed noise key (NoiseKeyError), an input without indicator
+        # columns, a registered query the input cannot answer, an unknown Beam runner.
+        print(f"{PROG} run: error: {name_the_option('run', str(exc), args)}", file=sys.stderr)
         return 1
     print(f"run {summary.run_id}: released {len(summary.windows_released)} window(s), "
           f"{len(summary.windows_skipped)} already released; {summary.releases_published} new release rows")
@@ -164,17 +222,21 @@ def _sql_command(args: argparse.Namespace) -> int:
     try:
         table = run_sql(args.store, args.query)
     except (SqlRefused, ReleaseStoreError) as exc:
-        print(f"{PROG} sql: error: {exc}", file=sys.stderr)
+        print(f"{PROG} sql: error: {name_the_option('sql', str(exc), args)}", file=sys.stderr)
         return 1
     except Exception as exc:  # DuckDB's own syntax and binder errors, shown as they are
         print(f"{PROG} sql: error: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 1
-    if args.format == "parquet":
-        print(f"wrote {table.num_rows} rows to {write_parquet(table, args.out)}")
-    elif args.out:
-        with open(args.out, "w") as handle:
-            handle.write(format_result(table, args.format))
-    else:
+    try:
+        if args.format == "parquet":
+            print(f"wrote {table.num_rows} rows to {write_parquet(table, args.out)}")
+        elif args.out:
+            with open(args.out, "w") as handle:
+                handle.write(format_result(table, args.format))
+    except OSError as exc:
+        print(f"{PROG} sql: error: argument --out: cannot write {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    if not args.out:
         sys.stdout.write(format_result(table, args.format))
     return 0
 
@@ -280,7 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.handler(args)
     except _UsageError as exc:
-        parser.exit(2, f"{PROG} {args.command}: error: {exc}\n")
+        command = f"{args.command} {getattr(args, 'action', '')}".strip()
+        parser.exit(2, f"{PROG} {command}: error: {name_the_option(command, str(exc), args)}\n")
     return 0  # unreachable: parser.exit raises SystemExit
 
 

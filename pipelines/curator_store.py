@@ -154,6 +154,13 @@ class CuratorStore:
 
     def _create(self) -> None:
         db = self._db
+        tables = {name for (name,) in db.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        if "store_meta" in tables or (tables and "meta" not in tables):
+            db.close()  # never write per-user budgets and dead letters into another file
+            raise CuratorStoreError(
+                f"{self.path} is a DuckDB database but not a renyi-stream ledger (it has tables "
+                f"{sorted(tables)[:8]} and no ledger meta); refusing to use it"
+                + ("; it is a public release store: give the curator's ledger file" if "store_meta" in tables else ""))
         db.execute("CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
         version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if version is not None and int(version[0]) > SCHEMA_VERSION:

@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from pipelines.curator_store import CuratorStore, CuratorStoreError, LedgerParameters, RunLock, crash_point
 from pipelines.readers import read_batches
 from pipelines.shard_state import PlannedQuery, QueryPlan
+from queries.release_files import write_release_file
 from queries.release_store import RELEASE_SCHEMA, ReleaseStore
 from stream.accounting import calibrate
 from stream.ledger import Ledger, Policy
@@ -140,7 +141,16 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
             _refuse_a_ledger_behind_the_store(curator, store, config)
         params = curator.check_or_record_parameters(wanted)
         with ReleaseStore(config.store) as store:
-            recovered = _publish_pending(curator, store)
+            stored_key = store.key_fingerprint()
+            if stored_key is not None and stored_key != key.fingerprint:  # before anyone is charged
+                from queries.release_store import ReleaseConflictError
+
+                raise ReleaseConflictError(
+                    f"release store {config.store} holds releases made with noise key {stored_key}; this run's "
+                    f"noise key file {config.resolved_key_path} is key {key.fingerprint}: refusing to charge "
+                    "users for answers the store cannot take. Use the key (and ledger) that made this store, "
+                    "or another --store")
+            recovered = _publish_pending(curator, store, config.releases_parquet)
             if recovered:
                 say(f"[run] published {recovered} releases left pending by an interrupted run")
         released = curator.processed_windows()
@@ -152,7 +162,7 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
         previous = curator.load_ledger(params)
         previous_running = curator.load_running(params.id_type)
         with ReleaseStore(config.store) as store:
-            plan = _query_plan(store, config, columns, previous_running, to_release)
+            plan = _query_plan(store, config, columns, previous_running, to_release, released, say)
         _refuse_gaps_in_running_queries(plan, previous_running, to_release)
         say(f"[run] run {run_id}: {len(config.inputs)} input file(s), {len(to_release)} window(s) to release, "
             f"{len(skipped)} already released, {previous.num_rows:,} users in the ledger")
@@ -170,7 +180,7 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
             f"{outputs['releases'].num_rows} releases")
         crash_point("before_publish")
         with ReleaseStore(config.store) as store:
-            published = _publish_pending(curator, store)
+            published = _publish_pending(curator, store, config.releases_parquet)
             store.record_promise(epsilon=params.epsilon, delta=params.delta, accounting=params.accounting,
                                  norm_budget=params.norm_budget)
         return JobSummary(
@@ -199,11 +209,25 @@ def _refuse_a_ledger_behind_the_store(curator: CuratorStore, store: ReleaseStore
         )
 
 
-def _publish_pending(curator: CuratorStore, store: ReleaseStore) -> int:
+def _publish_pending(curator: CuratorStore, store: ReleaseStore, parquet_root: str | None = None) -> int:
+    """Publish the committed outbox: into the DuckDB store and, with ``parquet_root``, as one
+    Parquet file per window (:mod:`queries.release_files`). Public answers leave only from here,
+    after the curator's transaction charged every user for them (an answer nobody was charged
+    for must never exist, even after a crash). Returns the rows new to the store."""
     pending = curator.pending_releases()
     if pending.num_rows == 0:
         return 0
-    inserted = store.publish(pending)
+    # One store transaction per window, in window order: a crash between two leaves some windows
+    # public and the rest pending; the next run publishes the rest (identical rows are skipped).
+    windows = pending.column("window_id")
+    inserted = 0
+    for i, window in enumerate(sorted(set(windows.to_pylist()))):
+        if i:
+            crash_point("during_publish")  # test-only: earlier windows published, later ones not
+        rows = pending.filter(pc.equal(windows, window))
+        inserted += store.publish(rows)
+        if parquet_root:
+            write_release_file(parquet_root, window, rows)
     crash_point("after_publish")
     curator.mark_published(pending)
     return inserted
@@ -238,14 +262,20 @@ def _beam():
 
 
 def _query_plan(store: ReleaseStore, config: JobConfig, columns: list[str], previous_running: dict[str, pa.Table],
-                to_release: list[int]) -> QueryPlan:
+                to_release: list[int], processed: set[int] | None = None, say=lambda msg: None) -> QueryPlan:
     """The registered queries active in this run's windows; on a store with no registered
     query, the default per-column queries (kind ``config.release``) are registered first, from
-    this run's first window, so that the catalogue always lists what is answered."""
+    this run's first window, so that the catalogue always lists what is answered. A query
+    registered into a window already charged but not yet published (after a crash) starts at
+    the first window after the charged ones (:meth:`QueryRegistry.defer_unanswered`)."""
     from queries.linear import default_queries
     from queries.registry import QueryRegistry
 
     registry = QueryRegistry(store)
+    if processed:
+        for query_id, old, new in registry.defer_unanswered(max(processed)):
+            say(f"[run] query {query_id!r} was registered from window {old}, which an interrupted run had already "
+                f"answered without it; it now starts at window {new}")
     if to_release and registry.list().num_rows == 0:
         for query in default_queries(columns, kind=config.release):
             registry.add(query, effective_from=min(to_release))
@@ -254,10 +284,10 @@ def _query_plan(store: ReleaseStore, config: JobConfig, columns: list[str], prev
     entries = [PlannedQuery(query, first, retired)
                for query, first, retired in registry.plan(min(to_release), max(to_release))]
     for entry in entries:
-        missing = [c for c in getattr(entry.query, "columns_needed", ()) if c not in columns]
-        if missing:
-            raise ValueError(f"query {entry.query_id!r} reads column(s) {missing} that the input does not have "
-                             f"(indicator columns: {columns}); retire it or fix the input")
+        try:
+            entry.query.validate_against(columns)  # numeric indicator columns, as validate_batch leaves them
+        except ValueError as exc:
+            raise ValueError(f"{exc}. Retire the query or fix the input") from None
     return QueryPlan(tuple(entries))
 
 
@@ -300,8 +330,7 @@ def _run_pipeline(config: JobConfig, params: LedgerParameters, plan: QueryPlan, 
             noise_std=params.noise_std, policy=config.policy, budget=params.rho, id_type=params.id_type,
             tracker_step=params.tracker_step, n_shards=config.n_shards, previous_ledger=previous,
             key_path=config.resolved_key_path, accounting=params.accounting,
-            key_fingerprint=params.key_fingerprint, previous_running=previous_running, previous_raw=previous_raw,
-            releases_parquet=config.releases_parquet)
+            key_fingerprint=params.key_fingerprint, previous_running=previous_running, previous_raw=previous_raw)
         _write(graph["releases"] | "ReleaseRows" >> beam.combiners.ToList(), out / "releases", _releases_table)
         _write(graph["ledger"] | "Ledgers" >> beam.combiners.ToList(), out / "ledger", _concat_ledgers)
         _write(graph["counts"] | "Counts" >> beam.combiners.ToList(), out / "counts", _counts_table)

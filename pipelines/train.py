@@ -235,6 +235,9 @@ def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSumma
     xp = _array_module(config.device)
     model = make_model(config.model, hidden=config.hidden)
     out = Path(config.out)
+    for name, path in (("out", out), ("report", config.report_path)):  # before anyone is charged
+        if path.is_dir():
+            raise ValueError(f"{name} must be a file to write, got the folder {name}={str(path)!r}")
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         with RunLock(config.ledger), CuratorStore(config.ledger) as curator:
@@ -338,7 +341,9 @@ def _features_command(args: argparse.Namespace) -> int:
             args.input, args.out, start=args.start, end=args.end, label_column=args.label_column,
             label_start=args.label_start, label_end=args.label_end)
     except (ValueError, InputFileError) as exc:
-        print(f"renyi-stream features: error: {exc}", file=sys.stderr)
+        from pipelines.cli import name_the_option
+
+        print(f"renyi-stream features: error: {name_the_option('features', str(exc), args)}", file=sys.stderr)
         return 2 if not isinstance(exc, InputFileError) else 1
     print(f"wrote {summary.users:,} users x {len(summary.feature_columns)} features to {summary.path} "
           f"({summary.rows_read:,} rows read, {summary.rows_rejected:,} rejected)")
@@ -358,10 +363,14 @@ def _train_command(args: argparse.Namespace) -> int:
         )
         summary = run_train(config, progress=None if args.quiet else sys.stderr)
     except ValueError as exc:
-        print(f"renyi-stream train: error: {exc}", file=sys.stderr)
+        from pipelines.cli import name_the_option
+
+        print(f"renyi-stream train: error: {name_the_option('train', str(exc), args)}", file=sys.stderr)
         return 2
     except (TrainRefused, ImportError) as exc:
-        print(f"renyi-stream train: error: {exc}", file=sys.stderr)
+        from pipelines.cli import name_the_option
+
+        print(f"renyi-stream train: error: {name_the_option('train', str(exc), args)}", file=sys.stderr)
         return 1
     best = ""
     if summary.accuracy_queries:

@@ -393,25 +393,12 @@ class WriteReleaseFiles(beam.DoFn):
         self._root = root
 
     def process(self, element: tuple[int, list[dict]]) -> Iterator[str]:
-        import pyarrow.fs as pafs
-        import pyarrow.parquet as pq
-
-        from queries.release_store import RELEASE_SCHEMA
+        from queries.release_files import write_release_file
 
         window, rows = element
-        fs, root = pafs.FileSystem.from_uri(self._root) if "://" in self._root else (
-            pafs.LocalFileSystem(), str(Path(self._root).resolve()))
-        folder = f"{root}/window_id={int(window)}"
-        target = f"{folder}/releases.parquet"
-        if fs.get_file_info(target).type != pafs.FileType.NotFound:
-            return
-        fs.create_dir(folder, recursive=True)
-        table = pa.Table.from_pylist(sorted(rows, key=lambda r: (r["query_id"], r["coordinate"])),
-                                     schema=RELEASE_SCHEMA).drop_columns(["window_id"])
-        scratch = f"{folder}/.releases.parquet.tmp"
-        pq.write_table(table, scratch, filesystem=fs)
-        fs.move(scratch, target)  # a reader sees the whole file or none of it
-        yield target
+        written = write_release_file(self._root, window, rows)
+        if written is not None:
+            yield written
 
 
 # --- composite transforms: the daily job's graph, usable from any Beam pipeline ------------------

@@ -4,8 +4,9 @@
 there, as a power cut would (no cleanup, no ``finally``). Points: ``while_reading`` (the
 pipeline has read input, nothing is committed), ``after_ledger_write`` (inside the curator's
 transaction, before COMMIT), ``before_publish``, ``during_release_insert`` (inside the release
-store's transaction, before COMMIT), ``after_publish`` (published, not yet marked). Unset in
-production: the check is one environment lookup.
+store's transaction, before COMMIT), ``during_publish`` (some windows published, the later ones
+not), ``after_publish`` (published, not yet marked). Unset in production: the check is one
+environment lookup.
 """
 
 from __future__ import annotations

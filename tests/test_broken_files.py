@@ -193,7 +193,7 @@ def test_run_with_a_broken_file_exits_non_zero_naming_it_and_leaves_everything_c
     capsys.readouterr()
     assert main(_run_args(root, inputs, DAY2, DAY2)) != 0
     err = capsys.readouterr().err
-    assert f"renyi-stream run: error: input file {broken}" in err
+    assert f"renyi-stream run: error: argument --input: input file {broken}" in err
     assert _snapshot(root) == before  # nothing committed is harmed, nothing half-written is added
     assert not any(p.name.endswith(".lock") for p in root.iterdir())
 

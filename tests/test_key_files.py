@@ -75,3 +75,59 @@ def test_a_corrupted_ledger_file_is_refused_with_a_clear_message(tmp_path):
     ledger.write_bytes(bytes(data))
     with pytest.raises(CuratorStoreError, match="ledger"):
         run_job(_config(tmp_path, 1))
+
+
+def _cli_run(tmp_path, offset, *, store="s.duckdb", ledger="l.duckdb", key="k.key") -> list[str]:
+    day = (DAY0 + dt.timedelta(days=offset)).isoformat()
+    return ["run", "--input", _day(tmp_path, offset), "--store", str(tmp_path / store), "--ledger",
+            str(tmp_path / ledger), "--key", str(tmp_path / key), "--epsilon", "1", "--delta", "1e-6",
+            "--norm-budget", "5", "--start", day, "--end", day, "--shards", "2", "--quiet"]
+
+
+def _cli(argv, capsys) -> tuple[int, str]:
+    from pipelines.cli import main
+
+    try:
+        status = main(argv)
+    except SystemExit as exc:
+        status = exc.code
+    return status, capsys.readouterr().err
+
+
+def test_renyi_stream_run_refuses_a_key_file_readable_by_others_and_commits_nothing(tmp_path, capsys):
+    assert _cli(_cli_run(tmp_path, 0), capsys)[0] == 0
+    os.chmod(tmp_path / "k.key", 0o644)
+    before = _digest(tmp_path / "s.duckdb", tmp_path / "l.duckdb")
+    status, err = _cli(_cli_run(tmp_path, 1), capsys)
+    assert status != 0 and "Traceback" not in err
+    assert "--key" in err and str(tmp_path / "k.key") in err and "mode 0644" in err and "chmod 600" in err, err
+    assert _digest(tmp_path / "s.duckdb", tmp_path / "l.duckdb") == before
+    assert not (tmp_path / "l.duckdb.lock").exists()
+
+
+def test_renyi_stream_run_refuses_a_changed_key_and_commits_nothing(tmp_path, capsys):
+    assert _cli(_cli_run(tmp_path, 0), capsys)[0] == 0
+    os.remove(tmp_path / "k.key")
+    NoiseKey.load_or_create(tmp_path / "k.key")
+    before = _digest(tmp_path / "s.duckdb", tmp_path / "l.duckdb")
+    status, err = _cli(_cli_run(tmp_path, 1), capsys)
+    assert status != 0 and "Traceback" not in err and "key_fingerprint" in err, err
+    assert _digest(tmp_path / "s.duckdb", tmp_path / "l.duckdb") == before
+
+
+def test_a_store_made_with_another_key_is_refused_before_anyone_is_charged(tmp_path, capsys):
+    """Two deployments released the same day with their own keys; the first one's ledger and key
+    pointed at the second one's store: its ledger knows every window that store holds, so only
+    the store's recorded key fingerprint can tell. Refused before the ledger transaction (no user
+    charged for answers that store would refuse), naming both keys."""
+    assert _cli(_cli_run(tmp_path, 0), capsys)[0] == 0
+    assert _cli(_cli_run(tmp_path, 0, store="other.duckdb", ledger="other-l.duckdb", key="other.key"), capsys)[0] == 0
+    mine, theirs = (NoiseKey.load_or_create(tmp_path / k).fingerprint for k in ("k.key", "other.key"))
+    before = _digest(tmp_path / "l.duckdb", tmp_path / "other.duckdb", tmp_path / "s.duckdb")
+    status, err = _cli(_cli_run(tmp_path, 1, store="other.duckdb"), capsys)
+    assert status != 0 and "Traceback" not in err, err
+    assert "--store" in err and mine in err and theirs in err, err
+    assert _digest(tmp_path / "l.duckdb", tmp_path / "other.duckdb", tmp_path / "s.duckdb") == before
+    with pytest.raises(ReleaseConflictError, match=theirs):  # the library refuses the same way
+        run_job(JobConfig(**{**_config(tmp_path, 1).__dict__, "store": str(tmp_path / "other.duckdb")}))
+    assert _digest(tmp_path / "l.duckdb", tmp_path / "other.duckdb", tmp_path / "s.duckdb") == before
