@@ -7,6 +7,10 @@ does not have exactly one of ``day`` and ``event_time`` (a CSV with a wrong head
 Arrow IPC *stream* without its end-of-stream marker (cut short, possibly exactly between two
 batches, where the format itself cannot tell). A file with a valid header and no rows yields
 one empty batch, so that its schema can be read (an empty day is a valid input).
+
+A path with a scheme (``gs://bucket/day.parquet``, ``s3://...``) is read through ``pyarrow.fs``,
+as the Parquet release files are written (distributed runs read their inputs from object
+storage); a plain path is a local file.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
+import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
@@ -38,19 +43,22 @@ def read_batches(path: str | Path, *, batch_rows: int = 65_536) -> Iterator[pa.R
     """Yield the file's rows as record batches of at most ``batch_rows`` rows (at least one
     batch, empty when the file has no rows)."""
     kind = file_format(path)
-    if not Path(path).is_file():
+    remote = _remote(path)
+    if not (_remote_is_file(path, remote) if remote else Path(path).is_file()):
         raise InputFileError(f"input file {path} does not exist")
     try:
         if kind == "parquet":
-            reader = pq.ParquetFile(path)
+            reader = pq.ParquetFile(remote[0].open_input_file(remote[1]) if remote else path)
             _check_header(path, reader.schema_arrow)
             batches: Iterator[pa.RecordBatch] = reader.iter_batches(batch_size=batch_rows)
             schema = reader.schema_arrow
         elif kind == "ipc":
-            schema, batches = _ipc_batches(path, batch_rows)
+            source = remote[0].open_input_file(remote[1]) if remote else pa.memory_map(str(path))
+            schema, batches = _ipc_batches(path, source, batch_rows)
             _check_header(path, schema)
         else:
-            table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(
+            source = remote[0].open_input_stream(remote[1]) if remote else path
+            table = pacsv.read_csv(source, convert_options=pacsv.ConvertOptions(
                 column_types={"day": pa.string(), "event_time": pa.string()}))
             _check_header(path, table.schema)
             schema, batches = table.schema, iter(table.to_batches(max_chunksize=batch_rows))
@@ -62,6 +70,23 @@ def read_batches(path: str | Path, *, batch_rows: int = 65_536) -> Iterator[pa.R
             yield pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
         raise InputFileError(f"input file {path} is not a readable {kind} file: {_short(exc)}") from exc
+
+
+def _remote(path: str | Path) -> tuple[pafs.FileSystem, str] | None:
+    """``(filesystem, path inside it)`` for a URI (``gs://``, ``s3://``, ...); None for a local path."""
+    if not isinstance(path, str) or "://" not in path:
+        return None
+    try:
+        return pafs.FileSystem.from_uri(path)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise InputFileError(f"input file {path}: cannot open its file system: {_short(exc)}") from exc
+
+
+def _remote_is_file(path: str, remote: tuple[pafs.FileSystem, str]) -> bool:
+    try:
+        return remote[0].get_file_info(remote[1]).type == pafs.FileType.File
+    except (pa.ArrowException, OSError) as exc:
+        raise InputFileError(f"input file {path}: cannot read its metadata: {_short(exc)}") from exc
 
 
 def _short(exc: BaseException) -> str:
@@ -87,8 +112,8 @@ def _check_header(path: str | Path, schema: pa.Schema) -> None:
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # continuation marker + zero length
 
 
-def _ipc_batches(path: str | Path, batch_rows: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-    source = pa.memory_map(str(path))
+def _ipc_batches(path: str | Path, source: pa.NativeFile,
+                 batch_rows: int) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     try:
         reader = ipc.open_file(source)
         schema = reader.schema
@@ -108,7 +133,7 @@ def _ipc_batches(path: str | Path, batch_rows: int) -> tuple[pa.Schema, Iterator
     return schema, _split(source, batches, batch_rows)
 
 
-def _split(source: pa.MemoryMappedFile, batches: Iterator[pa.RecordBatch], batch_rows: int) -> Iterator[pa.RecordBatch]:
+def _split(source: pa.NativeFile, batches: Iterator[pa.RecordBatch], batch_rows: int) -> Iterator[pa.RecordBatch]:
     with source:
         for batch in batches:
             yield from pa.Table.from_batches([batch]).to_batches(max_chunksize=batch_rows)

@@ -1,31 +1,53 @@
-"""The daily graph is ready for distributed runners (issue 5), checked without a cluster: it
-constructs under FlinkRunner and DataflowRunner options, round-trips through the Beam runner API
-(the portable proto those runners receive), keys state and shuffles with deterministic coders,
-and every DoFn pickles (no unpicklable closures)."""
+"""The daily graph is ready for distributed runners (issue 5), checked without a cluster.
+
+* Both graphs (``DailyReleases``, as ``renyi-stream run`` builds it, and the distributed entry
+  point's, :mod:`pipelines.distributed`) construct under FlinkRunner and DataflowRunner options
+  and round-trip through the Beam runner API (the portable proto those runners receive).
+* Every key of a shuffle (GroupByKey, CombinePerKey) and of keyed state has a deterministic coder,
+  read from the portable proto itself: the coders the runner will use.
+* Every transform and DoFn pickles and unpickles with Beam's pickler (cloudpickle, its default).
+* ``pipelines.distributed.main`` runs end to end on the DirectRunner over local files standing in
+  for buckets, and gives the releases and the ledger ``renyi-stream run`` gives on the same data
+  and key; its recovery rules (re-runs, interrupted attempts, stale ledgers) hold.
+* The deployment files agree with the code (parameters, versions, runner options).
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
+import os
+import re
+import stat
+import subprocess
+from pathlib import Path
 
 import apache_beam as beam
+import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from apache_beam.internal import pickler
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import FlinkRunnerOptions, PipelineOptions, PortableOptions
 from apache_beam.pipeline import PipelineVisitor
-from apache_beam.typehints import typehints
+from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.runners import pipeline_context
 
+from pipelines import distributed as dist
 from pipelines import transforms as tx
+from pipelines import worker_key
+from pipelines.readers import read_batches
 from pipelines.shard_state import QueryPlan
 from queries.linear import default_queries
 from stream.ledger import Ledger
 from stream.noise import NoiseKey
 from stream.schema import WindowSpec
 
-W0 = (dt.date(2026, 3, 1) - dt.date(1970, 1, 1)).days
+ROOT = Path(__file__).resolve().parents[1]
+DAY0 = dt.date(2026, 3, 1)
+W0 = (DAY0 - dt.date(1970, 1, 1)).days
 RUNNERS = {
     "FlinkRunner": ["--runner=FlinkRunner", "--flink_master=localhost:8081", "--environment_type=DOCKER",
                     "--environment_config=renyi-stream-harness:latest", "--streaming"],
@@ -33,72 +55,457 @@ RUNNERS = {
                        "--temp_location=gs://my-bucket-renyi/tmp", "--staging_location=gs://my-bucket-renyi/staging",
                        "--sdk_container_image=europe-docker.pkg.dev/my-project-123/renyi/harness:latest"],
 }
+GRAPHS = ("daily", "distributed")
+EPSILON, DELTA, NORM_BUDGET = 1.0, 1e-6, 2.0
 
 
-def _graph(tmp_path, runner: str) -> beam.Pipeline:
-    logging.getLogger().setLevel(logging.ERROR)  # GCP extras warn about optional clients
-    path = tmp_path / "d.parquet"
-    pq.write_table(pa.table({"user_id": pa.array([1, 2], type=pa.int64()),
-                             "day": pa.array([dt.date(2026, 3, 1)] * 2, type=pa.date32()),
-                             "opened": pa.array(np.ones(2))}), path)
-    key = NoiseKey.load_or_create(tmp_path / "k.key")
+def _day_file(path: Path, offset: int, users, seed: int = 0) -> str:
+    rng = np.random.default_rng(seed + offset)
+    n = len(users)
+    pq.write_table(pa.table({
+        "user_id": pa.array(users, type=pa.int64()),
+        "day": pa.array([DAY0 + dt.timedelta(days=offset)] * n, type=pa.date32()),
+        "opened": pa.array((rng.random(n) < 0.5).astype(np.float64)),
+        "spent": pa.array(rng.random(n) * 1.5),
+    }), path)
+    return str(path)
+
+
+def _key(tmp_path: Path) -> tuple[str, NoiseKey]:
+    path = tmp_path / "key" / "noise.key"
+    return str(path), NoiseKey.load_or_create(path)
+
+
+def _args(tmp_path, inputs, start, end, previous, output, *extra) -> list[str]:
+    key_path, _ = _key(tmp_path)
+    return ["--input", *inputs, "--start", start, "--end", end, "--epsilon", str(EPSILON), "--delta", str(DELTA),
+            "--norm-budget", str(NORM_BUDGET), "--previous-ledger", previous, "--output", str(output),
+            "--releases-parquet", str(tmp_path / "public" / "releases"), "--noise-key", key_path, *extra]
+
+
+def _daily_graph(tmp_path: Path, runner: str) -> beam.Pipeline:
+    path = _day_file(tmp_path / "d.parquet", 0, [1, 2])
+    key_path, key = _key(tmp_path)
     p = beam.Pipeline(options=PipelineOptions(RUNNERS[runner]))
     plan = QueryPlan.starting_at(default_queries(["opened"]) + default_queries(["opened"], kind="running"), W0)
     _ = p | tx.DailyReleases(
-        [str(path)], window=WindowSpec(), start_window=W0, end_window=W0 + 1, released=[], schedule=[W0, W0 + 1],
+        [path], window=WindowSpec(), start_window=W0, end_window=W0 + 1, released=[], schedule=[W0, W0 + 1],
         plan=plan, indicator_columns=["opened"], noise_std=2.0, policy="drop", budget=1.0, id_type="int64",
         tracker_step=1 / 32, n_shards=8, previous_ledger=Ledger(budget=1.0).to_arrow(),
-        key_path=str(tmp_path / "k.key"), accounting="gdp", key_fingerprint=key.fingerprint,
+        key_path=key_path, accounting="gdp", key_fingerprint=key.fingerprint,
         releases_parquet="gs://my-bucket-renyi/releases")
     return p
 
 
+def _distributed_graph(tmp_path: Path, runner: str) -> beam.Pipeline:
+    path = _day_file(tmp_path / "d.parquet", 0, [1, 2])
+    args = dist._parser().parse_args(_args(tmp_path, [path], "2026-03-01", "2026-03-02", "none", tmp_path / "out"))
+    plan = dist.prepare(args)
+    p = beam.Pipeline(options=PipelineOptions(RUNNERS[runner]))
+    dist.build(p, plan)
+    return p
+
+
+def _graph(tmp_path: Path, graph: str, runner: str) -> beam.Pipeline:
+    logging.getLogger().setLevel(logging.ERROR)  # GCP extras warn about optional clients
+    return (_daily_graph if graph == "daily" else _distributed_graph)(tmp_path, runner)
+
+
 class _Collect(PipelineVisitor):
     def __init__(self) -> None:
-        self.applied = []
+        self.nodes = []
 
     def visit_transform(self, node) -> None:
-        self.applied.append(node)
+        self.nodes.append(node)
+
+    def enter_composite_transform(self, node) -> None:
+        if node.transform is not None:
+            self.nodes.append(node)
 
 
-def _applied(p: beam.Pipeline):
+def _nodes(p: beam.Pipeline):
     visitor = _Collect()
     p.visit(visitor)
-    return visitor.applied
+    return visitor.nodes
+
+
+# --- runner readiness ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("runner", sorted(RUNNERS))
-def test_the_graph_round_trips_through_the_portable_runner_api(tmp_path, runner):
-    p = _graph(tmp_path, runner)
+@pytest.mark.parametrize("graph", GRAPHS)
+def test_the_graph_round_trips_through_the_portable_runner_api(tmp_path, graph, runner):
+    p = _graph(tmp_path, graph, runner)
     proto = p.to_runner_api()
+    assert len(proto.SerializeToString()) > 0
     restored = beam.Pipeline.from_runner_api(proto, p.runner, p._options)
     again = restored.to_runner_api()
-    assert len(proto.SerializeToString()) > 0
     names = {t.unique_name for t in proto.components.transforms.values()}
     assert {t.unique_name for t in again.components.transforms.values()} == names
     assert any("IndividualFilter" in name for name in names) and any("ReleaseWindows" in name for name in names)
+    assert len(again.SerializeToString()) > 0
+
+
+def _keyed_inputs(proto):
+    """(transform name, kind, input coder id) of every GroupByKey, CombinePerKey and stateful
+    ParDo in the portable proto (side inputs excluded)."""
+    for t in proto.components.transforms.values():
+        urn = t.spec.urn
+        if urn in ("beam:transform:group_by_key:v1", "beam:transform:combine_per_key:v1"):
+            (pcoll,) = t.inputs.values()
+            yield t.unique_name, urn.split(":")[2], proto.components.pcollections[pcoll].coder_id
+        elif urn == "beam:transform:pardo:v1":
+            payload = beam_runner_api_pb2.ParDoPayload.FromString(t.spec.payload)
+            if payload.state_specs or payload.timer_family_specs:
+                (pcoll,) = [v for k, v in t.inputs.items() if k not in payload.side_inputs]
+                yield t.unique_name, "stateful", proto.components.pcollections[pcoll].coder_id
 
 
 @pytest.mark.parametrize("runner", sorted(RUNNERS))
-def test_every_shuffle_and_state_key_has_a_deterministic_coder(tmp_path, runner):
-    keyed = 0
-    for node in _applied(_graph(tmp_path, runner)):
-        transform = node.transform
-        stateful = isinstance(transform, beam.ParDo) and isinstance(transform.fn, tx.IndividualFilterDoFn)
-        if not (isinstance(transform, beam.GroupByKey) or stateful):
-            continue
-        (pcoll,) = node.inputs
-        hint = pcoll.element_type
-        assert isinstance(hint, typehints.TupleConstraint), f"{node.full_label} input is not typed as a KV: {hint}"
-        key_coder = beam.coders.registry.get_coder(hint.tuple_types[0])
-        assert key_coder.is_deterministic(), f"{node.full_label}: key coder {key_coder} is not deterministic"
-        keyed += 1
-    assert keyed >= 3  # the filter's state, the window grouping of release files, the running totals
+@pytest.mark.parametrize("graph", GRAPHS)
+def test_every_shuffle_and_state_key_has_a_deterministic_coder(tmp_path, graph, runner):
+    proto = _graph(tmp_path, graph, runner).to_runner_api()
+    context = pipeline_context.PipelineContext(proto.components)
+    kinds = set()
+    checked = 0
+    for name, kind, coder_id in _keyed_inputs(proto):
+        spec = proto.components.coders[coder_id]
+        assert spec.spec.urn == "beam:coder:kv:v1", f"{name}: input coder {spec.spec.urn} is not a KV coder"
+        key_coder = context.coders.get_by_id(spec.component_coder_ids[0])
+        assert key_coder.is_deterministic(), f"{name}: key coder {key_coder} is not deterministic"
+        kinds.add(kind)
+        checked += 1
+    assert {"group_by_key", "combine_per_key", "stateful"} <= kinds and checked >= 5
+    # The filter's own state key: the user shard, an integer with the portable varint coder.
+    (filter_coder,) = [c for n, k, c in _keyed_inputs(proto) if k == "stateful"]
+    key_id = proto.components.coders[filter_coder].component_coder_ids[0]
+    assert proto.components.coders[key_id].spec.urn == "beam:coder:varint:v1"
 
 
-@pytest.mark.parametrize("runner", sorted(RUNNERS))
-def test_every_dofn_pickles_and_unpickles(tmp_path, runner):
-    fns = [node.transform.fn for node in _applied(_graph(tmp_path, runner)) if isinstance(node.transform, beam.ParDo)]
+@pytest.mark.parametrize("library", ["cloudpickle"])  # Beam's default; dill is an opt-in extra
+@pytest.mark.parametrize("graph", GRAPHS)
+def test_every_transform_and_dofn_pickles_and_unpickles(tmp_path, graph, library):
+    nodes = _nodes(_graph(tmp_path, graph, "DataflowRunner"))
+    fns = [node.transform.fn for node in nodes if isinstance(node.transform, beam.ParDo)]
     assert len(fns) >= 5
-    for fn in fns:
-        assert type(pickler.loads(pickler.dumps(fn))) is type(fn)
+    pickler.set_library(library)
+    try:
+        for node in nodes:  # leaves and composites: lambdas in Map/FlatMap included
+            restored = pickler.loads(pickler.dumps(node.transform))
+            # (Beam's own classes local to a function come back as equal copies, not the same class.)
+            assert type(restored).__qualname__ == type(node.transform).__qualname__, node.full_label
+        for fn in fns:
+            assert type(pickler.loads(pickler.dumps(fn))) is type(fn)
+    finally:
+        pickler.set_library(pickler.DEFAULT_PICKLE_LIB)
+
+
+# --- the distributed entry point end to end, against renyi-stream run ----------------------------------
+
+
+def _local_run(tmp_path: Path, inputs: list[str], start: str, end: str) -> None:
+    key_path, _ = _key(tmp_path)
+    out = subprocess.run(
+        ["python", "-m", "pipelines.cli", "run", "--input", *inputs, "--store", str(tmp_path / "local" / "s.duckdb"),
+         "--ledger", str(tmp_path / "local" / "l.duckdb"), "--epsilon", str(EPSILON), "--delta", str(DELTA),
+         "--norm-budget", str(NORM_BUDGET), "--start", start, "--end", end, "--key", key_path, "--quiet"],
+        cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def _parquet_releases(tmp_path: Path) -> list[tuple]:
+    root = tmp_path / "public" / "releases"
+    with duckdb.connect() as con:
+        return con.execute(
+            f"SELECT query_id, window_id, coordinate, label, value, noise_std, key_fingerprint FROM "
+            f"read_parquet('{root}/*/*.parquet', hive_partitioning = true) ORDER BY query_id, window_id, coordinate"
+        ).fetchall()
+
+
+def _store_releases(tmp_path: Path) -> list[tuple]:
+    with duckdb.connect(str(tmp_path / "local" / "s.duckdb"), read_only=True) as con:
+        return con.execute("SELECT query_id, window_id, coordinate, label, value, noise_std, key_fingerprint "
+                           "FROM releases ORDER BY query_id, window_id, coordinate").fetchall()
+
+
+def _snapshot(output: Path) -> pa.Table:
+    manifest = json.loads((output / dist.COMMITTED).read_text())
+    return pa.concat_tables([pq.read_table(f) for f in manifest["ledger_files"]]).sort_by("user_id")
+
+
+def _same_values(a: list[tuple], b: list[tuple]) -> None:
+    assert len(a) == len(b) and a
+    for x, y in zip(a, b):
+        assert x[:4] == y[:4] and x[5:] == y[5:]
+        # Equal but for the order in which the shards' partial sums are added (last bits).
+        assert x[4] == pytest.approx(y[4], rel=1e-12, abs=1e-9)
+
+
+@pytest.fixture
+def two_days(tmp_path):
+    """Three daily files of 250 of 400 users (``two_days[:2]`` is the first run's two days)."""
+    rng = np.random.default_rng(7)
+    (tmp_path / "in").mkdir()
+    return [_day_file(tmp_path / "in" / f"day-{d}.parquet", d, rng.choice(400, 250, replace=False), seed=3)
+            for d in range(3)]
+
+
+def test_distributed_main_gives_the_releases_and_ledger_of_renyi_stream_run(tmp_path, two_days, capsys):
+    inputs = two_days
+    run1, run2 = tmp_path / "curator" / "run1", tmp_path / "curator" / "run2"
+    assert dist.main(_args(tmp_path, inputs[:2], "2026-03-01", "2026-03-02", "none", run1, "--shards", "7")) == 0
+    assert dist.main(_args(tmp_path, inputs[2:], "2026-03-03", "2026-03-03", str(run1), run2, "--shards", "5")) == 0
+    assert "[balanced]" in capsys.readouterr().out
+    _local_run(tmp_path, inputs[:2], "2026-03-01", "2026-03-02")
+    _local_run(tmp_path, inputs[2:], "2026-03-03", "2026-03-03")
+
+    parquet, store = _parquet_releases(tmp_path), _store_releases(tmp_path)
+    assert {r[1] for r in parquet} == {W0, W0 + 1, W0 + 2} and {r[0] for r in parquet} == {"sum:opened", "sum:spent"}
+    _same_values(parquet, store)  # same data, same key: the same noisy releases
+
+    with duckdb.connect(str(tmp_path / "local" / "l.duckdb"), read_only=True) as con:
+        local = con.execute("SELECT user_id, used, tracker_segment, tracker_bound FROM ledger ORDER BY user_id").arrow()
+    local = local.read_all() if hasattr(local, "read_all") else local
+    ours = _snapshot(run2)
+    assert ours.column("user_id").to_pylist() == local.column("user_id").to_pylist()
+    for column in ("used", "tracker_segment", "tracker_bound"):
+        np.testing.assert_allclose(ours.column(column).to_numpy(), local.column(column).to_numpy(), rtol=0, atol=0)
+    Ledger.from_arrow(ours)  # the snapshot restores (metadata, ranges, no repeated user)
+
+    manifest = json.loads((run2 / dist.COMMITTED).read_text())
+    assert manifest["processed_windows"] == [W0, W0 + 1, W0 + 2] and manifest["balanced"]
+    assert manifest["users"] == ours.num_rows and manifest["previous_users"] > 0
+    counts = pq.read_table(manifest["counts_files"]).to_pylist()
+    assert sum(c["admitted"] + c["clipped"] + c["dropped"] for c in counts) == 250
+
+
+def test_a_rerun_of_a_committed_day_charges_nobody_and_releases_nothing(tmp_path, two_days):
+    inputs = two_days
+    run1, again = tmp_path / "curator" / "run1", tmp_path / "curator" / "again"
+    assert dist.main(_args(tmp_path, inputs[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
+    files = {p: p.read_bytes() for p in (tmp_path / "public").rglob("*.parquet")}
+    # The same output again is refused: a committed snapshot is never rewritten.
+    assert dist.main(_args(tmp_path, inputs[:1], "2026-03-01", "2026-03-01", "none", run1)) == 2
+    # Forgetting the previous ledger is refused: the releases know windows it never charged.
+    assert dist.main(_args(tmp_path, inputs[:1], "2026-03-01", "2026-03-01", "none", again)) == 2
+    assert dist.main(_args(tmp_path, inputs[:1], "2026-03-01", "2026-03-01", str(run1), again)) == 0
+    manifest = json.loads((again / dist.COMMITTED).read_text())
+    assert manifest["totals"]["late"] == 250 and manifest["totals"]["admitted"] == 0 and manifest["balanced"]
+    assert _snapshot(again).equals(_snapshot(run1))
+    assert {p: p.read_bytes() for p in (tmp_path / "public").rglob("*.parquet")} == files
+
+
+def _crashed_main(tmp_path, args, point) -> subprocess.CompletedProcess:
+    """``dist.main(args)`` in a child process killed with SIGKILL at crash point ``point``."""
+    code = f"import sys; from pipelines import distributed as d; sys.exit(d.main({[str(a) for a in args]!r}))"
+    return subprocess.run(["python", "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "RENYI_STREAM_CRASH_AT": point})
+
+
+def _public(tmp_path) -> dict:
+    return {p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / "public").rglob("*.parquet")}
+
+
+@pytest.fixture
+def clean_two_days(tmp_path, tmp_path_factory, two_days):
+    """The public files and the day-2 ledger of an uninterrupted two-day distributed run, with
+    the test's noise key."""
+    clean = tmp_path_factory.mktemp("clean")
+    key_path, _ = _key(tmp_path)
+    (clean / "key").mkdir()
+    (clean / "key" / "noise.key").write_bytes(Path(key_path).read_bytes())
+    os.chmod(clean / "key" / "noise.key", 0o600)
+    run1, run2 = clean / "curator" / "run1", clean / "curator" / "run2"
+    assert dist.main(_args(clean, two_days[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
+    assert dist.main(_args(clean, two_days[1:2], "2026-03-02", "2026-03-02", str(run1), run2)) == 0
+    return _public(clean), _snapshot(run2)
+
+
+def test_a_job_killed_before_its_commit_publishes_nothing_and_its_rerun_charges_once(tmp_path, two_days,
+                                                                                   clean_two_days):
+    run1, run2 = tmp_path / "curator" / "run1", tmp_path / "curator" / "run2"
+    assert dist.main(_args(tmp_path, two_days[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
+    day1 = _public(tmp_path)
+    day2 = _args(tmp_path, two_days[1:2], "2026-03-02", "2026-03-02", str(run1), run2)
+    assert _crashed_main(tmp_path, day2, "distributed_before_commit").returncode == -9
+    assert not (run2 / dist.COMMITTED).exists()
+    assert list((run2 / "staged-releases").rglob("*.parquet"))  # computed, staged, never public
+    assert _public(tmp_path) == day1
+    # Re-run with other inputs into the same output: refused (that output belongs to the attempt).
+    other = _day_file(tmp_path / "in" / "late.parquet", 1, [900, 901])
+    assert dist.main(_args(tmp_path, [*two_days[1:2], other], "2026-03-02", "2026-03-02", str(run1), run2)) == 2
+    # The same arguments: every user charged once, every window published once, as if nothing failed.
+    assert dist.main(day2) == 0
+    public, ledger = clean_two_days
+    assert _public(tmp_path) == public
+    assert _snapshot(run2).equals(ledger)
+
+
+def test_releases_committed_but_not_published_are_published_by_the_next_run(tmp_path, two_days, clean_two_days):
+    run1, run2, run3 = (tmp_path / "curator" / name for name in ("run1", "run2", "run3"))
+    assert dist.main(_args(tmp_path, two_days[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
+    day2 = _args(tmp_path, two_days[1:2], "2026-03-02", "2026-03-02", str(run1), run2)
+    assert _crashed_main(tmp_path, day2, "distributed_before_promote").returncode == -9
+    assert (run2 / dist.COMMITTED).exists()
+    assert {p.parent.name for p in (tmp_path / "public").rglob("*.parquet")} == {f"window_id={W0}"}
+    assert dist.main(day2) == 2  # a committed output is never rewritten
+    assert dist.main(_args(tmp_path, two_days[2:], "2026-03-03", "2026-03-03", str(run2), run3)) == 0
+    public, ledger = clean_two_days
+    assert {k: v for k, v in _public(tmp_path).items() if f"window_id={W0 + 2}" not in str(k)} == public
+    assert _snapshot(run2).equals(ledger)
+
+
+def test_a_snapshot_that_lost_users_is_not_committed(tmp_path, two_days):
+    inputs = two_days
+    run1, run2 = tmp_path / "curator" / "run1", tmp_path / "curator" / "run2"
+    assert dist.main(_args(tmp_path, inputs[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
+    (part,) = json.loads((run1 / dist.COMMITTED).read_text())["ledger_files"]
+    table = pq.read_table(part)
+    pq.write_table(table.slice(0, table.num_rows - 10), part)  # a truncated snapshot file
+    with pytest.raises(Exception, match="previous ledger snapshot holds"):
+        dist.main(_args(tmp_path, inputs[1:2], "2026-03-02", "2026-03-02", str(run1), run2))
+    assert not (run2 / dist.COMMITTED).exists()
+
+
+def test_a_run_with_other_parameters_than_the_ledger_is_refused(tmp_path, two_days, capsys):
+    inputs = two_days
+    run1 = tmp_path / "curator" / "run1"
+    assert dist.main(_args(tmp_path, inputs[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
+    args = _args(tmp_path, inputs[1:2], "2026-03-02", "2026-03-02", str(run1), tmp_path / "curator" / "run2")
+    args[args.index("--epsilon") + 1] = "2.0"
+    assert dist.main(args) == 2
+    assert "parameters differ" in capsys.readouterr().err
+    assert dist.main(_args(tmp_path, [str(tmp_path / "in" / "nothing-*.parquet")], "2026-03-02", "2026-03-02",
+                           str(run1), tmp_path / "curator" / "run3")) == 2
+
+
+def test_uri_inputs_are_read_through_pyarrow_fs(tmp_path):
+    path = _day_file(tmp_path / "d.parquet", 0, [1, 2, 3])
+    assert sum(b.num_rows for b in read_batches(f"file://{path}")) == 3
+
+
+# --- the noise key reaches workers as a secret -------------------------------------------------------
+
+
+def test_worker_start_up_writes_the_secret_key_privately(tmp_path, monkeypatch):
+    key = NoiseKey.load_or_create(tmp_path / "source.key")
+    target = tmp_path / "worker" / f"noise-{key.fingerprint}.key"
+    fetched = []
+
+    def fetch(name):
+        fetched.append(name)
+        return key.secret
+
+    secret = "projects/p/secrets/renyi-noise-key/versions/3"
+    for options in ({"options": {worker_key.SECRET_OPTION: secret, worker_key.PATH_OPTION: str(target)}},
+                    {f"beam:option:{worker_key.SECRET_OPTION}:v1": secret,
+                     f"beam:option:{worker_key.PATH_OPTION}:v1": str(target)}):
+        env = {"PIPELINE_OPTIONS": json.dumps(options)}
+        assert worker_key.install_from_environment(env, fetch=fetch) == target
+        assert stat.S_IMODE(target.stat().st_mode) == 0o600
+        assert NoiseKey.load(target).fingerprint == key.fingerprint
+        target.unlink()
+    assert fetched == [secret, secret]
+    assert worker_key.install_from_environment({"PIPELINE_OPTIONS": json.dumps({"options": {}})}, fetch=fetch) is None
+
+    # The launcher puts the options where the harness finds them, and names the plugin.
+    monkeypatch.setattr(worker_key, "fetch_secret", lambda name: key.secret)
+    path = _day_file(tmp_path / "d.parquet", 0, [1])
+    args = dist._parser().parse_args(_args(tmp_path, [path], "2026-03-01", "2026-03-01", "none", tmp_path / "o")[:-2]
+                                     + ["--noise-key-secret", secret])
+    plan = dist.prepare(args)
+    assert plan.key_path.endswith(f"noise-{key.fingerprint}.key")
+    assert plan.parameters["key_fingerprint"] == key.fingerprint
+    options = dist.pipeline_options(plan, args, RUNNERS["DataflowRunner"]).get_all_options()
+    assert options[worker_key.SECRET_OPTION] == secret and options[worker_key.PATH_OPTION] == plan.key_path
+    assert worker_key.PLUGIN in options["beam_plugins"]
+
+
+# --- the deployment files agree with the code --------------------------------------------------------
+
+
+def test_the_harness_image_pins_the_installed_beam_version():
+    from apache_beam.version import __version__
+
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert re.search(rf"^ARG BEAM_VERSION={re.escape(__version__)}$", dockerfile, re.M)
+    assert "FROM apache/beam_python3.11_sdk:${BEAM_VERSION}" in dockerfile
+    assert 'ENTRYPOINT ["/opt/apache/beam/boot"]' in dockerfile
+    launcher = (ROOT / "deploy" / "dataflow" / "Dockerfile").read_text()
+    assert "python_template_launcher" in launcher and "FLEX_TEMPLATE_PYTHON_PY_FILE" in launcher
+
+
+def test_the_flex_template_parameters_are_the_entry_points_options(tmp_path):
+    metadata = json.loads((ROOT / "deploy" / "dataflow" / "metadata.json").read_text())
+    names = {p["name"] for p in metadata["parameters"]}
+    assert {"input", "start", "end", "epsilon", "delta", "norm_budget", "releases_parquet", "previous_ledger",
+            "output", "noise_key_secret"} <= names
+    parser = dist._parser()
+    dests = {a.dest for a in parser._actions}
+    assert names <= dests, names - dests
+    for p in metadata["parameters"]:
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", p["name"]) and p["label"] and p["helpText"]
+    # The launcher passes each parameter as --name=value: the parser takes them in that form.
+    values = {"input": "gs://b/in/*.parquet", "start": "2026-03-01", "end": "2026-03-01", "epsilon": "1",
+              "delta": "1e-6", "norm_budget": "30", "releases_parquet": "gs://p/r", "previous_ledger": "none",
+              "output": "gs://c/o", "noise_key_secret": "projects/p/secrets/k/versions/1"}
+    args, rest = parser.parse_known_args([f"--{k}={v}" for k, v in values.items()])
+    assert rest == [] and args.norm_budget == 30.0 and args.previous_ledger == "none"
+
+
+def test_the_flink_options_file_parses_as_flink_runner_options():
+    text = (ROOT / "deploy" / "flink" / "flink-options.txt").read_text()
+    flags = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    flags = [os.path.expandvars(f) for f in flags]
+    options = PipelineOptions(flags)
+    flink = options.view_as(FlinkRunnerOptions)
+    assert options.get_all_options()["runner"] == "FlinkRunner"
+    assert flink.flink_version in FlinkRunnerOptions.PUBLISHED_FLINK_VERSIONS
+    assert options.view_as(PortableOptions).environment_type in ("DOCKER", "EXTERNAL", "PROCESS")
+
+
+@pytest.mark.parametrize("script", ["deploy/dataflow/launch.sh", "deploy/flink/submit.sh"])
+def test_the_scripts_are_valid_bash_with_their_variables_on_top(script):
+    path = ROOT / script
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+    assert os.access(path, os.X_OK)
+    lines = path.read_text().splitlines()
+    assert lines[0] == "#!/usr/bin/env bash" and any(line.startswith("set -euo pipefail") for line in lines[:20])
+    assert "pipelines.distributed" in path.read_text() or "flex-template" in path.read_text()
+
+
+# --- the local job's Parquet release path publishes only what the ledger committed -------------
+
+
+def test_local_parquet_releases_appear_only_after_the_ledger_commit(tmp_path, two_days):
+    key_path, _ = _key(tmp_path)
+    parquet = tmp_path / "public-parquet"
+    env = {**os.environ, "RENYI_STREAM_CRASH_AT": "after_ledger_write"}
+    out = subprocess.run(
+        ["python", "-m", "pipelines.cli", "run", "--input", *two_days[:1], "--store", str(tmp_path / "s.duckdb"),
+         "--ledger", str(tmp_path / "l.duckdb"), "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "2",
+         "--start", "2026-03-01", "--end", "2026-03-01", "--key", key_path, "--releases-parquet", str(parquet),
+         "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == -9  # killed inside the curator's transaction: nothing committed, nobody charged
+    assert not list(parquet.rglob("*.parquet")), "a public release exists that no committed ledger charged"
+
+
+def test_local_parquet_releases_left_pending_by_a_crash_are_written_by_the_next_run(tmp_path, two_days):
+    key_path, _ = _key(tmp_path)
+    parquet, store = tmp_path / "public-parquet", tmp_path / "s.duckdb"
+    argv = ["python", "-m", "pipelines.cli", "run", "--input", *two_days[:1], "--store", str(store),
+            "--ledger", str(tmp_path / "l.duckdb"), "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "2",
+            "--start", "2026-03-01", "--end", "2026-03-01", "--key", key_path, "--releases-parquet", str(parquet),
+            "--quiet"]
+    crashed = subprocess.run(argv, cwd=ROOT, env={**os.environ, "RENYI_STREAM_CRASH_AT": "before_publish"},
+                             capture_output=True, text=True)
+    assert crashed.returncode == -9 and not list(parquet.rglob("*.parquet"))  # committed, not yet public
+    rerun = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr
+    files = sorted(parquet.rglob("*.parquet"))
+    assert [f.parent.name for f in files] == [f"window_id={W0}"]
+    con = duckdb.connect(str(store), read_only=True)
+    in_store = con.execute("SELECT query_id, coordinate, value FROM releases ORDER BY 1, 2").fetchall()
+    in_files = duckdb.sql(f"SELECT query_id, coordinate, value FROM read_parquet('{parquet}/*/*.parquet', "
+                          "hive_partitioning = true) ORDER BY 1, 2").fetchall()
+    assert in_files == in_store and in_store

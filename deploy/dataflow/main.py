@@ -1,0 +1,13 @@
+"""Flex Template entry point: Dataflow's launcher runs this file with the template's parameters
+(``--input=... --start=...``, see metadata.json) and the job's pipeline options."""
+
+import sys
+
+from pipelines.distributed import main
+
+argv = sys.argv[1:]
+if not any(a.startswith("--runner") for a in argv):
+    argv.append("--runner=DataflowRunner")
+if any(a.startswith("--sdk_container_image") for a in argv) and not any(a.startswith("--sdk_location") for a in argv):
+    argv.append("--sdk_location=container")  # the image has Beam and the project: stage nothing
+sys.exit(main(argv))  # returns once the job is submitted (a Flex Template must not wait)

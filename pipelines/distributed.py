@@ -1,0 +1,729 @@
+"""The daily graph for a distributed runner (Flink, Dataflow): state in files, not in DuckDB.
+
+``renyi-stream run`` collects the pipeline's outputs in the launching process and commits them
+to the curator's DuckDB ledger in one transaction: that needs the pipeline to run where it was
+launched. A Flink or Dataflow job runs elsewhere, so this entry point keeps every piece of state
+in object storage (``gs://``, ``s3://``, or local paths standing in for them)::
+
+    python -m pipelines.distributed \\
+        --input 'gs://acme-events/day=2026-03-02/*.parquet' --start 2026-03-02 --end 2026-03-02 \\
+        --epsilon 1 --delta 1e-6 --norm-budget 30 \\
+        --previous-ledger gs://acme-curator/runs/2026-03-01 --output gs://acme-curator/runs/2026-03-02 \\
+        --releases-parquet gs://acme-public/releases \\
+        --noise-key-secret projects/acme/secrets/renyi-noise-key/versions/1 \\
+        --runner DataflowRunner --project acme --region europe-west1 ...   # any Beam options
+
+What a run reads and writes:
+
+* inputs: globs resolved with Beam's ``FileSystems.match`` at launch (the resolved list, with
+  sizes and modification times, is part of the run's identity);
+* ``--previous-ledger``: the previous run's ``--output`` (its ``_COMMITTED.json`` manifest and
+  the ledger files it lists), or ``none`` for the very first run. Read *inside* the pipeline,
+  split by user shard: the launcher never holds the ledger (100M users are ~3.2 GB);
+* ``--releases-parquet``: the public release files, ``<root>/window_id=<id>/releases.parquet``
+  (:mod:`queries.release_files`: first write wins), which DuckDB reads with
+  ``read_parquet('<root>/*/*.parquet', hive_partitioning = true)``. The pipeline writes them to
+  ``<output>/staged-releases/<attempt>/`` and the commit step copies them here only after the
+  run's ``_COMMITTED.json`` exists, so a public answer always has a committed ledger that charged
+  its users;
+* ``--output`` (curator only: sensitive): ``_INTENT.json`` (written at launch), the new ledger
+  snapshot ``ledger/<attempt>/part-*.parquet``, per-window counts, dead letters and rows read per
+  file, all written by Beam's Parquet sinks; and, last, ``_COMMITTED.json``: written by a step
+  that takes every other output as a side input, so it exists only once all of them are
+  complete. The next day's ``--previous-ledger`` is this ``--output``.
+
+The graph is the daily job's: :class:`~pipelines.transforms.ReadIndicators`, the stateful
+:class:`~pipelines.transforms.IndividualFilterDoFn` keyed by user shard in the global window,
+:class:`~pipelines.transforms.ReleaseWindows` (keyed noise) and
+:class:`~pipelines.transforms.WriteReleaseParquet`. Only the previous ledger enters differently:
+``DailyReleases`` takes it as an in-memory table and embeds it in the job graph (``beam.Create``),
+which a cluster cannot afford; here :class:`ReadLedgerSnapshot` reads it from files in the
+pipeline and hands each shard exactly one part.
+
+Answered here: the default per-column window sums (``sum:<column>``), the columns fixed by the
+first run. Running totals and registry queries need the query registry and the running-state
+snapshots, which live in the curator's DuckDB: use ``renyi-stream run`` for those.
+
+Recovery, in short (``deploy/README.md`` has the whole story): a failed job leaves no
+``_COMMITTED.json`` and nothing public, so nothing it charged counts and nothing it computed was
+seen; re-run it (a new attempt draws the same keyed noise). A job that died after its commit and
+before publishing leaves its releases staged; the next run, which takes this output as
+``--previous-ledger``, publishes them before it starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence, Tuple
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+_root, _level = logging.getLogger(), logging.getLogger().level
+_root.setLevel(logging.ERROR)  # Beam's GCP extras warn at import when their optional clients are absent
+try:
+    import apache_beam as beam
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    from pipelines import transforms as tx
+    from pipelines import worker_key
+finally:
+    _root.setLevel(_level)
+from pipelines.readers import read_batches
+from queries.release_files import release_file_path, write_release_file
+from stream.faults import crash_point
+from pipelines.shard_state import PlannedQuery, QueryPlan
+from queries.linear import default_queries
+from stream.accounting import calibrate
+from stream.ledger import Ledger, Policy
+from stream.noise import NoiseKey
+from stream.schema import DAY, EVENT_TIME, USER_ID, WindowSpec
+
+MANIFEST_VERSION = 1
+INTENT = "_INTENT.json"
+COMMITTED = "_COMMITTED.json"
+DEFAULT_SHARDS = 256
+WORKER_KEY_DIR = "/tmp/renyi-stream-key"
+COUNTS_SCHEMA = pa.schema([("window_id", pa.int64()), ("admitted", pa.int64()), ("clipped", pa.int64()),
+                           ("dropped", pa.int64())])
+READ_SCHEMA = pa.schema([("source", pa.string()), ("rows", pa.int64())])
+#: Parameters a ledger is started with; every later run must match them (as the local job's).
+FIXED = ("epsilon", "delta", "norm_budget", "accounting", "rho", "noise_std", "tracker_step", "id_type",
+         "key_fingerprint", "window_seconds", "origin_seconds")
+
+
+class RunRefused(RuntimeError):
+    """A run that would break a promise (or cannot be checked not to) is refused before launch."""
+
+
+# --- files: manifests through Beam's FileSystems, Parquet through pyarrow.fs ----------------------
+
+
+def join(root: str, *parts: str) -> str:
+    return "/".join([root.rstrip("/"), *parts])
+
+
+def _is_uri(path: str) -> bool:
+    return "://" in path
+
+
+def absolute(path: str) -> str:
+    """A URI as it is; a local path made absolute (manifests list files that later runs, started
+    from anywhere, must find)."""
+    return path.rstrip("/") if _is_uri(path) else os.path.abspath(path)
+
+
+def read_json(path: str) -> dict:
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        return json.loads(handle.read().decode("utf-8"))
+
+
+def write_json(path: str, value: dict) -> None:
+    """Write ``value`` whole or not at all: a local file is renamed into place; an object store
+    (GCS, S3) makes an object visible only when its upload completes."""
+    data = json.dumps(value, indent=2, sort_keys=True).encode("utf-8")
+    if _is_uri(path):
+        with FileSystems.create(path, mime_type="application/json",
+                                compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            handle.write(data)
+        return
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+    scratch.write_bytes(data)
+    os.replace(scratch, target)
+
+
+def read_parquet(path: str) -> pa.Table:
+    if _is_uri(path):
+        import pyarrow.fs as pafs
+
+        fs, inner = pafs.FileSystem.from_uri(path)
+        return pq.read_table(inner, filesystem=fs)
+    return pq.read_table(path)
+
+
+def resolve_inputs(patterns: Sequence[str]) -> list[dict]:
+    """Every file the globs match, sorted by path, with size and modification time. A pattern
+    that matches nothing is refused: a missing day must be noticed, not released as empty."""
+    found: dict[str, dict] = {}
+    for pattern, result in zip(patterns, FileSystems.match(list(patterns))):
+        if not result.metadata_list:
+            raise RunRefused(f"input pattern {pattern!r} matches no file")
+        for meta in result.metadata_list:
+            found[meta.path] = {"path": meta.path, "size": int(meta.size_in_bytes),
+                                "mtime": float(meta.last_updated_in_seconds)}
+    return [found[path] for path in sorted(found)]
+
+
+def release_windows_present(root: str) -> set[int]:
+    """Windows with a release file under ``root``."""
+    (result,) = FileSystems.match([join(root, "window_id=*", "releases.parquet")])
+    windows = set()
+    for meta in result.metadata_list:
+        folder = meta.path.replace("\\", "/").rsplit("/", 2)[-2]
+        windows.add(int(folder.split("=", 1)[1]))
+    return windows
+
+
+def promote_releases(staging: str, public: str) -> list[int]:
+    """Copy every staged window file under ``staging`` to ``public`` (first write wins: a window
+    already public is kept). Call only for a committed run's staging. Returns the windows newly
+    published."""
+    published = []
+    for window in sorted(release_windows_present(staging)):
+        table = read_parquet(release_file_path(staging, window))
+        table = table.append_column("window_id", pa.array([window] * table.num_rows, type=pa.int64()))
+        if write_release_file(public, window, table) is not None:
+            published.append(window)
+    return published
+
+
+# --- the run's plan, fixed at launch ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything a run is, decided on the launcher before anything is written."""
+
+    inputs: tuple[dict, ...]
+    columns: tuple[str, ...]
+    window: WindowSpec
+    start_window: int
+    end_window: int
+    released: tuple[int, ...]  # windows committed by earlier runs: their rows are late
+    schedule: tuple[int, ...]  # windows this run releases
+    query_first: dict[str, int]
+    parameters: dict[str, Any]
+    policy: str
+    key_path: str
+    n_shards: int
+    previous: str | None
+    previous_ledger_files: tuple[str, ...]
+    previous_users: int
+    output: str
+    releases: str
+    attempt: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    @property
+    def staging(self) -> str:
+        """This attempt's release files, curator-only until :func:`promote_releases` copies
+        them to the public root (after the commit)."""
+        return join(self.output, "staged-releases", self.attempt)
+
+    @property
+    def input_paths(self) -> list[str]:
+        return [item["path"] for item in self.inputs]
+
+    def query_plan(self) -> QueryPlan:
+        return QueryPlan(tuple(PlannedQuery(query, self.query_first[query.query_id])
+                               for query in default_queries(list(self.columns))))
+
+    def ledger_template(self) -> pa.Table:
+        p = self.parameters
+        return Ledger(budget=p["rho"], id_type=p["id_type"], tracker_step=p["tracker_step"]).to_arrow()
+
+    def intent(self) -> dict:
+        """What identifies the run: a re-run after a crash must match it exactly."""
+        return {"version": MANIFEST_VERSION, "inputs": list(self.inputs), "previous": self.previous,
+                "schedule": list(self.schedule), "released": list(self.released), "columns": list(self.columns),
+                "parameters": self.parameters, "policy": self.policy, "releases": self.releases}
+
+    def manifest(self) -> dict:
+        """The commit manifest, less what only the pipeline knows (files written, totals)."""
+        return {**self.intent(), "attempt": self.attempt, "processed_windows": sorted({*self.released, *self.schedule}),
+                "queries": dict(sorted(self.query_first.items())), "n_shards": self.n_shards,
+                "previous_users": self.previous_users, "staged_releases": self.staging,
+                "start_window": self.start_window, "end_window": self.end_window}
+
+
+def _parse_day(name: str, text: str, spec: WindowSpec) -> int:
+    try:
+        day = dt.date.fromisoformat(text)
+    except ValueError:
+        raise RunRefused(f"{name} must be a date YYYY-MM-DD, got {text!r}") from None
+    seconds = int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.timezone.utc).timestamp())
+    return int(spec.window_of_seconds(seconds))
+
+
+def _window_seconds(text: str) -> int:
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    try:
+        value, unit = int(text[:-1]), units[text[-1]]
+    except (ValueError, KeyError, IndexError):
+        raise RunRefused(f"window must look like 1d, 12h, 30m or 3600s, got {text!r}") from None
+    if value <= 0:
+        raise RunRefused(f"window must be positive, got {text!r}")
+    return value * unit
+
+
+def _first_input_schema(path: str) -> pa.Schema:
+    first = next(read_batches(path, batch_rows=16))
+    return first.schema
+
+
+def _numeric_columns(schema: pa.Schema) -> list[str]:
+    skip = {USER_ID, DAY, EVENT_TIME}
+    return [f.name for f in schema if f.name not in skip
+            and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type))]
+
+
+def _key_fingerprint(args: argparse.Namespace) -> tuple[str, str, NoiseKey | None]:
+    """(worker key path, fingerprint, the key when the launcher could read it)."""
+    if bool(args.noise_key) == bool(args.noise_key_secret):
+        raise RunRefused("give exactly one of --noise-key (a key file every worker can read at that path, e.g. a "
+                         "mounted secret) and --noise-key-secret (a Secret Manager version the workers fetch)")
+    key = None
+    if args.noise_key_secret:
+        if not args.key_fingerprint:
+            key = NoiseKey(secret=worker_key.fetch_secret(args.noise_key_secret))
+        fingerprint = args.key_fingerprint or key.fingerprint
+        return f"{WORKER_KEY_DIR}/noise-{fingerprint}.key", fingerprint, key
+    if Path(args.noise_key).is_file():
+        key = NoiseKey.load(args.noise_key)
+    elif not args.key_fingerprint:
+        raise RunRefused(f"the noise key {args.noise_key} is not readable here: give --key-fingerprint (the "
+                         "workers check the key they load against it)")
+    fingerprint = key.fingerprint if key else args.key_fingerprint
+    if args.key_fingerprint and key and key.fingerprint != args.key_fingerprint:
+        raise RunRefused(f"the noise key {args.noise_key} has fingerprint {key.fingerprint}, not "
+                         f"--key-fingerprint {args.key_fingerprint}")
+    return args.noise_key, fingerprint, key
+
+
+def prepare(args: argparse.Namespace) -> RunPlan:
+    """Check everything that can be checked before launch and fix the run's plan. Writes nothing."""
+    spec = WindowSpec(length_seconds=_window_seconds(args.window))
+    start, end = _parse_day("start", args.start, spec), _parse_day("end", args.end, spec)
+    if start > end:
+        raise RunRefused(f"start must not be after end, got {args.start} > {args.end}")
+    Policy(args.policy)
+    if not 1 <= args.shards <= 65_536:
+        raise RunRefused(f"shards must be in [1, 65536], got {args.shards}")
+    patterns = [absolute(p) for item in args.input for p in item.split(",") if p]
+    inputs = resolve_inputs(patterns)
+    key_path, fingerprint, _ = _key_fingerprint(args)
+    cal = calibrate(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget, accounting=args.accounting)
+    schema = _first_input_schema(inputs[0]["path"])
+    id_type = "string" if pa.types.is_string(schema.field(USER_ID).type) or \
+        pa.types.is_large_string(schema.field(USER_ID).type) else "int64"
+    parameters = {"epsilon": cal.epsilon, "delta": cal.delta, "norm_budget": cal.norm_budget,
+                  "accounting": cal.accounting, "rho": cal.rho, "noise_std": cal.noise_std,
+                  "tracker_step": cal.rho / 32.0, "id_type": id_type, "key_fingerprint": fingerprint,
+                  "window_seconds": spec.length_seconds, "origin_seconds": spec.origin_seconds}
+    requested = [c for c in (args.columns or "").split(",") if c]
+
+    previous, processed, ledger_files, users, query_first, columns = None, set(), [], 0, {}, []
+    if args.previous_ledger.lower() != "none":
+        previous = absolute(args.previous_ledger)
+        committed = join(previous, COMMITTED)
+        if not FileSystems.exists(committed):
+            raise RunRefused(f"--previous-ledger {previous} has no {COMMITTED}: that run did not finish (or it is "
+                             "not a run's --output). Use the last committed run's --output")
+        manifest = read_json(committed)
+        if manifest.get("version") != MANIFEST_VERSION:
+            raise RunRefused(f"{committed}: manifest version {manifest.get('version')!r}, expected {MANIFEST_VERSION}")
+        changed = [k for k in FIXED if manifest["parameters"].get(k) != parameters[k]]
+        if changed:
+            was = {k: manifest["parameters"].get(k) for k in changed}
+            now = {k: parameters[k] for k in changed}
+            raise RunRefused(f"this run's parameters differ from the ledger's ({was} before, {now} now): a ledger "
+                             "keeps the promise, accounting, key and windows it was started with")
+        processed = set(manifest["processed_windows"])
+        ledger_files = list(manifest["ledger_files"])
+        users = int(manifest["users"])
+        query_first = {q: int(w) for q, w in manifest["queries"].items()}
+        columns = list(manifest["columns"])
+        if requested and requested != columns:
+            raise RunRefused(f"--columns {requested} differ from the ledger's queries' columns {columns}")
+    else:
+        columns = requested or _numeric_columns(schema)
+        if not columns:
+            raise RunRefused(f"input {inputs[0]['path']} has no numeric indicator columns")
+    missing = [c for c in columns if c not in schema.names]
+    if missing:
+        raise RunRefused(f"input {inputs[0]['path']} lacks the indicator column(s) {missing} this ledger answers")
+
+    schedule = [w for w in range(start, end + 1) if w not in processed]
+    first = min(schedule) if schedule else start
+    for query in default_queries(columns):
+        query_first.setdefault(query.query_id, first)
+    releases = absolute(args.releases_parquet)
+    output = absolute(args.output)
+    if previous is not None and output == previous:
+        raise RunRefused("--output must be a new location, not --previous-ledger (a snapshot is never rewritten)")
+    plan = RunPlan(inputs=tuple(inputs), columns=tuple(columns), window=spec, start_window=start, end_window=end,
+                   released=tuple(sorted(processed)), schedule=tuple(schedule), query_first=query_first,
+                   parameters=parameters, policy=args.policy, key_path=key_path, n_shards=args.shards,
+                   previous=previous, previous_ledger_files=tuple(ledger_files), previous_users=users,
+                   output=output, releases=releases)
+    _check_releases_and_output(plan, processed)
+    return plan
+
+
+def _check_releases_and_output(plan: RunPlan, processed: set[int]) -> None:
+    """Refuse a run whose ledger is behind the public releases, and a re-run that could charge
+    users differently from release files an interrupted attempt already wrote."""
+    if FileSystems.exists(join(plan.output, COMMITTED)):
+        raise RunRefused(f"--output {plan.output} is a committed run: use it as --previous-ledger of the next run "
+                         "and give this run a new --output (that run also publishes any releases a crash left "
+                         "staged in it)")
+    unknown = release_windows_present(plan.releases) - processed
+    outside = sorted(unknown - set(plan.schedule))
+    if outside:
+        raise RunRefused(
+            f"the releases under {plan.releases} include window(s) {outside[:5]} that the previous ledger "
+            f"({plan.previous or 'none'}) never charged and this run does not process: the ledger is missing, older "
+            "than the releases, or from another pipeline. Start from the last committed --output; starting users "
+            "from an older budget would break their promise")
+    intent_path = join(plan.output, INTENT)
+    intent = read_json(intent_path) if FileSystems.exists(intent_path) else None
+    orphans = sorted(unknown)
+    if intent is not None and intent != plan.intent():
+        raise RunRefused(
+            f"--output {plan.output} belongs to an earlier attempt with other arguments or inputs ({intent_path}). "
+            + (f"That attempt wrote releases for window(s) {orphans[:5]}: re-run it with exactly its inputs "
+               "(the files listed there, unchanged) so that every user is charged for what was released"
+               if orphans else "It released nothing: give this run a new --output"))
+    if orphans and intent is None:
+        raise RunRefused(
+            f"release files exist for window(s) {orphans[:5]} that no committed ledger charged, and {intent_path} "
+            "does not say which inputs produced them. Re-run the interrupted job with its original --output")
+
+
+def write_intent(plan: RunPlan) -> None:
+    path = join(plan.output, INTENT)
+    if not FileSystems.exists(path):
+        write_json(path, plan.intent())
+
+
+# --- the graph ---------------------------------------------------------------------------------------
+
+
+def _snapshot_parts(path: str, n_shards: int, schema: pa.Schema) -> Iterator[tuple[int, pa.Table]]:
+    table = read_parquet(path)
+    table = table.replace_schema_metadata(None).cast(schema.remove_metadata())
+    if table.num_rows:
+        for shard, (_, part) in tx.split_by_shard(table, n_shards):
+            yield shard, part
+
+
+def _one_part(item: tuple[int, Iterable[pa.Table]], schema: pa.Schema) -> tuple[int, tuple[str, pa.Table]]:
+    shard, parts = item
+    table = pa.concat_tables(list(parts)).replace_schema_metadata(schema.metadata)
+    return shard, ("ledger", table)
+
+
+class ReadLedgerSnapshot(beam.PTransform):
+    """Ledger snapshot files -> ``(shard, ("ledger", table))``, exactly one table per shard.
+
+    The filter restores a shard from the first ``ledger`` element it receives, so a shard must
+    never get its users in two pieces (the others would start from zero budget): the parts of
+    a shard from every file are grouped and concatenated first (``Ledger.from_arrow`` then
+    refuses a user listed twice)."""
+
+    def __init__(self, files: Sequence[str], *, n_shards: int, schema: pa.Schema) -> None:
+        super().__init__()
+        self._files = list(files)
+        self._n_shards = n_shards
+        self._schema = schema
+
+    def expand(self, pbegin: Any) -> Any:
+        return (pbegin
+                | "SnapshotFiles" >> beam.Create(self._files)
+                | "ReadSnapshot" >> beam.FlatMap(_snapshot_parts, self._n_shards, self._schema)
+                .with_output_types(Tuple[int, Any])
+                | "GroupShard" >> beam.GroupByKey()
+                | "OnePartPerShard" >> beam.Map(_one_part, self._schema).with_output_types(Tuple[int, Any]))
+
+
+class SnapshotFilter(beam.PTransform):
+    """``(valid tables, previous ledger parts)`` -> the individual filter per user shard, in the
+    global window: :class:`pipelines.transforms.IndividualFilter` with the previous ledger as a
+    PCollection (from :class:`ReadLedgerSnapshot`) instead of an in-memory table."""
+
+    def __init__(self, *, plan: QueryPlan, indicator_columns: Sequence[str], noise_std: float, policy: str,
+                 budget: float, id_type: str, tracker_step: float, n_shards: int, last_window: int | None) -> None:
+        super().__init__()
+        self._n_shards = n_shards
+        self._filter = tx.IndividualFilterDoFn(plan=plan, indicator_columns=indicator_columns, noise_std=noise_std,
+                                               policy=policy, budget=budget, id_type=id_type,
+                                               tracker_step=tracker_step, last_window=last_window)
+
+    def expand(self, inputs: tuple[Any, Any]) -> Any:
+        valid, previous = inputs
+        keyed = valid | "ByShard" >> beam.FlatMap(tx.split_by_shard, self._n_shards)
+        return ((keyed, previous) | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
+                | "Filter" >> beam.ParDo(self._filter)
+                .with_output_types(Tuple[Tuple[str, int], Any])
+                .with_outputs("ledger", "running", "counts", "dead", main="sums"))
+
+
+def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    return table.replace_schema_metadata(None).cast(schema.remove_metadata()).replace_schema_metadata(schema.metadata)
+
+
+def _count_item(item: tuple[int, dict]) -> tuple[int, tuple[int, int, int]]:
+    window, counts = item
+    return int(window), (int(counts["admitted"]), int(counts["clipped"]), int(counts["dropped"]))
+
+
+def _add_triples(triples: Iterable[tuple[int, int, int]]) -> tuple[int, int, int]:
+    a = c = d = 0
+    for x, y, z in triples:
+        a, c, d = a + x, c + y, d + z
+    return a, c, d
+
+
+def _count_row(item: tuple[int, tuple[int, int, int]]) -> dict:
+    window, (admitted, clipped, dropped) = item
+    return {"window_id": window, "admitted": admitted, "clipped": clipped, "dropped": dropped}
+
+
+def _status_items(item: tuple[int, tuple[int, int, int]]) -> list[tuple[str, int]]:
+    _, (admitted, clipped, dropped) = item
+    return [("admitted", admitted), ("clipped", clipped), ("dropped", dropped)]
+
+
+def _reason_items(table: pa.Table) -> list[tuple[str, int]]:
+    if not table.num_rows:
+        return []
+    counts = pc.value_counts(table.column("reason").combine_chunks())
+    return [(str(v["values"]), int(v["counts"])) for v in counts.to_pylist()]
+
+
+def _read_row(item: tuple[str, int]) -> dict:
+    return {"source": item[0], "rows": int(item[1])}
+
+
+def _rows(item: dict) -> int:
+    return int(item["rows"])
+
+
+def _num_rows(table: pa.Table) -> int:
+    return table.num_rows
+
+
+def _part_rows(item: tuple[int, tuple[str, pa.Table]]) -> int:
+    return item[1][1].num_rows
+
+
+class CommitRun(beam.DoFn):
+    """Writes ``<output>/_COMMITTED.json`` once every output is complete, then publishes.
+
+    Each output arrives as a side input, and a runner makes a side input available only when
+    the step producing it has finished: so the manifest (the run's commit point) appears after
+    the ledger snapshot, the counts, the dead letters and the staged release files. Only then
+    are the staged releases copied to the public root (:func:`promote_releases`): a public
+    answer always has a committed ledger that charged its users (DESIGN.md, the outbox rule). A
+    crash between the two leaves them staged; the next run that takes this output as
+    ``--previous-ledger`` publishes them first. A retried commit rewrites nothing; a manifest of
+    another attempt is never overwritten."""
+
+    def __init__(self, manifest: dict, output: str, staging: str, public: str) -> None:
+        self._manifest = manifest
+        self._output = output
+        self._staging = staging
+        self._public = public
+
+    def process(self, _: Any, ledger_files: list, release_files: list, counts_files: list, dead_files: list,
+                read_files: list, rows_read: int, statuses: dict, reasons: dict, users: int,
+                previous_users: int) -> Iterator[str]:
+        expected = int(self._manifest["previous_users"])
+        if previous_users != expected or users < previous_users:
+            # A snapshot that lost users (a missing or truncated file) would restart them from zero
+            # budget: fail before the commit point, so that nothing this run charged counts.
+            raise RuntimeError(f"the previous ledger snapshot holds {previous_users:,} users, its manifest says "
+                               f"{expected:,}; the new ledger holds {users:,}. Not committing")
+        late = int(reasons.get(tx.LATE_WINDOW, 0))
+        rejected = int(sum(reasons.values())) - late
+        totals = {"rows_read": int(rows_read), "admitted": int(statuses.get("admitted", 0)),
+                  "clipped": int(statuses.get("clipped", 0)), "dropped": int(statuses.get("dropped", 0)),
+                  "rejected": rejected, "late": late}
+        balanced = totals["rows_read"] == sum(v for k, v in totals.items() if k != "rows_read")
+        manifest = {**self._manifest, "ledger_files": sorted(ledger_files), "users": int(users),
+                    "counts_files": sorted(counts_files), "dead_files": sorted(dead_files),
+                    "read_files": sorted(read_files), "release_files_written": sorted(release_files),
+                    "totals": totals, "balanced": balanced, "dead_reasons": dict(sorted(reasons.items())),
+                    "committed_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+        target = join(self._output, COMMITTED)
+        if FileSystems.exists(target):
+            existing = read_json(target)
+            if existing.get("attempt") != manifest["attempt"]:
+                raise RuntimeError(f"{target} was committed by attempt {existing.get('attempt')}, not this one "
+                                   f"({manifest['attempt']}): two jobs wrote one --output")
+        else:
+            crash_point("distributed_before_commit")  # test-only: everything written but the manifest
+            write_json(target, manifest)
+        crash_point("distributed_before_promote")  # test-only: committed, releases still staged
+        promote_releases(self._staging, self._public)
+        yield target
+
+
+def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
+    """Apply the whole distributed daily graph to ``p``; returns its PCollections."""
+    params = plan.parameters
+    template = plan.ledger_template()
+    query_plan = plan.query_plan()
+    read = p | "ReadIndicators" >> tx.ReadIndicators(
+        plan.input_paths, window=plan.window, start_window=plan.start_window, end_window=plan.end_window,
+        released=list(plan.released), indicator_columns=list(plan.columns))
+    previous = p | "PreviousLedger" >> ReadLedgerSnapshot(plan.previous_ledger_files, n_shards=plan.n_shards,
+                                                          schema=template.schema)
+    previous_users = (previous | "PreviousUsers" >> beam.Map(_part_rows)
+                      | "SumPreviousUsers" >> beam.CombineGlobally(sum))
+    filtered = (read.valid, previous) | "IndividualFilter" >> SnapshotFilter(
+        plan=query_plan, indicator_columns=list(plan.columns), noise_std=params["noise_std"], policy=plan.policy,
+        budget=params["rho"], id_type=params["id_type"], tracker_step=params["tracker_step"],
+        n_shards=plan.n_shards, last_window=max(plan.schedule) if plan.schedule else None)
+    released = filtered.sums | "ReleaseWindows" >> tx.ReleaseWindows(
+        list(plan.schedule), key_path=plan.key_path, plan=query_plan, noise_std=params["noise_std"],
+        window=plan.window, accounting=params["accounting"], key_fingerprint=params["key_fingerprint"])
+    # Staged in the curator's output, per attempt; public only once the commit step has run.
+    release_files = released["releases"] | "WriteReleaseParquet" >> tx.WriteReleaseParquet(plan.staging)
+
+    write = beam.io.parquetio
+    ledger_files = (filtered.ledger
+                    | "ConformLedger" >> beam.Map(_conform, template.schema)
+                    | "WriteLedger" >> write.WriteToParquetBatched(
+                        join(plan.output, "ledger", plan.attempt, "part"), template.schema, codec="snappy",
+                        file_name_suffix=".parquet"))
+    counts = (filtered.counts
+              | "CountItems" >> beam.Map(_count_item).with_output_types(Tuple[int, Tuple[int, int, int]])
+              | "CountsPerWindow" >> beam.CombinePerKey(_add_triples))
+    counts_files = (counts | "CountRows" >> beam.Map(_count_row)
+                    | "WriteCounts" >> write.WriteToParquet(join(plan.output, "counts", "part"), COUNTS_SCHEMA,
+                                                            codec="snappy", file_name_suffix=".parquet"))
+    dead = ((read.dead, filtered.dead) | "DeadLetters" >> beam.Flatten()
+            | "ConformDead" >> beam.Map(_conform, tx.DEAD_LETTER_SCHEMA))
+    dead_files = dead | "WriteDead" >> write.WriteToParquetBatched(
+        join(plan.output, "dead", "part"), tx.DEAD_LETTER_SCHEMA, codec="snappy", file_name_suffix=".parquet")
+    read_rows = (read.read | "ReadPerFile" >> beam.CombinePerKey(sum).with_output_types(Tuple[str, int])
+                 | "ReadRows" >> beam.Map(_read_row))
+    read_files = read_rows | "WriteRead" >> write.WriteToParquet(join(plan.output, "read", "part"), READ_SCHEMA,
+                                                                 codec="snappy", file_name_suffix=".parquet")
+
+    rows_read = read_rows | "RowsRead" >> beam.Map(_rows) | "SumRowsRead" >> beam.CombineGlobally(sum)
+    statuses = (counts | "Statuses" >> beam.FlatMap(_status_items).with_output_types(Tuple[str, int])
+                | "SumStatuses" >> beam.CombinePerKey(sum))
+    reasons = (dead | "Reasons" >> beam.FlatMap(_reason_items).with_output_types(Tuple[str, int])
+               | "SumReasons" >> beam.CombinePerKey(sum))
+    users = filtered.ledger | "Users" >> beam.Map(_num_rows) | "SumUsers" >> beam.CombineGlobally(sum)
+    side = beam.pvalue
+    committed = (p | "CommitOnce" >> beam.Create([None])
+                 | "Commit" >> beam.ParDo(
+                     CommitRun(plan.manifest(), plan.output, plan.staging, plan.releases),
+                     ledger_files=side.AsList(ledger_files), release_files=side.AsList(release_files),
+                     counts_files=side.AsList(counts_files), dead_files=side.AsList(dead_files),
+                     read_files=side.AsList(read_files), rows_read=side.AsSingleton(rows_read),
+                     statuses=side.AsDict(statuses), reasons=side.AsDict(reasons), users=side.AsSingleton(users),
+                     previous_users=side.AsSingleton(previous_users)))
+    return {"releases": released["releases"], "release_files": release_files, "ledger": filtered.ledger,
+            "ledger_files": ledger_files, "counts": counts, "dead": dead, "read": read_rows, "committed": committed}
+
+
+# --- the command -------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.distributed", allow_abbrev=False,
+        description="The daily job on a distributed Beam runner: ledger snapshots and releases as Parquet in "
+                    "object storage. Unknown options go to Beam (--runner, --project, --flink_master, ...).")
+    arg = parser.add_argument
+    arg("--input", nargs="+", required=True,
+        help="input files or globs (gs://, s3://, local), space- or comma-separated")
+    arg("--start", required=True, help="first window of the public schedule (YYYY-MM-DD)")
+    arg("--end", required=True, help="last window of the public schedule (YYYY-MM-DD)")
+    arg("--epsilon", type=float, required=True, help="per-user epsilon (> 0)")
+    arg("--delta", type=float, required=True, help="per-user delta, in (0, 1)")
+    arg("--norm-budget", "--norm_budget", dest="norm_budget", type=float, required=True,
+        help="B, squared-norm budget per user (> 0)")
+    arg("--previous-ledger", "--previous_ledger", dest="previous_ledger", required=True,
+        help="the previous run's --output (its committed ledger snapshot), or 'none' for the first run")
+    arg("--output", required=True, help="this run's curator-only output root (ledger snapshot, counts, dead letters)")
+    arg("--releases-parquet", "--releases_parquet", dest="releases_parquet", required=True,
+        help="public release root: <root>/window_id=<id>/releases.parquet")
+    arg("--noise-key", "--noise_key", dest="noise_key", help="noise key file, at this path on every worker")
+    arg("--noise-key-secret", "--noise_key_secret", dest="noise_key_secret",
+        help="Secret Manager version of the noise key (projects/P/secrets/S/versions/V), fetched by each worker")
+    arg("--key-fingerprint", "--key_fingerprint", dest="key_fingerprint",
+        help="the key's public fingerprint, when the launcher cannot (or should not) read the key")
+    arg("--columns", help="indicator columns to answer, comma-separated (first run; default: every numeric one)")
+    arg("--window", default="1d", help="window length: 1d (default), 12h, 30m, 3600s")
+    arg("--policy", choices=["drop", "clip"], default="drop")
+    arg("--accounting", choices=["gdp", "zcdp-cks", "zcdp-thm49"], default="gdp")
+    arg("--shards", type=int, default=DEFAULT_SHARDS, help=f"user shards of the filter (default {DEFAULT_SHARDS})")
+    arg("--wait", action="store_true", help="wait for the job and print its totals (always on the DirectRunner)")
+    return parser
+
+
+def pipeline_options(plan: RunPlan, args: argparse.Namespace, beam_args: Sequence[str]) -> PipelineOptions:
+    flags = list(beam_args)
+    if not any(a.startswith("--runner") for a in flags):
+        flags += ["--runner=DirectRunner", "--direct_running_mode=in_memory"]
+    if args.noise_key_secret:
+        flags += [f"--{worker_key.SECRET_OPTION}={args.noise_key_secret}",
+                  f"--{worker_key.PATH_OPTION}={plan.key_path}", f"--beam_plugins={worker_key.PLUGIN}"]
+    return PipelineOptions(flags)
+
+
+def _is_direct(options: PipelineOptions) -> bool:
+    runner = options.view_as(StandardOptions).runner or "DirectRunner"
+    return "Direct" in str(runner)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args, beam_args = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    logging.getLogger().setLevel(logging.ERROR)  # Beam's GCP extras warn about optional clients
+    logging.getLogger(__name__).setLevel(logging.INFO)
+    try:
+        plan = prepare(args)
+    except (RunRefused, ValueError) as exc:
+        print(f"{parser.prog}: refused: {exc}", file=sys.stderr)
+        return 2
+    options = pipeline_options(plan, args, beam_args)
+    direct = _is_direct(options)
+    if direct and args.noise_key_secret:  # no worker start-up on the DirectRunner: fetch here
+        worker_key.materialise(args.noise_key_secret, plan.key_path)
+    if plan.previous is not None:  # the previous run committed; a crash may have kept its releases staged
+        staged = read_json(join(plan.previous, COMMITTED)).get("staged_releases")
+        caught_up = promote_releases(staged, plan.releases) if staged else []
+        if caught_up:
+            print(f"[distributed] published {len(caught_up)} window(s) the previous run committed but had not "
+                  f"published: {caught_up[:5]}", file=sys.stderr)
+    write_intent(plan)
+    print(f"[distributed] attempt {plan.attempt}: {len(plan.inputs)} input file(s), windows {list(plan.schedule)[:3]}"
+          f"{'...' if len(plan.schedule) > 3 else ''} ({len(plan.schedule)} to release), {plan.previous_users:,} users "
+          f"in the previous ledger, {plan.n_shards} shards", file=sys.stderr)
+    p = beam.Pipeline(options=options)
+    build(p, plan)
+    result = p.run()
+    if not (args.wait or direct):
+        print(f"[distributed] submitted; {join(plan.output, COMMITTED)} appears when the job has committed",
+              file=sys.stderr)
+        return 0
+    result.wait_until_finish()
+    manifest = read_json(join(plan.output, COMMITTED))
+    t = manifest["totals"]
+    print(f"released {len(plan.schedule)} window(s); rows read {t['rows_read']:,} = admitted {t['admitted']:,} + "
+          f"clipped {t['clipped']:,} + dropped {t['dropped']:,} + rejected {t['rejected']:,} + late {t['late']:,}  "
+          f"[{'balanced' if manifest['balanced'] else 'MISMATCH'}]; ledger: {manifest['users']:,} users "
+          f"({plan.output})")
+    return 0 if manifest["balanced"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
