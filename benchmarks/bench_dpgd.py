@@ -17,8 +17,10 @@ logistic regression (784 -> 10) and a one-hidden-layer ReLU MLP (784 -> 256 -> 1
   ghost clipping applies to all of them and the per-sample hook mode is not needed). Skipped
   with a message when ``torch``/``opacus`` are not installed (``pip install '.[bench]'``).
 
-Each step is timed after one warm-up step; the median of ``--repeats`` steps is reported as
-examples per second, with the ratio (target: >= 3x Opacus). On the GPU the step is also
+Both sides are built first and warmed up with one step each; then their steps are timed
+alternately (ours, Opacus, ours, ...) so that load from other processes on a shared machine
+falls on both alike. The median of ``--repeats`` steps is reported as examples per second, with
+the ratio (target: >= 3x Opacus). On the GPU the step is also
 compared with the memory-bandwidth bound: the least any full-batch step must move is one read
 of ``x`` (``n * d * 4`` bytes); ``fraction = (bytes / peak bandwidth) / step time``.
 """
@@ -50,21 +52,26 @@ KNOWN_BANDWIDTH = {"H100 SXM": 3.35e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12,
                    "H200": 4.8e12, "A100-SXM4-80GB": 2.04e12, "A100": 1.555e12, "L4": 0.3e12}
 
 
-def _median_step_seconds(run: Callable[[], Any], repeats: int, sync: Callable[[], None]) -> float:
-    run()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+Step = tuple[Callable[[], Any], Callable[[], None]]  # (one step, wait for the device)
+
+
+def time_interleaved(steps: dict[str, Step], repeats: int) -> dict[str, float]:
+    """Median seconds per step of each entry, warmed up once, timed in alternation."""
+    for run, sync in steps.values():
         run()
         sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, (run, sync) in steps.items():
+            start = time.perf_counter()
+            run()
+            sync()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
-def time_ours(model_name: str, x: np.ndarray, y: np.ndarray, *, xp: Any, repeats: int,
-              chunk_rows: int | None) -> float:
-    """Median seconds of one Algorithm 7 step (ledger charging included)."""
+def ours_step(model_name: str, x: np.ndarray, y: np.ndarray, *, xp: Any, chunk_rows: int | None) -> Step:
+    """One Algorithm 7 step (ledger charging included), on ``xp``."""
     model = make_model(model_name, hidden=256)
     data = prepare_data(x, y, n_classes=10, xp=xp, dtype=np.float32)
     ledger = TrainingLedger.fresh(data.n, budget=1e6, xp=xp)
@@ -78,14 +85,11 @@ def time_ours(model_name: str, x: np.ndarray, y: np.ndarray, *, xp: Any, repeats
         params.update(result.params)
 
     sync = (lambda: xp.cuda.Stream.null.synchronize()) if xp is not np else (lambda: None)
-    seconds = _median_step_seconds(step, repeats, sync)
-    del data, ledger
-    gc.collect()
-    return seconds
+    return step, sync
 
 
-def time_opacus(model_name: str, x: np.ndarray, y: np.ndarray, *, device: str, repeats: int) -> float | str:
-    """Median seconds of one Opacus ghost-clipping step, or why it was skipped."""
+def opacus_step(model_name: str, x: np.ndarray, y: np.ndarray, *, device: str) -> Step | str:
+    """One Opacus ghost-clipping step, or why it was skipped."""
     try:
         import torch
         from opacus import PrivacyEngine
@@ -112,14 +116,13 @@ def time_opacus(model_name: str, x: np.ndarray, y: np.ndarray, *, device: str, r
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         loss = criterion(module(xt), yt)
-        loss.backward()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Full backward hook is firing ..." on every step
+            loss.backward()
         optimizer.step()
 
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    seconds = _median_step_seconds(step, repeats, sync)
-    del module, optimizer, xt, yt, loader
-    gc.collect()
-    return seconds
+    return step, sync
 
 
 def peak_bandwidth(xp: Any, override_gbs: float | None) -> tuple[float | None, str]:
@@ -150,11 +153,18 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore", InsecureNoiseWarning)  # a seeded benchmark, not a release
     n = args.n or (200_000 if args.device == "cpu" else 1_000_000)
     if args.device == "gpu":
-        try:
-            import cupy as xp  # type: ignore[import-not-found]
-        except ImportError:
-            print("--device gpu needs CuPy (pip install '.[gpu]')", file=sys.stderr)
+        from stream.xp import gpu_available
+
+        if not gpu_available():
+            try:
+                import cupy  # type: ignore[import-not-found]  # noqa: F401
+                why = "CuPy is installed but sees no CUDA device"
+            except ImportError:
+                why = "CuPy is not installed (pip install '.[gpu]')"
+            print(f"--device gpu needs CuPy and a CUDA device: {why}", file=sys.stderr)
             return 2
+        import cupy as xp  # type: ignore[import-not-found]
+
         torch_device = "cuda"
     else:
         xp, torch_device = np, "cpu"
@@ -172,18 +182,25 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
     for model_name in args.models.split(","):
-        ours = time_ours(model_name, x, y, xp=xp, repeats=args.repeats, chunk_rows=args.chunk_rows)
-        theirs: float | str = "skipped (--skip-opacus)" if args.skip_opacus else \
-            time_opacus(model_name, x, y, device=torch_device, repeats=args.repeats)
+        steps: dict[str, Step] = {"ours": ours_step(model_name, x, y, xp=xp, chunk_rows=args.chunk_rows)}
+        theirs: Step | str = "skipped (--skip-opacus)" if args.skip_opacus else \
+            opacus_step(model_name, x, y, device=torch_device)
+        if not isinstance(theirs, str):
+            steps["opacus"] = theirs
+        seconds = time_interleaved(steps, args.repeats)
+        ours = seconds["ours"]
         label = "logistic regression" if model_name == "logreg" else "MLP (256 hidden)"
         if isinstance(theirs, str):
             row = f"| {label} | {ours:.3f} | {n / ours:,.0f} | {theirs} | - | - |"
         else:
-            row = f"| {label} | {ours:.3f} | {n / ours:,.0f} | {theirs:.3f} | {n / theirs:,.0f} | {theirs / ours:.2f}x |"
+            opacus = seconds["opacus"]
+            row = f"| {label} | {ours:.3f} | {n / ours:,.0f} | {opacus:.3f} | {n / opacus:,.0f} | {opacus / ours:.2f}x |"
         if args.device == "gpu":
             bound = (n * args.features * 4) / bw if bw else None
             row += f" {100 * bound / ours:.0f}% |" if bound else " ? |"
         print(row, flush=True)
+        del steps, theirs
+        gc.collect()
     return 0
 
 

@@ -96,13 +96,39 @@ def test_logistic_regression_gradient_norm_is_x_norm_times_residual_norm():
                                expected, rtol=1e-12)
 
 
-def test_mlp_weighted_sum_may_be_taken_once():
-    model = MLP(3)
+@pytest.mark.parametrize("model", [LogisticRegression(), MLP(3)], ids=lambda m: m.name)
+def test_weighted_sum_may_be_taken_once(model):
+    # it scales the model's intermediates in place (no per-step copies of (n, hidden) arrays)
     _, _, params, data = _setup(model, seed=5)
     pe = model.per_example(params, data.x, data.onehot_t, data.x_sq_norms)
     pe.weighted_sum(np.ones(N))
     with pytest.raises(RuntimeError, match="called once"):
         pe.weighted_sum(np.ones(N))
+
+
+@pytest.mark.parametrize("block_bytes", [1, 200, 1 << 20])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_mlp_row_blocks_change_nothing(block_bytes, dtype, monkeypatch):
+    # The CPU path runs the MLP's element-wise passes in cache-sized row blocks; any block size
+    # (one row, a few rows with a ragged last block, one block) gives the same norms bit for bit
+    # and the same weighted sums up to the order of the bias sum.
+    from stream.training import models
+
+    model = MLP(6)
+    x, y, params, _ = _setup(model, seed=7)
+    p = {k: v.astype(dtype) for k, v in params.items()}
+    data = prepare_data(x, y, n_classes=K, dtype=dtype)
+    w = np.random.default_rng(8).uniform(0, 1, size=N)
+    whole = model.per_example(p, data.x, data.onehot_t, data.x_sq_norms)
+    whole_sums = whole.weighted_sum(w)
+    monkeypatch.setattr(models, "_BLOCK_BYTES", block_bytes)
+    blocks = models._row_blocks(N, 6, dtype, np)
+    assert (len(blocks) > 1) == (block_bytes < 1 << 20) and sum(b.stop - b.start for b in blocks) == N
+    blocked = model.per_example(p, data.x, data.onehot_t, data.x_sq_norms)
+    np.testing.assert_array_equal(blocked.sq_norms, whole.sq_norms)
+    rtol = 1e-12 if dtype == np.float64 else 1e-5
+    for name, value in blocked.weighted_sum(w).items():
+        np.testing.assert_allclose(value, whole_sums[name], rtol=rtol, atol=rtol)
 
 
 def test_models_validate_their_parameters():

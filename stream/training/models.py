@@ -42,6 +42,31 @@ def _slack(terms: int, dtype: Any) -> float:
     return 1.0 + (terms + 4) * float(np.finfo(dtype).eps)
 
 
+# Row blocks of the MLP's (n, hidden) intermediates are sized to stay in a core's L2 cache, so
+# the element-wise passes (bias, ReLU, mask, row norms, clip weights) read each row from memory
+# once instead of once per pass. On a GPU the whole batch is one block.
+_BLOCK_BYTES = 1 << 20
+
+
+def _row_blocks(n: int, width: int, dtype: Any, xp: Any) -> list[slice]:
+    if xp is not np:
+        return [slice(0, n)]
+    rows = max(1, _BLOCK_BYTES // (max(1, width) * np.dtype(dtype).itemsize))
+    return [slice(s, min(s + rows, n)) for s in range(0, n, rows)]
+
+
+class _Once:
+    """``weighted_sum`` scales the model's intermediates in place, so it may be called once."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.used = name, False
+
+    def __call__(self) -> None:
+        if self.used:
+            raise RuntimeError(f"{self.name}.per_example(...).weighted_sum may be called once (it scales in place)")
+        self.used = True
+
+
 def row_sq_norms(a: Any) -> Any:
     """Upper bound on the squared L2 norm of each row of a 2-d array, as float64 ``(n,)``."""
     xp = array_module(a)
@@ -120,17 +145,25 @@ class LogisticRegression:
         return {"W": xp.zeros((n_features, n_classes), dtype=dtype), "b": xp.zeros(n_classes, dtype=dtype)}
 
     def logits(self, params: Params, x: Any) -> Any:
-        return x @ params["W"] + params["b"]
+        z = x @ params["W"]
+        z += params["b"]
+        return z
 
     def per_example(self, params: Params, x: Any, onehot_t: Any, x_sq_norms: Any) -> PerExample:
         """``onehot_t``: ``(K, n)`` one-hot labels; ``x_sq_norms``: ``||x_i||^2 + 1`` as float64
         upper bounds (see :func:`augmented_sq_norms`)."""
+        xp = array_module(x)
         delta_t = softmax_residual(self.logits(params, x), onehot_t)
         sq = (x_sq_norms * col_sq_norms(delta_t)) * _slack(2, np.float64)
+        once = _Once("LogisticRegression")
 
         def weighted_sum(w: Any) -> Params:
-            d_t = delta_t * w[None, :].astype(delta_t.dtype)
-            return {"W": x.T @ d_t.T, "b": d_t.sum(axis=1)}
+            once()
+            xp.multiply(delta_t, w[None, :].astype(delta_t.dtype), out=delta_t)  # in place, same rounding
+            # (K, n) @ (n, d): the long dimension is contiguous in both operands, which BLAS
+            # streams faster than x.T @ delta for K << d (measured: 60 ms against 75 ms at
+            # n = 200k, d = 784, K = 10 on 2 cores)
+            return {"W": xp.ascontiguousarray((delta_t @ x).T), "b": delta_t.sum(axis=1)}
 
         return PerExample(sq_norms=sq, weighted_sum=weighted_sum)
 
@@ -177,24 +210,40 @@ class MLP:
 
     def per_example(self, params: Params, x: Any, onehot_t: Any, x_sq_norms: Any) -> PerExample:
         xp = array_module(x)
+        n, hidden, dtype = x.shape[0], params["W1"].shape[1], params["W1"].dtype
+        blocks = _row_blocks(n, hidden, dtype, xp)
         h = x @ params["W1"]
-        h += params["b1"]
-        xp.maximum(h, 0, out=h)  # h = relu(a); a > 0 exactly where h > 0
-        delta2_t = softmax_residual(h @ params["W2"] + params["b2"], onehot_t)  # (K, n)
+        h_sq = xp.empty(n)  # ||h_i||^2, float64
+        for rows in blocks:  # bias, ReLU and the row norms while the block is in cache
+            hb = h[rows]
+            hb += params["b1"]
+            xp.maximum(hb, 0, out=hb)  # h = relu(a); a > 0 exactly where h > 0
+            h_sq[rows] = xp.einsum("ij,ij->i", hb, hb)
+        z = h @ params["W2"]
+        z += params["b2"]
+        delta2_t = softmax_residual(z, onehot_t)  # (K, n)
         delta1 = delta2_t.T @ params["W2"].T  # (n, hidden)
-        delta1 *= h > 0
-        sq = (x_sq_norms * row_sq_norms(delta1)
-              + (row_sq_norms(h) + 1.0) * col_sq_norms(delta2_t)) * _slack(4, np.float64)
-        used = []
+        d1_sq = xp.empty(n)
+        for rows in blocks:
+            db = delta1[rows]
+            db *= h[rows] > 0
+            d1_sq[rows] = xp.einsum("ij,ij->i", db, db)
+        row_slack = _slack(hidden, dtype)  # as row_sq_norms: float32 row sums made upper bounds
+        sq = (x_sq_norms * (d1_sq * row_slack)
+              + (h_sq * row_slack + 1.0) * col_sq_norms(delta2_t)) * _slack(4, np.float64)
+        once = _Once("MLP")
 
         def weighted_sum(w: Any) -> Params:
-            if used:
-                raise RuntimeError("MLP.per_example(...).weighted_sum may be called once (it scales in place)")
-            used.append(True)
-            d2_t = delta2_t * w[None, :].astype(delta2_t.dtype)
-            d1 = delta1
-            d1 *= w[:, None].astype(d1.dtype)  # in place: saves an (n, hidden) array
-            return {"W1": x.T @ d1, "b1": d1.sum(axis=0), "W2": h.T @ d2_t.T, "b2": d2_t.sum(axis=1)}
+            once()
+            w_d = w.astype(dtype)
+            xp.multiply(delta2_t, w_d[None, :], out=delta2_t)  # in place, same rounding
+            b1 = xp.zeros(hidden, dtype=dtype)
+            for rows in blocks:
+                db = delta1[rows]
+                db *= w_d[rows, None]
+                b1 += db.sum(axis=0)
+            return {"W1": x.T @ delta1, "b1": b1, "W2": xp.ascontiguousarray((delta2_t @ h).T),
+                    "b2": delta2_t.sum(axis=1)}
 
         return PerExample(sq_norms=sq, weighted_sum=weighted_sum)
 
