@@ -322,15 +322,22 @@ def _run_pipeline(config: JobConfig, params: LedgerParameters, plan: QueryPlan, 
 
     options = PipelineOptions(list(config.beam_args) or ["--runner=DirectRunner", "--direct_running_mode=in_memory"])
     out = Path(scratch)
+    # The previous state goes to the pipeline as files it reads itself, not embedded in the graph.
+    ledger_file = out / "previous-ledger.parquet"
+    pq.write_table(previous, ledger_file)
+    running_files = {}
+    for i, (query_id, table) in enumerate(sorted(previous_running.items())):
+        running_files[query_id] = str(out / f"previous-running-{i}.parquet")
+        pq.write_table(table, running_files[query_id])
     say(f"[run] running the Beam pipeline ({options.view_as(beam.options.pipeline_options.StandardOptions).runner})")
     with beam.Pipeline(options=options) as p:
         graph = p | "DailyReleases" >> tx.DailyReleases(
             config.inputs, window=config.window, start_window=config.start_window, end_window=config.end_window,
             released=sorted(released), schedule=to_release, plan=plan, indicator_columns=columns,
             noise_std=params.noise_std, policy=config.policy, budget=params.rho, id_type=params.id_type,
-            tracker_step=params.tracker_step, n_shards=config.n_shards, previous_ledger=previous,
+            tracker_step=params.tracker_step, n_shards=config.n_shards, previous_ledger=str(ledger_file),
             key_path=config.resolved_key_path, accounting=params.accounting,
-            key_fingerprint=params.key_fingerprint, previous_running=previous_running, previous_raw=previous_raw)
+            key_fingerprint=params.key_fingerprint, previous_running=running_files, previous_raw=previous_raw)
         _write(graph["releases"] | "ReleaseRows" >> beam.combiners.ToList(), out / "releases", _releases_table)
         _write(graph["ledger"] | "Ledgers" >> beam.combiners.ToList(), out / "ledger", _concat_ledgers)
         _write(graph["counts"] | "Counts" >> beam.combiners.ToList(), out / "counts", _counts_table)

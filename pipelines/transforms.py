@@ -364,6 +364,31 @@ class RunningEstimates(beam.DoFn):
                                   accounting=self._accounting, key_fingerprint=self._fingerprint)
 
 
+def _schema_of(table_or_path: pa.Table | str) -> pa.Schema:
+    if isinstance(table_or_path, pa.Table):
+        return table_or_path.schema
+    import pyarrow.parquet as pq
+
+    return pq.read_schema(str(table_or_path))
+
+
+def previous_state_shards(item: tuple[str, str | None, pa.Table | str],
+                          n_shards: int) -> list[tuple[int, tuple[str, Any]]]:
+    """``(kind, query_id, table or Parquet path)`` of the previous run's state -> the filter's
+    per-shard elements: ``(shard, ("ledger", part))`` or ``(shard, ("running", (query_id, part)))``,
+    one part per shard, each keeping the snapshot's metadata."""
+    kind, query_id, source = item
+    if isinstance(source, pa.Table):
+        table = source
+    else:
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(str(source))
+    if kind == "ledger":
+        return list(ledger_shards(table, n_shards))
+    return [(shard, ("running", (query_id, part))) for shard, (_, part) in snapshot_shards(table, n_shards)]
+
+
 def ledger_shards(snapshot: pa.Table, n_shards: int) -> Iterable[tuple[int, tuple[str, pa.Table]]]:
     """The previous ledger split into ``(shard, ("ledger", table))`` elements."""
     return [(shard, ("ledger", part)) for shard, (_, part) in snapshot_shards(snapshot, n_shards)]
@@ -431,7 +456,11 @@ class IndividualFilter(beam.PTransform):
 
     Input: Arrow tables from :class:`ReadIndicators` (``valid``). ``previous_ledger`` is the
     ledger snapshot to continue from (empty for a new ledger), ``previous_running`` the running
-    queries' history snapshots (``query_id -> table``): each shard starts from its part.
+    queries' history snapshots (``query_id -> table``): each shard starts from its part. Each
+    may be a table or the path of a Parquet file holding it (schema metadata included): a path
+    is read inside the pipeline, so a large ledger is not embedded in the job graph (Beam
+    pickles and compresses every ``Create``'d value when it builds the graph: about 20 CPU
+    seconds for a 1M-user ledger).
     ``last_window`` is the last window of this run's schedule: running queries step every
     window through it. Tagged outputs: ``sums`` (``((query_id, window_id), partial vector)`` per
     shard, to be summed across shards), ``ledger`` (each shard's new snapshot), ``running``
@@ -440,26 +469,31 @@ class IndividualFilter(beam.PTransform):
     """
 
     def __init__(self, *, plan: QueryPlan, indicator_columns: Sequence[str], noise_std: float, policy: str,
-                 budget: float, id_type: str, tracker_step: float, n_shards: int, previous_ledger: pa.Table,
-                 previous_running: dict[str, pa.Table] | None = None, last_window: int | None = None) -> None:
+                 budget: float, id_type: str, tracker_step: float, n_shards: int,
+                 previous_ledger: pa.Table | str,
+                 previous_running: dict[str, pa.Table | str] | None = None, last_window: int | None = None) -> None:
         super().__init__()
         self._n_shards = n_shards
         self._previous = previous_ledger
         self._running = dict(previous_running or {})
-        meta = {q: {k.decode(): v.decode() for k, v in t.schema.metadata.items()} for q, t in self._running.items()}
+        meta = {q: {k.decode(): v.decode() for k, v in _schema_of(t).metadata.items()}
+                for q, t in self._running.items()}
         self._filter = IndividualFilterDoFn(plan=plan, indicator_columns=indicator_columns, noise_std=noise_std,
                                             policy=policy, budget=budget, id_type=id_type, tracker_step=tracker_step,
                                             last_window=last_window, running_meta=meta)
 
     def expand(self, valid: Any) -> Any:
         keyed = valid | "ByShard" >> beam.FlatMap(split_by_shard, self._n_shards)
-        initial = list(ledger_shards(self._previous, self._n_shards))
-        for query_id, table in sorted(self._running.items()):
-            initial += [(shard, ("running", (query_id, part)))
-                        for shard, (_, part) in snapshot_shards(table, self._n_shards)]
-        previous = valid.pipeline | "PreviousState" >> beam.Create(initial)
+        sources = [("ledger", None, self._previous)] + [("running", q, t) for q, t in sorted(self._running.items())]
+        tables = [item for item in sources if isinstance(item[2], pa.Table)]
+        files = [(kind, query_id, str(path)) for kind, query_id, path in sources if not isinstance(path, pa.Table)]
+        initial = [element for item in tables for element in previous_state_shards(item, self._n_shards)]
+        previous = [valid.pipeline | "PreviousState" >> beam.Create(initial)]
+        if files:
+            previous.append(valid.pipeline | "PreviousStateFiles" >> beam.Create(files)
+                            | "ReadPreviousState" >> beam.FlatMap(previous_state_shards, self._n_shards))
         # Typed as (int, Any): shard keys then get a deterministic coder, as state needs.
-        return ((keyed, previous) | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
+        return ((keyed, *previous) | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
                 | "Filter" >> beam.ParDo(self._filter)
                 .with_output_types(Tuple[Tuple[str, int], Any])  # (query, window) keys: deterministic coder
                 .with_outputs("ledger", "running", "counts", "dead", main="sums"))
@@ -543,8 +577,8 @@ class DailyReleases(beam.PTransform):
     def __init__(self, inputs: Sequence[str], *, window: WindowSpec, start_window: int, end_window: int,
                  released: Sequence[int], schedule: Sequence[int], plan: QueryPlan,
                  indicator_columns: Sequence[str], noise_std: float, policy: str, budget: float, id_type: str,
-                 tracker_step: float, n_shards: int, previous_ledger: pa.Table, key_path: str, accounting: str,
-                 key_fingerprint: str, previous_running: dict[str, pa.Table] | None = None,
+                 tracker_step: float, n_shards: int, previous_ledger: pa.Table | str, key_path: str,
+                 accounting: str, key_fingerprint: str, previous_running: dict[str, pa.Table | str] | None = None,
                  previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None,
                  releases_parquet: str | None = None) -> None:
         super().__init__()
