@@ -121,11 +121,11 @@ def _window_letters(path: str, rows: pa.Table, columns: Sequence[str], reason: s
         "row_index": rows.column(ROW),
         "reason": pa.array([reason] * n, type=pa.string()),
         "detail": pa.array([detail.format(w) for w in rows.column(WINDOW_ID).to_pylist()], type=pa.string()),
-        "raw": _raw_json(pa.table({c: rows.column(c) for c in [USER_ID, WINDOW_ID, *columns]})),
+        "raw": raw_json(pa.table({c: rows.column(c) for c in [USER_ID, WINDOW_ID, *columns]})),
     }, schema=DEAD_LETTER_SCHEMA)
 
 
-def _raw_json(rows: pa.Table) -> pa.Array:
+def raw_json(rows: pa.Table) -> pa.Array:
     # Dead-letter rows are rare: a Python loop over them is fine (never over valid rows).
     return pa.array([json.dumps(r, default=str) for r in rows.to_pylist()], type=pa.string())
 
@@ -188,14 +188,14 @@ class IndividualFilterDoFn(beam.DoFn):
     @on_timer(FLUSH)
     def charge(self, key: Any = beam.DoFn.KeyParam, rows: Any = beam.DoFn.StateParam(ROWS),
                ledger: Any = beam.DoFn.StateParam(LEDGER)) -> Iterator[Any]:
-        state = self._restore(list(ledger.read()))
+        state = self.restore_shard(list(ledger.read()))
         buffered = list(rows.read())
         data = None
         if buffered:
             data = pa.concat_tables(buffered, promote_options="default")
             # Event-time order, ties broken by input position: arrival order never matters.
             data = data.sort_by([(WINDOW_ID, "ascending"), (SOURCE, "ascending"), (ROW, "ascending")])
-            data, duplicates = _first_per_user_window(data)
+            data, duplicates = first_per_user_window(data)
             if duplicates.num_rows:
                 yield beam.pvalue.TaggedOutput("dead", duplicates)
         yield from self._charge_windows(state, data)
@@ -205,7 +205,9 @@ class IndividualFilterDoFn(beam.DoFn):
         rows.clear()
         ledger.clear()
 
-    def _restore(self, snapshots: list[tuple[str, Any]]) -> ShardState:
+    def restore_shard(self, snapshots: list[tuple[str, Any]]) -> ShardState:
+        """The shard's state from its previous snapshots (a fresh ledger when it has none); also
+        used by :mod:`pipelines.streaming`, whose filter keeps the same state."""
         ledgers = [payload for kind, payload in snapshots if kind == "ledger"]
         shard_ledger = (Ledger.from_arrow(ledgers[0]) if ledgers
                         else Ledger(budget=self._budget, id_type=self._id_type, tracker_step=self._tracker_step))
@@ -218,7 +220,7 @@ class IndividualFilterDoFn(beam.DoFn):
 
     def _charge_windows(self, state: ShardState, data: pa.Table | None) -> Iterator[Any]:
         if data is None:
-            data = _empty_rows(self._id_type, self._columns)
+            data = empty_rows(self._id_type, self._columns)
         windows = data.column(WINDOW_ID).to_numpy()
         bounds = np.flatnonzero(np.diff(windows)) + 1
         starts = np.r_[0, bounds] if windows.size else np.zeros(0, dtype=np.int64)
@@ -235,7 +237,7 @@ class IndividualFilterDoFn(beam.DoFn):
                 yield beam.pvalue.TaggedOutput("counts", (window, charged.counts))
 
 
-def _empty_rows(id_type: str, columns: Sequence[str]) -> pa.Table:
+def empty_rows(id_type: str, columns: Sequence[str]) -> pa.Table:
     fields = [(USER_ID, pa.int64() if id_type == "int64" else pa.string()), (WINDOW_ID, pa.int64())]
     fields += [(c, pa.float64()) for c in columns]
     return pa.schema(fields).empty_table()
@@ -251,7 +253,7 @@ def empty_running_snapshot(meta: dict[str, str], id_type: str) -> pa.Table:
     return table.replace_schema_metadata(meta)
 
 
-def _first_per_user_window(data: pa.Table) -> tuple[pa.Table, pa.Table]:
+def first_per_user_window(data: pa.Table) -> tuple[pa.Table, pa.Table]:
     """Keep the first row of each (user, window) in (window, source, row) order; dead-letter the rest."""
     n = data.num_rows
     keys = pa.table({"u": data.column(USER_ID), "w": data.column(WINDOW_ID),
@@ -268,7 +270,7 @@ def _first_per_user_window(data: pa.Table) -> tuple[pa.Table, pa.Table]:
         "row_index": dup.column(ROW),
         "reason": pa.array(["duplicate_user_window"] * dup.num_rows, type=pa.string()),
         "detail": pa.array(["another row of this user and window came first"] * dup.num_rows, type=pa.string()),
-        "raw": _raw_json(dup.drop_columns([SOURCE, ROW])),
+        "raw": raw_json(dup.drop_columns([SOURCE, ROW])),
     }, schema=DEAD_LETTER_SCHEMA)
     return data.filter(pa.array(keep)), dead
 
@@ -522,7 +524,7 @@ class ReleaseWindows(beam.PTransform):
                                            key_fingerprint=key_fingerprint)
 
     def expand(self, partial_sums: Any) -> dict[str, Any]:
-        sums = partial_sums | "SumShards" >> beam.CombinePerKey(_add_vectors)
+        sums = partial_sums | "SumShards" >> beam.CombinePerKey(add_vectors)
         released = (partial_sums.pipeline
                     | "Schedule" >> beam.Create(self._schedule)
                     | "Release" >> beam.ParDo(self._release, sums=beam.pvalue.AsDict(sums)).with_outputs(
@@ -536,7 +538,7 @@ class ReleaseWindows(beam.PTransform):
         return {"releases": rows, "raw": released.raw}
 
 
-def _add_vectors(parts: Iterable[Any]) -> np.ndarray:
+def add_vectors(parts: Iterable[Any]) -> np.ndarray:
     total = None
     for part in parts:
         total = np.array(part, dtype=np.float64) if total is None else total + part

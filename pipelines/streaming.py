@@ -1,0 +1,400 @@
+"""The individual filter and its releases on an unbounded stream, window by window on the watermark.
+
+The batch path (:class:`pipelines.transforms.IndividualFilterDoFn`) charges a whole run on one
+timer at the end of the global window. Here the same per-window work runs as the watermark
+passes each window's end, so a long-running pipeline releases every day as it closes:
+
+* :class:`StreamingIndividualFilterDoFn`, keyed by user shard **in the global window**: the
+  shard's ledger lives in keyed state for the life of the stream and is never cleared between
+  windows (DESIGN.md invariant 1). Rows are buffered per window; on the event-time timer at the
+  window's end the window's rows are charged in event-time order, ties by input position, with
+  duplicates of a (user, window) dead-lettered by the batch rule (invariant 2), through the same
+  :meth:`pipelines.shard_state.ShardState.charge_window`. A row for a window the shard has
+  already charged is dead-lettered ``late_window`` and charges nobody (invariants 5-7).
+* :class:`ReleaseCompletedWindow`, keyed by window: every shard reports once per window of the
+  public schedule, rows or not, with its partial sums inside; when all shards have reported, it
+  releases every active query through :class:`pipelines.transforms.ReleaseWindow` (the same
+  keyed noise: invariants 3, 5), once.
+* :class:`RunningTotalsOnRelease` turns running queries' releases into running totals, in order.
+* :class:`StreamingReleases` wires them together.
+
+Why a window is never released without a shard's rows: every shard (rows or not, started by a
+tick) holds one chained event-time timer at the end of its next uncharged window; it charges
+that window and only then reports it. The release waits for all ``n_shards`` reports instead of
+a watermark timer of its own, because runners differ in whether pending timers hold a stateful
+DoFn's output watermark (the Python DirectRunner's do not, so a release timer would race the
+last shard's partial sums). A row for a window its shard already charged is late; a row for a
+window not yet charged by its shard cannot have been released, so nothing changes a release.
+Releases equal the batch path's on the same data (up to the order of summing partial sums).
+
+The schedule is finite and public (``start_window..end_window``): each shard steps through it
+one window per timer firing, so its "charged through" mark is exact even with no rows, and the
+chain ends at ``end_window`` (an open-ended stream is served by extending the schedule on a
+restart from the ledger snapshot, see ``previous_ledger``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence, Tuple
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from apache_beam.coders import PickleCoder
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
+
+from pipelines.shard_state import QueryPlan, ShardState
+from pipelines.transforms import (
+    DEAD_LETTER_SCHEMA,
+    LATE_WINDOW,
+    ROW,
+    SOURCE,
+    IndividualFilterDoFn,
+    ReleaseWindow,
+    RunningEstimates,
+    add_vectors,
+    empty_rows,
+    first_per_user_window,
+    raw_json,
+    ledger_shards,
+    snapshot_shards,
+    split_by_shard,
+)
+from stream.schema import USER_ID, WINDOW_ID, RejectReason, WindowSpec
+
+TICK = "tick"
+
+
+def split_by_window(table: pa.Table) -> list[tuple[int, pa.Table]]:
+    """``table`` as ``(window_id, rows of that window)`` pairs, rows keeping their order."""
+    if table.num_rows == 0:
+        return []
+    windows = table.column(WINDOW_ID).to_numpy()
+    order = np.argsort(windows, kind="stable")
+    bounds = np.flatnonzero(np.diff(windows[order])) + 1
+    return [(int(windows[part[0]]), table.take(pa.array(part))) for part in np.split(order, bounds)]
+
+
+def window_letters(rows: pa.Table, columns: Sequence[str], reason: str, detail: str) -> pa.Table:
+    """Dead letters (:data:`pipelines.transforms.DEAD_LETTER_SCHEMA`) for validated ``rows``;
+    ``source`` is the row's input index, as for the filter's duplicate rows."""
+    n = rows.num_rows
+    return pa.table({
+        "source": pc.cast(rows.column(SOURCE), pa.string()),
+        "row_index": rows.column(ROW),
+        "reason": pa.array([reason] * n, type=pa.string()),
+        "detail": pa.array([detail.format(w) for w in rows.column(WINDOW_ID).to_pylist()], type=pa.string()),
+        "raw": raw_json(pa.table({c: rows.column(c) for c in [USER_ID, WINDOW_ID, *columns]})),
+    }, schema=DEAD_LETTER_SCHEMA)
+
+
+class StreamingIndividualFilterDoFn(beam.DoFn):
+    """The individual filter for one shard of users on an unbounded stream, in the global window.
+
+    Input elements ``(shard, (kind, payload))``: ``("rows", table)`` validated rows (with the
+    ``_source``/``_row`` input position), ``("tick", None)`` (one per shard: starts its window
+    chain, so a shard without rows still steps through the schedule and never blocks the
+    release), and the previous state ``("ledger", table)`` / ``("running", (query_id, table))``.
+
+    State (per shard, global window; never window-scoped, invariant 1):
+      ROWS    -- bag of ``(window_id, table)``: buffered rows of windows not yet charged.
+      STATE   -- bag of the shard's snapshots (``("ledger", table)``, ``("running", ...)``):
+                 the persistent ledger, replaced after every charged window, never cleared.
+      CHARGED -- the last window this shard charged (``start_window - 1`` before the first).
+    Timer:
+      WINDOW_END -- event-time timer at the end of the next uncharged window. A firing charges
+                    exactly that window, then re-arms at the next window's end (through
+                    ``end_window``). A firing before that end (an extra or repeated firing)
+                    does nothing, so each window is charged at most once (invariant 6).
+    Outputs: ``(window_id, (shard, {query_id: partial sum vector}))`` (main: one report per
+    window of the schedule, ``{}`` when nothing was charged), dead letters (tag ``dead``:
+    late, out-of-range and duplicate rows), ``(window, counts)`` (tag ``counts``, windows with
+    rows), ``(shard, window, ledger snapshot)`` (tag ``ledger``: after ``end_window``, or every
+    window with ``snapshot_every_window``) and ``(query_id, snapshot)`` (tag ``running``,
+    with the final ledger).
+    """
+
+    ROWS = BagStateSpec("rows", PickleCoder())
+    STATE = BagStateSpec("state", PickleCoder())
+    CHARGED = ReadModifyWriteStateSpec("charged", PickleCoder())
+    WINDOW_END = TimerSpec("window_end", TimeDomain.WATERMARK)
+
+    def __init__(self, *, plan: QueryPlan, window: WindowSpec, start_window: int, end_window: int,
+                 indicator_columns: Sequence[str], noise_std: float, policy: str, budget: float, id_type: str,
+                 tracker_step: float, released: Sequence[int] = (),
+                 running_meta: dict[str, dict[str, str]] | None = None, snapshot_every_window: bool = False) -> None:
+        if end_window < start_window:
+            raise ValueError(f"end_window must be >= start_window={start_window}, got end_window={end_window}")
+        if any(int(w) >= start_window for w in released):
+            raise ValueError(f"released windows must be before start_window={start_window} (earlier runs), "
+                             f"got released={sorted(int(w) for w in released if int(w) >= start_window)}")
+        self._window = window
+        self._start, self._end = int(start_window), int(end_window)
+        self._columns = list(indicator_columns)
+        self._noise_std = noise_std
+        self._policy = policy
+        self._released = frozenset(int(w) for w in released)
+        self._snapshot_every_window = snapshot_every_window
+        # The batch filter restores a shard's state from snapshots: the same code restores it here.
+        self._restorer = IndividualFilterDoFn(plan=plan, indicator_columns=indicator_columns, noise_std=noise_std,
+                                              policy=policy, budget=budget, id_type=id_type,
+                                              tracker_step=tracker_step, running_meta=running_meta)
+        self._id_type = id_type
+
+    def _end_of(self, window: int) -> int:
+        return int(self._window.window_end_seconds(int(window)))
+
+    def _charged(self, charged: Any) -> int:
+        value = charged.read()
+        return self._start - 1 if value is None else int(value)
+
+    def process(self, element: tuple[int, tuple[str, Any]],
+                rows: Any = beam.DoFn.StateParam(ROWS), state: Any = beam.DoFn.StateParam(STATE),
+                charged: Any = beam.DoFn.StateParam(CHARGED),
+                window_end: Any = beam.DoFn.TimerParam(WINDOW_END)) -> Iterator[Any]:
+        _, (kind, payload) = element
+        through = self._charged(charged)
+        if kind == "rows":
+            yield from self._buffer(payload, through, rows)
+        elif kind in ("ledger", "running"):
+            state.add((kind, payload))
+        elif kind != TICK:
+            raise ValueError(f"element kind must be rows, tick, ledger or running, got kind={kind!r}")
+        if through < self._end:
+            # Idempotent: the timer always points at the end of the next uncharged window.
+            window_end.set(self._end_of(through + 1))
+
+    def _buffer(self, table: pa.Table, through: int, rows: Any) -> Iterator[Any]:
+        windows = table.column(WINDOW_ID).to_numpy()
+        released = np.isin(windows, np.fromiter(self._released, dtype=np.int64, count=len(self._released)))
+        # Already charged here (so possibly released): charging it now would change a release.
+        late = released | ((windows >= self._start) & (windows <= through))
+        out_of_range = ~late & ((windows < self._start) | (windows > self._end))
+        for mask, reason, detail in ((late, LATE_WINDOW, "window {} was already charged or released"),
+                                     (out_of_range, RejectReason.OUT_OF_RANGE_TIME.value,
+                                      "window {} is outside the schedule")):
+            if mask.any():
+                yield beam.pvalue.TaggedOutput(
+                    "dead", window_letters(table.filter(pa.array(mask)), self._columns, reason, detail))
+        keep = ~(late | out_of_range)
+        for window, part in split_by_window(table if keep.all() else table.filter(pa.array(keep))):
+            rows.add((window, part))
+
+    @on_timer(WINDOW_END)
+    def charge(self, key: Any = beam.DoFn.KeyParam, timestamp: Any = beam.DoFn.TimestampParam,
+               rows: Any = beam.DoFn.StateParam(ROWS), state: Any = beam.DoFn.StateParam(STATE),
+               charged: Any = beam.DoFn.StateParam(CHARGED),
+               window_end: Any = beam.DoFn.TimerParam(WINDOW_END)) -> Iterator[Any]:
+        through = self._charged(charged)
+        window = through + 1
+        if window > self._end or timestamp < self._end_of(window):
+            return  # an extra firing: this window's end is not reached, or everything is charged
+        buffered = list(rows.read())
+        mine = [part for w, part in buffered if w == window]
+        shard = self._restorer.restore_shard(list(state.read()))
+        data = None
+        if mine:
+            data = pa.concat_tables(mine, promote_options="default")
+            # Event-time order, ties by input position, exactly as the batch path.
+            data = data.sort_by([(WINDOW_ID, "ascending"), (SOURCE, "ascending"), (ROW, "ascending")])
+            data, duplicates = first_per_user_window(data)
+            if duplicates.num_rows:
+                yield beam.pvalue.TaggedOutput("dead", duplicates)
+        yield from self._charge(key, shard, window, data)
+        # Persist before anything else can observe the shard: the ledger is replaced, not cleared.
+        state.clear()
+        state.add(("ledger", shard.ledger.to_arrow()))
+        for query_id, running in sorted(shard.running.items()):
+            state.add(("running", (query_id, running.to_arrow())))
+        charged.write(window)
+        rows.clear()
+        for w, part in buffered:
+            if w != window:
+                rows.add((w, part))
+        if self._snapshot_every_window or window == self._end:
+            yield beam.pvalue.TaggedOutput("ledger", (key, window, shard.ledger.to_arrow()))
+        if window == self._end:
+            for query_id, running in sorted(shard.running.items()):
+                yield beam.pvalue.TaggedOutput("running", (query_id, running.to_arrow()))
+        else:
+            window_end.set(self._end_of(window + 1))
+
+    def _charge(self, key: int, shard: ShardState, window: int, data: pa.Table | None) -> Iterator[Any]:
+        # The batch path charges a window that has rows or a running query active in it; charging
+        # the same windows keeps the ledger and the releases identical to it.
+        steps = shard.windows_to_step([window] if data is not None else [], window)
+        if any(step != window for step in steps):
+            # The chain charges every window in turn, so a running query's history is never behind.
+            raise RuntimeError(f"shard {key} would step windows {steps} at window {window}: its running-query "
+                               "history is behind the stream")
+        sums: dict[str, np.ndarray] = {}
+        if steps:
+            part = data if data is not None else empty_rows(self._id_type, self._columns)
+            result = shard.charge_window(window, part, noise_std=self._noise_std, policy=self._policy)
+            sums = dict(result.sums)
+            if part.num_rows:
+                yield beam.pvalue.TaggedOutput("counts", (window, result.counts))
+        # One report per (shard, window), rows or not, partial sums inside: the release knows the
+        # window is complete when every shard's report is in, whatever order elements travel in.
+        yield window, (int(key), sums)
+
+
+class ReleaseCompletedWindow(beam.DoFn):
+    """Keyed by window id: the window's release once every shard has charged it.
+
+    Input ``(window_id, (shard, {query_id: partial sum}))``: every shard sends exactly one per
+    window of the schedule, rows or not, when the watermark passes the window's end (its
+    chained timer). When all ``n_shards`` have reported, the window is complete: release every
+    active query through :class:`pipelines.transforms.ReleaseWindow` (sum of partials, 0 when
+    none, plus noise keyed by (query, window)), so every scheduled window is released
+    (invariant 3), once (invariant 5: a RELEASED flag ignores any later or repeated report).
+
+    Completion is counted, not read off the watermark: runners differ in whether a stateful
+    DoFn's pending timers hold its output watermark (the Python DirectRunner's do not), and a
+    release timer racing the shards' last partial sums would release a window without them.
+    State: SHARDS (bag of reports), RELEASED (flag). Outputs release rows (main) and running
+    queries' ``(query_id, window, y)`` (tag ``raw``).
+    """
+
+    SHARDS = BagStateSpec("shards", PickleCoder())
+    RELEASED = ReadModifyWriteStateSpec("released", PickleCoder())
+
+    def __init__(self, release: ReleaseWindow, n_shards: int) -> None:
+        if n_shards < 1:
+            raise ValueError(f"n_shards must be >= 1, got n_shards={n_shards}")
+        self._release = release
+        self._n_shards = int(n_shards)
+
+    def setup(self) -> None:
+        self._release.setup()
+
+    def process(self, element: tuple[int, tuple[int, dict[str, Any]]], shards: Any = beam.DoFn.StateParam(SHARDS),
+                released: Any = beam.DoFn.StateParam(RELEASED)) -> Iterator[Any]:
+        window, report = element
+        if released.read():
+            return  # released already: a repeated report must not make a second answer
+        reports = {shard: sums for shard, sums in shards.read()}
+        shard, sums = report
+        if shard in reports:
+            return  # a repeated report of a shard (e.g. a retried bundle): already counted
+        reports[shard] = sums
+        if len(reports) < self._n_shards:
+            shards.add(report)
+            return
+        by_query: dict[str, list[np.ndarray]] = {}
+        for _, shard_sums in sorted(reports.items()):
+            for query_id, partial in shard_sums.items():
+                by_query.setdefault(query_id, []).append(np.asarray(partial, dtype=np.float64))
+        totals = {(query_id, int(window)): add_vectors(parts) for query_id, parts in by_query.items()}
+        released.write(True)
+        shards.clear()
+        yield from self._release.process(int(window), totals)
+
+
+class RunningTotalsOnRelease(beam.DoFn):
+    """Keyed by running query id: its running-total release rows as its windows are released.
+
+    Input ``(query_id, (window_id, y flat))`` from :class:`ReleaseCompletedWindow` (tag ``raw``).
+    The estimate at ``t`` is ``(B y)_t`` over the releases from the query's first window
+    (post-processing, no privacy cost), computed by
+    :class:`pipelines.transforms.RunningEstimates` as in the batch path. Releases may arrive in
+    any order; each window's estimate is emitted once, when every earlier window's ``y`` is in.
+    State: SERIES (bag of ``(window, y)``), EMITTED (last window whose estimate was emitted).
+    ``previous`` holds earlier runs' ``y`` (``query_id -> [(window, y flat)]``).
+    """
+
+    SERIES = BagStateSpec("series", PickleCoder())
+    EMITTED = ReadModifyWriteStateSpec("emitted", PickleCoder())
+
+    def __init__(self, estimates: RunningEstimates, plan: QueryPlan,
+                 previous: dict[str, list[tuple[int, list[float]]]] | None = None) -> None:
+        self._estimates = estimates
+        self._plan = plan
+        self._previous = dict(previous or {})
+
+    def process(self, element: tuple[str, tuple[int, list[float]]], series: Any = beam.DoFn.StateParam(SERIES),
+                emitted: Any = beam.DoFn.StateParam(EMITTED)) -> Iterator[dict]:
+        query_id, (window, y) = element
+        before = sorted((int(w), v) for w, v in self._previous.get(query_id, []))
+        last = emitted.read()
+        if last is None:
+            last = before[-1][0] if before else self._plan.get(query_id).first_window - 1
+        known = {int(w): v for w, v in series.read()}
+        if int(window) <= last or int(window) in known:
+            return  # already counted: a repeated release is the same release (invariant 5)
+        series.add((int(window), y))
+        known[int(window)] = y
+        fresh = []
+        while last + 1 in known:
+            last += 1
+            fresh.append((last, known[last]))
+        if not fresh:
+            return
+        done = before + sorted((w, v) for w, v in known.items() if w < fresh[0][0])
+        emitted.write(last)
+        yield from self._estimates.process((query_id, fresh), {query_id: done})
+
+
+class StreamingReleases(beam.PTransform):
+    """Validated tables (unbounded) -> releases as the watermark passes each window's end.
+
+    Input: Arrow tables of validated rows with their input position (as
+    :class:`pipelines.transforms.ReadIndicators` emits them), timestamped at or before their
+    rows' event times so that the watermark means "this window's rows are in". The schedule is
+    ``start_window..end_window``; every window of it is released for every query active in it
+    (invariant 3), running queries as running totals too. ``previous_ledger`` /
+    ``previous_running`` / ``previous_raw`` are the state to continue from, ``released`` the
+    windows released before (their rows are late).
+
+    Returns a dict: ``releases`` (release rows), ``raw`` (running queries' releases ``y``),
+    ``ledger`` (``(shard, window, snapshot)``), ``running``, ``counts``, ``dead`` (late,
+    out-of-range and duplicate rows) and ``sums`` (the shards' reports ``(window, (shard,
+    {query: partial}))``, curator only: pre-noise, invariant 4).
+    """
+
+    def __init__(self, *, window: WindowSpec, start_window: int, end_window: int, plan: QueryPlan,
+                 indicator_columns: Sequence[str], noise_std: float, policy: str, budget: float, id_type: str,
+                 tracker_step: float, n_shards: int, key_path: str, accounting: str, key_fingerprint: str,
+                 previous_ledger: pa.Table | None = None, previous_running: dict[str, pa.Table] | None = None,
+                 released: Sequence[int] = (), snapshot_every_window: bool = False,
+                 previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None) -> None:
+        super().__init__()
+        self._n_shards = n_shards
+        self._previous = previous_ledger
+        self._running = dict(previous_running or {})
+        meta = {q: {k.decode(): v.decode() for k, v in t.schema.metadata.items()} for q, t in self._running.items()}
+        self._filter = StreamingIndividualFilterDoFn(
+            plan=plan, window=window, start_window=start_window, end_window=end_window,
+            indicator_columns=indicator_columns, noise_std=noise_std, policy=policy, budget=budget, id_type=id_type,
+            tracker_step=tracker_step, released=released, running_meta=meta,
+            snapshot_every_window=snapshot_every_window)
+        self._release = ReleaseCompletedWindow(
+            ReleaseWindow(key_path=key_path, plan=plan, noise_std=noise_std, window=window, accounting=accounting,
+                          key_fingerprint=key_fingerprint), n_shards)
+        self._running_totals = RunningTotalsOnRelease(
+            RunningEstimates(plan=plan, noise_std=noise_std, window=window, accounting=accounting,
+                             key_fingerprint=key_fingerprint), plan, previous_raw)
+
+    def expand(self, valid: Any) -> dict[str, Any]:
+        keyed = valid | "ByShard" >> beam.FlatMap(split_by_shard, self._n_shards)
+        initial: list[tuple[int, tuple[str, Any]]] = [(shard, (TICK, None)) for shard in range(self._n_shards)]
+        if self._previous is not None:
+            initial += list(ledger_shards(self._previous, self._n_shards))
+        for query_id, table in sorted(self._running.items()):
+            initial += [(shard, ("running", (query_id, part)))
+                        for shard, (_, part) in snapshot_shards(table, self._n_shards)]
+        shards = valid.pipeline | "ShardTicks" >> beam.Create(initial)
+        filtered = ((keyed, shards) | "MergeShards" >> beam.Flatten().with_output_types(Tuple[int, Any])
+                    | "StreamingFilter" >> beam.ParDo(self._filter).with_output_types(Tuple[int, Any])
+                    .with_outputs("ledger", "running", "counts", "dead", main="sums"))
+        released = (filtered.sums
+                    | "ReleaseCompletedWindow" >> beam.ParDo(self._release).with_outputs("raw", main="releases"))
+        running = (released.raw
+                   | "RawByQuery" >> beam.Map(lambda r: (r[0], (r[1], r[2]))).with_output_types(Tuple[str, Any])
+                   | "RunningTotals" >> beam.ParDo(self._running_totals))
+        releases = (released.releases, running) | "AllReleases" >> beam.Flatten()
+        return {"releases": releases, "raw": released.raw, "ledger": filtered.ledger,
+                "running": filtered.running, "counts": filtered.counts, "dead": filtered.dead,
+                "sums": filtered.sums}
