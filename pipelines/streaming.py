@@ -56,7 +56,7 @@ from pipelines.transforms import (
     RunningEstimates,
     add_vectors,
     empty_rows,
-    first_per_user_window,
+    in_event_time_order,
     raw_json,
     ledger_shards,
     snapshot_shards,
@@ -194,14 +194,9 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         buffered = list(rows.read())
         mine = [part for w, part in buffered if w == window]
         shard = self._restorer.restore_shard(list(state.read()))
-        data = None
-        if mine:
-            data = pa.concat_tables(mine, promote_options="default")
-            # Event-time order, ties by input position, exactly as the batch path.
-            data = data.sort_by([(WINDOW_ID, "ascending"), (SOURCE, "ascending"), (ROW, "ascending")])
-            data, duplicates = first_per_user_window(data)
-            if duplicates.num_rows:
-                yield beam.pvalue.TaggedOutput("dead", duplicates)
+        data, duplicates = in_event_time_order(mine)  # exactly as the batch path
+        if duplicates is not None and duplicates.num_rows:
+            yield beam.pvalue.TaggedOutput("dead", duplicates)
         yield from self._charge(key, shard, window, data)
         # Persist before anything else can observe the shard: the ledger is replaced, not cleared.
         state.clear()

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence, Tuple
 
 import apache_beam as beam
@@ -189,15 +188,9 @@ class IndividualFilterDoFn(beam.DoFn):
     def charge(self, key: Any = beam.DoFn.KeyParam, rows: Any = beam.DoFn.StateParam(ROWS),
                ledger: Any = beam.DoFn.StateParam(LEDGER)) -> Iterator[Any]:
         state = self.restore_shard(list(ledger.read()))
-        buffered = list(rows.read())
-        data = None
-        if buffered:
-            data = pa.concat_tables(buffered, promote_options="default")
-            # Event-time order, ties broken by input position: arrival order never matters.
-            data = data.sort_by([(WINDOW_ID, "ascending"), (SOURCE, "ascending"), (ROW, "ascending")])
-            data, duplicates = first_per_user_window(data)
-            if duplicates.num_rows:
-                yield beam.pvalue.TaggedOutput("dead", duplicates)
+        data, duplicates = in_event_time_order(list(rows.read()))
+        if duplicates is not None and duplicates.num_rows:
+            yield beam.pvalue.TaggedOutput("dead", duplicates)
         yield from self._charge_windows(state, data)
         yield beam.pvalue.TaggedOutput("ledger", state.ledger.to_arrow())
         for query_id, running in sorted(state.running.items()):
@@ -251,6 +244,17 @@ def empty_running_snapshot(meta: dict[str, str], id_type: str) -> pa.Table:
     table = pa.table({"user_id": ids, "window_id": pa.array([], type=pa.int64()),
                       "values": pa.FixedSizeListArray.from_arrays(pa.array([], type=pa.float64()), dim)})
     return table.replace_schema_metadata(meta)
+
+
+def in_event_time_order(parts: list[pa.Table]) -> tuple[pa.Table | None, pa.Table | None]:
+    """Buffered row tables -> ``(rows, duplicates)``: the rows in event-time order, ties broken by
+    input position (so arrival order never matters: DESIGN.md invariant 2), with every (user,
+    window) after its first split off as duplicates. ``(None, None)`` when nothing is buffered."""
+    if not parts:
+        return None, None
+    data = pa.concat_tables(parts, promote_options="default")
+    data = data.sort_by([(WINDOW_ID, "ascending"), (SOURCE, "ascending"), (ROW, "ascending")])
+    return first_per_user_window(data)
 
 
 def first_per_user_window(data: pa.Table) -> tuple[pa.Table, pa.Table]:
