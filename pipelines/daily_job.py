@@ -162,6 +162,7 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
         previous = curator.load_ledger(params)
         previous_running = curator.load_running(params.id_type)
         with ReleaseStore(config.store) as store:
+            store.record_input_columns(columns)
             plan = _query_plan(store, config, columns, previous_running, to_release, released, say)
         _refuse_gaps_in_running_queries(plan, previous_running, to_release)
         say(f"[run] run {run_id}: {len(config.inputs)} input file(s), {len(to_release)} window(s) to release, "

@@ -36,9 +36,11 @@ that ``window_start::DATE`` means the same day on every machine.
 
 from __future__ import annotations
 
+import json
+
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import duckdb
 import numpy as np
@@ -390,6 +392,18 @@ class ReleaseStore:
         """The recorded promise (``epsilon``, ``delta``, ``accounting``, ``norm_budget``), or {}."""
         rows = self._conn.execute("SELECT key, value FROM store_meta WHERE key LIKE 'promise_%'").fetchall()
         return {key.removeprefix("promise_"): value for key, value in rows}
+
+    def record_input_columns(self, columns: Sequence[str]) -> None:
+        """Record the numeric indicator columns of the daily input (public schema, no data) in
+        ``store_meta`` (key ``input_columns``, JSON), so that a query reading a column the input
+        does not have is refused when it is registered, not when the curator's job runs."""
+        self._conn.execute("INSERT OR REPLACE INTO store_meta (key, value) VALUES ('input_columns', ?)",
+                           [json.dumps(list(columns))])
+
+    def input_columns(self) -> list[str] | None:
+        """The indicator columns the last run read (None before the first run)."""
+        value = self._meta("input_columns")
+        return None if value is None else list(json.loads(value))
 
     def key_fingerprint(self) -> str | None:
         """The fingerprint of the noise key of the releases here (None before the first publish)."""

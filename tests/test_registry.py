@@ -391,3 +391,17 @@ def test_query_list_and_retire_on_a_missing_store_exit_1_and_create_nothing(tmp_
     store = tmp_path / "none.duckdb"
     assert main(["query", action[0], "--store", str(store), *action[1:]]) == 1
     assert "does not exist" in capsys.readouterr().err and not store.exists()
+
+
+def test_a_query_reading_a_column_the_daily_input_lacks_is_refused_at_registration(tmp_path):
+    from queries.release_store import ReleaseStore
+
+    with ReleaseStore(tmp_path / "s.duckdb") as store:
+        store.record_input_columns(["opened", "bought"])  # as the daily job does on every run
+        registry = QueryRegistry(store)
+        with pytest.raises(ValueError, match="unknown column"):
+            registry.add(LinearQuery.columns("typo", ["opend"]), effective_from=5)
+        with pytest.raises(ValueError, match="string column"):  # the input has no string columns yet
+            registry.add(LinearQuery.histogram("tiers", "opened", ["free", "pro"]), effective_from=5)
+        registry.add(LinearQuery.columns("ok", ["opened"]), effective_from=5)
+        assert registry.list().column("query_id").to_pylist() == ["ok"]
