@@ -104,8 +104,9 @@ class JobSummary:
         return self.rows_read == self.admitted + self.clipped + self.dropped + self.rejected + self.late
 
 
-def _indicator_columns(paths: Sequence[str]) -> list[str]:
-    """The numeric columns of the first input: each becomes a daily-sum query."""
+def _input_columns(paths: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The numeric columns of the first input (each becomes a daily-sum query) and its string
+    columns (histograms over string categories may read them)."""
     first = next(read_batches(paths[0], batch_rows=1024), None)
     if first is None:
         raise ValueError(f"input file {paths[0]} has no rows and no schema to take indicator columns from")
@@ -114,7 +115,13 @@ def _indicator_columns(paths: Sequence[str]) -> list[str]:
                and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type))]
     if not columns:
         raise ValueError(f"input file {paths[0]} has no numeric indicator columns")
-    return columns
+    strings = [f.name for f in first.schema if f.name not in skip and _is_string_type(f.type)]
+    return columns, strings
+
+
+def _is_string_type(t: pa.DataType) -> bool:
+    t = t.value_type if pa.types.is_dictionary(t) else t
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
 def _id_type(paths: Sequence[str]) -> str:
@@ -158,18 +165,20 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
         to_release = [w for w in schedule if w not in released]
         skipped = [w for w in schedule if w in released]
         run_id = curator.next_run_id()
-        columns = _indicator_columns(config.inputs)
+        columns, strings = _input_columns(config.inputs)
         previous = curator.load_ledger(params)
         previous_running = curator.load_running(params.id_type)
         with ReleaseStore(config.store) as store:
-            store.record_input_columns(columns)
-            plan = _query_plan(store, config, columns, previous_running, to_release, released, say)
+            store.record_input_columns(columns, strings)
+            plan = _query_plan(store, config, columns, previous_running, to_release, released, say, strings)
+        categories = sorted({c for e in plan.entries if getattr(e.query, "categorical", False)
+                             for c in e.query.columns_needed})
         _refuse_gaps_in_running_queries(plan, previous_running, to_release)
         say(f"[run] run {run_id}: {len(config.inputs)} input file(s), {len(to_release)} window(s) to release, "
             f"{len(skipped)} already released, {previous.num_rows:,} users in the ledger")
         with tempfile.TemporaryDirectory(prefix="renyi-run-") as scratch:
             outputs = _run_pipeline(config, params, plan, columns, released, to_release, previous,
-                                    previous_running, curator.load_running_releases(), scratch, say)
+                                    previous_running, curator.load_running_releases(), scratch, say, categories)
             counts = _totals(outputs)
             curator.commit_run(
                 run_id=run_id, ledger=outputs["ledger"], releases=outputs["releases"],
@@ -263,7 +272,8 @@ def _beam():
 
 
 def _query_plan(store: ReleaseStore, config: JobConfig, columns: list[str], previous_running: dict[str, pa.Table],
-                to_release: list[int], processed: set[int] | None = None, say=lambda msg: None) -> QueryPlan:
+                to_release: list[int], processed: set[int] | None = None, say=lambda msg: None,
+                strings: Sequence[str] = ()) -> QueryPlan:
     """The registered queries active in this run's windows; on a store with no registered
     query, the default per-column queries (kind ``config.release``) are registered first, from
     this run's first window, so that the catalogue always lists what is answered. A query
@@ -285,8 +295,9 @@ def _query_plan(store: ReleaseStore, config: JobConfig, columns: list[str], prev
     entries = [PlannedQuery(query, first, retired)
                for query, first, retired in registry.plan(min(to_release), max(to_release))]
     for entry in entries:
-        try:
-            entry.query.validate_against(columns)  # numeric indicator columns, as validate_batch leaves them
+        try:  # numeric columns as validate_batch leaves them (float64); string ones for categories
+            entry.query.validate_against(pa.schema([(c, pa.float64()) for c in columns]
+                                                   + [(c, pa.string()) for c in strings]))
         except ValueError as exc:
             raise ValueError(f"{exc}. Retire the query or fix the input") from None
     return QueryPlan(tuple(entries))
@@ -317,7 +328,7 @@ def _refuse_gaps_in_running_queries(plan: QueryPlan, previous_running: dict[str,
 def _run_pipeline(config: JobConfig, params: LedgerParameters, plan: QueryPlan, columns: list[str],
                   released: set[int], to_release: list[int], previous: pa.Table,
                   previous_running: dict[str, pa.Table], previous_raw: dict, scratch: str,
-                  say) -> dict[str, pa.Table]:
+                  say, categories: Sequence[str] = ()) -> dict[str, pa.Table]:
     beam, PipelineOptions = _beam()
     from pipelines import transforms as tx
 
@@ -338,7 +349,8 @@ def _run_pipeline(config: JobConfig, params: LedgerParameters, plan: QueryPlan, 
             noise_std=params.noise_std, policy=config.policy, budget=params.rho, id_type=params.id_type,
             tracker_step=params.tracker_step, n_shards=config.n_shards, previous_ledger=str(ledger_file),
             key_path=config.resolved_key_path, accounting=params.accounting,
-            key_fingerprint=params.key_fingerprint, previous_running=running_files, previous_raw=previous_raw)
+            key_fingerprint=params.key_fingerprint, previous_running=running_files, previous_raw=previous_raw,
+            category_columns=categories)
         _write(graph["releases"] | "ReleaseRows" >> beam.combiners.ToList(), out / "releases", _releases_table)
         _write(graph["ledger"] | "Ledgers" >> beam.combiners.ToList(), out / "ledger", _concat_ledgers)
         _write(graph["counts"] | "Counts" >> beam.combiners.ToList(), out / "counts", _counts_table)

@@ -59,11 +59,13 @@ class ReadAndValidate(beam.DoFn):
     """(file index, path) -> valid tables (main), dead letters and rows-read counts (tagged)."""
 
     def __init__(self, *, window: WindowSpec, start_window: int, end_window: int,
-                 released: Sequence[int], indicator_columns: Sequence[str], batch_rows: int = 65_536) -> None:
+                 released: Sequence[int], indicator_columns: Sequence[str], batch_rows: int = 65_536,
+                 category_columns: Sequence[str] = ()) -> None:
         self._window = window
         self._start, self._end = start_window, end_window
         self._released = np.array(sorted(released), dtype=np.int64)
         self._columns = list(indicator_columns)
+        self._categories = list(category_columns)
         self._batch_rows = batch_rows
 
     def process(self, element: tuple[int, str]) -> Iterator[Any]:
@@ -74,7 +76,8 @@ class ReadAndValidate(beam.DoFn):
             # No lower bound here: a row before the schedule is "late" if its window was released
             # and "out of range" otherwise, which the validator alone cannot tell apart.
             checked = validate_batch(batch, window=self._window, start_window=None,
-                                     end_window=self._end, indicator_columns=self._columns)
+                                     end_window=self._end, indicator_columns=self._columns,
+                                     category_columns=self._categories)
             if checked.rejected.num_rows:
                 yield beam.pvalue.TaggedOutput("dead", _dead_letters(path, offset, checked.rejected))
             valid = checked.valid
@@ -88,7 +91,8 @@ class ReadAndValidate(beam.DoFn):
                                          (early, "out_of_range_time", "window {} is before the schedule")):
                 if mask.any():
                     yield beam.pvalue.TaggedOutput(
-                        "dead", _window_letters(path, valid.filter(pa.array(mask)), self._columns, reason, detail))
+                        "dead", _window_letters(path, valid.filter(pa.array(mask)), self._columns + self._categories,
+                                                reason, detail))
             if late.any() or early.any():
                 valid = valid.filter(pa.array(~(late | early)))
             if valid.num_rows:
@@ -445,11 +449,13 @@ class ReadIndicators(beam.PTransform):
     """
 
     def __init__(self, inputs: Sequence[str], *, window: WindowSpec, start_window: int, end_window: int,
-                 released: Sequence[int], indicator_columns: Sequence[str], batch_rows: int = 65_536) -> None:
+                 released: Sequence[int], indicator_columns: Sequence[str], batch_rows: int = 65_536,
+                 category_columns: Sequence[str] = ()) -> None:
         super().__init__()
         self._inputs = [str(path) for path in inputs]
         self._read = ReadAndValidate(window=window, start_window=start_window, end_window=end_window,
-                                     released=released, indicator_columns=indicator_columns, batch_rows=batch_rows)
+                                     released=released, indicator_columns=indicator_columns, batch_rows=batch_rows,
+                                     category_columns=category_columns)
 
     def expand(self, pbegin: Any) -> Any:
         return (pbegin
@@ -576,8 +582,10 @@ class DailyReleases(beam.PTransform):
     (running-query history snapshots per shard), ``raw`` (running queries' releases ``y``),
     ``counts``, ``dead`` (dead-letter tables from reading and from the filter) and ``read`` (rows
     read per batch). With ``releases_parquet`` the releases are also written as Parquet files per
-    window. The caller decides where the curator's outputs go (the daily job collects them into
-    one transaction; a distributed job writes them to its own sinks).
+    window. ``category_columns`` are string columns read by histograms over string categories
+    (passed through validation unparsed). The caller decides where the curator's outputs go
+    (the daily job collects them into one transaction; a distributed job writes them to its own
+    sinks).
     """
 
     def __init__(self, inputs: Sequence[str], *, window: WindowSpec, start_window: int, end_window: int,
@@ -586,10 +594,11 @@ class DailyReleases(beam.PTransform):
                  tracker_step: float, n_shards: int, previous_ledger: pa.Table | str, key_path: str,
                  accounting: str, key_fingerprint: str, previous_running: dict[str, pa.Table | str] | None = None,
                  previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None,
-                 releases_parquet: str | None = None) -> None:
+                 releases_parquet: str | None = None, category_columns: Sequence[str] = ()) -> None:
         super().__init__()
         self._read = ReadIndicators(inputs, window=window, start_window=start_window, end_window=end_window,
-                                    released=released, indicator_columns=indicator_columns)
+                                    released=released, indicator_columns=indicator_columns,
+                                    category_columns=category_columns)
         self._filter = IndividualFilter(plan=plan, indicator_columns=indicator_columns, noise_std=noise_std,
                                         policy=policy, budget=budget, id_type=id_type, tracker_step=tracker_step,
                                         n_shards=n_shards, previous_ledger=previous_ledger,

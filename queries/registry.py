@@ -114,7 +114,7 @@ class QueryRegistry:
 
         Refused (ValueError, nothing changed) when the id is already registered (a retired id
         stays taken: its releases keep its meaning), when the query reads a column the daily
-        input does not have as a numeric indicator (once a run has recorded them), when
+        input does not have, or of the wrong kind (once a run has recorded them), when
         ``effective_from`` is not after the last window released for any query (a released
         window never changes), or when the
         queries active together in some window from ``effective_from`` on would have more than
@@ -127,9 +127,9 @@ class QueryRegistry:
             raise ValueError(f"query_id {query.query_id!r} is already registered; pick another id "
                              "(a retired id stays taken: its releases keep its meaning)")
         self._refuse_released("effective_from", first)
-        columns = self._store.input_columns()
-        if columns is not None:  # the daily job recorded its input's numeric indicator columns
-            query.validate_against(columns)
+        schema = self._store.input_schema()
+        if schema is not None:  # the daily job recorded its input's columns
+            query.validate_against(schema)
         self._refuse_too_wide(query, first)
         self._in_transaction(
             "INSERT INTO query_registry (query_id, kind, spec_json, labels, description, effective_from) "

@@ -393,17 +393,24 @@ class ReleaseStore:
         rows = self._conn.execute("SELECT key, value FROM store_meta WHERE key LIKE 'promise_%'").fetchall()
         return {key.removeprefix("promise_"): value for key, value in rows}
 
-    def record_input_columns(self, columns: Sequence[str]) -> None:
-        """Record the numeric indicator columns of the daily input (public schema, no data) in
-        ``store_meta`` (key ``input_columns``, JSON), so that a query reading a column the input
-        does not have is refused when it is registered, not when the curator's job runs."""
+    def record_input_columns(self, numeric: Sequence[str], strings: Sequence[str] = ()) -> None:
+        """Record the daily input's columns (public schema, no data) in ``store_meta`` (key
+        ``input_columns``, JSON): its numeric indicator columns and its string columns (which
+        histograms over string categories read). A query reading a column the input does not
+        have, or of the wrong kind, is then refused when it is registered, not when the
+        curator's job runs."""
         self._conn.execute("INSERT OR REPLACE INTO store_meta (key, value) VALUES ('input_columns', ?)",
-                           [json.dumps(list(columns))])
+                           [json.dumps({"numeric": list(numeric), "string": list(strings)})])
 
-    def input_columns(self) -> list[str] | None:
-        """The indicator columns the last run read (None before the first run)."""
+    def input_schema(self) -> pa.Schema | None:
+        """The columns a query may read, as the last run saw them: numeric ones as float64 (as
+        validation leaves them), string ones as utf8. None before the first run."""
         value = self._meta("input_columns")
-        return None if value is None else list(json.loads(value))
+        if value is None:
+            return None
+        recorded = json.loads(value)
+        return pa.schema([(name, pa.float64()) for name in recorded.get("numeric", [])]
+                         + [(name, pa.string()) for name in recorded.get("string", [])])
 
     def key_fingerprint(self) -> str | None:
         """The fingerprint of the noise key of the releases here (None before the first publish)."""

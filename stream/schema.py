@@ -37,6 +37,12 @@ indicator columns
     then reject as ``non_finite_value``) and ``true``/``false``; an empty or blank string is a
     missing value (``null_value``); anything else rejects the row as ``wrong_type``.
 
+category columns (optional)
+    String columns named by ``category_columns=[...]`` (e.g. a plan tier ``'free'``/``'pro'``),
+    read by histogram queries over string categories: passed through as utf8, never parsed as
+    numbers; a null is kept (it falls in no bucket). A non-string category column is a
+    :class:`SchemaError`; so is a column named both as indicator and as category.
+
 A column of Arrow type ``null`` (all values missing, as CSV readers infer for an empty column)
 is accepted in every role and rejects all its rows. Dictionary-encoded columns are decoded.
 
@@ -48,7 +54,8 @@ missing, a repeated column name, or an indicator named ``window_id`` (reserved f
 Output (:class:`ValidatedBatch`)
 --------------------------------
 ``valid``: ``user_id`` (int64 or utf8, as the input), ``window_id`` (int64), then the
-indicator columns as float64 in input order; no nulls; rows in input order. See
+indicator columns as float64 in input order (no nulls), then the category columns (utf8);
+rows in input order. See
 :func:`valid_schema`.
 
 ``rejected``: ``row_index`` (int64, position in the input batch), ``reason`` (a
@@ -223,6 +230,7 @@ class ValidatedBatch:
     valid: pa.Table
     rejected: pa.Table
     indicator_columns: tuple[str, ...]
+    category_columns: tuple[str, ...] = ()
 
     @property
     def num_rows(self) -> int:
@@ -282,14 +290,18 @@ def indicator_schema(
     )
 
 
-def valid_schema(indicator_columns: Sequence[str], user_id_type: pa.DataType = pa.int64()) -> pa.Schema:
-    """Schema of :attr:`ValidatedBatch.valid`: user_id, window_id (int64), indicators (float64)."""
+def valid_schema(indicator_columns: Sequence[str], user_id_type: pa.DataType = pa.int64(),
+                 category_columns: Sequence[str] = ()) -> pa.Schema:
+    """Schema of :attr:`ValidatedBatch.valid`: user_id, window_id (int64), indicators (float64),
+    then category columns (utf8, nullable: a missing category is in no bucket)."""
     names = _check_indicator_names(indicator_columns, what="indicator_columns")
+    categories = _check_indicator_names(category_columns, what="category_columns")
     if user_id_type not in (pa.int64(), pa.string()):
         raise ValueError(f"user_id_type must be pa.int64() or pa.string(), got {user_id_type}")
     return pa.schema(
         [pa.field(USER_ID, user_id_type, nullable=False), pa.field(WINDOW_ID, pa.int64(), nullable=False)]
         + [pa.field(name, pa.float64(), nullable=False) for name in names]
+        + [pa.field(name, pa.string(), nullable=True) for name in categories]
     )
 
 
@@ -345,9 +357,11 @@ def _indicator_kind(t: pa.DataType) -> str | None:
 class _Layout:
     time_column: str
     indicators: tuple[str, ...]
+    categories: tuple[str, ...] = ()
 
 
-def _resolve_columns(schema: pa.Schema, indicator_columns: Sequence[str] | None) -> _Layout:
+def _resolve_columns(schema: pa.Schema, indicator_columns: Sequence[str] | None,
+                     category_columns: Sequence[str] = ()) -> _Layout:
     names = schema.names
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
@@ -382,8 +396,17 @@ def _resolve_columns(schema: pa.Schema, indicator_columns: Sequence[str] | None)
             f"expected {expected}"
         )
 
+    categories = _check_indicator_names(category_columns, what="category_columns")
+    for name in categories:
+        if name not in names:
+            raise SchemaError(f"category column {name!r} not in batch; columns found: {names}")
+        if not (_is_string(type_of(name)) or pa.types.is_null(type_of(name))):
+            raise SchemaError(
+                f"category column {name!r} has type {schema.field(name).type}; expected a string type "
+                "(a numeric category code is an indicator column: use a histogram over numbers)"
+            )
     if indicator_columns is None:
-        chosen = tuple(name for name in names if name not in (USER_ID, DAY, EVENT_TIME))
+        chosen = tuple(name for name in names if name not in (USER_ID, DAY, EVENT_TIME, *categories))
         if WINDOW_ID in chosen:
             raise SchemaError(
                 f"column {WINDOW_ID!r} ({schema.field(WINDOW_ID).type}) is reserved for the output; "
@@ -391,6 +414,9 @@ def _resolve_columns(schema: pa.Schema, indicator_columns: Sequence[str] | None)
             )
     else:
         chosen = _check_indicator_names(indicator_columns, what="indicator_columns")
+        both = sorted(set(chosen) & set(categories))
+        if both:
+            raise SchemaError(f"column(s) {both} named both as indicator and as category columns")
         missing = [name for name in chosen if name not in names]
         if missing:
             raise SchemaError(f"indicator column(s) {missing} not in batch; columns found: {names}")
@@ -402,7 +428,7 @@ def _resolve_columns(schema: pa.Schema, indicator_columns: Sequence[str] | None)
                 f"indicator column {name!r} has unsupported type {schema.field(name).type}; "
                 "expected an integer, float, bool, decimal or string type"
             )
-    return _Layout(time_column=time_column, indicators=chosen)
+    return _Layout(time_column=time_column, indicators=chosen, categories=categories)
 
 
 # --------------------------------------------------------------------------- small kernels
@@ -657,8 +683,12 @@ def validate_batch(
     start_window: int | None = None,
     end_window: int | None = None,
     indicator_columns: Sequence[str] | None = None,
+    category_columns: Sequence[str] = (),
 ) -> ValidatedBatch:
     """Split ``batch`` into valid rows and rejected rows with reasons (see the module docstring).
+
+    ``category_columns`` names string columns passed through unparsed (utf8, nulls kept: a
+    missing category counts in no bucket of a histogram); they are never indicator columns.
 
     ``start_window``/``end_window`` bound the accepted window ids, inclusive; rows outside are
     rejected as ``out_of_range_time``. Raises :class:`SchemaError` for whole-batch problems,
@@ -673,7 +703,7 @@ def validate_batch(
         raise ValueError(
             f"start_window must be <= end_window, got start_window={start}, end_window={end}"
         )
-    layout = _resolve_columns(table.schema, indicator_columns)
+    layout = _resolve_columns(table.schema, indicator_columns, category_columns)
     return _validate(table, layout, window, start, end)
 
 
@@ -685,6 +715,7 @@ def _validate(
     user_raw = _normalise(table.column(USER_ID))
     time_raw = _normalise(table.column(layout.time_column))
     ind_raw = [_normalise(table.column(name)) for name in layout.indicators]
+    cat_raw = [_normalise(table.column(name)) for name in layout.categories]
 
     users = _user_ids(user_raw, rej)
     seconds = _time_seconds(layout.time_column, time_raw, rej)
@@ -734,13 +765,16 @@ def _validate(
     keep = pa.array(rej.code == 0)
     valid = pa.Table.from_arrays(
         [users.filter(keep), pa.array(windows, pa.int64()).filter(keep)]
-        + [ind.values.filter(keep) for ind in parsed],
-        schema=valid_schema(layout.indicators, user_type),
+        + [ind.values.filter(keep) for ind in parsed]
+        + [pc.cast(cat, pa.string()).filter(keep) for cat in cat_raw],
+        schema=valid_schema(layout.indicators, user_type, layout.categories),
     )
     rejected = _rejected_table(
-        rej, [user_raw, time_raw, *ind_raw], [USER_ID, layout.time_column, *layout.indicators]
+        rej, [user_raw, time_raw, *ind_raw, *cat_raw],
+        [USER_ID, layout.time_column, *layout.indicators, *layout.categories],
     )
-    return ValidatedBatch(valid=valid, rejected=rejected, indicator_columns=layout.indicators)
+    return ValidatedBatch(valid=valid, rejected=rejected, indicator_columns=layout.indicators,
+                          category_columns=layout.categories)
 
 
 def _reject_duplicates(users: pa.Array, windows: np.ndarray, rej: _Rejections) -> None:

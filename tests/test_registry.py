@@ -4,6 +4,7 @@ analysts' views, the schema migration and `renyi-stream query`. Specs: tests/tes
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import duckdb
 import pyarrow as pa
@@ -397,11 +398,47 @@ def test_a_query_reading_a_column_the_daily_input_lacks_is_refused_at_registrati
     from queries.release_store import ReleaseStore
 
     with ReleaseStore(tmp_path / "s.duckdb") as store:
-        store.record_input_columns(["opened", "bought"])  # as the daily job does on every run
+        store.record_input_columns(["opened", "bought"], ["tier"])  # as the daily job does on every run
         registry = QueryRegistry(store)
         with pytest.raises(ValueError, match="unknown column"):
             registry.add(LinearQuery.columns("typo", ["opend"]), effective_from=5)
-        with pytest.raises(ValueError, match="string column"):  # the input has no string columns yet
+        with pytest.raises(ValueError, match="string column"):
             registry.add(LinearQuery.histogram("tiers", "opened", ["free", "pro"]), effective_from=5)
+        with pytest.raises(ValueError, match="numeric column"):
+            registry.add(LinearQuery.columns("sum:tier", ["tier"]), effective_from=5)
         registry.add(LinearQuery.columns("ok", ["opened"]), effective_from=5)
-        assert registry.list().column("query_id").to_pylist() == ["ok"]
+        registry.add(LinearQuery.histogram("tiers", "tier", ["free", "pro"]), effective_from=5)
+        assert registry.list().column("query_id").to_pylist() == ["ok", "tiers"]
+
+
+def _day_with_plan(tmp_path, offset, users, opened, plan):
+    path = tmp_path / f"plan-day{offset}.parquet"
+    pq.write_table(pa.table({
+        "user_id": pa.array(users, type=pa.int64()),
+        "day": pa.array([DAY0 + dt.timedelta(days=offset)] * len(users), type=pa.date32()),
+        "opened": pa.array(opened, type=pa.float64()),
+        "plan": pa.array(plan, type=pa.string()),
+    }), path)
+    return str(path)
+
+
+def test_a_histogram_over_a_string_column_of_the_input_is_answered_end_to_end(tmp_path):
+    from stream.noise import NoiseKey, gaussian_noise
+
+    day0 = _day_with_plan(tmp_path, 0, [1, 2, 3], [1, 1, 0], ["free", "pro", "free"])
+    run_job(_job(tmp_path, [day0], 0, 0))  # the string column is not an indicator: sum:opened only
+    with QueryRegistry(tmp_path / "s.duckdb") as registry:
+        assert registry.list().column("query_id").to_pylist() == ["sum:opened"]
+        registry.add(LinearQuery.histogram("plans", "plan", ["free", "pro"]), effective_from=W0 + 1)
+    # Four users; one has a plan outside the list and one a null plan: both count in no bucket.
+    day1 = _day_with_plan(tmp_path, 1, [1, 2, 3, 4, 5], [1, 0, 1, 1, 0], ["pro", "pro", "free", "team", None])
+    summary = run_job(_job(tmp_path, [day1], 1, 1))
+    assert summary.rejected == 0 and summary.admitted == 5
+    with ReleaseStore(tmp_path / "s.duckdb", read_only=True) as store:
+        rows = [r for r in store.read().to_pylist() if r["query_id"] == "plans"]
+        params = json.loads(json.dumps(store.promise()))
+    key = NoiseKey.load(tmp_path / "k.key")
+    noise_std = rows[0]["noise_std"]
+    noise = gaussian_noise(key, query_id="plans", window_id=W0 + 1, dim=2, noise_std=noise_std)
+    assert [r["label"] for r in rows] == ["plan=free", "plan=pro"] and params
+    assert [r["value"] - z for r, z in zip(rows, noise)] == pytest.approx([1.0, 2.0], abs=1e-9)

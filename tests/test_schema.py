@@ -801,3 +801,44 @@ def test_property_numeric_strings_never_raise_and_printed_floats_parse(values):
             if math.isfinite(expected) and i not in got:
                 position = int(np.searchsorted(valid_rows(result, n), i))
                 assert result.valid.column("a")[position].as_py() == expected
+
+
+# --------------------------------------------------------------------------- category columns
+
+
+def _with_plan(plan: pa.Array) -> pa.Table:
+    n = len(plan)
+    return pa.table({USER_ID: pa.array(range(n), pa.int64()), DAY: pa.array([dt.date(2024, 1, 1)] * n),
+                     "opened": pa.array([1.0] * n), "plan": plan})
+
+
+def test_category_columns_pass_through_as_utf8_with_nulls_kept():
+    plan = pa.array(["free", None, "pro", "free"]).dictionary_encode()
+    result = validate_batch(_with_plan(plan), category_columns=["plan"])
+    assert result.valid.schema == valid_schema(["opened"], pa.int64(), ["plan"])
+    assert result.valid.column("plan").to_pylist() == ["free", None, "pro", "free"]
+    assert result.indicator_columns == ("opened",) and result.category_columns == ("plan",)
+    assert result.rejected.num_rows == 0
+
+
+def test_a_category_column_is_never_parsed_as_a_number():
+    result = validate_batch(_with_plan(pa.array(["1.5", "abc"], pa.large_string())), category_columns=["plan"])
+    assert result.valid.column("plan").to_pylist() == ["1.5", "abc"] and result.rejected.num_rows == 0
+
+
+def test_a_rejected_rows_raw_json_carries_its_category():
+    table = _with_plan(pa.array(["pro", "free"])).set_column(0, USER_ID, pa.array([None, 1], pa.int64()))
+    result = validate_batch(table, category_columns=["plan"])
+    assert _strict_json(result.rejected.column("raw")[0].as_py())["plan"] == "pro"
+
+
+@pytest.mark.parametrize("category_columns, indicator_columns, message", [
+    (["opened"], None, "expected a string type"),
+    (["nosuch"], None, "not in batch"),
+    (["plan"], ["opened", "plan"], "both as indicator and as category"),
+    ([USER_ID], None, "reserved column"),
+])
+def test_bad_category_columns_are_schema_errors(category_columns, indicator_columns, message):
+    with pytest.raises(SchemaError, match=message):
+        validate_batch(_with_plan(pa.array(["pro", "free"])), category_columns=category_columns,
+                       indicator_columns=indicator_columns)
