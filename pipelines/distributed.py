@@ -154,6 +154,19 @@ def read_parquet(path: str) -> pa.Table:
     return pq.read_table(path)
 
 
+def write_parquet(path: str, table: pa.Table) -> None:
+    """Write ``table`` to ``path`` whole or not at all (a scratch name, then a rename; an object
+    store publishes an object only when its upload completes)."""
+    import pyarrow.fs as pafs
+
+    fs, inner = pafs.FileSystem.from_uri(path) if _is_uri(path) else (pafs.LocalFileSystem(), os.path.abspath(path))
+    folder = inner.rsplit("/", 1)[0]
+    fs.create_dir(folder, recursive=True)
+    scratch = f"{folder}/.{uuid.uuid4().hex}.tmp"
+    pq.write_table(table, scratch, filesystem=fs)
+    fs.move(scratch, inner)
+
+
 def resolve_inputs(patterns: Sequence[str]) -> list[dict]:
     """Every file the globs match, sorted by path, with size and modification time. A pattern
     that matches nothing is refused: a missing day must be noticed, not released as empty."""

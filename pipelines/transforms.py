@@ -79,9 +79,9 @@ class ReadAndValidate(beam.DoFn):
                                      end_window=self._end, indicator_columns=self._columns,
                                      category_columns=self._categories)
             if checked.rejected.num_rows:
-                yield beam.pvalue.TaggedOutput("dead", _dead_letters(path, offset, checked.rejected))
+                yield beam.pvalue.TaggedOutput("dead", dead_letters(path, offset, checked.rejected))
             valid = checked.valid
-            rows = pa.array(np.flatnonzero(_valid_mask(batch.num_rows, checked.rejected)) + offset, type=pa.int64())
+            rows = pa.array(np.flatnonzero(valid_mask(batch.num_rows, checked.rejected)) + offset, type=pa.int64())
             valid = valid.append_column(SOURCE, pa.array([file_index] * valid.num_rows, type=pa.int64()))
             valid = valid.append_column(ROW, rows)
             windows = valid.column(WINDOW_ID).to_numpy()
@@ -101,13 +101,13 @@ class ReadAndValidate(beam.DoFn):
             crash_point("while_reading")  # test-only: input read, nothing committed
 
 
-def _valid_mask(n: int, rejected: pa.Table) -> np.ndarray:
+def valid_mask(n: int, rejected: pa.Table) -> np.ndarray:
     mask = np.ones(n, dtype=bool)
     mask[rejected.column("row_index").to_numpy()] = False
     return mask
 
 
-def _dead_letters(path: str, offset: int, rejected: pa.Table) -> pa.Table:
+def dead_letters(path: str, offset: int, rejected: pa.Table) -> pa.Table:
     return pa.table({
         "source": pa.array([path] * rejected.num_rows, type=pa.string()),
         "row_index": pc.add(rejected.column("row_index"), offset).cast(pa.int64()),

@@ -7,7 +7,7 @@
 #   deploy/dataflow/launch.sh run 2026-03-01 none # the first day of a new ledger
 #   deploy/dataflow/launch.sh run 2026-03-02      # every later day (previous = the day before's output)
 #   deploy/dataflow/launch.sh status 2026-03-02   # the run's commit manifest, once it has committed
-#
+#   deploy/dataflow/launch.sh stream 2026-03-01 2026-12-31 [PREVIOUS_LEDGER_GLOB]  # streaming job
 # See deploy/README.md for what each step does and for the recovery rules.
 set -euo pipefail
 
@@ -35,8 +35,11 @@ NORM_BUDGET=30
 SHARDS=1024                           # >= 4 x total worker cores (deploy/README.md, capacity model)
 MAX_WORKERS=8                         # capacity model: a 100M-user day fits 8 x n2-standard-4
 MACHINE_TYPE=n2-standard-4
+SUBSCRIPTION=projects/${PROJECT}/subscriptions/renyi-indicators  # streaming: Arrow IPC messages
+COLUMNS=opened,bought                 # streaming: the indicator columns answered (window sums)
+KEY_FINGERPRINT=                      # streaming: the noise key's fingerprint (python -c "from stream.noise import NoiseKey; print(NoiseKey.load('noise.key').fingerprint)")
 
-usage() { sed -n '2,12p' "$0"; exit 2; }
+usage() { sed -n '2,11p' "$0"; exit 2; }
 
 setup() {
   local key_file=${1:?usage: launch.sh setup KEY_FILE (a 32-byte key: python -c "from stream.noise import NoiseKey; NoiseKey.load_or_create('noise.key')")}
@@ -90,6 +93,24 @@ run() {
     --parameters="^~^sdk_container_image=${HARNESS_IMAGE}~input=${INPUT_ROOT}/day=${day}/*.parquet~start=${day}~end=${day}~epsilon=${EPSILON}~delta=${DELTA}~norm_budget=${NORM_BUDGET}~releases_parquet=${RELEASES}~previous_ledger=${previous}~output=${output}~noise_key_secret=${NOISE_KEY_SECRET}~shards=${SHARDS}"
 }
 
+stream() {
+  local start=${1:?usage: launch.sh stream START END [PREVIOUS_LEDGER_GLOB|none]}
+  local end=${2:?usage: launch.sh stream START END [PREVIOUS_LEDGER_GLOB|none]}
+  local previous=${3:-none}
+  # Launched from here (not a Flex Template): python -m pipelines.streaming_job needs this
+  # repository installed with the same apache-beam as the harness image.
+  python -m pipelines.streaming_job --subscription "$SUBSCRIPTION" --timestamp-attribute event_time \
+    --columns "$COLUMNS" --start "$start" --end "$end" \
+    --epsilon "$EPSILON" --delta "$DELTA" --norm-budget "$NORM_BUDGET" --shards "$SHARDS" \
+    --releases-parquet "$RELEASES" --output "${CURATOR_BUCKET}/stream/${start}" --previous-ledger "$previous" \
+    --noise-key-secret "$NOISE_KEY_SECRET" --key-fingerprint "$KEY_FINGERPRINT" \
+    --runner DataflowRunner --streaming --enable_streaming_engine --project "$PROJECT" --region "$REGION" \
+    --temp_location "${TEMP_BUCKET}/tmp" --staging_location "${TEMP_BUCKET}/staging" \
+    --sdk_container_image "$HARNESS_IMAGE" --service_account_email "$SERVICE_ACCOUNT" \
+    --machine_type "$MACHINE_TYPE" --max_num_workers "$MAX_WORKERS" \
+    --job_name "renyi-stream-${start//-/}-$(date -u +%H%M%S)"
+}
+
 status() {
   local day=${1:?usage: launch.sh status YYYY-MM-DD}
   gcloud storage cat "${CURATOR_BUCKET}/runs/${day}/_COMMITTED.json"
@@ -100,5 +121,6 @@ case "${1:-}" in
   build) build ;;
   run) shift; run "$@" ;;
   status) shift; status "$@" ;;
+  stream) shift; stream "$@" ;;
   *) usage ;;
 esac

@@ -1,0 +1,348 @@
+"""The streaming job: indicator batches from an unbounded source, released window by window.
+
+::
+
+    python -m pipelines.streaming_job \\
+        --subscription projects/acme/subscriptions/indicators --timestamp-attribute event_time \\
+        --columns opened,bought --start 2026-03-01 --end 2026-12-31 \\
+        --epsilon 1 --delta 1e-6 --norm-budget 30 \\
+        --releases-parquet gs://acme-public/releases --output gs://acme-curator/stream \\
+        --noise-key-secret projects/acme/secrets/renyi-noise-key/versions/1 --key-fingerprint 0123abcd... \\
+        --runner DataflowRunner --streaming --enable_streaming_engine --project acme --region europe-west1 ...
+
+Source: a Pub/Sub subscription (``--subscription``) or, for a local run or a replay, files
+(``--replay FILE...``: each file is one message). A message's payload is one **Arrow IPC stream**
+of indicator rows (``user_id``, ``day`` or ``event_time``, the ``--columns``), as
+``pyarrow.ipc.new_stream`` writes it. Its element timestamp (Pub/Sub: the
+``--timestamp-attribute`` the producer sets, in milliseconds since the epoch or RFC 3339; a
+replay: its earliest row's window start) must not be later than any of its rows' event times,
+so that the watermark means "this window's rows are in"; a row that arrives after its shard
+charged its window is dead-lettered ``late_window`` and charges nobody, never released twice.
+
+The graph: decode and validate each message (:class:`DecodeAndValidate`; an undecodable message
+is one dead letter, rows that fail validation are dead letters with reasons) ->
+:class:`pipelines.streaming.StreamingReleases` (the individual filter per user shard in keyed
+state, a chained event-time timer per window end, a release once every shard has charged the
+window, keyed noise) -> public Parquet release files per window (first write wins) and, in the
+curator's ``--output``, a ledger snapshot per (window, shard), dead letters and counts.
+
+The schedule is finite (``--start..--end``); to go on, start a new job after ``--end`` with
+``--previous-ledger`` pointing at the last window's snapshots. The ledger lives in the runner's
+keyed state between (checkpointed by Flink, committed with each bundle by Dataflow's streaming
+engine); ``deploy/README.md`` has the recovery story.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import io
+import logging
+import sys
+from typing import Any, Iterator, Sequence, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+
+_root, _level = logging.getLogger(), logging.getLogger().level
+_root.setLevel(logging.ERROR)  # Beam's GCP extras warn at import when their optional clients are absent
+try:
+    import apache_beam as beam
+    from apache_beam.coders import PickleCoder
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+    from apache_beam.transforms.userstate import BagStateSpec
+    from apache_beam.transforms.window import TimestampedValue
+
+    from pipelines import distributed as dist
+    from pipelines import transforms as tx
+    from pipelines import worker_key
+    from pipelines.streaming import StreamingReleases
+finally:
+    _root.setLevel(_level)
+from pipelines.shard_state import PlannedQuery, QueryPlan
+from queries.linear import default_queries
+from stream.accounting import calibrate
+from stream.ledger import Ledger, Policy
+from stream.schema import WINDOW_ID, SchemaError, WindowSpec, validate_batch
+
+UNDECODABLE = "undecodable_message"
+
+
+def decode_message(payload: bytes) -> pa.Table:
+    """The rows of one message: an Arrow IPC stream. ValueError when it is not one."""
+    try:
+        return ipc.open_stream(io.BytesIO(payload)).read_all()
+    except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
+        raise ValueError(f"not an Arrow IPC stream: {str(exc).splitlines()[0][:200]}") from None
+
+
+def encode_message(table: pa.Table) -> bytes:
+    """``table`` as a message payload (what a producer publishes)."""
+    sink = io.BytesIO()
+    with ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def _message_parts(element: Any) -> tuple[str, bytes]:
+    """``(name, payload)`` of a Pub/Sub message (its id), a replayed ``(name, bytes)`` or bare bytes."""
+    if isinstance(element, tuple):
+        return str(element[0]), bytes(element[1])
+    if isinstance(element, (bytes, bytearray)):
+        return "sha256:" + hashlib.sha256(element).hexdigest()[:16], bytes(element)
+    name = getattr(element, "message_id", None) or "sha256:" + hashlib.sha256(element.data).hexdigest()[:16]
+    return str(name), bytes(element.data)
+
+
+def _source_number(name: str) -> int:
+    """A stable int64 for a message name: the tie-break of rows in one window (input position)."""
+    return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "big") >> 1
+
+
+class DecodeAndValidate(beam.DoFn):
+    """message -> validated rows (main: an Arrow table with the ``_source``/``_row`` input position)
+    and dead letters (tag ``dead``), so that every row of every message is one or the other.
+
+    With ``stamp`` the output is timestamped at its earliest window's start (replayed files
+    carry no event time of their own); otherwise it keeps the source's timestamp."""
+
+    def __init__(self, *, window: WindowSpec, end_window: int, indicator_columns: Sequence[str],
+                 stamp: bool = False) -> None:
+        self._window = window
+        self._end = end_window
+        self._columns = list(indicator_columns)
+        self._stamp = stamp
+
+    def process(self, element: Any) -> Iterator[Any]:
+        name, payload = _message_parts(element)
+        try:
+            table = decode_message(payload)
+            checked = validate_batch(table, window=self._window, end_window=self._end,
+                                     indicator_columns=self._columns)
+        except (ValueError, SchemaError) as exc:
+            yield beam.pvalue.TaggedOutput("dead", _undecodable(name, payload, str(exc)))
+            return
+        if checked.rejected.num_rows:
+            yield beam.pvalue.TaggedOutput("dead", tx.dead_letters(name, 0, checked.rejected))
+        valid = checked.valid
+        if not valid.num_rows:
+            return
+        rows = pa.array(np.flatnonzero(tx.valid_mask(table.num_rows, checked.rejected)), type=pa.int64())
+        valid = valid.append_column(tx.SOURCE, pa.array([_source_number(name)] * valid.num_rows, type=pa.int64()))
+        valid = valid.append_column(tx.ROW, rows)
+        if self._stamp:
+            first = int(pc.min(valid.column(WINDOW_ID)).as_py())
+            yield TimestampedValue(valid, self._window.window_start_seconds(first))
+        else:
+            yield valid
+
+
+def _undecodable(name: str, payload: bytes, why: str) -> pa.Table:
+    return pa.table({"source": [name], "row_index": pa.array([-1], type=pa.int64()), "reason": [UNDECODABLE],
+                     "detail": [why[:300]], "raw": [payload[:256].hex()]}, schema=tx.DEAD_LETTER_SCHEMA)
+
+
+class WriteTable(beam.DoFn):
+    """A curator table -> one Parquet file under ``root``, named by its content (a retried bundle
+    rewrites the same file, never a second copy); outputs the path."""
+
+    def __init__(self, root: str, folder: Any = None) -> None:
+        self._root = root
+        self._folder = folder  # element -> (sub-folder, table); None: the element is the table
+
+    def process(self, element: Any) -> Iterator[str]:
+        sub, table = self._folder(element) if self._folder else ("", element)
+        digest = hashlib.sha256(encode_message(table)).hexdigest()[:24]
+        path = dist.join(self._root, *([sub] if sub else []), f"{digest}.parquet")
+        dist.write_parquet(path, table)
+        yield path
+
+
+class WriteWindowFile(beam.DoFn):
+    """``(window_id, release row)`` keyed by window -> the window's public Parquet file, written
+    once all of its rows are in (``expected(window)`` of them: one per coordinate of each query
+    active in it), first write wins (:mod:`queries.release_files`).
+
+    A stateful step rather than a GroupByKey: a GroupByKey on an unbounded collection needs a
+    windowing and trigger, and the rows of a window are complete exactly when their count is."""
+
+    ROWS = BagStateSpec("rows", PickleCoder())
+
+    def __init__(self, root: str, expected: dict[int, int]) -> None:
+        self._root = root
+        self._expected = dict(expected)
+
+    def process(self, element: tuple[int, dict], rows: Any = beam.DoFn.StateParam(ROWS)) -> Iterator[str]:
+        from queries.release_files import write_release_file
+
+        window, row = element
+        rows.add(row)
+        buffered = list(rows.read())
+        if len(buffered) < self._expected[int(window)]:
+            return
+        rows.clear()
+        written = write_release_file(self._root, int(window), buffered)
+        if written is not None:
+            yield written
+
+
+def _ledger_file(item: tuple[int, int, pa.Table]) -> tuple[str, pa.Table]:
+    shard, window, table = item
+    return f"window_id={int(window)}/shard={int(shard)}", table
+
+
+def _counts_file(item: tuple[int, dict]) -> tuple[str, pa.Table]:
+    window, counts = item
+    row = {"window_id": int(window), **{k: int(v) for k, v in dict(counts).items()}}
+    return f"window_id={int(window)}", pa.Table.from_pylist([row])
+
+
+# --- launch ----------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.streaming_job", allow_abbrev=False,
+        description="The individual filter on an unbounded stream: Pub/Sub messages (Arrow IPC batches) in, "
+                    "Parquet releases per window out. Unknown options go to Beam (--runner, --streaming, ...).")
+    arg = parser.add_argument
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--subscription", help="Pub/Sub subscription (projects/P/subscriptions/S)")
+    source.add_argument("--replay", nargs="+", help="files of Arrow IPC stream messages, replayed in order")
+    arg("--timestamp-attribute", "--timestamp_attribute", dest="timestamp_attribute", default="event_time",
+        help="with --subscription: the message attribute holding its event time (default event_time)")
+    arg("--columns", required=True, help="indicator columns, comma-separated (one window-sum query each)")
+    arg("--start", required=True, help="first window of the public schedule (YYYY-MM-DD)")
+    arg("--end", required=True, help="last window of the public schedule (YYYY-MM-DD)")
+    arg("--epsilon", type=float, required=True, help="per-user epsilon (> 0)")
+    arg("--delta", type=float, required=True, help="per-user delta, in (0, 1)")
+    arg("--norm-budget", "--norm_budget", dest="norm_budget", type=float, required=True,
+        help="B, squared-norm budget per user (> 0)")
+    arg("--releases-parquet", "--releases_parquet", dest="releases_parquet", required=True,
+        help="public release root: <root>/window_id=<id>/releases.parquet")
+    arg("--output", required=True, help="curator-only root: ledger snapshots per window, dead letters, counts")
+    arg("--previous-ledger", "--previous_ledger", dest="previous_ledger", default="none",
+        help="Parquet files (a glob) of the ledger to continue from, e.g. the last window's snapshots of "
+             "an earlier job; 'none' for a new ledger")
+    arg("--noise-key", "--noise_key", dest="noise_key", help="noise key file, at this path on every worker")
+    arg("--noise-key-secret", "--noise_key_secret", dest="noise_key_secret",
+        help="Secret Manager version of the noise key, fetched by each worker")
+    arg("--key-fingerprint", "--key_fingerprint", dest="key_fingerprint",
+        help="the key's public fingerprint, when the launcher cannot (or should not) read the key")
+    arg("--window", default="1d", help="window length: 1d (default), 12h, 30m, 3600s")
+    arg("--policy", choices=["drop", "clip"], default="drop")
+    arg("--accounting", choices=["gdp", "zcdp-cks", "zcdp-thm49"], default="gdp")
+    arg("--shards", type=int, default=dist.DEFAULT_SHARDS, help="user shards of the filter")
+    return parser
+
+
+def _previous_ledger(pattern: str, template: pa.Table) -> pa.Table:
+    if pattern.lower() == "none":
+        return template.slice(0, 0)
+    (result,) = FileSystems.match([dist.absolute(pattern)])
+    if not result.metadata_list:
+        raise dist.RunRefused(f"--previous-ledger {pattern!r} matches no file")
+    parts = [dist.read_parquet(m.path).replace_schema_metadata(None).cast(template.schema.remove_metadata())
+             for m in sorted(result.metadata_list, key=lambda m: m.path)]
+    table = pa.concat_tables(parts).replace_schema_metadata(template.schema.metadata)
+    Ledger.from_arrow(table)  # refuses a user listed twice, budgets out of range, foreign metadata
+    return table
+
+
+def build(p: beam.Pipeline, args: argparse.Namespace) -> dict[str, Any]:
+    """Check the arguments and apply the streaming graph to ``p``; returns its PCollections.
+    Raises :class:`pipelines.distributed.RunRefused` (nothing built) when a check fails."""
+    spec = WindowSpec(length_seconds=dist._window_seconds(args.window))
+    start, end = dist._parse_day("start", args.start, spec), dist._parse_day("end", args.end, spec)
+    if start > end:
+        raise dist.RunRefused(f"start must not be after end, got {args.start} > {args.end}")
+    Policy(args.policy)
+    if not 1 <= args.shards <= 65_536:
+        raise dist.RunRefused(f"shards must be in [1, 65536], got {args.shards}")
+    columns = [c for c in args.columns.split(",") if c]
+    if not columns:
+        raise dist.RunRefused("--columns must name at least one indicator column")
+    key_path, fingerprint, _ = dist._key_fingerprint(args)
+    cal = calibrate(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget, accounting=args.accounting)
+    id_type = "int64"  # string ids: a later option; the validator keeps them, the ledger index takes both
+    template = Ledger(budget=cal.rho, id_type=id_type, tracker_step=cal.rho / 32.0).to_arrow()
+    releases = dist.absolute(args.releases_parquet)
+    released = sorted(dist.release_windows_present(releases))
+    previous = _previous_ledger(args.previous_ledger, template)
+    if released and previous.num_rows == 0:
+        raise dist.RunRefused(f"the releases under {releases} include window(s) {released[:5]} but no "
+                              "--previous-ledger was given: users would restart from zero budget")
+    if released and max(released) >= start:
+        raise dist.RunRefused(f"window {max(released)} under {releases} is already released; start after it")
+    plan = QueryPlan(tuple(PlannedQuery(q, start) for q in default_queries(columns)))
+
+    if args.subscription:
+        messages = p | "ReadPubSub" >> beam.io.ReadFromPubSub(
+            subscription=args.subscription, timestamp_attribute=args.timestamp_attribute, with_attributes=True)
+    else:
+        replay = [(path, FileSystems.open(path).read()) for path in args.replay]
+        messages = p | "Replay" >> beam.Create(replay)
+    decoded = messages | "DecodeAndValidate" >> beam.ParDo(
+        DecodeAndValidate(window=spec, end_window=end, indicator_columns=columns, stamp=not args.subscription)
+    ).with_outputs("dead", main="valid")
+    out = StreamingReleases(
+        window=spec, start_window=start, end_window=end, plan=plan, indicator_columns=columns,
+        noise_std=cal.noise_std, policy=args.policy, budget=cal.rho, id_type=id_type,
+        tracker_step=cal.rho / 32.0, n_shards=args.shards, key_path=key_path, accounting=cal.accounting,
+        key_fingerprint=fingerprint, previous_ledger=previous if previous.num_rows else None, released=released,
+        snapshot_every_window=True)
+    graph = decoded.valid | "StreamingReleases" >> out
+    expected = {w: sum(e.query.dim for e in plan.active(w)) for w in range(start, end + 1)}
+    release_files = (graph["releases"]
+                     | "ByWindow" >> beam.Map(lambda row: (int(row["window_id"]), row)).with_output_types(
+                         Tuple[int, Any])
+                     | "WriteReleaseFiles" >> beam.ParDo(WriteWindowFile(releases, expected)))
+    curator = dist.absolute(args.output)
+    dead = (decoded.dead, graph["dead"]) | "DeadLetters" >> beam.Flatten()
+    dead_files = dead | "WriteDead" >> beam.ParDo(WriteTable(dist.join(curator, "dead")))
+    ledger_files = graph["ledger"] | "WriteLedger" >> beam.ParDo(WriteTable(dist.join(curator, "ledger"),
+                                                                             _ledger_file))
+    count_files = graph["counts"] | "WriteCounts" >> beam.ParDo(WriteTable(dist.join(curator, "counts"),
+                                                                            _counts_file))
+    return {"releases": graph["releases"], "release_files": release_files, "dead_files": dead_files,
+            "ledger_files": ledger_files, "count_files": count_files, "dead": dead}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args, beam_args = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    logging.getLogger().setLevel(logging.ERROR)
+    flags = list(beam_args)
+    if not any(a.startswith("--runner") for a in flags):
+        flags += ["--runner=DirectRunner"]
+    try:
+        key_path = dist._key_fingerprint(args)[0]
+        if args.noise_key_secret:  # each worker fetches the key at start-up (pipelines.worker_key)
+            flags += [f"--{worker_key.SECRET_OPTION}={args.noise_key_secret}",
+                      f"--{worker_key.PATH_OPTION}={key_path}", f"--beam_plugins={worker_key.PLUGIN}"]
+        options = PipelineOptions(flags)
+        direct = "Direct" in str(options.view_as(StandardOptions).runner or "DirectRunner")
+        p = beam.Pipeline(options=options)
+        build(p, args)
+    except (dist.RunRefused, ValueError) as exc:
+        print(f"{parser.prog}: refused: {exc}", file=sys.stderr)
+        return 2
+    if args.noise_key_secret and direct:  # no worker start-up on the DirectRunner: fetch here
+        worker_key.materialise(args.noise_key_secret, key_path)
+    result = p.run()
+    if not direct:
+        print(f"[streaming] submitted at {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}",
+              file=sys.stderr)
+        return 0
+    result.wait_until_finish()
+    print(f"[streaming] done: releases under {dist.absolute(args.releases_parquet)}, curator files under "
+          f"{dist.absolute(args.output)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""The streaming entry point (issue 5): Arrow IPC messages in, Parquet releases per window out.
+
+Replayed on the DirectRunner it gives the releases and the ledger ``renyi-stream run`` gives on
+the same rows and key; with a Pub/Sub source its graph constructs under Dataflow's streaming
+options, round-trips the portable proto and keys its state with deterministic coders; bad
+messages are dead letters with reasons, and a job that would restart users from zero is refused.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from pathlib import Path
+
+import apache_beam as beam
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.portability.api import beam_runner_api_pb2
+from apache_beam.runners import pipeline_context
+
+from pipelines import streaming_job as sj
+from pipelines.daily_job import JobConfig, run_job
+from stream.noise import NoiseKey
+
+DAY0 = dt.date(2026, 3, 1)
+W0 = (DAY0 - dt.date(1970, 1, 1)).days
+EPSILON, DELTA, NORM_BUDGET = 1.0, 1e-6, 2.0
+
+
+def _rows(day: int, users, seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed + day)
+    n = len(users)
+    return pa.table({"user_id": pa.array(users, type=pa.int64()),
+                     "day": pa.array([DAY0 + dt.timedelta(days=day)] * n, type=pa.date32()),
+                     "opened": pa.array((rng.random(n) < 0.5).astype(np.float64)),
+                     "bought": pa.array(rng.random(n) * 1.5)})
+
+
+@pytest.fixture
+def days(tmp_path):
+    """Three days of 120 of 200 users: Arrow IPC messages (two per day) and the same rows as Parquet."""
+    rng = np.random.default_rng(11)
+    messages, files = [], []
+    for d in range(3):
+        table = _rows(d, rng.choice(200, 120, replace=False), seed=5)
+        files.append(str(tmp_path / f"day-{d}.parquet"))
+        pq.write_table(table, files[-1])
+        for k, part in enumerate((table.slice(0, 60), table.slice(60))):
+            path = tmp_path / "messages" / f"day-{d}-{k}.arrows"
+            path.parent.mkdir(exist_ok=True)
+            path.write_bytes(sj.encode_message(part))
+            messages.append(str(path))
+    return messages, files
+
+
+def _key(tmp_path) -> str:
+    path = tmp_path / "key" / "noise.key"
+    NoiseKey.load_or_create(path)
+    return str(path)
+
+
+def _args(tmp_path, source: list[str], *extra: str) -> list[str]:
+    return [*source, "--columns", "opened,bought", "--start", "2026-03-01", "--end", "2026-03-03",
+            "--epsilon", str(EPSILON), "--delta", str(DELTA), "--norm-budget", str(NORM_BUDGET),
+            "--releases-parquet", str(tmp_path / "public"), "--output", str(tmp_path / "curator"),
+            "--noise-key", _key(tmp_path), "--shards", "3", *extra]
+
+
+def test_a_replayed_stream_gives_the_releases_and_ledger_of_renyi_stream_run(tmp_path, days):
+    messages, files = days
+    assert sj.main(_args(tmp_path, ["--replay", *messages])) == 0
+    run_job(JobConfig(inputs=tuple(files), store=str(tmp_path / "s.duckdb"), ledger=str(tmp_path / "l.duckdb"),
+                      epsilon=EPSILON, delta=DELTA, norm_budget=NORM_BUDGET, start_window=W0, end_window=W0 + 2,
+                      key_path=_key(tmp_path), n_shards=5))
+    con = duckdb.connect(str(tmp_path / "s.duckdb"), read_only=True)
+    batch = con.execute("SELECT query_id, window_id, coordinate, value, noise_std FROM releases ORDER BY 1, 2, 3"
+                        ).fetchall()
+    local_ledger = con.execute("SELECT 1").fetchall() and duckdb.connect(str(tmp_path / "l.duckdb"), read_only=True
+                                                                         ).execute(
+        "SELECT user_id, used FROM ledger ORDER BY user_id").fetchall()
+    streamed = duckdb.sql(f"SELECT query_id, window_id, coordinate, value, noise_std FROM read_parquet("
+                          f"'{tmp_path / 'public'}/*/*.parquet', hive_partitioning = true) ORDER BY 1, 2, 3").fetchall()
+    assert len(streamed) == len(batch) == 2 * 3
+    for s, b in zip(streamed, batch):
+        assert s[:3] == b[:3] and s[4] == b[4] and s[3] == pytest.approx(b[3], rel=1e-12, abs=1e-9)
+    last = tmp_path / "curator" / "ledger" / f"window_id={W0 + 2}"
+    ledger = pa.concat_tables([pq.read_table(f) for f in sorted(last.glob("shard=*/*.parquet"))]).sort_by("user_id")
+    assert list(zip(ledger.column("user_id").to_pylist(), ledger.column("used").to_pylist())) == local_ledger
+
+
+def test_bad_messages_and_rows_are_dead_letters_with_reasons(tmp_path, days):
+    messages, _ = days
+    garbage = tmp_path / "messages" / "garbage.arrows"
+    garbage.write_bytes(b"not arrow at all")
+    bad_rows = _rows(0, [1, 2], seed=0).set_column(2, "opened", pa.array([float("nan"), 1.0]))
+    nan = tmp_path / "messages" / "nan.arrows"
+    nan.write_bytes(sj.encode_message(bad_rows))
+    assert sj.main(_args(tmp_path, ["--replay", str(garbage), str(nan), *messages[:2]])) == 0
+    dead = pa.concat_tables([pq.read_table(f) for f in (tmp_path / "curator" / "dead").glob("*.parquet")])
+    reasons = sorted(dead.column("reason").to_pylist())
+    assert sj.UNDECODABLE in reasons and "non_finite_value" in reasons
+    assert dead.filter(pa.compute.equal(dead.column("reason"), sj.UNDECODABLE)).column("source").to_pylist() == [
+        str(garbage)]
+
+
+def test_a_stream_over_releases_without_a_previous_ledger_is_refused(tmp_path, days, capsys):
+    messages, _ = days
+    assert sj.main(_args(tmp_path, ["--replay", *messages[:2]])) == 0
+    args = _args(tmp_path, ["--replay", *messages[2:]])
+    args[args.index("--start") + 1] = "2026-03-02"
+    assert sj.main(args) == 2
+    assert "restart from zero budget" in capsys.readouterr().err
+
+
+def _pubsub_graph(tmp_path) -> beam.Pipeline:
+    logging.getLogger().setLevel(logging.ERROR)
+    options = PipelineOptions(["--runner=DataflowRunner", "--streaming", "--project=my-project-123",
+                               "--region=europe-west1", "--temp_location=gs://my-bucket-renyi/tmp",
+                               "--staging_location=gs://my-bucket-renyi/staging"])
+    p = beam.Pipeline(options=options)
+    args, _ = sj._parser().parse_known_args(_args(
+        tmp_path, ["--subscription", "projects/my-project-123/subscriptions/indicators"]))
+    sj.build(p, args)
+    return p
+
+
+def test_the_pubsub_graph_constructs_for_dataflow_streaming_and_round_trips_the_portable_proto(tmp_path):
+    p = _pubsub_graph(tmp_path)
+    proto = p.to_runner_api()
+    names = {t.unique_name for t in proto.components.transforms.values()}
+    assert any("ReadPubSub" in n for n in names) and any("StreamingFilter" in n for n in names)
+    again = beam.Pipeline.from_runner_api(proto, p.runner, p._options).to_runner_api()
+    assert {t.unique_name for t in again.components.transforms.values()} == names
+    context = pipeline_context.PipelineContext(proto.components)
+    stateful = 0
+    for t in proto.components.transforms.values():
+        if t.spec.urn != "beam:transform:pardo:v1":
+            continue
+        payload = beam_runner_api_pb2.ParDoPayload.FromString(t.spec.payload)
+        if payload.state_specs or payload.timer_family_specs:
+            (pcoll,) = [v for k, v in t.inputs.items() if k not in payload.side_inputs]
+            kv = proto.components.coders[proto.components.pcollections[pcoll].coder_id]
+            assert context.coders.get_by_id(kv.component_coder_ids[0]).is_deterministic(), t.unique_name
+            stateful += 1
+    assert stateful >= 2  # the filter (keyed by shard) and the release (keyed by window)
+
+
+def test_every_option_of_the_dataflow_stream_command_is_known_to_the_job_or_to_beam():
+    import re
+
+    script = (Path(__file__).resolve().parents[1] / "deploy" / "dataflow" / "launch.sh").read_text()
+    body = script[script.index("stream() {"):script.index("status() {")]
+    options = set(re.findall(r"(--[a-z][a-z0-9_-]+)", body))
+    ours = {s for action in sj._parser()._actions for s in action.option_strings}
+    beam_options = {f"--{name}" for name in PipelineOptions([]).get_all_options()}
+    unknown = sorted(o for o in options if o not in ours and o not in beam_options)
+    assert not unknown, f"launch.sh stream passes options nobody reads: {unknown}"
+    assert {"--subscription", "--streaming", "--enable_streaming_engine", "--noise-key-secret"} <= options
