@@ -182,6 +182,9 @@ def _run_command(args: argparse.Namespace) -> int:
     if os.path.abspath(args.store) == os.path.abspath(args.ledger):
         raise _UsageError(f"--store and --ledger must be two files (the public releases, the curator's private "
                           f"ledger), got {args.store} for both")
+    if args.strategy is not None and args.release != "running":
+        raise _UsageError(f"--strategy applies only to --release running, got --strategy {args.strategy} "
+                          f"with --release {args.release}")
     beam_args = list(args.beam_args)
     if not any(a.startswith("--runner") for a in beam_args):
         beam_args.append(f"--runner={args.runner}")
@@ -193,6 +196,7 @@ def _run_command(args: argparse.Namespace) -> int:
             delta=args.delta, norm_budget=args.norm_budget, start_window=start, end_window=end, window=spec,
             policy=args.policy, accounting=args.accounting, key_path=args.key, n_shards=args.shards,
             beam_args=tuple(beam_args), releases_parquet=args.releases_parquet, release=args.release,
+            strategy=args.strategy,
         )
     except ValueError as exc:
         raise _UsageError(str(exc)) from exc
@@ -288,6 +292,9 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--release", choices=("window", "running"), default="window",
                      help="on a store with no registered query: answer each numeric column as its per-window "
                      "sum (window, default) or as its running total since --start (running)")
+    run.add_argument("--strategy", choices=("sqrt", "tree"), default=None,
+                     help="with --release running: the factorisation of those running totals, sqrt "
+                     "(square-root, default) or tree (binary tree with least squares)")
     run.add_argument("--runner", default="DirectRunner", help="Beam runner (default DirectRunner)")
     run.add_argument("--quiet", action="store_true", help="no progress lines")
     run.set_defaults(handler=_run_command)

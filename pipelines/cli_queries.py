@@ -69,7 +69,10 @@ def _query_from_args(args: argparse.Namespace) -> Any:
     if len(chosen) != 1:
         raise _Usage("give exactly one of --columns, --histogram, --clamp, --weighted"
                      + (f" (got {', '.join(chosen)})" if chosen else ""))
-    common = {"kind": args.kind, "description": args.description or ""}
+    if args.strategy is not None and args.kind != "running":
+        raise _Usage(f"--strategy applies only to --kind running, got --strategy {args.strategy} "
+                     f"with --kind {args.kind}")
+    common = {"kind": args.kind, "description": args.description or "", "strategy": args.strategy}
     if args.columns:
         return LinearQuery.columns(args.id, _split("--columns", args.columns), **common)
     if args.histogram:
@@ -223,6 +226,9 @@ def add_query_subcommands(sub: Any) -> None:
     add.add_argument("--weighted", metavar="COL=W,...", help="one coordinate: sum of weight * column")
     add.add_argument("--kind", choices=("window", "running"), default="window",
                      help="window: each window's own sum (default); running: the total since --from")
+    add.add_argument("--strategy", choices=("sqrt", "tree"), default=None,
+                     help="with --kind running: the factorisation it is released through: sqrt (square-root "
+                     "factorisation, default) or tree (binary tree with least squares)")
     add.add_argument("--description", default="", help="public description")
     add.add_argument("--from", dest="start", required=True, help="first window answered (YYYY-MM-DD or window id)")
     add.add_argument("--window", default="1d", help="window length, as given to renyi-stream run (default 1d)")

@@ -62,6 +62,7 @@ class JobConfig:
     beam_args: tuple[str, ...] = ()
     releases_parquet: str | None = None  # also write releases as Parquet files under this root
     release: str = "window"  # kind of the default per-column queries: "window" or "running"
+    strategy: str | None = None  # strategy of default running queries: "sqrt" (None) or "tree"
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -73,6 +74,9 @@ class JobConfig:
         Policy(self.policy)
         if self.release not in ("window", "running"):
             raise ValueError(f"release must be 'window' or 'running', got release={self.release!r}")
+        if self.strategy is not None and (self.release != "running" or self.strategy not in ("sqrt", "tree")):
+            raise ValueError(f"strategy must be 'sqrt' or 'tree', and only with release='running', got "
+                             f"strategy={self.strategy!r} with release={self.release!r}")
         if not 1 <= self.n_shards <= 4096:
             raise ValueError(f"n_shards must be in [1, 4096], got n_shards={self.n_shards}")
         calibrate(epsilon=self.epsilon, delta=self.delta, norm_budget=self.norm_budget, accounting=self.accounting)
@@ -288,7 +292,7 @@ def _query_plan(store: ReleaseStore, config: JobConfig, columns: list[str], prev
             say(f"[run] query {query_id!r} was registered from window {old}, which an interrupted run had already "
                 f"answered without it; it now starts at window {new}")
     if to_release and registry.list().num_rows == 0:
-        for query in default_queries(columns, kind=config.release):
+        for query in default_queries(columns, kind=config.release, strategy=config.strategy):
             registry.add(query, effective_from=min(to_release))
     if not to_release:
         return QueryPlan(())

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stream.continual.running import RunningQuery, RunningState
-from stream.continual.strategies import SquareRootFactorization
+from stream.continual.strategies import Strategy, strategy_by_name
 from stream.ledger import ADMITTED, STATUS_NAMES, Ledger
 from stream.schema import USER_ID
 
@@ -96,10 +96,10 @@ class QueryPlan:
         raise KeyError(query_id)
 
     def running_query(self, query_id: str, noise_std: float) -> RunningQuery:
-        """The mechanism of a running query: square-root factorisation from its first window."""
+        """The mechanism of a running query: its registered strategy from its first window."""
         entry = self.get(query_id)
         return RunningQuery(query_id=entry.query_id, dim=entry.query.dim, start_window=entry.first_window,
-                            noise_std=noise_std, strategy=SquareRootFactorization())
+                            noise_std=noise_std, strategy=running_strategy(entry.query))
 
 
 @dataclass(frozen=True)
@@ -123,11 +123,15 @@ class ShardState:
         self.plan = plan
         self.ledger = ledger
         self.running = dict(running or {})
+        for entry in plan.running:
+            state = self.running.get(entry.query_id)
+            if state is not None:
+                _refuse_a_strategy_mismatch(entry, state)
 
     def _running_state(self, entry: PlannedQuery) -> RunningState:
         state = self.running.get(entry.query_id)
         if state is None:
-            state = RunningState(strategy=SquareRootFactorization(), dim=entry.query.dim,
+            state = RunningState(strategy=running_strategy(entry.query), dim=entry.query.dim,
                                  start_window=entry.first_window, id_type=self.ledger.id_type)
             self.running[entry.query_id] = state
         return state
@@ -198,6 +202,24 @@ class ShardState:
         tally = np.bincount(status.astype(np.int64), minlength=len(STATUS_NAMES))
         counts = {name: int(tally[i]) for i, name in enumerate(STATUS_NAMES)}
         return WindowCharge(window_id=window_id, sums=sums, counts=counts)
+
+
+def running_strategy(query: Any) -> Strategy:
+    """The strategy object of a running query: its registered ``strategy`` name (``sqrt`` for a
+    query object without one)."""
+    return strategy_by_name(getattr(query, "strategy", None) or "sqrt")
+
+
+def _refuse_a_strategy_mismatch(entry: PlannedQuery, state: RunningState) -> None:
+    """A stored history made under one strategy cannot continue under another: the queries
+    already charged and released would not be the rows of the registered query's ``C``, and the
+    running totals would post-process releases of a different mechanism."""
+    expected = running_strategy(entry.query)
+    if state.strategy != expected:
+        raise ValueError(
+            f"running query {entry.query_id!r} is registered with strategy {expected.spec()} but its stored "
+            f"running state (ledger database) was made with strategy {state.strategy.spec()}: refusing to "
+            "continue it. Use the ledger and release store that belong together, or register a new query id")
 
 
 def _as_state_ids(ids: pa.Array, state: RunningState) -> Any:

@@ -19,7 +19,10 @@ Specs (``spec["type"]``):
 
 ``kind`` is ``window`` (each window's own sum) or ``running`` (the running total from the
 query's first window, through a streaming matrix mechanism; see :mod:`stream.continual`). Here it
-is metadata: it is validated and round-trips through JSON, and the pipeline acts on it.
+is metadata: it is validated and round-trips through JSON, and the pipeline acts on it. A running
+query also names its ``strategy``, the factorisation of the prefix-sum matrix it is released
+through: ``sqrt`` (default, the square-root factorisation) or ``tree`` (binary tree with
+least-squares post-processing); specs written before strategies existed load as ``sqrt``.
 
 Every constructor validates the whole spec (empty lists, repeated columns or categories,
 repeated labels, ``dim > MAX_DIM``, ``lo >= hi``, non-finite numbers, bad ids), so a
@@ -43,6 +46,9 @@ from stream.accounting.gaussian import MAX_DIM
 from stream.schema import DAY, EVENT_TIME, USER_ID, WINDOW_ID
 
 KINDS = ("window", "running")
+#: Strategies of a running query (names of :func:`stream.continual.strategy_by_name`).
+STRATEGIES = ("sqrt", "tree")
+DEFAULT_STRATEGY = "sqrt"
 TYPES = ("columns", "histogram", "clamp", "weighted")
 
 #: Longest query id. Default ids are ``sum:<column>`` / ``running:<column>`` and a column name
@@ -54,7 +60,7 @@ MAX_NAME = 128
 RESERVED_COLUMNS = (USER_ID, WINDOW_ID, DAY, EVENT_TIME)
 _SPEC_KEYS = {"columns": {"columns"}, "histogram": {"column", "categories"}, "clamp": {"column", "lo", "hi"},
               "weighted": {"weights"}}
-_JSON_KEYS = {"query_id", "kind", "description", "spec"}
+_JSON_KEYS = {"query_id", "kind", "description", "spec", "strategy"}
 # Characters kept out of ids: brackets name the coordinates of a multi-coordinate query in the
 # releases_wide view (``query_id[label]``).
 _ID_FORBIDDEN = "[]"
@@ -62,21 +68,25 @@ _ID_FORBIDDEN = "[]"
 
 @dataclass(frozen=True)
 class LinearQuery:
-    """One registered query: ``query_id``, ``spec`` (what it computes), ``kind`` and a public
-    ``description``. Construct with :meth:`columns`, :meth:`histogram`, :meth:`clamp`,
-    :meth:`weighted`, :meth:`from_json` or directly from a spec mapping; every constructor
-    validates and stores the spec in canonical form (so equal specs compare and hash equal)."""
+    """One registered query: ``query_id``, ``spec`` (what it computes), ``kind``, a public
+    ``description`` and, for a running query, its ``strategy`` (``"sqrt"`` when not given; a
+    window query has ``strategy=None`` and refuses any other). Construct with :meth:`columns`,
+    :meth:`histogram`, :meth:`clamp`, :meth:`weighted`, :meth:`from_json` or directly from a
+    spec mapping; every constructor validates and stores the spec in canonical form (so equal
+    specs compare and hash equal)."""
 
     query_id: str
     spec: Mapping[str, Any]
     kind: str = "window"
     description: str = ""
+    strategy: str | None = None
     _labels: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check_id(self.query_id)
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got kind={self.kind!r}")
+        object.__setattr__(self, "strategy", _strategy(self.kind, self.strategy))
         if not isinstance(self.description, str) or len(self.description) > 2000:
             raise ValueError(f"description must be a string of at most 2000 characters, got "
                              f"{type(self.description).__name__} of length {len(str(self.description))}")
@@ -194,10 +204,13 @@ class LinearQuery:
     # -- serialisation --------------------------------------------------------------------------
 
     def to_json(self) -> str:
-        """Canonical JSON (sorted keys, no spaces): the same query always serialises identically."""
-        return json.dumps({"query_id": self.query_id, "kind": self.kind, "description": self.description,
-                           "spec": _jsonable(self.spec)}, sort_keys=True, separators=(",", ":"),
-                          ensure_ascii=True, allow_nan=False)
+        """Canonical JSON (sorted keys, no spaces): the same query always serialises identically.
+        A running query's ``strategy`` is always written; a window query has none."""
+        data = {"query_id": self.query_id, "kind": self.kind, "description": self.description,
+                "spec": _jsonable(self.spec)}
+        if self.strategy is not None:
+            data["strategy"] = self.strategy
+        return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "LinearQuery":
@@ -212,7 +225,7 @@ class LinearQuery:
         if unknown:
             raise ValueError(f"not a query spec: unknown key(s) {unknown}; expected {sorted(_JSON_KEYS)}")
         return cls(data["query_id"], data["spec"], kind=data.get("kind", "window"),
-                   description=data.get("description", ""))
+                   description=data.get("description", ""), strategy=data.get("strategy"))
 
     # -- private ----------------------------------------------------------------------------------
 
@@ -265,17 +278,19 @@ class LinearQuery:
         return out
 
 
-def default_queries(columns: Sequence[str], *, kind: str = "window") -> list[LinearQuery]:
+def default_queries(columns: Sequence[str], *, kind: str = "window",
+                    strategy: str | None = None) -> list[LinearQuery]:
     """The defaults, one per numeric indicator column ``c`` in the order given: its per-window
     sum, id ``sum:c`` (``kind="window"``), or its running total, id ``running:c``
-    (``kind="running"``); one coordinate labelled ``c``. Existing stores use these ids: they
-    never change."""
+    (``kind="running"``, released through ``strategy``, default ``sqrt``); one coordinate
+    labelled ``c``. Existing stores use these ids: they never change."""
     prefix = {"window": "sum", "running": "running"}.get(kind)
     if prefix is None:
         raise ValueError(f"kind must be one of {KINDS}, got kind={kind!r}")
     if isinstance(columns, (str, bytes)):
         raise ValueError(f"columns must be a sequence of column names, got the string {columns!r}")
-    return [LinearQuery.columns(f"{prefix}:{c}", [c], kind=kind,
+    strategy = _strategy(kind, strategy)
+    return [LinearQuery.columns(f"{prefix}:{c}", [c], kind=kind, strategy=strategy,
                                 description=f"{'daily sum' if kind == 'window' else 'running total'} of {c}")
             for c in columns]
 
@@ -289,6 +304,21 @@ def _check_id(value: Any) -> None:
     if not ok:
         raise ValueError(f"query_id must be 1 to {MAX_ID} printable characters, without surrounding whitespace "
                          f"or brackets (e.g. 'sum:opened', 'tiers'), got query_id={value!r}"[:400])
+
+
+def _strategy(kind: str, value: Any) -> str | None:
+    """The strategy of a ``kind`` query: ``sqrt`` when a running query names none; ``None`` for a
+    window query, which refuses one (its sums are released as they are)."""
+    if kind != "running":
+        if value is not None:
+            raise ValueError(f"strategy applies only to running queries (kind='running'), got "
+                             f"strategy={value!r} with kind={kind!r}"[:300])
+        return None
+    if value is None:
+        return DEFAULT_STRATEGY
+    if not isinstance(value, str) or value not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got strategy={value!r}"[:300])
+    return value
 
 
 def _column_kind(t: pa.DataType) -> str | None:
@@ -401,4 +431,5 @@ def _jsonable(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {key: list(value) if isinstance(value, tuple) else value for key, value in spec.items()}
 
 
-__all__ = ["KINDS", "MAX_ID", "RESERVED_COLUMNS", "TYPES", "LinearQuery", "default_queries"]
+__all__ = ["DEFAULT_STRATEGY", "KINDS", "MAX_ID", "RESERVED_COLUMNS", "STRATEGIES", "TYPES", "LinearQuery",
+           "default_queries"]

@@ -1,0 +1,309 @@
+"""The strategy of a running query (issue 9): chosen per query (``sqrt`` by default, or ``tree``),
+kept in the query registry, built by the pipeline from it, checked against the stored running
+state, and released end to end on the Beam DirectRunner with DuckDB stores."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.cli import main
+from pipelines.shard_state import PlannedQuery, QueryPlan, ShardState
+from queries.linear import LinearQuery, default_queries
+from queries.registry import QueryRegistry
+from queries.release_store import ReleaseStore
+from stream.accounting import calibrate
+from stream.continual.running import RunningState
+from stream.continual.strategies import BinaryTree, SquareRootFactorization
+from stream.ledger import Ledger
+
+DAY0 = dt.date(2026, 3, 1)
+W0 = (DAY0 - dt.date(1970, 1, 1)).days
+USERS = 40
+DAYS = 20
+EPSILON, DELTA, NORM_BUDGET = 1.0, 1e-5, 2000.0
+
+
+# --- the query spec ------------------------------------------------------------------------------
+
+
+def test_a_running_query_defaults_to_sqrt_and_a_window_query_has_no_strategy():
+    assert LinearQuery.columns("r", ["x"], kind="running").strategy == "sqrt"
+    assert LinearQuery.columns("w", ["x"]).strategy is None
+    assert LinearQuery.columns("r", ["x"], kind="running") == LinearQuery.columns("r", ["x"], kind="running",
+                                                                                 strategy="sqrt")
+    assert LinearQuery.columns("r", ["x"], kind="running", strategy="tree") != \
+        LinearQuery.columns("r", ["x"], kind="running")
+
+
+@pytest.mark.parametrize("query", [
+    LinearQuery.columns("r", ["x"], kind="running", strategy="tree"),
+    LinearQuery.columns("r", ["x"], kind="running"),
+    LinearQuery.histogram("h", "tier", [0, 1], kind="running", strategy="tree"),
+    LinearQuery.columns("w", ["x"]),
+], ids=["tree", "sqrt", "histogram-tree", "window"])
+def test_the_strategy_round_trips_through_json(query):
+    back = LinearQuery.from_json(query.to_json())
+    assert back == query and back.strategy == query.strategy and back.to_json() == query.to_json()
+    assert json.loads(query.to_json()).get("strategy") == query.strategy
+
+
+def test_a_window_query_json_has_no_strategy_key():
+    # Stores hold this text: a window query's JSON is unchanged by strategies.
+    assert "strategy" not in json.loads(LinearQuery.columns("w", ["x"]).to_json())
+
+
+def test_a_stored_running_spec_without_a_strategy_loads_as_sqrt():
+    old = ('{"description":"running total of x","kind":"running","query_id":"running:x",'
+           '"spec":{"columns":["x"],"type":"columns"}}')
+    query = LinearQuery.from_json(old)
+    assert query.strategy == "sqrt" and query == default_queries(["x"], kind="running")[0]
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: LinearQuery.columns("r", ["x"], kind="running", strategy="fft"), "strategy must be one of"),
+    (lambda: LinearQuery.columns("r", ["x"], kind="running", strategy=3), "strategy must be one of"),
+    (lambda: LinearQuery.columns("r", ["x"], kind="running", strategy="window_sums"), "strategy must be one of"),
+    (lambda: LinearQuery.columns("w", ["x"], strategy="tree"), "strategy applies only to running"),
+    (lambda: LinearQuery.columns("w", ["x"], strategy="sqrt"), "strategy applies only to running"),
+    (lambda: LinearQuery.from_json('{"query_id":"r","kind":"running","spec":{"type":"columns","columns":["x"]},'
+                                   '"strategy":"Tree"}'), "strategy must be one of"),
+    (lambda: default_queries(["x"], strategy="tree"), "strategy applies only to running"),
+    (lambda: default_queries(["x"], kind="running", strategy="dense"), "strategy must be one of"),
+])
+def test_a_bad_strategy_is_refused_naming_the_parameter(build, message):
+    with pytest.raises(ValueError, match=message) as info:
+        build()
+    assert "strategy=" in str(info.value)
+
+
+def test_default_running_queries_take_the_strategy():
+    assert {q.strategy for q in default_queries(["a", "b"], kind="running", strategy="tree")} == {"tree"}
+    assert {q.strategy for q in default_queries(["a"], kind="running")} == {"sqrt"}
+
+
+def test_the_registry_keeps_each_query_s_strategy(tmp_path):
+    with QueryRegistry(tmp_path / "s.duckdb") as registry:
+        registry.add(LinearQuery.columns("t", ["x"], kind="running", strategy="tree"), effective_from=5)
+        registry.add(LinearQuery.columns("s", ["x"], kind="running"), effective_from=5)
+        assert registry.get("t").strategy == "tree" and registry.get("s").strategy == "sqrt"
+        assert {q.query_id: q.strategy for q, _, _ in registry.plan(5, 6)} == {"s": "sqrt", "t": "tree"}
+
+
+# --- the pipeline builds the registered strategy, and refuses a stored state of another -----------------
+
+
+def _plan(strategy: str) -> QueryPlan:
+    return QueryPlan.starting_at([LinearQuery.columns("r", ["x"], kind="running", strategy=strategy)], W0)
+
+
+def test_the_plan_builds_the_registered_strategy():
+    assert _plan("tree").running_query("r", 2.0).strategy == BinaryTree()
+    assert _plan("sqrt").running_query("r", 2.0).strategy == SquareRootFactorization()
+
+
+def test_a_shard_starts_a_new_running_state_with_the_registered_strategy():
+    shard = ShardState(_plan("tree"), Ledger(budget=1.0))
+    rows = pa.table({"user_id": pa.array([1, 2], type=pa.int64()), "window_id": pa.array([W0, W0], type=pa.int64()),
+                     "x": pa.array([1.0, 1.0])})
+    for w in range(W0, W0 + 2):
+        charged = shard.charge_window(w, rows.set_column(1, "window_id", pa.array([w, w], type=pa.int64())),
+                                      noise_std=3.0, policy="drop")
+    assert shard.running["r"].strategy == BinaryTree()
+    assert charged.sums["r"].shape == (2,)  # window offset 1 releases two tree nodes
+    np.testing.assert_array_equal(charged.sums["r"], [2.0, 4.0])
+
+
+@pytest.mark.parametrize("registered, stored", [("tree", SquareRootFactorization()), ("sqrt", BinaryTree()),
+                                                ("tree", BinaryTree(height=3))])
+def test_a_stored_state_of_another_strategy_is_refused(registered, stored):
+    state = RunningState(strategy=stored, dim=1, start_window=W0)
+    with pytest.raises(ValueError, match="registered with strategy .* stored running state"):
+        ShardState(_plan(registered), Ledger(budget=1.0), {"r": state})
+
+
+def test_a_stored_state_of_the_same_strategy_is_taken():
+    state = RunningState(strategy=BinaryTree(), dim=1, start_window=W0)
+    assert ShardState(_plan("tree"), Ledger(budget=1.0), {"r": state}).running["r"] is state
+
+
+# --- the command line ------------------------------------------------------------------------------
+
+
+def test_query_add_registers_a_tree_running_query(tmp_path, capsys):
+    store = tmp_path / "s.duckdb"
+    assert main(["query", "add", "--store", str(store), "--id", "tree:x", "--columns", "x", "--kind", "running",
+                 "--strategy", "tree", "--from", "2026-03-01"]) == 0
+    assert main(["query", "add", "--store", str(store), "--id", "sqrt:x", "--columns", "x", "--kind", "running",
+                 "--from", "2026-03-01"]) == 0
+    with QueryRegistry(store, read_only=True) as registry:
+        assert registry.get("tree:x").strategy == "tree" and registry.get("sqrt:x").strategy == "sqrt"
+
+
+@pytest.mark.parametrize("argv", [
+    ["query", "add", "--store", "{t}/s.duckdb", "--id", "q", "--columns", "x", "--strategy", "tree",
+     "--from", "2026-03-01"],
+    ["query", "add", "--store", "{t}/s.duckdb", "--id", "q", "--columns", "x", "--kind", "running",
+     "--strategy", "fft", "--from", "2026-03-01"],
+    ["run", "--input", "{t}/in.parquet", "--store", "{t}/s.duckdb", "--ledger", "{t}/l.duckdb", "--epsilon", "1",
+     "--delta", "1e-6", "--norm-budget", "5", "--start", "2026-03-01", "--end", "2026-03-01", "--quiet",
+     "--strategy", "tree"],
+    ["run", "--input", "{t}/in.parquet", "--store", "{t}/s.duckdb", "--ledger", "{t}/l.duckdb", "--epsilon", "1",
+     "--delta", "1e-6", "--norm-budget", "5", "--start", "2026-03-01", "--end", "2026-03-01", "--quiet",
+     "--release", "running", "--strategy", "cube"],
+], ids=["query-window-kind", "query-unknown", "run-window-release", "run-unknown"])
+def test_a_bad_strategy_option_exits_non_zero_naming_it(tmp_path, capsys, argv):
+    _files(tmp_path, np.ones((1, USERS)), name="in")
+    try:
+        code = main([a.replace("{t}", str(tmp_path)) for a in argv])
+    except SystemExit as exc:  # argparse refuses a choice outside the list
+        code = exc.code
+    assert code not in (0, None)
+    err = capsys.readouterr().err
+    assert "--strategy" in err and "Traceback" not in err
+    assert not (tmp_path / "l.duckdb").exists()
+
+
+# --- end to end: a tree running query on the DirectRunner --------------------------------------------
+
+
+def _stream(seed: int = 11) -> np.ndarray:
+    """(DAYS, USERS) binary indicator at a 30% rate."""
+    return (np.random.default_rng(seed).random((DAYS, USERS)) < 0.3).astype(float)
+
+
+def _files(tmp_path, data: np.ndarray, name: str = "day") -> list[str]:
+    paths = []
+    for day in range(data.shape[0]):
+        path = tmp_path / (f"{name}{day:02d}.parquet" if data.shape[0] > 1 else f"{name}.parquet")
+        pq.write_table(pa.table({
+            "user_id": pa.array(np.arange(USERS), type=pa.int64()),
+            "day": pa.array([DAY0 + dt.timedelta(days=day)] * USERS, type=pa.date32()),
+            "churned": pa.array(data[day]),
+        }), path)
+        paths.append(str(path))
+    return paths
+
+
+def _run(tmp_path, paths, *, name, start, end, strategy="tree"):
+    argv = ["run", "--input", *paths, "--store", str(tmp_path / f"{name}.releases.duckdb"),
+            "--ledger", str(tmp_path / f"{name}.ledger.duckdb"), "--key", str(tmp_path / "shared.key"),
+            "--epsilon", str(EPSILON), "--delta", str(DELTA), "--norm-budget", str(NORM_BUDGET),
+            "--start", str(DAY0 + dt.timedelta(days=start)), "--end", str(DAY0 + dt.timedelta(days=end)),
+            "--shards", "3", "--release", "running", "--quiet"]
+    return main(argv + (["--strategy", strategy] if strategy else []))
+
+
+def _released(tmp_path, name) -> pa.Table:
+    with ReleaseStore(str(tmp_path / f"{name}.releases.duckdb"), read_only=True) as store:
+        table = store.read()
+    return table.sort_by([("query_id", "ascending"), ("window_id", "ascending")]).select(
+        ["query_id", "window_id", "value", "noise_std", "kind"])
+
+
+@pytest.fixture(scope="module")
+def tree_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("tree")
+    data = _stream()
+    paths = _files(tmp_path, data)
+    assert _run(tmp_path, paths, name="one", start=0, end=DAYS - 1) == 0
+    return tmp_path, data, paths
+
+
+def test_a_tree_running_query_is_registered_and_released_every_day(tree_run):
+    tmp_path, _, _ = tree_run
+    with QueryRegistry(tmp_path / "one.releases.duckdb", read_only=True) as registry:
+        assert registry.get("running:churned").strategy == "tree"
+    released = _released(tmp_path, "one")
+    assert released.column("window_id").to_pylist() == [W0 + d for d in range(DAYS)]
+    assert set(released.column("kind").to_pylist()) == {"running"}
+
+
+def test_the_released_noise_std_is_the_tree_estimate_std(tree_run):
+    tmp_path, _, _ = tree_run
+    s = calibrate(epsilon=EPSILON, delta=DELTA, norm_budget=NORM_BUDGET, accounting="gdp").noise_std
+    expected = BinaryTree().estimate_std(DAYS, noise_std=s)
+    np.testing.assert_allclose(_released(tmp_path, "one").column("noise_std").to_numpy(), expected, rtol=1e-12)
+    # and not the square-root factorisation's: the two differ at every day but the first
+    assert not np.allclose(expected[1:], SquareRootFactorization().estimate_std(DAYS, noise_std=s)[1:])
+
+
+def test_tree_running_totals_track_the_truth_within_their_std(tree_run):
+    tmp_path, data, _ = tree_run
+    released = _released(tmp_path, "one")
+    z = (released.column("value").to_numpy() - np.cumsum(data.sum(axis=1))) / released.column("noise_std").to_numpy()
+    assert np.all(np.abs(z) < 4.5)  # nobody is filtered at this budget; P(any |z| > 4.5) < 20 * 7e-6
+
+
+def test_tree_users_are_charged_their_node_sums(tree_run):
+    tmp_path, data, _ = tree_run
+    s = calibrate(epsilon=EPSILON, delta=DELTA, norm_budget=NORM_BUDGET, accounting="gdp").noise_std
+    c = BinaryTree().query_matrix(DAYS)
+    db = duckdb.connect(str(tmp_path / "one.ledger.duckdb"), read_only=True)
+    try:
+        used = dict(db.execute("SELECT user_id, used FROM ledger").fetchall())
+        meta = dict(db.execute("SELECT query_id, meta FROM running_meta").fetchall())
+    finally:
+        db.close()
+    assert json.loads(json.loads(meta["running:churned"])["strategy"]) == {"name": "tree", "height": None}
+    for user in (0, 5, 33):
+        q = c @ data[:, user]
+        assert used[user] == pytest.approx(np.sum(q**2) / (2 * s * s), rel=1e-9)
+
+
+def test_a_rerun_of_a_tree_running_query_is_identical(tree_run):
+    tmp_path, _, paths = tree_run
+    # The same days again on the same store and ledger: nothing new is released or charged.
+    before = _released(tmp_path, "one")
+    assert _run(tmp_path, paths, name="one", start=0, end=DAYS - 1) == 0
+    assert _released(tmp_path, "one").equals(before)
+    # A fresh store and ledger with the same key, the days in three runs: the identical releases.
+    for start, end in ((0, 0), (1, 6), (7, DAYS - 1)):
+        assert _run(tmp_path, paths[start:end + 1], name="again", start=start, end=end) == 0
+    again = _released(tmp_path, "again")
+    np.testing.assert_allclose(again.column("value").to_numpy(), before.column("value").to_numpy(),
+                               rtol=0, atol=1e-9)
+    np.testing.assert_array_equal(again.column("noise_std").to_numpy(), before.column("noise_std").to_numpy())
+
+
+def test_a_stored_state_that_disagrees_with_the_registered_strategy_is_refused(tree_run, capsys):
+    tmp_path, _, paths = tree_run
+    for suffix in ("releases", "ledger"):
+        src = tmp_path / f"one.{suffix}.duckdb"
+        (tmp_path / f"swap.{suffix}.duckdb").write_bytes(src.read_bytes())
+    store = str(tmp_path / "swap.releases.duckdb")
+    db = duckdb.connect(store)
+    try:  # the registry now says sqrt, while the ledger's history was made by the tree
+        spec = json.loads(db.execute("SELECT spec_json FROM query_registry").fetchone()[0])
+        spec["strategy"] = "sqrt"
+        db.execute("UPDATE query_registry SET spec_json = ?", [json.dumps(spec)])
+    finally:
+        db.close()
+    ledger_before = _ledger_rows(tmp_path / "swap.ledger.duckdb")
+    extra = _files(tmp_path, _stream(12)[:1], name="extra")  # one more day
+    day = DAY0 + dt.timedelta(days=DAYS)
+    pq.write_table(pq.read_table(extra[0]).set_column(1, "day", pa.array([day] * USERS, type=pa.date32())), extra[0])
+    try:
+        code = _run(tmp_path, extra, name="swap", start=DAYS, end=DAYS, strategy=None)
+    except Exception as exc:  # raised inside the Beam pipeline, before anything is committed
+        assert "registered with strategy" in str(exc)
+    else:
+        assert code != 0 and "registered with strategy" in capsys.readouterr().err
+    assert _ledger_rows(tmp_path / "swap.ledger.duckdb") == ledger_before
+    assert _released(tmp_path, "swap").num_rows == DAYS
+
+
+def _ledger_rows(path) -> tuple:
+    db = duckdb.connect(str(path), read_only=True)
+    try:
+        return (db.execute("SELECT user_id, used FROM ledger ORDER BY user_id").fetchall(),
+                db.execute("SELECT count(*) FROM running_state").fetchone()[0],
+                db.execute("SELECT count(*) FROM running_releases").fetchone()[0])
+    finally:
+        db.close()
