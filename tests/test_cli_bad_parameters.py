@@ -108,6 +108,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("run", _set(RUN, "--store", "{w}/ledger.duckdb"), "--store"),  # the ledger as the public store
     ("run", RUN + ["--key", "{t}"], "--key"),
     ("run", RUN + ["--key", "{w}/loose.key"], "--key"),  # readable by others
+    ("run", RUN + ["--polcy", "clip"], "--polcy"),  # a typo, neither run's option nor Beam's
+    ("run", RUN + ["--direct_num_worker=2"], "--direct_num_worker"),
     # sql
     ("sql", _set(SQL, "--store", None), "--store"),
     ("sql", _set(SQL, "--store", "{t}/missing.duckdb"), "--store"),
