@@ -133,6 +133,41 @@ def raw_json(rows: pa.Table) -> pa.Array:
     return pa.array([json.dumps(r, default=str) for r in rows.to_pylist()], type=pa.string())
 
 
+class PackedRows:
+    """A shard's validated rows on their way into the filter's state: an Arrow table that
+    pickles as a zstd-compressed Arrow IPC stream. The runner's shuffle and the filter's bag
+    state hold what pickling gives them, and indicator rows (sparse 0/1 values, one window,
+    consecutive row numbers) compress about 8x, so a run's rows take an eighth of the memory
+    while they wait for the end-of-input timer."""
+
+    __slots__ = ("table",)
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, self.table.schema,
+                               options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+            writer.write_table(self.table)
+        return _unpack_rows, (sink.getvalue().to_pybytes(),)
+
+
+def _unpack_rows(data: bytes) -> PackedRows:
+    return PackedRows(pa.ipc.open_stream(data).read_all())
+
+
+def unpacked(parts: Iterable[Any]) -> list[pa.Table]:
+    """The tables of buffered rows, packed (:class:`PackedRows`) or not."""
+    return [p.table if isinstance(p, PackedRows) else p for p in parts]
+
+
+def packed_by_shard(table: pa.Table, n_shards: int) -> Iterator[tuple[int, tuple[str, PackedRows]]]:
+    """:func:`split_by_shard` with each part packed for the shuffle and the state."""
+    for shard, (kind, part) in split_by_shard(table, n_shards):
+        yield shard, (kind, PackedRows(part))
+
+
 def split_by_shard(table: pa.Table, n_shards: int) -> Iterator[tuple[int, tuple[str, pa.Table]]]:
     """One ``(shard, ("rows", table))`` element per shard present in ``table``."""
     shards = shard_of(table.column(USER_ID), n_shards)
@@ -192,7 +227,7 @@ class IndividualFilterDoFn(beam.DoFn):
     def charge(self, key: Any = beam.DoFn.KeyParam, rows: Any = beam.DoFn.StateParam(ROWS),
                ledger: Any = beam.DoFn.StateParam(LEDGER)) -> Iterator[Any]:
         state = self.restore_shard(list(ledger.read()))
-        data, duplicates = in_event_time_order(list(rows.read()))
+        data, duplicates = in_event_time_order(unpacked(rows.read()))
         if duplicates is not None and duplicates.num_rows:
             yield beam.pvalue.TaggedOutput("dead", duplicates)
         yield from self._charge_windows(state, data)
@@ -495,7 +530,7 @@ class IndividualFilter(beam.PTransform):
                                             last_window=last_window, running_meta=meta)
 
     def expand(self, valid: Any) -> Any:
-        keyed = valid | "ByShard" >> beam.FlatMap(split_by_shard, self._n_shards)
+        keyed = valid | "ByShard" >> beam.FlatMap(packed_by_shard, self._n_shards)
         sources = [("ledger", None, self._previous)] + [("running", q, t) for q, t in sorted(self._running.items())]
         tables = [item for item in sources if isinstance(item[2], pa.Table)]
         files = [(kind, query_id, str(path)) for kind, query_id, path in sources if not isinstance(path, pa.Table)]

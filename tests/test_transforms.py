@@ -50,3 +50,20 @@ def test_the_daily_graph_composes_inside_a_users_own_pipeline(tmp_path):
         assert_that(users, equal_to([1, 2, 3, 4]), label="every_user_charged")
         read = graph["read"] | beam.Map(lambda item: item[1]) | beam.CombineGlobally(sum)
         assert_that(read, equal_to([5]), label="rows_read")
+
+
+def test_packed_rows_pickle_compressed_and_come_back_identical():
+    import pickle
+
+    from pipelines.transforms import PackedRows, unpacked
+
+    rng = np.random.default_rng(3)
+    n = 20_000
+    table = pa.table({"user_id": pa.array([f"u{i}" for i in rng.permutation(n)], type=pa.string()),
+                      "window_id": pa.array(np.full(n, 20513), type=pa.int64()),
+                      "opened": pa.array((rng.random(n) < 0.05).astype(np.float64)),
+                      "_source": pa.array(np.zeros(n, dtype=np.int64)), "_row": pa.array(np.arange(n))})
+    data = pickle.dumps(PackedRows(table))
+    assert len(data) < pickle.dumps(table).__len__() / 2  # what the shuffle and the bag state hold
+    assert pickle.loads(data).table.equals(table)
+    assert [t.equals(table) for t in unpacked([PackedRows(table), table])] == [True, True]
