@@ -60,7 +60,9 @@ from pipelines.transforms import (
     raw_json,
     ledger_shards,
     snapshot_shards,
-    split_by_shard,
+    PackedRows,
+    packed_by_shard,
+    unpacked,
 )
 from stream.schema import USER_ID, WINDOW_ID, RejectReason, WindowSpec
 
@@ -157,7 +159,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         _, (kind, payload) = element
         through = self._charged(charged)
         if kind == "rows":
-            yield from self._buffer(payload, through, rows)
+            yield from self._buffer(unpacked([payload])[0], through, rows)
         elif kind in ("ledger", "running"):
             state.add((kind, payload))
         elif kind != TICK:
@@ -180,7 +182,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
                     "dead", window_letters(table.filter(pa.array(mask)), self._columns, reason, detail))
         keep = ~(late | out_of_range)
         for window, part in split_by_window(table if keep.all() else table.filter(pa.array(keep))):
-            rows.add((window, part))
+            rows.add((window, PackedRows(part)))  # compressed while it waits (as in batch)
 
     @on_timer(WINDOW_END)
     def charge(self, key: Any = beam.DoFn.KeyParam, timestamp: Any = beam.DoFn.TimestampParam,
@@ -192,7 +194,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         if window > self._end or timestamp < self._end_of(window):
             return  # an extra firing: this window's end is not reached, or everything is charged
         buffered = list(rows.read())
-        mine = [part for w, part in buffered if w == window]
+        mine = unpacked(part for w, part in buffered if w == window)
         shard = self._restorer.restore_shard(list(state.read()))
         data, duplicates = in_event_time_order(mine)  # exactly as the batch path
         if duplicates is not None and duplicates.num_rows:
@@ -373,7 +375,7 @@ class StreamingReleases(beam.PTransform):
                              key_fingerprint=key_fingerprint), plan, previous_raw)
 
     def expand(self, valid: Any) -> dict[str, Any]:
-        keyed = valid | "ByShard" >> beam.FlatMap(split_by_shard, self._n_shards)
+        keyed = valid | "ByShard" >> beam.FlatMap(packed_by_shard, self._n_shards)
         initial: list[tuple[int, tuple[str, Any]]] = [(shard, (TICK, None)) for shard in range(self._n_shards)]
         if self._previous is not None:
             initial += list(ledger_shards(self._previous, self._n_shards))
