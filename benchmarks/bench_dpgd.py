@@ -20,7 +20,12 @@ logistic regression (784 -> 10) and a one-hidden-layer ReLU MLP (784 -> 256 -> 1
 Both sides are built first and warmed up with one step each; then their steps are timed
 alternately (ours, Opacus, ours, ...) so that load from other processes on a shared machine
 falls on both alike. The median of ``--repeats`` steps is reported as examples per second, with
-the ratio (target: >= 3x Opacus). On the GPU the step is also
+the ratio (target: >= 3x Opacus). Ours runs with ``private_gd``'s default slicing (on the CPU,
+slices of about 32 MB of ``x``, :func:`stream.training.dpgd.default_chunk_rows`; ``--chunk-rows``
+overrides it). ``--gemm-floor`` adds, per model, the FLOPs of each side's matrix products and
+the time of our step's two large products alone, as plain NumPy matmuls of the same shapes
+(whole batch and in our slices) and as torch matmuls: the ceiling of any speed-up from the
+code around them. On the GPU the step is also
 compared with the memory-bandwidth bound: the least any full-batch step must move is one read
 of ``x`` (``n * d * 4`` bytes); ``fraction = (bytes / peak bandwidth) / step time``.
 """
@@ -43,7 +48,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stream.noise import InsecureNoiseWarning  # noqa: E402
 from stream.training.budget import TrainingLedger  # noqa: E402
-from stream.training.dpgd import GDConfig, prepare_data, private_gd, training_generators  # noqa: E402
+from stream.training.dpgd import (  # noqa: E402
+    GDConfig,
+    default_chunk_rows,
+    prepare_data,
+    private_gd,
+    training_generators,
+)
 from stream.training.models import make_model  # noqa: E402
 
 CLIP, SIGMA, LR = 1.0, 1.0, 0.1
@@ -125,6 +136,65 @@ def opacus_step(model_name: str, x: np.ndarray, y: np.ndarray, *, device: str) -
     return step, sync
 
 
+def gemm_flops(model_name: str, n: int, d: int, k: int = 10, hidden: int = 256) -> tuple[float, float]:
+    """FLOPs of the matrix products of one step: (ours, Opacus ghost clipping).
+
+    Ours: the forward products and, after the clip weights are known, one weighted product per
+    layer (plus, for the MLP, ``delta2 W2^T``). Opacus ghost clipping: forward, a first backward
+    (per-example norms from activations and backprops, and autograd's parameter gradients), then
+    a second backward of the rescaled loss (parameter gradients again)."""
+    if model_name == "logreg":
+        fwd = wgrad = 2.0 * n * d * k
+        return fwd + wgrad, fwd + 2 * wgrad
+    fwd = 2.0 * n * (d * hidden + hidden * k)
+    wgrad = 2.0 * n * (d * hidden + hidden * k)
+    dgrad = 2.0 * n * hidden * k  # delta1 = delta2 W2^T
+    return fwd + dgrad + wgrad, fwd + 2 * (dgrad + wgrad)
+
+
+def gemm_floor(model_name: str, x: np.ndarray, chunk_rows: int, repeats: int, hidden: int = 256) -> dict[str, float]:
+    """Median seconds of our step's two large products alone (``x W`` and the weighted
+    ``x^T delta``), same shapes and dtype: NumPy whole batch, NumPy in ``chunk_rows`` slices,
+    and torch (its own BLAS, MKL in the PyPI wheels) whole batch, in the layouts of ``nn.Linear``."""
+    n, d = x.shape
+    width = 10 if model_name == "logreg" else hidden
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((d, width), dtype=np.float32)
+    delta = rng.standard_normal((n, width), dtype=np.float32)
+    delta_t = np.ascontiguousarray(delta.T)
+
+    def numpy_whole() -> None:
+        x @ w
+        if model_name == "logreg":
+            delta_t @ x  # (K, n) @ (n, d), the layout our logistic regression uses
+        else:
+            x.T @ delta
+
+    def numpy_sliced() -> None:
+        for s in range(0, n, chunk_rows):
+            rows = slice(s, min(s + chunk_rows, n))
+            x[rows] @ w
+            if model_name == "logreg":
+                delta_t[:, rows] @ x[rows]
+            else:
+                x[rows].T @ delta[rows]
+
+    steps: dict[str, Step] = {"numpy": (numpy_whole, lambda: None), "numpy_sliced": (numpy_sliced, lambda: None)}
+    try:
+        import torch
+
+        xt, wt, dt = torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(delta_t)
+
+        def torch_whole() -> None:  # the layouts of torch's own nn.Linear forward and weight gradient
+            xt @ wt
+            dt @ xt
+
+        steps["torch"] = (torch_whole, lambda: None)
+    except ImportError:
+        pass
+    return time_interleaved(steps, repeats)
+
+
 def peak_bandwidth(xp: Any, override_gbs: float | None) -> tuple[float | None, str]:
     if override_gbs:
         return override_gbs * 1e9, "given"
@@ -148,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="logreg,mlp")
     parser.add_argument("--chunk-rows", type=int, default=None, help="process the batch in slices (ours)")
     parser.add_argument("--skip-opacus", action="store_true")
+    parser.add_argument("--gemm-floor", action="store_true",
+                        help="also time our two large matrix products alone (NumPy and torch) and print FLOPs")
     parser.add_argument("--peak-bandwidth-gbs", type=float, default=None, help="GPU peak memory bandwidth, GB/s")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore", InsecureNoiseWarning)  # a seeded benchmark, not a release
@@ -173,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     y = rng.integers(0, 10, size=n)
     print(f"# DP-GD step, n={n:,}, d={args.features}, 10 classes, float32, device={args.device}; "
           f"{platform.machine()}, {platform.python_version()}, numpy {np.__version__}")
+    chunk_rows = args.chunk_rows or default_chunk_rows(n, args.features, np.float32, xp)
+    print(f"# ours: slices of {chunk_rows:,} rows ({'--chunk-rows' if args.chunk_rows else 'default_chunk_rows'})")
     if args.device == "gpu":
         bw, where = peak_bandwidth(xp, args.peak_bandwidth_gbs)
         print(f"# peak memory bandwidth: {'?' if bw is None else f'{bw / 1e9:,.0f} GB/s'} ({where})")
@@ -201,6 +275,15 @@ def main(argv: list[str] | None = None) -> int:
         print(row, flush=True)
         del steps, theirs
         gc.collect()
+        if args.gemm_floor and args.device == "cpu":
+            ours_flops, opacus_flops = gemm_flops(model_name, n, args.features)
+            floor = gemm_floor(model_name, x, chunk_rows, args.repeats)
+            line = (f"#   {label}: matmul FLOPs ours {ours_flops / 1e9:.1f} G, Opacus ghost {opacus_flops / 1e9:.1f} G "
+                    f"({opacus_flops / ours_flops:.2f}x); our two large matmuls alone (NumPy): "
+                    f"{floor['numpy']:.3f} s whole batch, {floor['numpy_sliced']:.3f} s in slices")
+            if "torch" in floor:
+                line += f"; the same in torch: {floor['torch']:.3f} s"
+            print(line, flush=True)
     return 0
 
 
