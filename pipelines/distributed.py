@@ -649,6 +649,29 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
 # --- the command -------------------------------------------------------------------------------------
 
 
+def add_promise_options(parser: argparse.ArgumentParser) -> None:
+    """The options every entry point shares: the public schedule, the promise, the public
+    release root, the noise key, and how the filter runs."""
+    arg = parser.add_argument
+    arg("--start", required=True, help="first window of the public schedule (YYYY-MM-DD)")
+    arg("--end", required=True, help="last window of the public schedule (YYYY-MM-DD)")
+    arg("--epsilon", type=float, required=True, help="per-user epsilon (> 0)")
+    arg("--delta", type=float, required=True, help="per-user delta, in (0, 1)")
+    arg("--norm-budget", "--norm_budget", dest="norm_budget", type=float, required=True,
+        help="B, squared-norm budget per user (> 0)")
+    arg("--releases-parquet", "--releases_parquet", dest="releases_parquet", required=True,
+        help="public release root: <root>/window_id=<id>/releases.parquet")
+    arg("--noise-key", "--noise_key", dest="noise_key", help="noise key file, at this path on every worker")
+    arg("--noise-key-secret", "--noise_key_secret", dest="noise_key_secret",
+        help="Secret Manager version of the noise key (projects/P/secrets/S/versions/V), fetched by each worker")
+    arg("--key-fingerprint", "--key_fingerprint", dest="key_fingerprint",
+        help="the key's public fingerprint, when the launcher cannot (or should not) read the key")
+    arg("--window", default="1d", help="window length: 1d (default), 12h, 30m, 3600s")
+    arg("--policy", choices=["drop", "clip"], default="drop")
+    arg("--accounting", choices=["gdp", "zcdp-cks", "zcdp-thm49"], default="gdp")
+    arg("--shards", type=int, default=DEFAULT_SHARDS, help=f"user shards of the filter (default {DEFAULT_SHARDS})")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.distributed", allow_abbrev=False,
@@ -657,27 +680,11 @@ def _parser() -> argparse.ArgumentParser:
     arg = parser.add_argument
     arg("--input", nargs="+", required=True,
         help="input files or globs (gs://, s3://, local), space- or comma-separated")
-    arg("--start", required=True, help="first window of the public schedule (YYYY-MM-DD)")
-    arg("--end", required=True, help="last window of the public schedule (YYYY-MM-DD)")
-    arg("--epsilon", type=float, required=True, help="per-user epsilon (> 0)")
-    arg("--delta", type=float, required=True, help="per-user delta, in (0, 1)")
-    arg("--norm-budget", "--norm_budget", dest="norm_budget", type=float, required=True,
-        help="B, squared-norm budget per user (> 0)")
+    add_promise_options(parser)
     arg("--previous-ledger", "--previous_ledger", dest="previous_ledger", required=True,
         help="the previous run's --output (its committed ledger snapshot), or 'none' for the first run")
     arg("--output", required=True, help="this run's curator-only output root (ledger snapshot, counts, dead letters)")
-    arg("--releases-parquet", "--releases_parquet", dest="releases_parquet", required=True,
-        help="public release root: <root>/window_id=<id>/releases.parquet")
-    arg("--noise-key", "--noise_key", dest="noise_key", help="noise key file, at this path on every worker")
-    arg("--noise-key-secret", "--noise_key_secret", dest="noise_key_secret",
-        help="Secret Manager version of the noise key (projects/P/secrets/S/versions/V), fetched by each worker")
-    arg("--key-fingerprint", "--key_fingerprint", dest="key_fingerprint",
-        help="the key's public fingerprint, when the launcher cannot (or should not) read the key")
     arg("--columns", help="indicator columns to answer, comma-separated (first run; default: every numeric one)")
-    arg("--window", default="1d", help="window length: 1d (default), 12h, 30m, 3600s")
-    arg("--policy", choices=["drop", "clip"], default="drop")
-    arg("--accounting", choices=["gdp", "zcdp-cks", "zcdp-thm49"], default="gdp")
-    arg("--shards", type=int, default=DEFAULT_SHARDS, help=f"user shards of the filter (default {DEFAULT_SHARDS})")
     arg("--wait", action="store_true", help="wait for the job and print its totals (always on the DirectRunner)")
     return parser
 

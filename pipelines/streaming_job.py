@@ -216,27 +216,11 @@ def _parser() -> argparse.ArgumentParser:
     arg("--timestamp-attribute", "--timestamp_attribute", dest="timestamp_attribute", default="event_time",
         help="with --subscription: the message attribute holding its event time (default event_time)")
     arg("--columns", required=True, help="indicator columns, comma-separated (one window-sum query each)")
-    arg("--start", required=True, help="first window of the public schedule (YYYY-MM-DD)")
-    arg("--end", required=True, help="last window of the public schedule (YYYY-MM-DD)")
-    arg("--epsilon", type=float, required=True, help="per-user epsilon (> 0)")
-    arg("--delta", type=float, required=True, help="per-user delta, in (0, 1)")
-    arg("--norm-budget", "--norm_budget", dest="norm_budget", type=float, required=True,
-        help="B, squared-norm budget per user (> 0)")
-    arg("--releases-parquet", "--releases_parquet", dest="releases_parquet", required=True,
-        help="public release root: <root>/window_id=<id>/releases.parquet")
+    dist.add_promise_options(parser)
     arg("--output", required=True, help="curator-only root: ledger snapshots per window, dead letters, counts")
     arg("--previous-ledger", "--previous_ledger", dest="previous_ledger", default="none",
         help="Parquet files (a glob) of the ledger to continue from, e.g. the last window's snapshots of "
              "an earlier job; 'none' for a new ledger")
-    arg("--noise-key", "--noise_key", dest="noise_key", help="noise key file, at this path on every worker")
-    arg("--noise-key-secret", "--noise_key_secret", dest="noise_key_secret",
-        help="Secret Manager version of the noise key, fetched by each worker")
-    arg("--key-fingerprint", "--key_fingerprint", dest="key_fingerprint",
-        help="the key's public fingerprint, when the launcher cannot (or should not) read the key")
-    arg("--window", default="1d", help="window length: 1d (default), 12h, 30m, 3600s")
-    arg("--policy", choices=["drop", "clip"], default="drop")
-    arg("--accounting", choices=["gdp", "zcdp-cks", "zcdp-thm49"], default="gdp")
-    arg("--shards", type=int, default=dist.DEFAULT_SHARDS, help="user shards of the filter")
     return parser
 
 
