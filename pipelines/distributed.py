@@ -476,7 +476,7 @@ class SnapshotFilter(beam.PTransform):
 
     def expand(self, inputs: tuple[Any, Any]) -> Any:
         valid, previous = inputs
-        keyed = valid | "ByShard" >> beam.FlatMap(tx.split_by_shard, self._n_shards)
+        keyed = valid | "ByShard" >> beam.FlatMap(tx.packed_by_shard, self._n_shards)
         return ((keyed, previous) | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
                 | "Filter" >> beam.ParDo(self._filter)
                 .with_output_types(Tuple[Tuple[str, int], Any])
