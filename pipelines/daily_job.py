@@ -173,8 +173,10 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
         previous = curator.load_ledger(params)
         previous_running = curator.load_running(params.id_type)
         with ReleaseStore(config.store) as store:
-            store.record_input_columns(columns, strings)
             plan = _query_plan(store, config, columns, previous_running, to_release, released, say, strings)
+            parsed = sorted(_numeric_reads(plan.entries) & set(strings))  # text the validator parses as numbers
+            columns = columns + parsed
+            store.record_input_columns(columns, [c for c in strings if c not in parsed])
         categories = sorted({c for e in plan.entries if getattr(e.query, "categorical", False)
                              for c in e.query.columns_needed})
         _refuse_gaps_in_running_queries(plan, previous_running, to_release)
@@ -298,13 +300,27 @@ def _query_plan(store: ReleaseStore, config: JobConfig, columns: list[str], prev
         return QueryPlan(())
     entries = [PlannedQuery(query, first, retired)
                for query, first, retired in registry.plan(min(to_release), max(to_release))]
+    # A string column that a numeric query reads is parsed as numbers by the validator (a CSV
+    # column with one unparseable value is read as text; that row is dead-lettered, not the run).
+    parsed = _numeric_reads(entries) & set(strings)
+    categorical = {c for e in entries if getattr(e.query, "categorical", False) for c in e.query.columns_needed}
+    both = sorted(parsed & categorical)
+    if both:
+        raise ValueError(f"column(s) {both} are read both as numbers and as categories by the registered "
+                         "queries; retire one of them")
+    schema = pa.schema([(c, pa.float64()) for c in [*columns, *sorted(parsed)]]
+                       + [(c, pa.string()) for c in strings if c not in parsed])
     for entry in entries:
-        try:  # numeric columns as validate_batch leaves them (float64); string ones for categories
-            entry.query.validate_against(pa.schema([(c, pa.float64()) for c in columns]
-                                                   + [(c, pa.string()) for c in strings]))
+        try:
+            entry.query.validate_against(schema)
         except ValueError as exc:
             raise ValueError(f"{exc}. Retire the query or fix the input") from None
     return QueryPlan(tuple(entries))
+
+
+def _numeric_reads(entries) -> set[str]:
+    """Columns that the non-categorical queries among ``entries`` read as numbers."""
+    return {c for e in entries if not getattr(e.query, "categorical", False) for c in e.query.columns_needed}
 
 
 def _refuse_gaps_in_running_queries(plan: QueryPlan, previous_running: dict[str, pa.Table],

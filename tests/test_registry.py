@@ -442,3 +442,18 @@ def test_a_histogram_over_a_string_column_of_the_input_is_answered_end_to_end(tm
     noise = gaussian_noise(key, query_id="plans", window_id=W0 + 1, dim=2, noise_std=noise_std)
     assert [r["label"] for r in rows] == ["plan=free", "plan=pro"] and params
     assert [r["value"] - z for r, z in zip(rows, noise)] == pytest.approx([1.0, 2.0], abs=1e-9)
+
+
+def test_a_csv_day_whose_numeric_column_reads_as_text_dead_letters_the_bad_row_not_the_run(tmp_path):
+    day0 = _day(tmp_path, 0, [1, 2], [1, 1], [0, 1])
+    run_job(_job(tmp_path, [day0], 0, 0))  # registers sum:opened and sum:tier
+    csv = tmp_path / "day1.csv"  # one unparseable value: a CSV reader infers the column as text
+    csv.write_text("user_id,day,opened,tier\n1,2026-03-02,1,0\n2,2026-03-02,abc,1\n3,2026-03-02,1,1\n")
+    summary = run_job(_job(tmp_path, [str(csv)], 1, 1))
+    assert (summary.admitted, summary.rejected) == (2, 1)
+    with ReleaseStore(tmp_path / "s.duckdb", read_only=True) as store:
+        windows = {(r["query_id"], r["window_id"]) for r in store.read().to_pylist()}
+        assert {("sum:opened", W0 + 1), ("sum:tier", W0 + 1)} <= windows
+        assert "opened" in store.input_schema().names and store.input_schema().field("opened").type == pa.float64()
+    db = duckdb.connect(str(tmp_path / "l.duckdb"), read_only=True)
+    assert db.execute("SELECT reason FROM dead_letters").fetchall() == [("wrong_type",)]
