@@ -296,6 +296,9 @@ def _query_plan(store: ReleaseStore, config: JobConfig, columns: list[str], prev
     if to_release and registry.list().num_rows == 0:
         for query in default_queries(columns, kind=config.release, strategy=config.strategy):
             registry.add(query, effective_from=min(to_release))
+        if strings:  # say so: a numeric column a CSV reader took for text would otherwise vanish
+            say(f"[run] text column(s) {list(strings)} get no default query: register a histogram over their "
+                "categories, or a numeric query to have them parsed as numbers")
     if not to_release:
         return QueryPlan(())
     entries = [PlannedQuery(query, first, retired)
