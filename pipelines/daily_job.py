@@ -108,9 +108,11 @@ class JobSummary:
         return self.rows_read == self.admitted + self.clipped + self.dropped + self.rejected + self.late
 
 
-def _input_columns(paths: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The numeric columns of the first input (each becomes a daily-sum query) and its string
-    columns (histograms over string categories may read them)."""
+def _input_columns(paths: Sequence[str]) -> tuple[list[str], list[str], set[str]]:
+    """The numeric columns of the first input (each becomes a daily-sum query), its string
+    columns (histograms over string categories may read them), and those string columns whose
+    values mostly read as numbers (a CSV reader takes a numeric column with one bad value for
+    text: queries that read it as numbers still do, and the validator dead-letters the bad row)."""
     first = next(read_batches(paths[0], batch_rows=1024), None)
     if first is None:
         raise ValueError(f"input file {paths[0]} has no rows and no schema to take indicator columns from")
@@ -120,7 +122,17 @@ def _input_columns(paths: Sequence[str]) -> tuple[list[str], list[str]]:
     if not columns:
         raise ValueError(f"input file {paths[0]} has no numeric indicator columns")
     strings = [f.name for f in first.schema if f.name not in skip and _is_string_type(f.type)]
-    return columns, strings
+    return columns, strings, {c for c in strings if _mostly_numbers(first.column(c))}
+
+
+_NUMBER = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
+
+
+def _mostly_numbers(column: pa.Array) -> bool:
+    values = pc.drop_null(column.cast(pa.string()))
+    if len(values) == 0:
+        return False
+    return pc.sum(pc.match_substring_regex(values, _NUMBER)).as_py() >= 0.5 * len(values)
 
 
 def _is_string_type(t: pa.DataType) -> bool:
@@ -169,12 +181,13 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
         to_release = [w for w in schedule if w not in released]
         skipped = [w for w in schedule if w in released]
         run_id = curator.next_run_id()
-        columns, strings = _input_columns(config.inputs)
+        columns, strings, numeric_text = _input_columns(config.inputs)
         previous = curator.load_ledger(params)
         previous_running = curator.load_running(params.id_type)
         with ReleaseStore(config.store) as store:
-            plan = _query_plan(store, config, columns, previous_running, to_release, released, say, strings)
-            parsed = sorted(_numeric_reads(plan.entries) & set(strings))  # text the validator parses as numbers
+            plan = _query_plan(store, config, columns, previous_running, to_release, released, say, strings,
+                               numeric_text)
+            parsed = sorted(_numeric_reads(plan.entries) & numeric_text)  # text the validator parses as numbers
             columns = columns + parsed
             store.record_input_columns(columns, [c for c in strings if c not in parsed])
         categories = sorted({c for e in plan.entries if getattr(e.query, "categorical", False)
@@ -279,7 +292,7 @@ def _beam():
 
 def _query_plan(store: ReleaseStore, config: JobConfig, columns: list[str], previous_running: dict[str, pa.Table],
                 to_release: list[int], processed: set[int] | None = None, say=lambda msg: None,
-                strings: Sequence[str] = ()) -> QueryPlan:
+                strings: Sequence[str] = (), numeric_text: set[str] = frozenset()) -> QueryPlan:
     """The registered queries active in this run's windows; on a store with no registered
     query, the default per-column queries (kind ``config.release``) are registered first, from
     this run's first window, so that the catalogue always lists what is answered. A query
@@ -297,15 +310,15 @@ def _query_plan(store: ReleaseStore, config: JobConfig, columns: list[str], prev
         for query in default_queries(columns, kind=config.release, strategy=config.strategy):
             registry.add(query, effective_from=min(to_release))
         if strings:  # say so: a numeric column a CSV reader took for text would otherwise vanish
-            say(f"[run] text column(s) {list(strings)} get no default query: register a histogram over their "
-                "categories, or a numeric query to have them parsed as numbers")
+            say(f"[run] text column(s) {list(strings)} get no default query: a histogram over their categories "
+                "can read them")
     if not to_release:
         return QueryPlan(())
     entries = [PlannedQuery(query, first, retired)
                for query, first, retired in registry.plan(min(to_release), max(to_release))]
     # A string column that a numeric query reads is parsed as numbers by the validator (a CSV
     # column with one unparseable value is read as text; that row is dead-lettered, not the run).
-    parsed = _numeric_reads(entries) & set(strings)
+    parsed = _numeric_reads(entries) & set(numeric_text)
     categorical = {c for e in entries if getattr(e.query, "categorical", False) for c in e.query.columns_needed}
     both = sorted(parsed & categorical)
     if both:
