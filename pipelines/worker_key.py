@@ -31,6 +31,8 @@ from typing import Callable, Mapping
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from stream.noise import write_durably
+
 SECRET_OPTION = "renyi_noise_key_secret"
 PATH_OPTION = "renyi_noise_key_path"
 PLUGIN = "pipelines.worker_key"
@@ -66,10 +68,7 @@ def materialise(secret: str, path: str | os.PathLike, fetch: Callable[[str], byt
     data = fetch(secret)
     fd, scratch = tempfile.mkstemp(dir=target.parent, prefix=".noise-", suffix=".tmp")  # mode 0600
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
+        write_durably(fd, data)
     except BaseException:
         os.close(fd)
         os.unlink(scratch)

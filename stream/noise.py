@@ -66,6 +66,15 @@ class InsecureNoiseWarning(UserWarning):
     """Noise derived from a public seed: fine for tests, never for releases."""
 
 
+def write_durably(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to the open file ``fd`` (``os.write`` may write less than asked)
+    and flush it to disk, so a crash never leaves a short key behind a complete-looking file."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.fsync(fd)
+
+
 class NoiseKeyError(ValueError):
     """A key file that is missing, malformed or readable by others."""
 
@@ -158,10 +167,7 @@ class NoiseKey:
             return cls.load(path)
         secret = secrets.token_bytes(KEY_BYTES)
         try:
-            view = memoryview(secret)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
+            write_durably(fd, secret)
         except BaseException:
             os.close(fd)
             path.unlink(missing_ok=True)  # never leave a short key behind
