@@ -67,3 +67,16 @@ def test_packed_rows_pickle_compressed_and_come_back_identical():
     assert len(data) < pickle.dumps(table).__len__() / 2  # what the shuffle and the bag state hold
     assert pickle.loads(data).table.equals(table)
     assert [t.equals(table) for t in unpacked([PackedRows(table), table])] == [True, True]
+
+
+def test_packed_rows_passed_through_a_second_pickle_are_not_recompressed():
+    import pickle
+
+    from pipelines.transforms import PackedRows
+
+    table = pa.table({"user_id": pa.array(np.arange(5_000)), "opened": pa.array(np.ones(5_000))})
+    first = pickle.dumps(PackedRows(table))
+    passed = pickle.loads(first)  # the shuffle's copy, on its way into the bag state
+    assert pickle.dumps(passed) == first
+    assert passed._table is None  # nothing decoded until the timer reads the rows
+    assert pickle.loads(pickle.dumps(passed)).table.equals(table)
