@@ -367,6 +367,7 @@ def _run_pipeline(config: JobConfig, params: LedgerParameters, plan: QueryPlan, 
                   say, categories: Sequence[str] = ()) -> dict[str, pa.Table]:
     beam, PipelineOptions = _beam()
     from pipelines import transforms as tx
+    from pipelines.local_runner import batch_runner
 
     options = PipelineOptions(list(config.beam_args) or ["--runner=DirectRunner", "--direct_running_mode=in_memory"])
     out = Path(scratch)
@@ -378,7 +379,7 @@ def _run_pipeline(config: JobConfig, params: LedgerParameters, plan: QueryPlan, 
         running_files[query_id] = str(out / f"previous-running-{i}.parquet")
         pq.write_table(table, running_files[query_id])
     say(f"[run] running the Beam pipeline ({options.view_as(beam.options.pipeline_options.StandardOptions).runner})")
-    with beam.Pipeline(options=options) as p:
+    with beam.Pipeline(runner=batch_runner(options), options=options) as p:
         graph = p | "DailyReleases" >> tx.DailyReleases(
             config.inputs, window=config.window, start_window=config.start_window, end_window=config.end_window,
             released=sorted(released), schedule=to_release, plan=plan, indicator_columns=columns,

@@ -78,6 +78,7 @@ try:
 
     from pipelines import transforms as tx
     from pipelines import worker_key
+    from pipelines.local_runner import batch_runner
 finally:
     _root.setLevel(_level)
 from pipelines.readers import read_batches
@@ -728,7 +729,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"[distributed] attempt {plan.attempt}: {len(plan.inputs)} input file(s), windows {list(plan.schedule)[:3]}"
           f"{'...' if len(plan.schedule) > 3 else ''} ({len(plan.schedule)} to release), {plan.previous_users:,} users "
           f"in the previous ledger, {plan.n_shards} shards", file=sys.stderr)
-    p = beam.Pipeline(options=options)
+    p = beam.Pipeline(runner=batch_runner(options), options=options)
     build(p, plan)
     result = p.run()
     if not (args.wait or direct):

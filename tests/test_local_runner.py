@@ -1,0 +1,44 @@
+"""Local batch runs execute on Beam's FnApiRunner, chosen up front: never on Prism (which the
+DirectRunner tries first, downloading a binary), and other runners are left to Beam."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.portability import prism_runner
+from apache_beam.runners.portability.fn_api_runner import fn_runner
+
+from pipelines.daily_job import JobConfig, run_job
+from pipelines.local_runner import batch_runner
+
+
+def test_a_daily_run_on_the_direct_runner_never_tries_the_prism_runner(tmp_path, monkeypatch):
+    tried = []
+
+    def refuse(self, pipeline, options):
+        tried.append(pipeline)
+        raise RuntimeError("Prism must not be tried")  # the DirectRunner would swallow this and fall back
+
+    monkeypatch.setattr(prism_runner.PrismRunner, "run_pipeline", refuse)
+    day = dt.date(2026, 3, 1)
+    pq.write_table(pa.table({"user_id": [1, 2, 3], "day": [day] * 3, "opened": [1.0, 0.0, 1.0]}),
+                   tmp_path / "d0.parquet")
+    w0 = (day - dt.date(1970, 1, 1)).days
+    summary = run_job(JobConfig(inputs=(str(tmp_path / "d0.parquet"),), store=str(tmp_path / "r.duckdb"),
+                                ledger=str(tmp_path / "l.duckdb"), epsilon=1.0, delta=1e-6, norm_budget=2.0,
+                                start_window=w0, end_window=w0))
+    assert summary.balanced and summary.admitted == 3
+    assert tried == []
+
+
+def test_the_direct_runner_and_no_runner_at_all_give_the_fn_api_runner():
+    for flags in ([], ["--runner=DirectRunner"], ["--runner=direct", "--direct_running_mode=multi_processing"]):
+        assert isinstance(batch_runner(PipelineOptions(flags)), fn_runner.FnApiRunner), flags
+
+
+def test_a_distributed_runner_is_left_for_beam_to_build():
+    for runner in ("FlinkRunner", "DataflowRunner", "PortableRunner", "PrismRunner"):
+        assert batch_runner(PipelineOptions([f"--runner={runner}"])) is None
