@@ -777,10 +777,37 @@ def _validate(
                           category_columns=layout.categories)
 
 
+def may_repeat(users: pa.Array | pa.ChunkedArray, windows: np.ndarray) -> bool:
+    """False when a linear-time check proves that no (user, window) pair occurs twice; True
+    means "maybe" (the caller then groups by hash or sort).
+
+    Two checks, both for integer ids: rows strictly increasing in (window, id) order (a daily
+    dump sorted by user), or ids from a dense range whose (window, id) cells a single
+    bincount finds each used at most once. String ids always answer True.
+    """
+    n = len(users)
+    if n < 2:
+        return False
+    if not pa.types.is_integer(users.type) or users.null_count:
+        return True
+    ids = np.asarray(users.to_numpy(), dtype=np.int64)
+    windows = np.asarray(windows, dtype=np.int64)
+    if np.all((windows[1:] > windows[:-1]) | ((windows[1:] == windows[:-1]) & (ids[1:] > ids[:-1]))):
+        return False  # strictly increasing in (window, id): no pair can come twice
+    id_span = int(ids.max()) - int(ids.min()) + 1
+    cells = id_span * (int(windows.max()) - int(windows.min()) + 1)
+    if cells > max(8 * n, 1 << 20):
+        return True
+    cell = (windows - windows.min()) * id_span + (ids - ids.min())
+    return bool(np.bincount(cell, minlength=cells).max() > 1)
+
+
 def _reject_duplicates(users: pa.Array, windows: np.ndarray, rej: _Rejections) -> None:
     """Among still-valid rows, reject every (user, window) occurrence after the first."""
     rows = np.flatnonzero(rej.code == 0)
     if len(rows) < 2:
+        return
+    if len(rows) == len(rej.code) and not may_repeat(users, windows):
         return
     keys = pa.table({"u": users.take(pa.array(rows)), "w": windows[rows], "i": rows})
     order = pc.sort_indices(keys, sort_keys=[("u", "ascending"), ("w", "ascending"), ("i", "ascending")])

@@ -842,3 +842,34 @@ def test_bad_category_columns_are_schema_errors(category_columns, indicator_colu
     with pytest.raises(SchemaError, match=message):
         validate_batch(_with_plan(pa.array(["pro", "free"])), category_columns=category_columns,
                        indicator_columns=indicator_columns)
+
+
+def test_may_repeat_is_false_only_when_no_user_window_pair_repeats():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from stream.schema import may_repeat
+
+    pairs = st.lists(st.tuples(st.integers(-3, 40) | st.integers(-2**62, 2**62), st.integers(0, 3)), max_size=60)
+
+    @settings(max_examples=300, deadline=None, derandomize=True)
+    @given(pairs, st.booleans())
+    def check(rows, sort_by_window):
+        if sort_by_window:
+            rows = sorted(rows, key=lambda r: r[1])
+        users = pa.array([u for u, _ in rows], type=pa.int64())
+        windows = np.array([w for _, w in rows], dtype=np.int64)
+        if not may_repeat(users, windows):
+            assert len(set(rows)) == len(rows)
+
+    check()
+
+
+def test_may_repeat_proves_sorted_and_dense_ids_distinct_and_leaves_strings_to_grouping():
+    from stream.schema import may_repeat
+
+    windows = np.repeat([5, 6], 4)
+    assert not may_repeat(pa.array([1, 2, 3, 4, 1, 2, 3, 4]), windows)  # sorted within each window
+    assert not may_repeat(pa.array([4, 2, 3, 1, 1, 3, 2, 4]), windows)  # dense, each cell once
+    assert may_repeat(pa.array([4, 2, 4, 1, 1, 3, 2, 4]), windows)      # user 4 twice in window 5
+    assert may_repeat(pa.array(["a", "b", "c", "d", "a", "b", "c", "d"]), windows)
