@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import Any, Iterable, Sequence, TextIO, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -388,13 +388,14 @@ def _run_pipeline(config: JobConfig, params: LedgerParameters, plan: QueryPlan, 
             key_path=config.resolved_key_path, accounting=params.accounting,
             key_fingerprint=params.key_fingerprint, previous_running=running_files, previous_raw=previous_raw,
             category_columns=categories)
-        # One collection of (output, item) and one gather: each extra transform costs Beam a
-        # signature inspection per bundle, and seven gathers were a tenth of a run's time.
+        # One collection of (output, item) and one group: each extra transform costs Beam a
+        # signature inspection per bundle and planning time per run (seven gathers were a tenth
+        # of a run; a ToList is nine transforms, a GroupByKey one).
         tagged = [graph[name] | f"Tag{name.title()}" >> beam.Map(_tagged, name) for name in _OUTPUT_TABLES]
-        _ = (tagged | "AllOutputs" >> beam.Flatten()
-             | "Gather" >> beam.combiners.ToList()
+        _ = (tagged | "AllOutputs" >> beam.Flatten().with_output_types(Tuple[int, Any])
+             | "Gather" >> beam.GroupByKey()
              | "WriteOutputs" >> beam.Map(_write_outputs, str(out)))
-    outputs = {name: pq.read_table(out / f"{name}.parquet") for name in _OUTPUT_TABLES}
+    outputs = {name: _read_output(out, name) for name in _OUTPUT_TABLES}
     template = Ledger(budget=params.rho, id_type=params.id_type, tracker_step=params.tracker_step).to_arrow()
     ledger = outputs["ledger"]
     ledger = ledger.cast(template.schema.remove_metadata()).replace_schema_metadata(template.schema.metadata)
@@ -410,12 +411,20 @@ def _run_pipeline(config: JobConfig, params: LedgerParameters, plan: QueryPlan, 
     }
 
 
-def _tagged(item, name: str) -> tuple[str, object]:
-    return name, item
+def _tagged(item, name: str) -> tuple[int, tuple[str, object]]:
+    return 0, (name, item)  # one key: every output meets in one group
 
 
-def _write_outputs(items: list[tuple[str, object]], folder: str) -> None:
+def _read_output(folder: Path, name: str) -> pa.Table:
+    """An output written by :func:`_write_outputs`, or its empty table when the run produced no
+    output at all (then the group never fired)."""
+    path = folder / f"{name}.parquet"
+    return pq.read_table(path) if path.exists() else _OUTPUT_TABLES[name]([])
+
+
+def _write_outputs(group: tuple[int, Iterable[tuple[str, object]]], folder: str) -> None:
     """Each output's items as ``<folder>/<output>.parquet`` (an empty table when it has none)."""
+    _, items = group
     by_name: dict[str, list] = {name: [] for name in _OUTPUT_TABLES}
     for name, item in items:
         by_name[name].append(item)

@@ -595,9 +595,11 @@ class IndividualFilter(beam.PTransform):
         tables = [item for item in sources if isinstance(item[2], pa.Table)]
         files = [(kind, query_id, str(path)) for kind, query_id, path in sources if not isinstance(path, pa.Table)]
         initial = [element for item in tables for element in previous_state_shards(item, self._n_shards)]
-        previous = [valid.pipeline | "PreviousState" >> beam.Create(initial)]
+        # A handful of elements each: no reshuffle (Create's default adds a shuffle stage per
+        # Create, which costs more to plan than it could spread).
+        previous = [valid.pipeline | "PreviousState" >> beam.Create(initial, reshuffle=False)] if initial else []
         if files:
-            previous.append(valid.pipeline | "PreviousStateFiles" >> beam.Create(files)
+            previous.append(valid.pipeline | "PreviousStateFiles" >> beam.Create(files, reshuffle=False)
                             | "ReadPreviousState" >> beam.FlatMap(previous_state_shards, self._n_shards))
         # Typed as (int, Any): shard keys then get a deterministic coder, as state needs.
         return ((keyed, *previous) | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
@@ -631,10 +633,10 @@ class ReleaseWindows(beam.PTransform):
     def expand(self, partial_sums: Any) -> dict[str, Any]:
         sums = partial_sums | "SumShards" >> beam.CombinePerKey(add_vectors)
         released = (partial_sums.pipeline
-                    | "Schedule" >> beam.Create(self._schedule)
+                    | "Schedule" >> beam.Create(self._schedule, reshuffle=False)
                     | "Release" >> beam.ParDo(self._release, sums=beam.pvalue.AsDict(sums)).with_outputs(
                         "raw", main="rows"))
-        previous = partial_sums.pipeline | "PreviousRaw" >> beam.Create([self._previous_raw])
+        previous = partial_sums.pipeline | "PreviousRaw" >> beam.Create([self._previous_raw], reshuffle=False)
         running = (released.raw
                    | "RawByQuery" >> beam.Map(lambda r: (r[0], (r[1], r[2]))).with_output_types(Tuple[str, Any])
                    | "GroupRaw" >> beam.GroupByKey()
