@@ -56,10 +56,17 @@ def query_id_for(column: str) -> str:
 
 
 class ReadAndValidate(beam.DoFn):
-    """(file index, path) -> valid tables (main), dead letters and rows-read counts (tagged)."""
+    """(file index, path) -> valid tables (main), dead letters and rows-read counts (tagged).
+
+    Files are read in batches of ``batch_rows`` rows (default 262,144: about 10 MB per numeric
+    column, so memory stays bounded on any file). Every batch becomes one table per shard on its
+    way through the shuffle and the filter's state, each with a fixed cost of about a
+    millisecond, so batches much smaller than a day's file cost real time: 65,536-row batches
+    made a 3M-row run 0.35 s slower.
+    """
 
     def __init__(self, *, window: WindowSpec, start_window: int, end_window: int,
-                 released: Sequence[int], indicator_columns: Sequence[str], batch_rows: int = 65_536,
+                 released: Sequence[int], indicator_columns: Sequence[str], batch_rows: int = 262_144,
                  category_columns: Sequence[str] = ()) -> None:
         self._window = window
         self._start, self._end = start_window, end_window
@@ -544,7 +551,7 @@ class ReadIndicators(beam.PTransform):
     """
 
     def __init__(self, inputs: Sequence[str], *, window: WindowSpec, start_window: int, end_window: int,
-                 released: Sequence[int], indicator_columns: Sequence[str], batch_rows: int = 65_536,
+                 released: Sequence[int], indicator_columns: Sequence[str], batch_rows: int = 262_144,
                  category_columns: Sequence[str] = ()) -> None:
         super().__init__()
         self._inputs = [str(path) for path in inputs]
