@@ -10,26 +10,60 @@
         --noise-key-secret projects/acme/secrets/renyi-noise-key/versions/1 --key-fingerprint 0123abcd... \\
         --runner DataflowRunner --streaming --enable_streaming_engine --project acme --region europe-west1 ...
 
-Source: a Pub/Sub subscription (``--subscription``) or, for a local run or a replay, files
-(``--replay FILE...``: each file is one message). A message's payload is one **Arrow IPC stream**
-of indicator rows (``user_id``, ``day`` or ``event_time``, the ``--columns``), as
-``pyarrow.ipc.new_stream`` writes it. Its element timestamp (Pub/Sub: the
-``--timestamp-attribute`` the producer sets, in milliseconds since the epoch or RFC 3339; a
-replay: its earliest row's window start) must not be later than any of its rows' event times,
-so that the watermark means "this window's rows are in"; a row that arrives after its shard
-charged its window is dead-lettered ``late_window`` and charges nobody, never released twice.
+    python -m pipelines.streaming_job \\
+        --kafka-topic indicators --bootstrap-servers kafka-0:9092,kafka-1:9092 \\
+        --kafka-consumer-config group.id=renyi-stream --kafka-consumer-config auto.offset.reset=earliest \\
+        --kafka-expansion-service localhost:8097 \\
+        --columns opened,bought --start 2026-03-01 --end 2026-12-31 ... \\
+        --runner FlinkRunner --streaming --flink_submit_uber_jar --checkpointing_interval 60000 ...
+
+Sources (exactly one):
+
+* ``--subscription``: a Pub/Sub subscription (Dataflow only: the Python SDK's Pub/Sub source
+  runs nowhere else). A message's name is its Pub/Sub message id.
+* ``--kafka-topic`` with ``--bootstrap-servers``: a Kafka topic, read by Beam's cross-language
+  ``ReadFromKafka`` (Java KafkaIO; its expansion needs a Java expansion service, see
+  :func:`kafka_source`): the source for Flink. Each record is read with its metadata
+  (byte-array key and value); its name is ``topic/partition/offset``, which names the same
+  record on every read, retry and replay.
+* ``--replay FILE...``: files, each one message, for a local run or a replay; a file's name is
+  its path.
+
+A message's payload (a Kafka record's value) is one **Arrow IPC stream** of indicator rows
+(``user_id``, ``day`` or ``event_time``, the ``--columns``), as ``pyarrow.ipc.new_stream``
+writes it (:func:`encode_message`). Its element timestamp must not be later than any of its rows'
+event times, so that the watermark means "this window's rows are in"; a row that arrives after
+its shard charged its window is dead-lettered ``late_window`` and charges nobody, never released
+twice. Where the timestamp comes from:
+
+* Pub/Sub: the ``--timestamp-attribute`` the producer sets, in milliseconds since the epoch or
+  RFC 3339 (the batch's earliest event time).
+* Kafka: the record's timestamp (milliseconds since the epoch), which is also what the watermark
+  follows (``--kafka-timestamp-policy``). With ``CreateTime`` (the default) the **producer sets
+  the record's CreateTime to the batch's earliest event time** (``ProducerRecord(topic, None,
+  timestamp_ms, key, value)``; ``timestamp_ms`` in kafka-python/confluent-kafka), sends a batch
+  with the rows of one window only, and, within a partition, sends a window's batches before any
+  batch of a later window: each partition's watermark then stays behind every batch not yet read,
+  and a batch is late only when it is produced after its window closed. With ``LogAppendTime``
+  the broker's append time is used: it is never earlier than the rows' event times, so a batch
+  appended after its window's end is late even when it was produced in time; use it only where
+  producers cannot set CreateTime.
+* A replay: its earliest row's window start.
 
 The graph: decode and validate each message (:class:`DecodeAndValidate`; an undecodable message
 is one dead letter, rows that fail validation are dead letters with reasons) ->
 :class:`pipelines.streaming.StreamingReleases` (the individual filter per user shard in keyed
 state, a chained event-time timer per window end, a release once every shard has charged the
 window, keyed noise) -> public Parquet release files per window (first write wins) and, in the
-curator's ``--output``, a ledger snapshot per (window, shard), dead letters and counts.
+curator's ``--output``, a ledger snapshot per (window, shard), dead letters and counts. The three
+sources differ only in the read step: everything from :class:`KafkaRecordToMessage` (Kafka) or
+:class:`DecodeAndValidate` (the others) on is the same code, and :func:`build` takes the read
+step's output as an argument for tests.
 
 The schedule is finite (``--start..--end``); to go on, start a new job after ``--end`` with
 ``--previous-ledger`` pointing at the last window's snapshots. The ledger lives in the runner's
-keyed state between (checkpointed by Flink, committed with each bundle by Dataflow's streaming
-engine); ``deploy/README.md`` has the recovery story.
+keyed state between (checkpointed by Flink together with the Kafka offsets, committed with each
+bundle by Dataflow's streaming engine); ``deploy/README.md`` has the recovery story.
 """
 
 from __future__ import annotations
@@ -39,6 +73,7 @@ import datetime as dt
 import hashlib
 import io
 import logging
+import re
 import sys
 from typing import Any, Iterator, Sequence, Tuple
 
@@ -51,11 +86,14 @@ _root, _level = logging.getLogger(), logging.getLogger().level
 _root.setLevel(logging.ERROR)  # Beam's GCP extras warn at import when their optional clients are absent
 try:
     import apache_beam as beam
+    import grpc
     from apache_beam.coders import PickleCoder
     from apache_beam.io.filesystems import FileSystems
+    from apache_beam.io.kafka import ReadFromKafka
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
     from apache_beam.transforms.userstate import BagStateSpec
     from apache_beam.transforms.window import TimestampedValue
+    from apache_beam.utils.timestamp import Timestamp
 
     from pipelines import distributed as dist
     from pipelines import transforms as tx
@@ -89,7 +127,8 @@ def encode_message(table: pa.Table) -> bytes:
 
 
 def _message_parts(element: Any) -> tuple[str, bytes]:
-    """``(name, payload)`` of a Pub/Sub message (its id), a replayed ``(name, bytes)`` or bare bytes."""
+    """``(name, payload)`` of a Pub/Sub message (its id), a ``(name, bytes)`` pair (a replayed file, or
+    a Kafka record named ``topic/partition/offset`` by :class:`KafkaRecordToMessage`) or bare bytes."""
     if isinstance(element, tuple):
         return str(element[0]), bytes(element[1])
     if isinstance(element, (bytes, bytearray)):
@@ -101,6 +140,121 @@ def _message_parts(element: Any) -> tuple[str, bytes]:
 def _source_number(name: str) -> int:
     """A stable int64 for a message name: the tie-break of rows in one window (input position)."""
     return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "big") >> 1
+
+
+# --- Kafka: everything but the cross-language read is plain Python -------------------------------
+
+#: ``--kafka-timestamp-policy`` choices: the record timestamp the element timestamp and the
+#: watermark follow. ``ProcessingTime`` (the reader's clock) is not offered: it is later than
+#: every row's event time, so the watermark would not mean "this window's rows are in".
+KAFKA_TIMESTAMP_POLICIES = (ReadFromKafka.create_time_policy, ReadFromKafka.log_append_time)
+#: Consumer settings the job fixes itself: the brokers come from ``--bootstrap-servers``, records
+#: are read as bytes, and offsets are committed only once Beam finalizes the bundle that read them.
+_FIXED_CONSUMER_KEYS = ("bootstrap.servers", "key.deserializer", "value.deserializer", "enable.auto.commit")
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def kafka_record_name(record: Any) -> str:
+    """``topic/partition/offset`` of a Kafka record read with metadata: the same for every read of
+    the record (a retried bundle, a replay after a restore), as a Pub/Sub message id is, so its
+    rows keep their input position (:func:`_source_number`) and its dead letters their source."""
+    return f"{record.topic}/{int(record.partition)}/{int(record.offset)}"
+
+
+class KafkaRecordToMessage(beam.DoFn):
+    """A Kafka record read with metadata -> ``(name, payload)``, what :class:`DecodeAndValidate`
+    takes, timestamped at the record's timestamp.
+
+    Input: what ``ReadFromKafka(with_metadata=True)`` yields, a schema row with the fields of
+    Java KafkaIO's ``ByteArrayKafkaRecord``: ``topic``, ``partition``, ``offset``, ``timestamp``
+    (milliseconds since the epoch), ``key``, ``value`` (bytes or None), ``headers``,
+    ``timestampTypeId``, ``timestampTypeName``. Output: ``(topic/partition/offset, value)``
+    (``b""`` for a record without a value, which then decodes to one ``undecodable_message``
+    dead letter) at ``timestamp``; that is the timestamp ReadFromKafka's CreateTime or
+    LogAppendTime policy already gave the element, so the watermark and the element agree. A
+    record without a timestamp (Kafka's -1) keeps the timestamp the source gave it."""
+
+    def process(self, record: Any) -> Iterator[Any]:
+        value = record.value
+        message = (kafka_record_name(record), b"" if value is None else bytes(value))
+        millis = record.timestamp
+        if millis is None or int(millis) < 0:
+            yield message
+        else:
+            yield TimestampedValue(message, Timestamp(micros=int(millis) * 1000))
+
+
+def _host_port(option: str, text: str) -> str:
+    host, sep, port = str(text).strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{option} must be HOST:PORT with a port in [1, 65535], got {text!r}")
+    return f"{host}:{int(port)}"
+
+
+def _consumer_setting(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` of ``--kafka-consumer-config`` (argparse type: the error names the value)."""
+    key, sep, value = str(text).partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"must be KEY=VALUE (a Kafka consumer setting), got {text!r}")
+    return key.strip(), value
+
+
+def kafka_read_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of :class:`apache_beam.io.kafka.ReadFromKafka` for ``args``: the one
+    ``--kafka-topic``; ``consumer_config`` = ``bootstrap.servers`` from ``--bootstrap-servers`` plus
+    every ``--kafka-consumer-config``; byte-array key and value deserializers; ``with_metadata``
+    (the record's topic, partition, offset and timestamp reach :class:`KafkaRecordToMessage`);
+    ``timestamp_policy`` from ``--kafka-timestamp-policy``; ``commit_offset_in_finalize`` exactly
+    when a ``group.id`` is configured (KafkaIO refuses it without one); ``expansion_service`` from
+    ``--kafka-expansion-service`` (None: Beam starts its Java IO expansion service jar itself).
+
+    Raises ValueError naming the option and the value when one is malformed: a topic Kafka would
+    refuse, a bootstrap server or expansion service that is not HOST:PORT, a consumer setting that
+    is not KEY=VALUE, given twice, or one the job fixes itself (bootstrap.servers,
+    key/value.deserializer, enable.auto.commit)."""
+    topic = getattr(args, "kafka_topic", None)
+    if not topic or not _TOPIC.fullmatch(topic) or topic in (".", ".."):
+        raise ValueError(f"--kafka-topic must be a Kafka topic name (1-249 of A-Z a-z 0-9 . _ -), got {topic!r}")
+    servers = getattr(args, "bootstrap_servers", None)
+    if not servers:
+        raise ValueError(f"--kafka-topic {topic} needs --bootstrap-servers HOST:PORT[,HOST:PORT...]")
+    brokers = ",".join(_host_port("--bootstrap-servers", s) for s in str(servers).split(",") if s.strip())
+    if not brokers:
+        raise ValueError(f"--bootstrap-servers must list HOST:PORT[,HOST:PORT...], got {servers!r}")
+    policy = getattr(args, "kafka_timestamp_policy", None) or ReadFromKafka.create_time_policy
+    if policy not in KAFKA_TIMESTAMP_POLICIES:
+        raise ValueError(f"--kafka-timestamp-policy must be one of {list(KAFKA_TIMESTAMP_POLICIES)}, got {policy!r}")
+    config = {"bootstrap.servers": brokers}
+    for setting in getattr(args, "kafka_consumer_config", None) or []:
+        try:
+            key, value = setting if isinstance(setting, tuple) else _consumer_setting(setting)
+        except argparse.ArgumentTypeError as exc:
+            raise ValueError(f"--kafka-consumer-config {exc}") from None
+        if key in _FIXED_CONSUMER_KEYS:
+            raise ValueError(f"--kafka-consumer-config {key}={value}: {key} is set by the job (fixed: "
+                             f"{', '.join(_FIXED_CONSUMER_KEYS)}; the brokers come from --bootstrap-servers)")
+        if key in config:
+            raise ValueError(f"--kafka-consumer-config {key} is given twice, got {config[key]!r} and {value!r}")
+        config[key] = value
+    service = getattr(args, "kafka_expansion_service", None)
+    return {
+        "consumer_config": config,
+        "topics": [topic],
+        "key_deserializer": ReadFromKafka.byte_array_deserializer,
+        "value_deserializer": ReadFromKafka.byte_array_deserializer,
+        "with_metadata": True,
+        "timestamp_policy": policy,
+        "commit_offset_in_finalize": "group.id" in config,
+        "expansion_service": _host_port("--kafka-expansion-service", service) if service else None,
+    }
+
+
+def kafka_source(args: argparse.Namespace) -> ReadFromKafka:
+    """The job's Kafka read: ``ReadFromKafka(**kafka_read_config(args))``. Constructing it
+    contacts nothing; applying it to a pipeline asks the expansion service to expand it (Java
+    KafkaIO), which is the one step of the Kafka path that needs Java. ValueError as
+    :func:`kafka_read_config`."""
+    return ReadFromKafka(**kafka_read_config(args))
 
 
 class DecodeAndValidate(beam.DoFn):
@@ -207,14 +361,34 @@ def _counts_file(item: tuple[int, dict]) -> tuple[str, pa.Table]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.streaming_job", allow_abbrev=False,
-        description="The individual filter on an unbounded stream: Pub/Sub messages (Arrow IPC batches) in, "
-                    "Parquet releases per window out. Unknown options go to Beam (--runner, --streaming, ...).")
+        description="The individual filter on an unbounded stream: Pub/Sub messages or Kafka records (Arrow IPC "
+                    "batches) in, Parquet releases per window out. Unknown options go to Beam (--runner, "
+                    "--streaming, ...).")
     arg = parser.add_argument
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--subscription", help="Pub/Sub subscription (projects/P/subscriptions/S)")
+    source.add_argument("--subscription", help="Pub/Sub subscription (projects/P/subscriptions/S); Dataflow only")
+    source.add_argument("--kafka-topic", "--kafka_topic", dest="kafka_topic",
+                        help="Kafka topic of Arrow IPC records (with --bootstrap-servers); Flink, Dataflow")
     source.add_argument("--replay", nargs="+", help="files of Arrow IPC stream messages, replayed in order")
     arg("--timestamp-attribute", "--timestamp_attribute", dest="timestamp_attribute", default="event_time",
         help="with --subscription: the message attribute holding its event time (default event_time)")
+    kafka = parser.add_argument_group("Kafka (with --kafka-topic)")
+    kafka.add_argument("--bootstrap-servers", "--bootstrap_servers", dest="bootstrap_servers",
+                       help="the Kafka brokers, HOST:PORT[,HOST:PORT...]")
+    kafka.add_argument("--kafka-consumer-config", "--kafka_consumer_config", dest="kafka_consumer_config",
+                       action="append", type=_consumer_setting, metavar="KEY=VALUE",
+                       help="a Kafka consumer setting, repeatable (group.id=..., auto.offset.reset=earliest, "
+                            "security.protocol=SSL, ...); with group.id, offsets are committed to Kafka as "
+                            "Beam finalizes the bundles that read them")
+    kafka.add_argument("--kafka-timestamp-policy", "--kafka_timestamp_policy", dest="kafka_timestamp_policy",
+                       choices=KAFKA_TIMESTAMP_POLICIES, default=ReadFromKafka.create_time_policy,
+                       help="the record timestamp element timestamps and the watermark follow: CreateTime "
+                            "(default; the producer sets it to the batch's earliest event time) or LogAppendTime")
+    kafka.add_argument("--kafka-expansion-service", "--kafka_expansion_service", dest="kafka_expansion_service",
+                       metavar="HOST:PORT",
+                       help="a running Java expansion service for ReadFromKafka (e.g. "
+                            "beam-sdks-java-io-expansion-service-2.77.0.jar); default: Beam starts that jar "
+                            "itself, which needs java and Maven Central here")
     arg("--columns", required=True, help="indicator columns, comma-separated (one window-sum query each)")
     dist.add_promise_options(parser)
     arg("--output", required=True, help="curator-only root: ledger snapshots per window, dead letters, counts")
@@ -222,6 +396,34 @@ def _parser() -> argparse.ArgumentParser:
         help="Parquet files (a glob) of the ledger to continue from, e.g. the last window's snapshots of "
              "an earlier job; 'none' for a new ledger")
     return parser
+
+
+_KAFKA_ONLY = ("bootstrap_servers", "kafka_consumer_config", "kafka_expansion_service")
+
+
+def _check_source(args: argparse.Namespace) -> None:
+    """ValueError naming the options when the source's options do not fit together: Kafka
+    options without ``--kafka-topic``, or a Kafka configuration :func:`kafka_read_config` refuses."""
+    if getattr(args, "kafka_topic", None):
+        kafka_read_config(args)
+        return
+    given = [f"--{name.replace('_', '-')}" for name in _KAFKA_ONLY if getattr(args, name, None)]
+    if given:
+        raise ValueError(f"{', '.join(given)} only go with --kafka-topic, which was not given")
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """``(job arguments, Beam arguments)`` of ``argv``. Exits with status 2 and a message naming
+    the options (argparse's ``error``) when the source options do not fit together: two sources
+    (``--kafka-topic`` with ``--subscription`` or ``--replay``), ``--kafka-topic`` without
+    ``--bootstrap-servers``, a malformed Kafka option, or a Kafka option without ``--kafka-topic``."""
+    parser = _parser()
+    args, beam_args = parser.parse_known_args(list(argv))
+    try:
+        _check_source(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args, list(beam_args)
 
 
 def _previous_ledger(pattern: str, template: pa.Table) -> pa.Table:
@@ -237,9 +439,18 @@ def _previous_ledger(pattern: str, template: pa.Table) -> pa.Table:
     return table
 
 
-def build(p: beam.Pipeline, args: argparse.Namespace) -> dict[str, Any]:
+def build(p: beam.Pipeline, args: argparse.Namespace,
+          messages: beam.pvalue.PCollection | None = None) -> dict[str, Any]:
     """Check the arguments and apply the streaming graph to ``p``; returns its PCollections.
-    Raises :class:`pipelines.distributed.RunRefused` (nothing built) when a check fails."""
+    Raises :class:`pipelines.distributed.RunRefused` (nothing built) when a check fails, and
+    ValueError naming the option when the source options do not fit together.
+
+    ``messages``, when given, is a PCollection that replaces the source's read step, and only that
+    step: Kafka records (as ``ReadFromKafka(with_metadata=True)`` yields them) with
+    ``--kafka-topic``, Pub/Sub messages with ``--subscription``, ``(name, payload)`` pairs with
+    ``--replay``. Everything after the read is built exactly as for the real source, so a test
+    can run the Kafka path without a Java expansion service."""
+    _check_source(args)
     spec = WindowSpec(length_seconds=dist._window_seconds(args.window))
     start, end = dist._parse_day("start", args.start, spec), dist._parse_day("end", args.end, spec)
     if start > end:
@@ -264,14 +475,18 @@ def build(p: beam.Pipeline, args: argparse.Namespace) -> dict[str, Any]:
         raise dist.RunRefused(f"window {max(released)} under {releases} is already released; start after it")
     plan = QueryPlan(tuple(PlannedQuery(q, start) for q in default_queries(columns)))
 
-    if args.subscription:
+    if args.kafka_topic:
+        records = _read_kafka(p, args) if messages is None else messages
+        messages = records | "KafkaRecordToMessage" >> beam.ParDo(KafkaRecordToMessage())
+    elif messages is None and args.subscription:
         messages = p | "ReadPubSub" >> beam.io.ReadFromPubSub(
             subscription=args.subscription, timestamp_attribute=args.timestamp_attribute, with_attributes=True)
-    else:
+    elif messages is None:
         replay = [(path, FileSystems.open(path).read()) for path in args.replay]
         messages = p | "Replay" >> beam.Create(replay)
+    stamp = not (args.subscription or args.kafka_topic)  # files carry no event time; the sources do
     decoded = messages | "DecodeAndValidate" >> beam.ParDo(
-        DecodeAndValidate(window=spec, end_window=end, indicator_columns=columns, stamp=not args.subscription)
+        DecodeAndValidate(window=spec, end_window=end, indicator_columns=columns, stamp=stamp)
     ).with_outputs("dead", main="valid")
     out = StreamingReleases(
         window=spec, start_window=start, end_window=end, plan=plan, indicator_columns=columns,
@@ -296,9 +511,23 @@ def build(p: beam.Pipeline, args: argparse.Namespace) -> dict[str, Any]:
             "ledger_files": ledger_files, "count_files": count_files, "dead": dead}
 
 
+def _read_kafka(p: beam.Pipeline, args: argparse.Namespace) -> Any:
+    """Apply :func:`kafka_source` to ``p`` (the cross-language expansion). RunRefused naming the
+    expansion service when it cannot be reached or refuses the transform."""
+    source = kafka_source(args)
+    where = args.kafka_expansion_service or "Beam's default Java IO expansion service jar"
+    try:
+        return p | "ReadFromKafka" >> source
+    except (grpc.RpcError, RuntimeError, OSError) as exc:
+        text = exc.details() if isinstance(exc, grpc.Call) else str(exc)  # an RpcError's str is its repr
+        first = (str(text or "").strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise dist.RunRefused(f"ReadFromKafka could not be expanded by {where} (--kafka-expansion-service): "
+                              f"{first}") from exc
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args, beam_args = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    args, beam_args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.getLogger().setLevel(logging.ERROR)
     flags = list(beam_args)
     if not any(a.startswith("--runner") for a in flags):
