@@ -61,15 +61,31 @@ sources differ only in the read step: everything from :class:`KafkaRecordToMessa
 step's output as an argument for tests.
 
 The schedule is finite (``--start..--end``); to go on, start a new job after ``--end`` with
-``--previous-ledger`` pointing at the last window's snapshots. The ledger lives in the runner's
-keyed state between (checkpointed by Flink together with the Kafka offsets, committed with each
-bundle by Dataflow's streaming engine); ``deploy/README.md`` has the recovery story.
+``--previous-ledger`` pointing at the last released window's snapshots, every shard's:
+``<earlier --output>/ledger/window_id=<W>/*/*.parquet``. Each snapshot records its window, its
+shard and the job's ``--shards`` in its Parquet schema metadata. Before anything is built,
+:func:`_previous_ledger` refuses (:class:`pipelines.distributed.RunRefused`, naming
+``--previous-ledger``, the glob and what is wrong) a glob that matches a file not written as
+``.../window_id=<W>/shard=<S>/...``, snapshots of more than one window (or of one window under
+two roots), two files of one shard, a window other than the last one released under
+``--releases-parquet`` (an older snapshot would restart users from an older, smaller budget: the
+message names both windows and the glob to give instead), or not exactly shards ``0..N-1`` of
+the job that wrote it (``N`` as its snapshots record it; for snapshots without that record, one
+more than the highest ``shard=`` folder of that window, and every such folder must be matched).
+It also refuses ``none`` when windows are released (users would restart from zero), and a
+snapshot when no window is released under ``--releases-parquet`` (nothing to check it is the
+latest against: give the root the earlier job released to). This run's ``--shards`` may differ
+from the earlier job's: the snapshot is read whole and split again by ``hash(user) % --shards``.
+The ledger lives in the runner's keyed state between (checkpointed by Flink together with the
+Kafka offsets, committed with each bundle by Dataflow's streaming engine); ``deploy/README.md``
+has the recovery story.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import hashlib
 import io
 import logging
@@ -344,9 +360,20 @@ class WriteWindowFile(beam.DoFn):
             yield written
 
 
-def _ledger_file(item: tuple[int, int, pa.Table]) -> tuple[str, pa.Table]:
+#: Schema metadata of every ledger snapshot the job writes, beside the ledger's own: the window
+#: and shard it is of and the job's ``--shards``, so that a later job given it as
+#: ``--previous-ledger`` can tell whether it holds every shard of one window (:func:`_previous_ledger`).
+SNAPSHOT_WINDOW, SNAPSHOT_SHARD, SNAPSHOT_SHARDS = (
+    "renyi_stream.window_id", "renyi_stream.shard", "renyi_stream.n_shards")
+
+
+def _ledger_file(item: tuple[int, int, pa.Table], *, n_shards: int) -> tuple[str, pa.Table]:
+    """``(shard, window, ledger)`` -> ``("window_id=W/shard=S", ledger)``, the snapshot recording
+    its window, shard and the job's shard count in its schema metadata."""
     shard, window, table = item
-    return f"window_id={int(window)}/shard={int(shard)}", table
+    recorded = {SNAPSHOT_WINDOW: int(window), SNAPSHOT_SHARD: int(shard), SNAPSHOT_SHARDS: int(n_shards)}
+    metadata = {**(table.schema.metadata or {}), **{k.encode(): str(v).encode() for k, v in recorded.items()}}
+    return f"window_id={int(window)}/shard={int(shard)}", table.replace_schema_metadata(metadata)
 
 
 def _counts_file(item: tuple[int, dict]) -> tuple[str, pa.Table]:
@@ -393,8 +420,9 @@ def _parser() -> argparse.ArgumentParser:
     dist.add_promise_options(parser)
     arg("--output", required=True, help="curator-only root: ledger snapshots per window, dead letters, counts")
     arg("--previous-ledger", "--previous_ledger", dest="previous_ledger", default="none",
-        help="Parquet files (a glob) of the ledger to continue from, e.g. the last window's snapshots of "
-             "an earlier job; 'none' for a new ledger")
+        help="the ledger to continue from: a glob of every shard's snapshot of the last window released under "
+             "--releases-parquet, as an earlier job wrote them (<its --output>/ledger/window_id=<W>/*/*.parquet; "
+             "checked); 'none' for a new ledger, only where nothing is released yet")
     return parser
 
 
@@ -426,14 +454,143 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, list(beam_args)
 
 
-def _previous_ledger(pattern: str, template: pa.Table) -> pa.Table:
+#: Where the job writes a ledger snapshot: ``<output>/ledger/window_id=<W>/shard=<S>/<digest>.parquet``.
+_SNAPSHOT_PATH = re.compile(r"(?P<root>.+)/window_id=(?P<window>-?[0-9]+)/shard=(?P<shard>[0-9]+)/[^/]+")
+
+
+def _snapshot_place(path: str) -> tuple[str, int, int] | None:
+    """``(ledger root, window, shard)`` of a snapshot file the job wrote, from its path; None for
+    a path without the ``window_id=<W>/shard=<S>/`` folders."""
+    match = _SNAPSHOT_PATH.fullmatch(path.replace("\\", "/"))
+    return None if match is None else (match["root"], int(match["window"]), int(match["shard"]))
+
+
+def _snapshot_glob(root: str, window: int) -> str:
+    return dist.join(root, f"window_id={int(window)}", "*", "*.parquet")
+
+
+def _check_snapshot_paths(pattern: str, paths: Sequence[str], *, releases: str,
+                          released: Sequence[int]) -> tuple[str, int, dict[int, str]]:
+    """``(ledger root, window, {shard: path})`` of the files ``--previous-ledger`` matched, refused
+    (:class:`pipelines.distributed.RunRefused`) unless they are this job's snapshots of one window,
+    at most one file per shard, and that window is the last one released under ``releases``."""
+    option = f"--previous-ledger {pattern!r}"
+    last = max(released) if released else None
+    places = {path: _snapshot_place(path) for path in paths}
+    foreign = [path for path, place in places.items() if place is None]
+    if foreign:
+        hint = (f"; give the last released window's, e.g. --previous-ledger "
+                f"'<earlier --output>/ledger/window_id={last}/*/*.parquet'" if last is not None else "")
+        raise dist.RunRefused(
+            f"{option} matches {len(foreign)} file(s) that are not ledger snapshots of this job, e.g. {foreign[0]}: "
+            f"the job writes them as <output>/ledger/window_id=<W>/shard=<S>/<name>.parquet{hint}")
+    windows = sorted({window for _, window, _ in places.values()})
+    roots = sorted({root for root, _, _ in places.values()})
+    if len(windows) > 1:
+        suggest = f": give the last released window's, '{_snapshot_glob(roots[0], last)}'" if last is not None else ""
+        raise dist.RunRefused(
+            f"{option} matches the snapshots of {len(windows)} windows ({windows[:5]}): a ledger to continue is one "
+            f"window's snapshot, every shard of it, and read together these would count users twice or mix "
+            f"budgets of different days{suggest}")
+    (window,) = windows
+    if len(roots) > 1:
+        raise dist.RunRefused(f"{option} matches snapshots of window {window} under {len(roots)} ledger roots "
+                              f"({roots[:3]}): give the snapshot of one job, '{_snapshot_glob(roots[0], window)}'")
+    (root,) = roots
+    if last is None:
+        raise dist.RunRefused(
+            f"{option} is the snapshot of window {window}, but no window is released under --releases-parquet "
+            f"{releases}: only the releases tell whether it is the snapshot of the last released window (an "
+            f"older one would restart users from an older, smaller budget), so give the --releases-parquet root "
+            f"the earlier job released to")
+    if window != last:
+        state = "an earlier window" if window < last else "a window that is not released"
+        raise dist.RunRefused(
+            f"{option} is the snapshot of window {window} ({state}), but the last window released under {releases} "
+            f"is {last}: users would go on from the budget they had after window {window}, not after {last}, and be "
+            f"under-charged; give window {last}'s snapshots, e.g. --previous-ledger '{_snapshot_glob(root, last)}'")
+    by_shard: dict[int, list[str]] = {}
+    for path, (_, _, shard) in places.items():
+        by_shard.setdefault(shard, []).append(path)
+    repeated = {shard: sorted(found) for shard, found in by_shard.items() if len(found) > 1}
+    if repeated:
+        shard, found = min(repeated.items())
+        raise dist.RunRefused(
+            f"{option} matches {len(found)} files of shard {shard} of window {window} ({found[:2]}): a shard writes "
+            f"one snapshot per window, two are diverging replays of it and neither is known to be the one charged")
+    return root, window, {shard: found[0] for shard, found in by_shard.items()}
+
+
+def _recorded_shards(files: dict[int, str], tables: dict[int, pa.Table], window: int, pattern: str) -> int | None:
+    """The earlier job's shard count as its snapshots record it (None for snapshots written before
+    it was recorded); RunRefused when a file's recorded window or shard is not its folder's, or
+    the files record different counts."""
+    counts = set()
+    for shard, table in tables.items():
+        meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+        said = (meta.get(SNAPSHOT_WINDOW), meta.get(SNAPSHOT_SHARD))
+        if said != (None, None) and said != (str(window), str(shard)):
+            raise dist.RunRefused(f"--previous-ledger {pattern!r}: {files[shard]} records window {said[0]}, shard "
+                                  f"{said[1]} but lies in window_id={window}/shard={shard}: a snapshot moved by hand")
+        if SNAPSHOT_SHARDS in meta:
+            counts.add(int(meta[SNAPSHOT_SHARDS]))
+    if len(counts) > 1:
+        raise dist.RunRefused(f"--previous-ledger {pattern!r}: the snapshots of window {window} record different "
+                              f"shard counts {sorted(counts)}: they are not one job's")
+    return counts.pop() if counts else None
+
+
+def _check_every_shard(pattern: str, root: str, window: int, present: set[int], recorded: int | None) -> None:
+    """RunRefused unless ``present`` is exactly shards 0..N-1 of the job that wrote window
+    ``window``'s snapshot: N as the snapshots record it, else one more than the highest shard
+    folder there is; and every shard folder under ``root/window_id=<window>`` is matched."""
+    folder = dist.join(root, f"window_id={int(window)}")
+    (result,) = FileSystems.match([dist.join(folder, "shard=*", "*.parquet")])
+    on_disk = {place[2] for place in (_snapshot_place(m.path) for m in result.metadata_list) if place is not None}
+    if recorded is not None:
+        n_shards, source = recorded, "as its snapshots record"
+    else:
+        n_shards, source = max(on_disk | present) + 1, f"as the shard folders under {folder} say"
+    missing = sorted(set(range(n_shards)) - present)
+    beyond = sorted((present | on_disk) - set(range(n_shards)))
+    if not missing and not beyond:
+        return
+    if beyond:
+        raise dist.RunRefused(f"--previous-ledger {pattern!r}: window {window} has snapshots of shard(s) {beyond[:10]} "
+                              f"beyond the {n_shards} shards of the job that wrote it ({source}): not one job's")
+    absent = [s for s in missing if s not in on_disk]
+    lost = (f"; shard(s) {absent[:10]} have no snapshot under {folder} at all: the earlier job stopped before "
+            f"writing them or they were lost, and that ledger cannot be continued without them" if absent else "")
+    raise dist.RunRefused(
+        f"--previous-ledger {pattern!r} matches {len(present)} of the {n_shards} shards of window {window} "
+        f"({source}): missing shard(s) {missing[:10]}{' ...' if len(missing) > 10 else ''}, whose users would "
+        f"restart from zero budget; give every shard's snapshot, '{_snapshot_glob(root, window)}'{lost}")
+
+
+def _previous_ledger(pattern: str, template: pa.Table, *, releases: str, released: Sequence[int]) -> pa.Table:
+    """The ledger to continue from: every shard's snapshot of the last window released under
+    ``releases``, read together (a ``--shards`` other than the earlier job's re-shards it by user).
+
+    RunRefused, before anything is read into the graph, when ``pattern`` is ``none`` but windows
+    are released; when it matches no file, a file that is not a snapshot this job wrote
+    (``.../window_id=<W>/shard=<S>/...``), snapshots of more than one window or job, or two files
+    of one shard; when no window is released (nothing to check the snapshot against), or its
+    window is not the last released one; when it misses a shard of the job that wrote it (the
+    count its snapshots record, or else the shard folders there); and when the ledger itself is
+    inconsistent (:meth:`stream.ledger.Ledger.from_arrow`)."""
     if pattern.lower() == "none":
+        if released:
+            raise dist.RunRefused(f"the releases under {releases} include window(s) {list(released)[:5]} but no "
+                                  "--previous-ledger was given: users would restart from zero budget")
         return template.slice(0, 0)
     (result,) = FileSystems.match([dist.absolute(pattern)])
     if not result.metadata_list:
         raise dist.RunRefused(f"--previous-ledger {pattern!r} matches no file")
-    parts = [dist.read_parquet(m.path).replace_schema_metadata(None).cast(template.schema.remove_metadata())
-             for m in sorted(result.metadata_list, key=lambda m: m.path)]
+    root, window, files = _check_snapshot_paths(pattern, [m.path for m in result.metadata_list],
+                                                releases=releases, released=released)
+    tables = {shard: dist.read_parquet(path) for shard, path in sorted(files.items())}
+    _check_every_shard(pattern, root, window, set(files), _recorded_shards(files, tables, window, pattern))
+    parts = [table.replace_schema_metadata(None).cast(template.schema.remove_metadata()) for table in tables.values()]
     table = pa.concat_tables(parts).replace_schema_metadata(template.schema.metadata)
     Ledger.from_arrow(table)  # refuses a user listed twice, budgets out of range, foreign metadata
     return table
@@ -467,10 +624,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     template = Ledger(budget=cal.rho, id_type=id_type, tracker_step=cal.rho / 32.0).to_arrow()
     releases = dist.absolute(args.releases_parquet)
     released = sorted(dist.release_windows_present(releases))
-    previous = _previous_ledger(args.previous_ledger, template)
-    if released and previous.num_rows == 0:
-        raise dist.RunRefused(f"the releases under {releases} include window(s) {released[:5]} but no "
-                              "--previous-ledger was given: users would restart from zero budget")
+    previous = _previous_ledger(args.previous_ledger, template, releases=releases, released=released)
     if released and max(released) >= start:
         raise dist.RunRefused(f"window {max(released)} under {releases} is already released; start after it")
     plan = QueryPlan(tuple(PlannedQuery(q, start) for q in default_queries(columns)))
@@ -503,8 +657,8 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     curator = dist.absolute(args.output)
     dead = (decoded.dead, graph["dead"]) | "DeadLetters" >> beam.Flatten()
     dead_files = dead | "WriteDead" >> beam.ParDo(WriteTable(dist.join(curator, "dead")))
-    ledger_files = graph["ledger"] | "WriteLedger" >> beam.ParDo(WriteTable(dist.join(curator, "ledger"),
-                                                                             _ledger_file))
+    ledger_files = graph["ledger"] | "WriteLedger" >> beam.ParDo(WriteTable(
+        dist.join(curator, "ledger"), functools.partial(_ledger_file, n_shards=args.shards)))
     count_files = graph["counts"] | "WriteCounts" >> beam.ParDo(WriteTable(dist.join(curator, "counts"),
                                                                             _counts_file))
     return {"releases": graph["releases"], "release_files": release_files, "dead_files": dead_files,

@@ -3,7 +3,8 @@
 Replayed on the DirectRunner it gives the releases and the ledger ``renyi-stream run`` gives on
 the same rows and key; with a Pub/Sub source its graph constructs under Dataflow's streaming
 options, round-trips the portable proto and keys its state with deterministic coders; bad
-messages are dead letters with reasons, and a job that would restart users from zero is refused.
+messages are dead letters with reasons, and a job that would restart users from zero is refused,
+as is one whose ``--previous-ledger`` is not every shard's snapshot of the last released window.
 """
 
 from __future__ import annotations
@@ -160,3 +161,144 @@ def test_every_option_of_the_dataflow_stream_command_is_known_to_the_job_or_to_b
     unknown = sorted(o for o in options if o not in ours and o not in beam_options)
     assert not unknown, f"launch.sh stream passes options nobody reads: {unknown}"
     assert {"--subscription", "--streaming", "--enable_streaming_engine", "--noise-key-secret"} <= options
+
+
+# --- --previous-ledger: every shard's snapshot of the last released window, nothing else ----------
+
+
+def _set(args: list[str], **options) -> list[str]:
+    """``args`` with each ``--option`` (underscores as dashes) set to the value given."""
+    args = list(args)
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if flag in args:
+            args[args.index(flag) + 1] = str(value)
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def _earlier_job(tmp_path, messages) -> Path:
+    """A job over the first two days (snapshots of windows W0 and W0 + 1, 3 shards); its ledger root."""
+    assert sj.main(_set(_args(tmp_path, ["--replay", *messages[:4]]), end="2026-03-02")) == 0
+    return tmp_path / "curator" / "ledger"
+
+
+def _follow_up(tmp_path, messages, previous, **options) -> list[str]:
+    """The job that goes on with the third day from ``previous``, into an --output of its own."""
+    return _set(_args(tmp_path, ["--replay", *messages[4:]]), start="2026-03-03", previous_ledger=previous,
+                output=tmp_path / "curator-2", **options)
+
+
+def _snapshot(ledger_root: Path) -> list[tuple]:
+    tables = [pq.read_table(f) for f in sorted(ledger_root.glob("shard=*/*.parquet"))]
+    table = pa.concat_tables([t.replace_schema_metadata(None) for t in tables]).sort_by("user_id")
+    return list(zip(table.column("user_id").to_pylist(), table.column("used").to_pylist()))
+
+
+def _refused(tmp_path, args: list[str], capsys) -> str:
+    """The refusal's message; asserts that the job built and wrote nothing."""
+    assert sj.main(args) == 2
+    assert not (tmp_path / "curator-2").exists() and not (tmp_path / "public" / f"window_id={W0 + 2}").exists()
+    err = capsys.readouterr().err
+    assert "refused" in err and "--previous-ledger" in err
+    return err
+
+
+@pytest.mark.parametrize("shards", [3, 2], ids=["same-shards", "re-sharded"])
+def test_the_last_released_windows_snapshot_continues_the_ledger_of_one_uninterrupted_job(tmp_path, days, shards):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    assert sj.main(_follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/*/*.parquet", shards=shards)) == 0
+    assert sj.main(_set(_args(tmp_path, ["--replay", *messages]), releases_parquet=tmp_path / "whole-public",
+                        output=tmp_path / "whole")) == 0
+    window = f"window_id={W0 + 2}"
+    continued = _snapshot(tmp_path / "curator-2" / "ledger" / window)
+    whole = _snapshot(tmp_path / "whole" / "ledger" / window)
+    assert [u for u, _ in continued] == [u for u, _ in whole] and len(whole) > 120
+    assert [c for _, c in continued] == pytest.approx([c for _, c in whole], rel=1e-12)
+    released = pq.read_table(tmp_path / "public" / window / "releases.parquet").sort_by("query_id")
+    expected = pq.read_table(tmp_path / "whole-public" / window / "releases.parquet").sort_by("query_id")
+    assert released.column("value").to_pylist() == pytest.approx(expected.column("value").to_pylist(), rel=1e-9)
+
+
+def test_a_snapshot_of_an_earlier_window_than_the_last_released_one_is_refused_naming_both(tmp_path, days, capsys):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    err = _refused(tmp_path, _follow_up(tmp_path, messages, f"{ledger}/window_id={W0}/*/*.parquet"), capsys)
+    assert f"snapshot of window {W0} " in err and f"last window released under {tmp_path / 'public'} is {W0 + 1}" in err
+    assert f"{ledger}/window_id={W0 + 1}/*/*.parquet" in err  # what to give instead
+
+
+def test_a_glob_matching_only_some_shards_is_refused_naming_the_missing_shards(tmp_path, days, capsys):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    err = _refused(tmp_path, _follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/shard=0/*.parquet"), capsys)
+    assert "matches 1 of the 3 shards" in err and "missing shard(s) [1, 2]" in err
+
+
+def test_a_shard_whose_snapshot_is_gone_is_refused_though_the_glob_matches_every_file_left(tmp_path, days, capsys):
+    import shutil
+
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    shutil.rmtree(ledger / f"window_id={W0 + 1}" / "shard=2")  # the job stopped before writing it, or it was lost
+    err = _refused(tmp_path, _follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/*/*.parquet"), capsys)
+    assert "missing shard(s) [2]" in err and "as its snapshots record" in err and "no snapshot" in err
+
+
+def test_a_glob_matching_the_snapshots_of_two_windows_is_refused(tmp_path, days, capsys):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    err = _refused(tmp_path, _follow_up(tmp_path, messages, f"{ledger}/window_id=*/*/*.parquet"), capsys)
+    assert f"snapshots of 2 windows ([{W0}, {W0 + 1}])" in err
+
+
+def test_a_file_that_is_not_a_snapshot_written_by_the_job_is_refused(tmp_path, days, capsys):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    # A valid ledger (the last window's shards merged by hand), but not where and how the job writes one.
+    parts = [pq.read_table(f) for f in sorted((ledger / f"window_id={W0 + 1}").glob("shard=*/*.parquet"))]
+    merged = tmp_path / "copied" / "ledger.parquet"
+    merged.parent.mkdir()
+    pq.write_table(pa.concat_tables(parts), merged)
+    err = _refused(tmp_path, _follow_up(tmp_path, messages, str(merged)), capsys)
+    assert "not ledger snapshots of this job" in err and str(merged) in err
+
+
+def test_a_snapshot_given_over_a_release_root_without_releases_is_refused(tmp_path, days, capsys):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    args = _follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/*/*.parquet",
+                      releases_parquet=tmp_path / "other-public")
+    err = _refused(tmp_path, args, capsys)
+    assert f"snapshot of window {W0 + 1}" in err and "no window is released" in err
+    assert not (tmp_path / "other-public").exists()
+
+
+def test_two_snapshot_files_of_one_shard_are_refused(tmp_path, days, capsys):
+    import shutil
+
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    (first,) = (ledger / f"window_id={W0 + 1}" / "shard=1").glob("*.parquet")
+    shutil.copy(first, first.with_name("replayed.parquet"))  # a second file in the folder: a diverged replay
+    err = _refused(tmp_path, _follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/*/*.parquet"), capsys)
+    assert f"matches 2 files of shard 1 of window {W0 + 1}" in err
+
+
+def test_a_snapshot_without_a_recorded_shard_count_is_checked_against_the_shard_folders_there(tmp_path, days):
+    import shutil
+
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    shutil.rmtree(ledger / f"window_id={W0 + 1}" / "shard=1")
+    root = str(ledger.resolve())
+    with pytest.raises(sj.dist.RunRefused, match=r"matches 2 of the 3 shards .*shard folders under .*missing shard"
+                                                 r"\(s\) \[1\]"):
+        sj._check_every_shard("glob", root, W0 + 1, {0, 2}, recorded=None)
+    with pytest.raises(sj.dist.RunRefused, match=r"matches 1 of the 3 shards .*missing shard\(s\) \[0, 1\]"):
+        sj._check_every_shard("glob", root, W0 + 1, {2}, recorded=None)  # shard 0's folder is there, not matched
+    # Without the recorded count, a lost highest shard cannot be told from a job with fewer shards.
+    shutil.rmtree(ledger / f"window_id={W0 + 1}" / "shard=2")
+    sj._check_every_shard("glob", root, W0 + 1, {0}, recorded=None)
