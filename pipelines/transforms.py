@@ -196,8 +196,9 @@ def split_by_shard(table: pa.Table, n_shards: int) -> Iterator[tuple[int, tuple[
     """One ``(shard, ("rows", table))`` element per shard present in ``table``, rows in their
     original order within each shard."""
     shards = shard_of(table.column(USER_ID), n_shards)
-    # Shard numbers fit 16 bits (n_shards <= 4096), where NumPy's stable sort is a radix sort.
-    order = np.argsort(shards.astype(np.int16), kind="stable")
+    # Shard numbers fit 16 bits unsigned (every job allows at most 65,536 shards), where NumPy's
+    # stable sort is a radix sort.
+    order = np.argsort(shards.astype(np.uint16) if n_shards <= 1 << 16 else shards, kind="stable")
     sorted_shards = shards[order]
     bounds = np.r_[0, np.flatnonzero(np.diff(sorted_shards)) + 1, order.size]
     grouped = table.take(pa.array(order))  # one gather, then zero-copy slices

@@ -80,3 +80,18 @@ def test_packed_rows_passed_through_a_second_pickle_are_not_recompressed():
     assert pickle.dumps(passed) == first
     assert passed._table is None  # nothing decoded until the timer reads the rows
     assert pickle.loads(pickle.dumps(passed)).table.equals(table)
+
+
+def test_split_by_shard_keeps_every_row_once_in_its_shard_for_any_shard_count():
+    from pipelines.sharding import shard_of
+    from pipelines.transforms import split_by_shard
+
+    ids = np.random.default_rng(5).integers(-2**62, 2**62, size=3_000)
+    table = pa.table({"user_id": pa.array(ids), "_row": pa.array(np.arange(ids.size))})
+    for n_shards in (1, 7, 4_096, 65_536, 70_000):
+        parts = list(split_by_shard(table, n_shards))
+        rows = np.concatenate([part.column("_row").to_numpy() for _, (_, part) in parts])
+        assert sorted(rows.tolist()) == list(range(ids.size)), n_shards
+        for shard, (_, part) in parts:
+            assert set(shard_of(part.column("user_id"), n_shards).tolist()) == {shard}
+            assert np.all(np.diff(part.column("_row").to_numpy()) > 0)  # input order kept
