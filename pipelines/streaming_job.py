@@ -76,6 +76,24 @@ It also refuses ``none`` when windows are released (users would restart from zer
 snapshot when no window is released under ``--releases-parquet`` (nothing to check it is the
 latest against: give the root the earlier job released to). This run's ``--shards`` may differ
 from the earlier job's: the snapshot is read whole and split again by ``hash(user) % --shards``.
+
+A ledger keeps for life the parameters it was started with, as the batch job's does
+(:data:`pipelines.distributed.FIXED`): each snapshot records in its schema metadata
+(``renyi_stream.<name>``, :data:`SNAPSHOT_FIXED`) ``epsilon``, ``delta``, ``norm_budget``,
+``accounting``, ``rho``, ``noise_std``, ``tracker_step``, ``id_type``, ``key_fingerprint``,
+``window_seconds``, ``origin_seconds`` and ``releases`` (the ``--releases-parquet`` root), floats
+as their ``repr``. Before anything is built, :func:`_check_parameters` compares them exactly with
+this run's (release roots normalised as :func:`pipelines.distributed.absolute` does, so
+``gs://b/r/`` is ``gs://b/r``) and refuses, naming every differing parameter with the ledger's
+value and this run's: another ``--epsilon``, ``--delta``, ``--norm-budget``, ``--accounting``,
+noise key or ``--window`` would change every user's promise mid-stream, their used budgets
+having been charged under the old one, and a snapshot of a job releasing under another root (a
+staging job's, of the right window id) charged its users for other releases. Snapshots that do
+not record the parameters (written before the job recorded them) are refused too: they cannot be
+checked. :func:`record_snapshot_parameters` copies them to a new ledger root recording the
+earlier job's arguments, after checking what the snapshots can confirm (the ledger's budget,
+tracker step and id type); give it the earlier job's own arguments.
+
 The ledger lives in the runner's keyed state between (checkpointed by Flink together with the
 Kafka offsets, committed with each bundle by Dataflow's streaming engine); ``deploy/README.md``
 has the recovery story.
@@ -124,6 +142,8 @@ from stream.ledger import Ledger, Policy
 from stream.schema import WINDOW_ID, SchemaError, WindowSpec, validate_batch
 
 UNDECODABLE = "undecodable_message"
+#: The ledger's user id type (string ids: a later option; the validator keeps them, the ledger index takes both).
+ID_TYPE = "int64"
 
 
 def decode_message(payload: bytes) -> pa.Table:
@@ -326,10 +346,15 @@ class WriteTable(beam.DoFn):
 
     def process(self, element: Any) -> Iterator[str]:
         sub, table = self._folder(element) if self._folder else ("", element)
-        digest = hashlib.sha256(encode_message(table)).hexdigest()[:24]
-        path = dist.join(self._root, *([sub] if sub else []), f"{digest}.parquet")
-        dist.write_parquet(path, table)
-        yield path
+        yield _write_named(self._root, sub, table)
+
+
+def _write_named(root: str, sub: str, table: pa.Table) -> str:
+    """Write ``table`` as ``<root>/<sub>/<content digest>.parquet``; returns the path."""
+    digest = hashlib.sha256(encode_message(table)).hexdigest()[:24]
+    path = dist.join(root, *([sub] if sub else []), f"{digest}.parquet")
+    dist.write_parquet(path, table)
+    return path
 
 
 class WriteWindowFile(beam.DoFn):
@@ -365,13 +390,40 @@ class WriteWindowFile(beam.DoFn):
 #: ``--previous-ledger`` can tell whether it holds every shard of one window (:func:`_previous_ledger`).
 SNAPSHOT_WINDOW, SNAPSHOT_SHARD, SNAPSHOT_SHARDS = (
     "renyi_stream.window_id", "renyi_stream.shard", "renyi_stream.n_shards")
+#: What a ledger keeps for its whole life, recorded in every snapshot's schema metadata as
+#: ``renyi_stream.<name>`` (:func:`_parameter_key`) and compared exactly (floats as their ``repr``)
+#: by a job that continues it: the batch job's :data:`pipelines.distributed.FIXED` (the promise,
+#: its accounting and calibration, the noise key's fingerprint, the windows) and ``releases``, the
+#: public release root the ledger's windows were released under.
+SNAPSHOT_FIXED = (*dist.FIXED, "releases")
 
 
-def _ledger_file(item: tuple[int, int, pa.Table], *, n_shards: int) -> tuple[str, pa.Table]:
+def _parameter_key(name: str) -> str:
+    return f"renyi_stream.{name}"
+
+
+def _parameters(*, cal: Any, id_type: str, fingerprint: str, spec: WindowSpec, releases: str) -> dict[str, Any]:
+    """This job's :data:`SNAPSHOT_FIXED` values (the batch job's ``parameters``, plus the release root)."""
+    return {"epsilon": cal.epsilon, "delta": cal.delta, "norm_budget": cal.norm_budget,
+            "accounting": cal.accounting, "rho": cal.rho, "noise_std": cal.noise_std,
+            "tracker_step": cal.rho / 32.0, "id_type": id_type, "key_fingerprint": fingerprint,
+            "window_seconds": spec.length_seconds, "origin_seconds": spec.origin_seconds,
+            "releases": dist.absolute(releases)}
+
+
+def _as_text(parameters: dict[str, Any]) -> dict[str, str]:
+    """The values as recorded: a float as its ``repr`` (exact round trip), anything else as ``str``."""
+    return {name: repr(float(value)) if isinstance(value, float) else str(value) for name, value in parameters.items()}
+
+
+def _ledger_file(item: tuple[int, int, pa.Table], *, n_shards: int,
+                 parameters: dict[str, str]) -> tuple[str, pa.Table]:
     """``(shard, window, ledger)`` -> ``("window_id=W/shard=S", ledger)``, the snapshot recording
-    its window, shard and the job's shard count in its schema metadata."""
+    its window, shard, the job's shard count and the parameters the ledger keeps for life
+    (:data:`SNAPSHOT_FIXED`, as :func:`_as_text` writes them) in its schema metadata."""
     shard, window, table = item
-    recorded = {SNAPSHOT_WINDOW: int(window), SNAPSHOT_SHARD: int(shard), SNAPSHOT_SHARDS: int(n_shards)}
+    recorded = {SNAPSHOT_WINDOW: int(window), SNAPSHOT_SHARD: int(shard), SNAPSHOT_SHARDS: int(n_shards),
+                **{_parameter_key(name): parameters[name] for name in SNAPSHOT_FIXED}}
     metadata = {**(table.schema.metadata or {}), **{k.encode(): str(v).encode() for k, v in recorded.items()}}
     return f"window_id={int(window)}/shard={int(shard)}", table.replace_schema_metadata(metadata)
 
@@ -422,7 +474,8 @@ def _parser() -> argparse.ArgumentParser:
     arg("--previous-ledger", "--previous_ledger", dest="previous_ledger", default="none",
         help="the ledger to continue from: a glob of every shard's snapshot of the last window released under "
              "--releases-parquet, as an earlier job wrote them (<its --output>/ledger/window_id=<W>/*/*.parquet; "
-             "checked); 'none' for a new ledger, only where nothing is released yet")
+             "checked, and so are the promise, accounting, key, window length and release root they record: "
+             "they must be this run's); 'none' for a new ledger, only where nothing is released yet")
     return parser
 
 
@@ -567,7 +620,75 @@ def _check_every_shard(pattern: str, root: str, window: int, present: set[int], 
         f"restart from zero budget; give every shard's snapshot, '{_snapshot_glob(root, window)}'{lost}")
 
 
-def _previous_ledger(pattern: str, template: pa.Table, *, releases: str, released: Sequence[int]) -> pa.Table:
+def _metadata(table: pa.Table) -> dict[str, str]:
+    return {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+
+
+def _compared(name: str, text: str) -> str:
+    """A recorded value as compared: a release root normalised as :func:`pipelines.distributed.absolute`
+    does (``gs://b/r/`` is ``gs://b/r``), anything else as it is."""
+    return dist.absolute(text) if name == "releases" else text
+
+
+def _shown(text: str, like: Any) -> Any:
+    """A recorded value as a message shows it: of the type of this run's value where it parses."""
+    try:
+        return type(like)(text) if isinstance(like, (int, float)) else text
+    except ValueError:
+        return text
+
+
+def _check_parameters(pattern: str, files: dict[int, str], metadata: dict[int, dict[str, str]],
+                      parameters: dict[str, Any]) -> None:
+    """RunRefused unless every snapshot records :data:`SNAPSHOT_FIXED` and its values are this
+    run's (``parameters``, :func:`_parameters`), exactly; the message names every differing
+    parameter with the value the snapshots record and this run's, as the batch job's does."""
+    option = f"--previous-ledger {pattern!r}"
+    for shard, meta in sorted(metadata.items()):
+        absent = [name for name in SNAPSHOT_FIXED if _parameter_key(name) not in meta]
+        if absent:
+            raise dist.RunRefused(
+                f"{option}: {files[shard]} does not record the parameters its ledger keeps for life ({absent}; "
+                f"written before the streaming job recorded them), so this run cannot check that it keeps the "
+                f"promise the earlier job made to every user (a larger epsilon or norm budget, another accounting, "
+                f"delta, key, window length or release root would silently break it). If this run's parameters "
+                f"are exactly the earlier job's, record them in a copy of the snapshots with "
+                f"pipelines.streaming_job.record_snapshot_parameters(<this glob>, <a new ledger root>, <the earlier "
+                f"job's arguments>) (deploy/README.md, 'Streaming mode') and give the copy as --previous-ledger")
+    now = _as_text(parameters)
+    said = {name: sorted({_compared(name, meta[_parameter_key(name)]) for meta in metadata.values()})
+            for name in SNAPSHOT_FIXED}
+    changed = [name for name in SNAPSHOT_FIXED if said[name] != [_compared(name, now[name])]]
+    if not changed:
+        return
+    was = {name: [_shown(v, parameters[name]) for v in said[name]] if len(said[name]) > 1
+           else _shown(said[name][0], parameters[name]) for name in changed}
+    this = {name: parameters[name] for name in changed}
+    elsewhere = (" (the snapshot of a job that released under another root, e.g. a staging job's, charged its "
+                 "users for other releases)" if "releases" in changed else "")
+    raise dist.RunRefused(
+        f"{option}: this run's parameters differ from the ledger's ({was} before, {this} now): a ledger keeps the "
+        f"promise, accounting, key, windows and release root it was started with{elsewhere}; a change mid-stream "
+        f"would change every user's promise (the budgets they have used were charged under the old parameters). "
+        f"Give this run the earlier job's values")
+
+
+def _read_snapshots(pattern: str, *, releases: str,
+                    released: Sequence[int]) -> tuple[str, int, dict[int, str], dict[int, pa.Table]]:
+    """``(ledger root, window, {shard: path}, {shard: table})``: every shard's snapshot of the last
+    window released under ``releases`` that ``pattern`` matches, checked as :func:`_previous_ledger` says."""
+    (result,) = FileSystems.match([dist.absolute(pattern)])
+    if not result.metadata_list:
+        raise dist.RunRefused(f"--previous-ledger {pattern!r} matches no file")
+    root, window, files = _check_snapshot_paths(pattern, [m.path for m in result.metadata_list],
+                                                releases=releases, released=released)
+    tables = {shard: dist.read_parquet(path) for shard, path in sorted(files.items())}
+    _check_every_shard(pattern, root, window, set(files), _recorded_shards(files, tables, window, pattern))
+    return root, window, files, tables
+
+
+def _previous_ledger(pattern: str, template: pa.Table, *, releases: str, released: Sequence[int],
+                     parameters: dict[str, Any]) -> pa.Table:
     """The ledger to continue from: every shard's snapshot of the last window released under
     ``releases``, read together (a ``--shards`` other than the earlier job's re-shards it by user).
 
@@ -576,24 +697,64 @@ def _previous_ledger(pattern: str, template: pa.Table, *, releases: str, release
     (``.../window_id=<W>/shard=<S>/...``), snapshots of more than one window or job, or two files
     of one shard; when no window is released (nothing to check the snapshot against), or its
     window is not the last released one; when it misses a shard of the job that wrote it (the
-    count its snapshots record, or else the shard folders there); and when the ledger itself is
-    inconsistent (:meth:`stream.ledger.Ledger.from_arrow`)."""
+    count its snapshots record, or else the shard folders there); when the snapshots do not
+    record the parameters the ledger keeps for life (:data:`SNAPSHOT_FIXED`) or record values
+    other than this run's ``parameters`` (:func:`_check_parameters`); and when the ledger itself
+    is inconsistent (:meth:`stream.ledger.Ledger.from_arrow`)."""
     if pattern.lower() == "none":
         if released:
             raise dist.RunRefused(f"the releases under {releases} include window(s) {list(released)[:5]} but no "
                                   "--previous-ledger was given: users would restart from zero budget")
         return template.slice(0, 0)
-    (result,) = FileSystems.match([dist.absolute(pattern)])
-    if not result.metadata_list:
-        raise dist.RunRefused(f"--previous-ledger {pattern!r} matches no file")
-    root, window, files = _check_snapshot_paths(pattern, [m.path for m in result.metadata_list],
-                                                releases=releases, released=released)
-    tables = {shard: dist.read_parquet(path) for shard, path in sorted(files.items())}
-    _check_every_shard(pattern, root, window, set(files), _recorded_shards(files, tables, window, pattern))
+    _, _, files, tables = _read_snapshots(pattern, releases=releases, released=released)
+    _check_parameters(pattern, files, {shard: _metadata(t) for shard, t in tables.items()}, parameters)
     parts = [table.replace_schema_metadata(None).cast(template.schema.remove_metadata()) for table in tables.values()]
     table = pa.concat_tables(parts).replace_schema_metadata(template.schema.metadata)
-    Ledger.from_arrow(table)  # refuses a user listed twice, budgets out of range, foreign metadata
+    # The rows only: nulls, a user listed twice, used budgets outside [0, this run's rho], trackers below
+    # them. The metadata it reads is this run's template's; the snapshots' own parameters were
+    # compared with this run's by _check_parameters above.
+    Ledger.from_arrow(table)
     return table
+
+
+def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[str]) -> list[str]:
+    """Copy snapshots written before the job recorded its parameters to a new ledger root
+    ``destination``, recording those of ``argv``; returns the paths written. Give the copy
+    (``<destination>/window_id=<W>/*/*.parquet``) as the next job's ``--previous-ledger``.
+
+    ``argv`` must be **the earlier job's arguments**, as it was launched (the options of
+    ``python -m pipelines.streaming_job``): what is recorded is what every later job is checked
+    against, and the snapshots can confirm only part of it. Checked, RunRefused otherwise: the
+    snapshots are every shard's of the last window released under ``argv``'s
+    ``--releases-parquet`` (as :func:`_previous_ledger` checks them), ``destination`` is not
+    their ledger root (a snapshot is never rewritten), and ``argv`` gives the budget (rho), tracker
+    step and id type of the snapshots' ledgers and any parameter they already record. Not
+    checkable: a delta, epsilon and accounting giving the same rho, the norm budget, the key and
+    the window length."""
+    args, _ = parse_args(argv)
+    spec = WindowSpec(length_seconds=dist._window_seconds(args.window))
+    _, fingerprint, _ = dist._key_fingerprint(args)
+    cal = calibrate(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget, accounting=args.accounting)
+    releases = dist.absolute(args.releases_parquet)
+    parameters = _parameters(cal=cal, id_type=ID_TYPE, fingerprint=fingerprint, spec=spec, releases=releases)
+    text = _as_text(parameters)
+    root, window, files, tables = _read_snapshots(pattern, releases=releases,
+                                                  released=sorted(dist.release_windows_present(releases)))
+    if dist.absolute(destination) == root:
+        raise dist.RunRefused(f"the copy's root {destination} is the snapshots' own: give a new ledger root")
+    own = (("budget", "rho"), ("tracker_step", "tracker_step"), ("id_type", "id_type"))  # Ledger.to_arrow's
+    for shard, table in tables.items():
+        meta = _metadata(table)
+        keys = [*own, *((_parameter_key(name), name) for name in SNAPSHOT_FIXED if _parameter_key(name) in meta)]
+        differ = [(key, name) for key, name in keys
+                  if key not in meta or _compared(name, meta[key]) != _compared(name, text[name])]
+        if differ:
+            raise dist.RunRefused(
+                f"{files[shard]} records {({key: meta.get(key) for key, _ in differ})}, these arguments give "
+                f"{({key: text[name] for key, name in differ})}: they are not the arguments of the job that wrote it")
+    return [_write_named(dist.absolute(destination), *_ledger_file((shard, window, table), n_shards=len(files),
+                                                                     parameters=text))
+            for shard, table in sorted(tables.items())]
 
 
 def build(p: beam.Pipeline, args: argparse.Namespace,
@@ -620,11 +781,13 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         raise dist.RunRefused("--columns must name at least one indicator column")
     key_path, fingerprint, _ = dist._key_fingerprint(args)
     cal = calibrate(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget, accounting=args.accounting)
-    id_type = "int64"  # string ids: a later option; the validator keeps them, the ledger index takes both
+    id_type = ID_TYPE
     template = Ledger(budget=cal.rho, id_type=id_type, tracker_step=cal.rho / 32.0).to_arrow()
     releases = dist.absolute(args.releases_parquet)
     released = sorted(dist.release_windows_present(releases))
-    previous = _previous_ledger(args.previous_ledger, template, releases=releases, released=released)
+    parameters = _parameters(cal=cal, id_type=id_type, fingerprint=fingerprint, spec=spec, releases=releases)
+    previous = _previous_ledger(args.previous_ledger, template, releases=releases, released=released,
+                                parameters=parameters)
     if released and max(released) >= start:
         raise dist.RunRefused(f"window {max(released)} under {releases} is already released; start after it")
     plan = QueryPlan(tuple(PlannedQuery(q, start) for q in default_queries(columns)))
@@ -658,7 +821,8 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     dead = (decoded.dead, graph["dead"]) | "DeadLetters" >> beam.Flatten()
     dead_files = dead | "WriteDead" >> beam.ParDo(WriteTable(dist.join(curator, "dead")))
     ledger_files = graph["ledger"] | "WriteLedger" >> beam.ParDo(WriteTable(
-        dist.join(curator, "ledger"), functools.partial(_ledger_file, n_shards=args.shards)))
+        dist.join(curator, "ledger"), functools.partial(_ledger_file, n_shards=args.shards,
+                                                        parameters=_as_text(parameters))))
     count_files = graph["counts"] | "WriteCounts" >> beam.ParDo(WriteTable(dist.join(curator, "counts"),
                                                                             _counts_file))
     return {"releases": graph["releases"], "release_files": release_files, "dead_files": dead_files,

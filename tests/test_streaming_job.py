@@ -4,13 +4,15 @@ Replayed on the DirectRunner it gives the releases and the ledger ``renyi-stream
 the same rows and key; with a Pub/Sub source its graph constructs under Dataflow's streaming
 options, round-trips the portable proto and keys its state with deterministic coders; bad
 messages are dead letters with reasons, and a job that would restart users from zero is refused,
-as is one whose ``--previous-ledger`` is not every shard's snapshot of the last released window.
+as is one whose ``--previous-ledger`` is not every shard's snapshot of the last released window, or
+whose parameters (promise, accounting, key, window length, release root) are not the ledger's.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 from pathlib import Path
 
 import apache_beam as beam
@@ -25,7 +27,9 @@ from apache_beam.runners import pipeline_context
 
 from pipelines import streaming_job as sj
 from pipelines.daily_job import JobConfig, run_job
+from stream.accounting import calibrate
 from stream.noise import NoiseKey
+from stream.schema import WindowSpec
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -178,9 +182,14 @@ def _set(args: list[str], **options) -> list[str]:
     return args
 
 
+def _earlier_args(tmp_path, messages, **options) -> list[str]:
+    """The arguments of a job over the first two days (windows W0 and W0 + 1, 3 shards)."""
+    return _set(_args(tmp_path, ["--replay", *messages[:4]]), end="2026-03-02", **options)
+
+
 def _earlier_job(tmp_path, messages) -> Path:
     """A job over the first two days (snapshots of windows W0 and W0 + 1, 3 shards); its ledger root."""
-    assert sj.main(_set(_args(tmp_path, ["--replay", *messages[:4]]), end="2026-03-02")) == 0
+    assert sj.main(_earlier_args(tmp_path, messages)) == 0
     return tmp_path / "curator" / "ledger"
 
 
@@ -302,3 +311,119 @@ def test_a_snapshot_without_a_recorded_shard_count_is_checked_against_the_shard_
     # Without the recorded count, a lost highest shard cannot be told from a job with fewer shards.
     shutil.rmtree(ledger / f"window_id={W0 + 1}" / "shard=2")
     sj._check_every_shard("glob", root, W0 + 1, {0}, recorded=None)
+
+
+# --- the parameters a ledger keeps for life: a follow-up job must have the earlier job's ----------
+
+
+def _differ(err: str, parameter: str, before, now) -> bool:
+    """Whether ``err`` is the refusal naming ``parameter`` with the ledger's value and this run's."""
+    return re.search(rf"\(\{{[^}}]*'{parameter}': {re.escape(repr(before))}[^}}]*\}} before, "
+                     rf"\{{[^}}]*'{parameter}': {re.escape(repr(now))}[^}}]*\}} now\)", err) is not None
+
+
+@pytest.mark.parametrize("option, value, parameter, before, now", [
+    ("epsilon", "2", "epsilon", EPSILON, 2.0),
+    ("delta", "1e-5", "delta", DELTA, 1e-5),
+    ("norm_budget", "3", "norm_budget", NORM_BUDGET, 3.0),
+    ("accounting", "zcdp-cks", "accounting", "gdp", "zcdp-cks"),
+    ("window", "12h", "window_seconds", 86_400, 43_200),
+], ids=["epsilon", "delta", "norm-budget", "accounting", "window-length"])
+def test_a_follow_up_with_another_promise_accounting_or_window_length_is_refused_naming_both_values(
+        tmp_path, days, capsys, option, value, parameter, before, now):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    args = _follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/*/*.parquet", **{option: value})
+    err = _refused(tmp_path, args, capsys)
+    assert _differ(err, parameter, before, now), err
+    assert "parameters differ from the ledger's" in err and "change every user's promise" in err
+
+
+def test_a_follow_up_with_another_noise_key_is_refused_naming_both_fingerprints(tmp_path, days, capsys):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    other = NoiseKey.load_or_create(tmp_path / "other-key" / "noise.key")
+    args = _follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/*/*.parquet",
+                      noise_key=tmp_path / "other-key" / "noise.key")
+    err = _refused(tmp_path, args, capsys)
+    assert _differ(err, "key_fingerprint", NoiseKey.load(_key(tmp_path)).fingerprint, other.fingerprint), err
+
+
+def test_a_snapshot_of_a_job_releasing_under_another_root_is_refused_though_its_window_is_the_last(
+        tmp_path, days, capsys):
+    messages, _ = days
+    _earlier_job(tmp_path, messages)  # released W0 and W0 + 1 under public/
+    staging = _earlier_args(tmp_path, messages, releases_parquet=tmp_path / "staging-public",
+                            output=tmp_path / "staging")
+    assert sj.main(staging) == 0  # the same windows, released under another root
+    args = _follow_up(tmp_path, messages, f"{tmp_path / 'staging' / 'ledger'}/window_id={W0 + 1}/*/*.parquet")
+    err = _refused(tmp_path, args, capsys)
+    assert _differ(err, "releases", str(tmp_path / "staging-public"), str(tmp_path / "public")), err
+    assert "another root" in err
+
+
+def _recorded_parameters(releases: str) -> tuple[dict, dict]:
+    """``(parameters, metadata)``: a run's parameters, and a snapshot's metadata recording them with
+    the release root written as ``releases``."""
+    cal = calibrate(epsilon=EPSILON, delta=DELTA, norm_budget=NORM_BUDGET, accounting="gdp")
+    parameters = sj._parameters(cal=cal, id_type="int64", fingerprint="0123abcd", spec=WindowSpec(),
+                                releases="gs://acme-public/releases")
+    recorded = {sj._parameter_key(k): v for k, v in sj._as_text(parameters).items()}
+    return parameters, {**recorded, sj._parameter_key("releases"): releases}
+
+
+def test_release_roots_are_compared_normalised_so_a_trailing_slash_names_the_same_root():
+    parameters, metadata = _recorded_parameters("gs://acme-public/releases/")
+    sj._check_parameters("glob", {0: "a.parquet"}, {0: metadata}, parameters)
+    parameters, metadata = _recorded_parameters("gs://acme-staging/releases/")
+    with pytest.raises(sj.dist.RunRefused, match=r"'releases': 'gs://acme-staging/releases'\} before, "
+                                                 r"\{'releases': 'gs://acme-public/releases'\} now"):
+        sj._check_parameters("glob", {0: "a.parquet"}, {0: metadata}, parameters)
+
+
+def _forget_parameters(folder: Path) -> None:
+    """Rewrite every snapshot under ``folder`` as the job wrote it before it recorded its parameters."""
+    keys = {sj._parameter_key(name).encode() for name in sj.SNAPSHOT_FIXED}
+    for path in folder.glob("shard=*/*.parquet"):
+        table = pq.read_table(path)
+        pq.write_table(table.replace_schema_metadata(
+            {k: v for k, v in table.schema.metadata.items() if k not in keys}), path)
+
+
+def test_snapshots_that_do_not_record_the_ledgers_parameters_are_refused_saying_how_to_go_on(
+        tmp_path, days, capsys):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    _forget_parameters(ledger / f"window_id={W0 + 1}")
+    err = _refused(tmp_path, _follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/*/*.parquet"), capsys)
+    assert "does not record the parameters its ledger keeps for life" in err and "cannot check" in err
+    assert "record_snapshot_parameters" in err
+
+
+def test_recording_the_earlier_jobs_parameters_in_a_copy_lets_the_next_job_continue(tmp_path, days):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    _forget_parameters(ledger / f"window_id={W0 + 1}")
+    copy = tmp_path / "recorded-ledger"
+    written = sj.record_snapshot_parameters(f"{ledger}/window_id={W0 + 1}/*/*.parquet", str(copy),
+                                            _earlier_args(tmp_path, messages))
+    assert len(written) == 3 and _snapshot(copy / f"window_id={W0 + 1}") == _snapshot(ledger / f"window_id={W0 + 1}")
+    assert sj.main(_follow_up(tmp_path, messages, f"{copy}/window_id={W0 + 1}/*/*.parquet")) == 0
+    assert _snapshot(tmp_path / "curator-2" / "ledger" / f"window_id={W0 + 2}")
+
+
+@pytest.mark.parametrize("case", ["arguments-the-snapshots-contradict", "into-the-snapshots-own-root"])
+def test_recording_parameters_is_refused_for_contradicting_arguments_or_over_the_snapshots(tmp_path, days, case):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    _forget_parameters(ledger / f"window_id={W0 + 1}")
+    before = sorted(tmp_path.rglob("*.parquet"))
+    if case == "arguments-the-snapshots-contradict":
+        copy, argv = tmp_path / "recorded-ledger", _earlier_args(tmp_path, messages, epsilon=2)
+        match = r"records \{'budget': .*these arguments give .*not the arguments of the job that wrote it"
+    else:
+        copy, argv = ledger, _earlier_args(tmp_path, messages)
+        match = r"is the snapshots' own: give a new ledger root"
+    with pytest.raises(sj.dist.RunRefused, match=match):
+        sj.record_snapshot_parameters(f"{ledger}/window_id={W0 + 1}/*/*.parquet", str(copy), argv)
+    assert sorted(tmp_path.rglob("*.parquet")) == before
