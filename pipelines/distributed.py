@@ -354,6 +354,13 @@ def prepare(args: argparse.Namespace) -> RunPlan:
             now = {k: parameters[k] for k in changed}
             raise RunRefused(f"this run's parameters differ from the ledger's ({was} before, {now} now): a ledger "
                              "keeps the promise, accounting, key and windows it was started with")
+        releases_before = manifest.get("releases")
+        if releases_before is not None and absolute(releases_before) != absolute(args.releases_parquet):
+            raise RunRefused(
+                f"--previous-ledger {previous} released under {absolute(releases_before)}, this run releases under "
+                f"{absolute(args.releases_parquet)} (--releases-parquet): a ledger answers into the release root it "
+                "was started with (a staging run's ledger must not continue into production's releases, nor the "
+                "other way round)")
         processed = set(manifest["processed_windows"])
         ledger_files = list(manifest["ledger_files"])
         users = int(manifest["users"])

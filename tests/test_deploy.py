@@ -379,6 +379,21 @@ def test_a_run_with_other_parameters_than_the_ledger_is_refused(tmp_path, two_da
                            str(run1), tmp_path / "curator" / "run3")) == 2
 
 
+def test_a_run_releasing_under_another_root_than_its_ledger_is_refused_naming_both(tmp_path, two_days, capsys):
+    run1 = tmp_path / "curator" / "run1"
+    assert dist.main(_args(tmp_path, two_days[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
+    run2 = tmp_path / "curator" / "run2"
+    args = _args(tmp_path, two_days[1:2], "2026-03-02", "2026-03-02", str(run1), run2)
+    staging = tmp_path / "staging" / "releases"
+    args[args.index("--releases-parquet") + 1] = str(staging)
+    assert dist.main(args) == 2
+    err = capsys.readouterr().err
+    assert "--releases-parquet" in err and str(staging) in err and str(tmp_path / "public" / "releases") in err
+    assert not (run2 / dist.COMMITTED).exists() and not staging.exists()
+    args[args.index("--releases-parquet") + 1] = str(tmp_path / "public" / "releases") + "/"  # the same root
+    assert dist.main(args) == 0
+
+
 def test_uri_inputs_are_read_through_pyarrow_fs(tmp_path):
     path = _day_file(tmp_path / "d.parquet", 0, [1, 2, 3])
     assert sum(b.num_rows for b in read_batches(f"file://{path}")) == 3
