@@ -19,6 +19,11 @@ files, so its peak memory (ru_maxrss) is its own:
 Printed: rows/s and peak RSS per system, and the ratios ours/pipelinedp (throughput, memory)
 and ours/numpy. Targets from issue 3 at N=100k, T=30: >= 50x PipelineDP's throughput, <= 1/4
 of its peak memory, within 10x of the NumPy floor.
+
+Each system's time is the median of its runs (``--repeat``, default 3, for ours and the floor;
+``--anchor-repeat``, default 1, for PipelineDP, whose 2.5-minute run varies by a few percent
+while a 3-second run varies by 20% on a shared 2-core machine). The first run after an
+install or an edit also compiles bytecode; the median keeps that out.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -135,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--rate", type=float, default=0.05)
     parser.add_argument("--systems", default="ours,pipelinedp,numpy")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of ours and numpy (median reported)")
+    parser.add_argument("--anchor-repeat", type=int, default=1, help="runs of pipelinedp (median reported)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -145,20 +153,30 @@ def main(argv: list[str] | None = None) -> int:
     rows = args.users * args.days
     print(f"# {args.users:,} users x {args.days} days = {rows:,} rows, rate {args.rate}; "
           f"{platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}")
+    for name in ("repeat", "anchor_repeat"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     results = {}
     with tempfile.TemporaryDirectory() as folder:
         generate(Path(folder), args.users, args.days, args.rate)
         for system in systems:
-            out = subprocess.run(
-                [sys.executable, __file__, "--worker", system, "--folder", folder, "--days", str(args.days)],
-                capture_output=True, text=True)
-            if out.returncode != 0:
-                print(f"{system}: failed\n{out.stderr[-3000:]}")
+            runs = []
+            for _ in range(args.anchor_repeat if system == "pipelinedp" else args.repeat):
+                out = subprocess.run(
+                    [sys.executable, __file__, "--worker", system, "--folder", folder, "--days", str(args.days)],
+                    capture_output=True, text=True)
+                if out.returncode != 0:
+                    print(f"{system}: failed\n{out.stderr[-3000:]}")
+                    break
+                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            if not runs or len(runs) < (args.anchor_repeat if system == "pipelinedp" else args.repeat):
                 continue
-            result = json.loads(out.stdout.strip().splitlines()[-1])
+            result = {"seconds": statistics.median(r["seconds"] for r in runs),
+                      "peak_rss_mb": max(r["peak_rss_mb"] for r in runs)}
             results[system] = result
+            each = ", ".join(f"{r['seconds']:.2f}" for r in runs)
             print(f"{system:>10}: {result['seconds']:8.2f} s  {rows / result['seconds']:>12,.0f} rows/s  "
-                  f"peak RSS {result['peak_rss_mb']:8.0f} MB", flush=True)
+                  f"peak RSS {result['peak_rss_mb']:8.0f} MB   (runs: {each} s)", flush=True)
     if "ours" in results:
         ours = results["ours"]
         if "pipelinedp" in results:

@@ -202,10 +202,11 @@ def split_by_shard(table: pa.Table, n_shards: int) -> Iterator[tuple[int, tuple[
     order = np.argsort(shards.astype(np.uint16) if n_shards <= 1 << 16 else shards, kind="stable")
     sorted_shards = shards[order]
     bounds = np.r_[0, np.flatnonzero(np.diff(sorted_shards)) + 1, order.size]
-    grouped = table.take(pa.array(order))  # one gather, then zero-copy slices
     for a, b in zip(bounds[:-1], bounds[1:]):
         if b > a:
-            yield int(sorted_shards[a]), ("rows", grouped.slice(int(a), int(b - a)))
+            # A gather per shard, not slices of one gathered table: a pickled Arrow slice carries
+            # its parent's whole buffers, so every shard's element would hold every shard's rows.
+            yield int(sorted_shards[a]), ("rows", table.take(pa.array(order[a:b])))
 
 
 class IndividualFilterDoFn(beam.DoFn):

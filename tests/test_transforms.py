@@ -95,3 +95,16 @@ def test_split_by_shard_keeps_every_row_once_in_its_shard_for_any_shard_count():
         for shard, (_, part) in parts:
             assert set(shard_of(part.column("user_id"), n_shards).tolist()) == {shard}
             assert np.all(np.diff(part.column("_row").to_numpy()) > 0)  # input order kept
+
+
+def test_each_shards_part_pickles_to_its_own_rows_not_the_whole_table():
+    import pickle
+
+    from pipelines.transforms import split_by_shard
+
+    n = 200_000
+    table = pa.table({"user_id": pa.array(np.arange(n)), "used": pa.array(np.random.default_rng(0).random(n))})
+    whole = len(pickle.dumps(table))
+    parts = list(split_by_shard(table, 16))
+    sizes = [len(pickle.dumps(part)) for _, (_, part) in parts]
+    assert sum(sizes) < 1.1 * whole  # a slice would carry its parent's buffers: 16x the table
