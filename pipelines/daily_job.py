@@ -251,14 +251,16 @@ def _publish_pending(curator: CuratorStore, store: ReleaseStore, parquet_root: s
     # One store transaction per window, in window order: a crash between two leaves some windows
     # public and the rest pending; the next run publishes the rest (identical rows are skipped).
     windows = pending.column("window_id")
-    inserted = 0
-    for i, window in enumerate(sorted(set(windows.to_pylist()))):
-        if i:
+
+    def before(index: int, window: int) -> None:
+        if index:
             crash_point("during_publish")  # test-only: earlier windows published, later ones not
-        rows = pending.filter(pc.equal(windows, window))
-        inserted += store.publish(rows)
+
+    def after(window: int) -> None:
         if parquet_root:
-            write_release_file(parquet_root, window, rows)
+            write_release_file(parquet_root, window, pending.filter(pc.equal(windows, window)))
+
+    inserted = store.publish_by_window(pending, before_window=before, after_window=after)
     crash_point("after_publish")
     curator.mark_published(pending)
     return inserted

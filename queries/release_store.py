@@ -40,7 +40,7 @@ import json
 
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import duckdb
 import numpy as np
@@ -317,6 +317,24 @@ class ReleaseStore:
         nothing new). A row that differs from the released one, or a noise key other than the
         store's, raises :class:`ReleaseConflictError` and nothing of the batch is inserted.
         """
+        return self._publish(releases, by_window=False)
+
+    def publish_by_window(self, releases: pa.Table,
+                          before_window: Callable[[int, int], None] = lambda index, window: None,
+                          after_window: Callable[[int], None] = lambda window: None) -> int:
+        """:meth:`publish`, one transaction per window in window order; returns the rows inserted.
+
+        The whole batch is checked first (columns, one noise key, the store's key, no row
+        differing from a released one), so a conflict anywhere inserts nothing; then each window
+        commits on its own, so a crash between two leaves the earlier windows public and the
+        rest for the next attempt (identical rows are skipped). ``before_window(i, window)`` runs
+        before the ``i``-th window's transaction, ``after_window(window)`` after its commit.
+        """
+        return self._publish(releases, by_window=True, before_window=before_window, after_window=after_window)
+
+    def _publish(self, releases: pa.Table, *, by_window: bool,
+                 before_window: Callable[[int, int], None] = lambda index, window: None,
+                 after_window: Callable[[int], None] = lambda window: None) -> int:
         if self._read_only:
             raise ReleaseStoreError(f"release store {self._path} is open read-only; cannot publish")
         table = _validate(releases)
@@ -328,17 +346,8 @@ class ReleaseStore:
                 f"releases carry several noise key fingerprints {fingerprints}; one batch comes from one key")
         fingerprint = fingerprints[0]
         db = self._conn
-        db.execute("BEGIN TRANSACTION")
-        try:
-            inserted = self._publish_in_transaction(table, fingerprint)
-            db.execute("COMMIT")
-        except BaseException:
-            _rollback(db)
-            raise
-        return inserted
-
-    def _publish_in_transaction(self, table: pa.Table, fingerprint: str) -> int:
-        db = self._conn
+        # One writer at a time: DuckDB locks the file against other processes, and this
+        # connection runs nothing else in between, so the checks hold for every window below.
         stored = self._meta("key_fingerprint")
         if stored is not None and stored != fingerprint:
             raise ReleaseConflictError(
@@ -347,36 +356,59 @@ class ReleaseStore:
                 "another key would be a second, independent noisy draw)")
         db.register(_INCOMING, table)
         try:
-            differs = " OR ".join(f"i.{name} IS DISTINCT FROM r.{name}"
-                                  for name in RELEASE_SCHEMA.names if name not in _KEY)
-            which = ", ".join(f"i.{name} IS DISTINCT FROM r.{name}"
-                              for name in RELEASE_SCHEMA.names if name not in _KEY)
-            rows = db.execute(f"""
-                SELECT i.query_id, i.window_id, i.coordinate, {which}
-                FROM {_INCOMING} i JOIN release_data r USING (query_id, window_id, coordinate)
-                WHERE {differs}
-                ORDER BY i.query_id, i.window_id, i.coordinate""").fetchall()
-            if rows:
-                compared = [name for name in RELEASE_SCHEMA.names if name not in _KEY]
-                columns = sorted({name for row in rows for name, d in zip(compared, row[3:]) if d})
-                keys = [tuple(row[:3]) for row in rows[:3]]
-                raise ReleaseConflictError(
-                    f"{len(rows)} release(s) differ from what release store {self._path} already holds for "
-                    f"the same (query_id, window_id, coordinate), e.g. {keys}, in column(s) {columns}: a "
-                    "window is released once (first write wins); nothing from this batch was inserted")
-            inserted = db.execute(f"""
-                INSERT INTO release_data ({_COLUMNS})
-                SELECT {_COLUMNS} FROM {_INCOMING} i
-                WHERE NOT EXISTS (
-                    SELECT 1 FROM release_data r
-                    WHERE r.query_id = i.query_id AND r.window_id = i.window_id
-                      AND r.coordinate = i.coordinate)""").fetchone()[0]
+            self._refuse_conflicts()
+            windows = sorted(pc.unique(table.column("window_id")).to_pylist()) if by_window else [None]
+            inserted = 0
+            for index, window in enumerate(windows):
+                if by_window:
+                    before_window(index, window)
+                db.execute("BEGIN TRANSACTION")
+                try:
+                    inserted += self._insert_new(window)
+                    if stored is None:
+                        db.execute("INSERT INTO store_meta (key, value) VALUES ('key_fingerprint', ?)",
+                                   [fingerprint])
+                        stored = fingerprint
+                    crash_point("during_release_insert")  # test-only: rows inserted, transaction not committed
+                    db.execute("COMMIT")
+                except BaseException:
+                    _rollback(db)
+                    raise
+                if by_window:
+                    after_window(window)
         finally:
             db.unregister(_INCOMING)
-        if stored is None:
-            db.execute("INSERT INTO store_meta (key, value) VALUES ('key_fingerprint', ?)", [fingerprint])
-        crash_point("during_release_insert")  # test-only: rows inserted, transaction not committed
-        return int(inserted)
+        return inserted
+
+    def _refuse_conflicts(self) -> None:
+        """ReleaseConflictError when a registered incoming row differs from the released row of
+        its key (first write wins)."""
+        compared = [name for name in RELEASE_SCHEMA.names if name not in _KEY]
+        differs = " OR ".join(f"i.{name} IS DISTINCT FROM r.{name}" for name in compared)
+        which = ", ".join(f"i.{name} IS DISTINCT FROM r.{name}" for name in compared)
+        rows = self._conn.execute(f"""
+            SELECT i.query_id, i.window_id, i.coordinate, {which}
+            FROM {_INCOMING} i JOIN release_data r USING (query_id, window_id, coordinate)
+            WHERE {differs}
+            ORDER BY i.query_id, i.window_id, i.coordinate""").fetchall()
+        if rows:
+            columns = sorted({name for row in rows for name, d in zip(compared, row[3:]) if d})
+            keys = [tuple(row[:3]) for row in rows[:3]]
+            raise ReleaseConflictError(
+                f"{len(rows)} release(s) differ from what release store {self._path} already holds for "
+                f"the same (query_id, window_id, coordinate), e.g. {keys}, in column(s) {columns}: a "
+                "window is released once (first write wins); nothing from this batch was inserted")
+
+    def _insert_new(self, window: int | None) -> int:
+        """Insert the registered incoming rows (of ``window``, or all) whose key is not released yet."""
+        only = "" if window is None else "i.window_id = ? AND "
+        return int(self._conn.execute(f"""
+            INSERT INTO release_data ({_COLUMNS})
+            SELECT {_COLUMNS} FROM {_INCOMING} i
+            WHERE {only}NOT EXISTS (
+                SELECT 1 FROM release_data r
+                WHERE r.query_id = i.query_id AND r.window_id = i.window_id
+                  AND r.coordinate = i.coordinate)""", [] if window is None else [int(window)]).fetchone()[0])
 
     # --- reading ------------------------------------------------------------------------------
 

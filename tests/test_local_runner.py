@@ -42,3 +42,45 @@ def test_the_direct_runner_and_no_runner_at_all_give_the_fn_api_runner():
 def test_a_distributed_runner_is_left_for_beam_to_build():
     for runner in ("FlinkRunner", "DataflowRunner", "PortableRunner", "PrismRunner"):
         assert batch_runner(PipelineOptions([f"--runner={runner}"])) is None
+
+
+def test_a_local_run_outside_ipython_does_not_import_ipython(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import datetime as dt, sys
+        import pyarrow as pa, pyarrow.parquet as pq
+        from pipelines.daily_job import JobConfig, run_job
+        day = dt.date(2026, 3, 1)
+        pq.write_table(pa.table({{"user_id": [1, 2], "day": [day] * 2, "opened": [1.0, 0.0]}}), "{tmp_path}/d.parquet")
+        w0 = (day - dt.date(1970, 1, 1)).days
+        run_job(JobConfig(inputs=("{tmp_path}/d.parquet",), store="{tmp_path}/r.duckdb", ledger="{tmp_path}/l.duckdb",
+                          epsilon=1.0, delta=1e-6, norm_budget=2.0, start_window=w0, end_window=w0))
+        print("IPython" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_inside_an_ipython_session_beams_own_check_still_answers():
+    import sys
+    import types
+
+    from apache_beam.utils import interactive_utils
+
+    from pipelines.local_runner import skip_ipython_probe
+
+    skip_ipython_probe()
+    fake = types.ModuleType("IPython")
+    fake.get_ipython = lambda: object()  # a running shell
+    saved = sys.modules.get("IPython")
+    sys.modules["IPython"] = fake
+    try:
+        assert interactive_utils.is_in_ipython() is True
+    finally:
+        if saved is None:
+            del sys.modules["IPython"]
+        else:
+            sys.modules["IPython"] = saved

@@ -131,6 +131,31 @@ def test_a_different_row_for_a_released_key_is_refused_and_nothing_of_the_batch_
         assert store.released_windows("sum:opened") == [W0, W0 + 1]
 
 
+def test_publishing_by_window_commits_each_window_in_order_between_the_callbacks(store_path):
+    table = _releases(windows=(W0 + 2, W0, W0 + 1))
+    calls = []
+    with ReleaseStore(store_path) as store:
+        def after(window):
+            calls.append(("after", window, store.released_windows("sum:opened")))  # committed by now
+        inserted = store.publish_by_window(table, before_window=lambda i, w: calls.append(("before", i, w)),
+                                           after_window=after)
+        assert inserted == table.num_rows
+    assert calls == [("before", 0, W0), ("after", W0, [W0]),
+                     ("before", 1, W0 + 1), ("after", W0 + 1, [W0, W0 + 1]),
+                     ("before", 2, W0 + 2), ("after", W0 + 2, [W0, W0 + 1, W0 + 2])]
+
+
+def test_publishing_by_window_refuses_a_conflict_in_a_later_window_before_any_window_is_inserted(
+        store_path, published):
+    late = _replace(_releases(windows=(W0 + 1,), seed=3), "value", [1.0, 2.0])  # W0 + 1 differs
+    batch = pa.concat_tables([_releases(windows=(W0 - 1,), seed=4), late])  # W0 - 1 is new and comes first
+    with ReleaseStore(store_path) as store:
+        before = store.read()
+        with pytest.raises(ReleaseConflictError, match="released once"):
+            store.publish_by_window(batch)
+        assert store.read().equals(before)
+
+
 def test_a_conflict_message_does_not_quote_the_refused_value(store_path, published):
     refused = published.column("value").to_pylist()
     refused[0] = 123456.789
