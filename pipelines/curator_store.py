@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from queries.release_store import RELEASE_SCHEMA
+from stream.accounting.calibration import calibrate, resume
 from stream.faults import crash_point
 from stream.ledger import Ledger
 
@@ -114,6 +115,8 @@ class LedgerParameters:
 
 
 _FLOATS = ("epsilon", "delta", "norm_budget", "rho", "noise_std", "tracker_step")
+# Derived from the promise by calibration, and then the ledger's own for life (see resume).
+_DERIVED = ("rho", "noise_std", "tracker_step")
 _INTS = ("n_shards", "window_seconds", "origin_seconds")
 
 
@@ -123,6 +126,20 @@ def _parameters_from_meta(meta: Mapping[str, str]) -> LedgerParameters:
         raw = meta[name]
         values[name] = float(raw) if name in _FLOATS else int(raw) if name in _INTS else raw
     return LedgerParameters(**values)
+
+
+def _derived_differences(existing: LedgerParameters, wanted: LedgerParameters) -> list[str]:
+    """Why ``existing``'s budget cannot continue ``wanted``'s promise (the promise itself equal);
+    empty when it can."""
+    calibration = calibrate(epsilon=wanted.epsilon, delta=wanted.delta, norm_budget=wanted.norm_budget,
+                            accounting=wanted.accounting)
+    try:
+        kept = resume(calibration, existing.rho)
+    except ValueError as exc:
+        return [f"rho: ledger has {existing.rho!r}, this promise allows {calibration.rho!r} ({exc})"]
+    expected = {"noise_std": kept.noise_std, "tracker_step": kept.rho / 32.0}
+    return [f"{name}: ledger has {getattr(existing, name)!r}, its rho={existing.rho!r} gives {value!r} "
+            "(the ledger was edited)" for name, value in expected.items() if getattr(existing, name) != value]
 
 
 class CuratorStore:
@@ -204,7 +221,16 @@ class CuratorStore:
         return _parameters_from_meta(rows)
 
     def check_or_record_parameters(self, wanted: LedgerParameters) -> LedgerParameters:
-        """Record ``wanted`` on a new ledger; on an existing one, refuse any difference."""
+        """Record ``wanted`` on a new ledger. On an existing one, refuse any difference in the
+        promise, key, id type, shards or windows, and return the ledger's own parameters.
+
+        The budget and what follows from it (``rho``, ``noise_std``, ``tracker_step``) are the
+        ledger's: they are kept as recorded when ``rho`` keeps ``wanted``'s promise
+        (:func:`stream.accounting.calibration.resume`: at most ``wanted.rho`` up to float
+        rounding), so another version's last-bit difference in calibration neither refuses the
+        ledger nor changes its noise, and ``noise_std`` and ``tracker_step`` must be exactly what
+        that ``rho`` gives (anything else is an edited ledger).
+        """
         existing = self.parameters()
         if existing is None:
             self._db.executemany("INSERT INTO meta VALUES (?, ?)", list(wanted.as_meta().items()))
@@ -212,8 +238,10 @@ class CuratorStore:
         different = [
             f"{name}: ledger has {getattr(existing, name)!r}, this run asks {getattr(wanted, name)!r}"
             for name in LedgerParameters.__dataclass_fields__
-            if getattr(existing, name) != getattr(wanted, name)
+            if name not in _DERIVED and getattr(existing, name) != getattr(wanted, name)
         ]
+        if not different:
+            different = _derived_differences(existing, wanted)
         if different:
             raise CuratorStoreError(
                 f"this run's parameters differ from those the ledger {self.path} was started with "

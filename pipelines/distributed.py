@@ -86,7 +86,7 @@ from queries.release_files import release_file_path, write_release_file
 from stream.faults import crash_point
 from pipelines.shard_state import PlannedQuery, QueryPlan
 from queries.linear import default_queries
-from stream.accounting import calibrate
+from stream.accounting import Calibration, calibrate, resume
 from stream.ledger import Ledger, Policy
 from stream.noise import NoiseKey
 from stream.schema import DAY, EVENT_TIME, USER_ID, WindowSpec
@@ -102,6 +102,12 @@ READ_SCHEMA = pa.schema([("source", pa.string()), ("rows", pa.int64())])
 #: Parameters a ledger is started with; every later run must match them (as the local job's).
 FIXED = ("epsilon", "delta", "norm_budget", "accounting", "rho", "noise_std", "tracker_step", "id_type",
          "key_fingerprint", "window_seconds", "origin_seconds")
+
+
+#: The part of :data:`FIXED` that calibration derives from the promise: a continued ledger keeps
+#: its recorded values (:func:`continue_budget`), so another version's last-bit difference in the
+#: root finder neither refuses it nor changes its noise.
+DERIVED = ("rho", "noise_std", "tracker_step")
 
 
 class RunRefused(RuntimeError):
@@ -316,6 +322,22 @@ def _key_fingerprint(args: argparse.Namespace) -> tuple[str, str, NoiseKey | Non
     return args.noise_key, fingerprint, key
 
 
+def continue_budget(cal: Calibration, parameters: dict[str, Any], recorded_rho: Any,
+                    *, where: str) -> tuple[Calibration, dict[str, Any]]:
+    """This run's calibration and :data:`FIXED` values when it continues a ledger whose budget is
+    ``recorded_rho``: the ledger's budget and the noise std and tracker step it gives
+    (:func:`stream.accounting.calibration.resume`). RunRefused, naming ``where``, when the
+    recorded budget is missing or above what this run's promise allows. The promise itself must
+    already have been checked equal."""
+    if not isinstance(recorded_rho, (int, float)) or isinstance(recorded_rho, bool):
+        raise RunRefused(f"{where} records no zCDP budget (rho={recorded_rho!r}): it cannot be continued")
+    try:
+        kept = resume(cal, float(recorded_rho))
+    except ValueError as exc:
+        raise RunRefused(f"{where}: its ledger's budget does not keep this run's promise: {exc}") from None
+    return kept, {**parameters, "rho": kept.rho, "noise_std": kept.noise_std, "tracker_step": kept.rho / 32.0}
+
+
 def prepare(args: argparse.Namespace) -> RunPlan:
     """Check everything that can be checked before launch and fix the run's plan. Writes nothing."""
     spec = WindowSpec(length_seconds=_window_seconds(args.window))
@@ -348,7 +370,11 @@ def prepare(args: argparse.Namespace) -> RunPlan:
         manifest = read_json(committed)
         if manifest.get("version") != MANIFEST_VERSION:
             raise RunRefused(f"{committed}: manifest version {manifest.get('version')!r}, expected {MANIFEST_VERSION}")
-        changed = [k for k in FIXED if manifest["parameters"].get(k) != parameters[k]]
+        changed = [k for k in FIXED if k not in DERIVED and manifest["parameters"].get(k) != parameters[k]]
+        if not changed:
+            cal, parameters = continue_budget(cal, parameters, manifest["parameters"].get("rho"),
+                                              where=f"--previous-ledger {previous}")
+            changed = [k for k in DERIVED if manifest["parameters"].get(k) != parameters[k]]
         if changed:
             was = {k: manifest["parameters"].get(k) for k in changed}
             now = {k: parameters[k] for k in changed}

@@ -624,6 +624,13 @@ def _metadata(table: pa.Table) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
 
 
+def _float_or_none(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
 def _compared(name: str, text: str) -> str:
     """A recorded value as compared: a release root normalised as :func:`pipelines.distributed.absolute`
     does (``gs://b/r/`` is ``gs://b/r``), anything else as it is."""
@@ -687,10 +694,40 @@ def _read_snapshots(pattern: str, *, releases: str,
     return root, window, files, tables
 
 
-def _previous_ledger(pattern: str, template: pa.Table, *, releases: str, released: Sequence[int],
-                     parameters: dict[str, Any]) -> pa.Table:
-    """The ledger to continue from: every shard's snapshot of the last window released under
-    ``releases``, read together (a ``--shards`` other than the earlier job's re-shards it by user).
+def _template(cal: Any) -> pa.Table:
+    """An empty ledger of budget ``cal.rho`` (:meth:`stream.ledger.Ledger.to_arrow` layout)."""
+    return Ledger(budget=cal.rho, id_type=ID_TYPE, tracker_step=cal.rho / 32.0).to_arrow()
+
+
+def _resume_recorded_budget(pattern: str, metadata: dict[int, dict[str, str]], cal: Any,
+                            parameters: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """This run's calibration and parameters, continuing the budget the snapshots record when
+    they record this run's promise (every :data:`SNAPSHOT_FIXED` value but the derived ones) and
+    one budget: the ledger keeps its budget for life (:func:`pipelines.distributed.continue_budget`,
+    RunRefused when it is above the promise). Otherwise unchanged, for :func:`_check_parameters`
+    to name what differs."""
+    now = _as_text(parameters)
+    promise = [name for name in SNAPSHOT_FIXED if name not in dist.DERIVED]
+    same = all(_parameter_key(name) in meta and _compared(name, meta[_parameter_key(name)]) == _compared(name, now[name])
+               for meta in metadata.values() for name in promise)
+    recorded = {meta.get(_parameter_key("rho")) for meta in metadata.values()}
+    if not same or len(recorded) != 1 or None in recorded:
+        return cal, parameters
+    (text,) = recorded
+    try:
+        rho = float(text)
+    except ValueError:
+        raise dist.RunRefused(f"--previous-ledger {pattern!r} records rho={text!r}, not a number") from None
+    cal, parameters = dist.continue_budget(cal, parameters, rho, where=f"--previous-ledger {pattern!r}")
+    return cal, parameters
+
+
+def _previous_ledger(pattern: str, cal: Any, *, releases: str, released: Sequence[int],
+                     parameters: dict[str, Any]) -> tuple[pa.Table, Any]:
+    """The ledger to continue from, and the calibration it continues under: every shard's
+    snapshot of the last window released under ``releases``, read together (a ``--shards``
+    other than the earlier job's re-shards it by user), and ``cal`` with the budget the
+    snapshots record (:func:`_resume_recorded_budget`; ``cal`` itself for a new ledger).
 
     RunRefused, before anything is read into the graph, when ``pattern`` is ``none`` but windows
     are released; when it matches no file, a file that is not a snapshot this job wrote
@@ -705,16 +742,19 @@ def _previous_ledger(pattern: str, template: pa.Table, *, releases: str, release
         if released:
             raise dist.RunRefused(f"the releases under {releases} include window(s) {list(released)[:5]} but no "
                                   "--previous-ledger was given: users would restart from zero budget")
-        return template.slice(0, 0)
+        return _template(cal).slice(0, 0), cal
     _, _, files, tables = _read_snapshots(pattern, releases=releases, released=released)
-    _check_parameters(pattern, files, {shard: _metadata(t) for shard, t in tables.items()}, parameters)
+    metadata = {shard: _metadata(t) for shard, t in tables.items()}
+    cal, parameters = _resume_recorded_budget(pattern, metadata, cal, parameters)
+    _check_parameters(pattern, files, metadata, parameters)
+    template = _template(cal)
     parts = [table.replace_schema_metadata(None).cast(template.schema.remove_metadata()) for table in tables.values()]
     table = pa.concat_tables(parts).replace_schema_metadata(template.schema.metadata)
     # The rows only: nulls, a user listed twice, used budgets outside [0, this run's rho], trackers below
     # them. The metadata it reads is this run's template's; the snapshots' own parameters were
     # compared with this run's by _check_parameters above.
     Ledger.from_arrow(table)
-    return table
+    return table, cal
 
 
 def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[str]) -> list[str]:
@@ -727,8 +767,10 @@ def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[st
     against, and the snapshots can confirm only part of it. Checked, RunRefused otherwise: the
     snapshots are every shard's of the last window released under ``argv``'s
     ``--releases-parquet`` (as :func:`_previous_ledger` checks them), ``destination`` is not
-    their ledger root (a snapshot is never rewritten), and ``argv`` gives the budget (rho), tracker
-    step and id type of the snapshots' ledgers and any parameter they already record. Not
+    their ledger root (a snapshot is never rewritten), and ``argv`` gives the budget (rho, up to
+    another version's last bits: the copy then records the snapshots' own budget and the noise std
+    it gives), tracker step and id type of the snapshots' ledgers and any parameter they already
+    record. Not
     checkable: a delta, epsilon and accounting giving the same rho, the norm budget, the key and
     the window length."""
     args, _ = parse_args(argv)
@@ -742,6 +784,15 @@ def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[st
                                                   released=sorted(dist.release_windows_present(releases)))
     if dist.absolute(destination) == root:
         raise dist.RunRefused(f"the copy's root {destination} is the snapshots' own: give a new ledger root")
+    budgets = {_metadata(table).get("budget") for table in tables.values()}
+    if len(budgets) == 1 and None not in budgets:
+        # The budget is the evidence that argv is the earlier job's: it must be argv's calibration up to
+        # another version's last bits (a relative 1e-9 down; resume's float rounding up). Then the copy
+        # records the budget the snapshots were charged against, as a continuing job keeps it.
+        recorded = _float_or_none(next(iter(budgets)))
+        if recorded is not None and cal.rho * (1.0 - 1e-9) <= recorded:
+            cal, parameters = dist.continue_budget(cal, parameters, recorded, where=f"{pattern!r}")
+            text = _as_text(parameters)
     own = (("budget", "rho"), ("tracker_step", "tracker_step"), ("id_type", "id_type"))  # Ledger.to_arrow's
     for shard, table in tables.items():
         meta = _metadata(table)
@@ -782,12 +833,12 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     key_path, fingerprint, _ = dist._key_fingerprint(args)
     cal = calibrate(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget, accounting=args.accounting)
     id_type = ID_TYPE
-    template = Ledger(budget=cal.rho, id_type=id_type, tracker_step=cal.rho / 32.0).to_arrow()
     releases = dist.absolute(args.releases_parquet)
     released = sorted(dist.release_windows_present(releases))
     parameters = _parameters(cal=cal, id_type=id_type, fingerprint=fingerprint, spec=spec, releases=releases)
-    previous = _previous_ledger(args.previous_ledger, template, releases=releases, released=released,
-                                parameters=parameters)
+    previous, cal = _previous_ledger(args.previous_ledger, cal, releases=releases, released=released,
+                                     parameters=parameters)
+    parameters = _parameters(cal=cal, id_type=id_type, fingerprint=fingerprint, spec=spec, releases=releases)
     if released and max(released) >= start:
         raise dist.RunRefused(f"window {max(released)} under {releases} is already released; start after it")
     plan = QueryPlan(tuple(PlannedQuery(q, start) for q in default_queries(columns)))

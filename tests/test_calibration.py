@@ -14,6 +14,7 @@ from stream.accounting import (
     epsilon_for_budget,
     gdp_to_delta,
     noise_std_for,
+    resume,
     zcdp_budget_for,
     zcdp_to_epsilon_cks,
 )
@@ -107,3 +108,39 @@ def test_a_worst_case_user_joins_exactly_b_over_c_squared_windows(policy):
 def test_out_of_range_calibration_raises_naming_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=name):
         calibrate(**kwargs)
+
+
+# --- resume: a ledger keeps the budget it was started with ---------------------------------------
+
+
+@pytest.mark.parametrize("accounting", ACCOUNTINGS)
+def test_resume_keeps_a_recorded_budget_that_differs_from_this_calibration_in_its_last_bits(accounting):
+    cal = calibrate(epsilon=0.5, delta=1e-6, norm_budget=10.0, accounting=accounting)
+    recorded = cal.rho * (1 + 5e-13)  # another version's root finder, another libm
+    kept = resume(cal, recorded)
+    assert kept.rho == recorded
+    assert kept.noise_std == math.sqrt(10.0 / (2 * recorded)) * (1 + NOISE_HEADROOM)
+    assert (kept.epsilon, kept.delta, kept.norm_budget, kept.accounting) == (0.5, 1e-6, 10.0, accounting)
+
+
+def test_resume_refuses_a_recorded_budget_above_the_promise_naming_it():
+    cal = calibrate(epsilon=0.5, delta=1e-6, norm_budget=10.0)
+    with pytest.raises(ValueError, match=r"recorded_rho must be at most .*got recorded_rho="):
+        resume(cal, cal.rho * (1 + 1e-9))
+
+
+def test_resume_keeps_a_smaller_recorded_budget_which_is_always_safe():
+    cal = calibrate(epsilon=0.5, delta=1e-6, norm_budget=10.0)
+    kept = resume(cal, cal.rho / 2)
+    assert kept.rho == cal.rho / 2 and kept.noise_std > cal.noise_std
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])
+def test_resume_refuses_a_recorded_budget_that_is_not_a_positive_number(bad):
+    with pytest.raises(ValueError, match="recorded_rho"):
+        resume(calibrate(epsilon=0.5, delta=1e-6, norm_budget=10.0), bad)
+
+
+def test_a_calibration_is_resumed_from_its_own_budget_unchanged():
+    cal = calibrate(epsilon=0.5, delta=1e-6, norm_budget=10.0)
+    assert resume(cal, cal.rho) == cal

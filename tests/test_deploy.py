@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 import os
 import re
 import stat
@@ -365,6 +366,41 @@ def test_a_snapshot_that_lost_users_is_not_committed(tmp_path, two_days):
     with pytest.raises(Exception, match="previous ledger snapshot holds"):
         dist.main(_args(tmp_path, inputs[1:2], "2026-03-02", "2026-03-02", str(run1), run2))
     assert not (run2 / dist.COMMITTED).exists()
+
+
+def _recorded_as_another_version(run: Path, rho_factor: float) -> dict:
+    """Rescale a committed run's recorded budget by ``rho_factor``, with the noise std and tracker
+    step that budget gives (what a version whose root finder ends elsewhere records)."""
+    from stream.accounting.calibration import NOISE_HEADROOM
+
+    path = run / dist.COMMITTED
+    manifest = json.loads(path.read_text())
+    params = manifest["parameters"]
+    params["rho"] *= rho_factor
+    params["noise_std"] = math.sqrt(params["norm_budget"] / (2 * params["rho"])) * (1 + NOISE_HEADROOM)
+    params["tracker_step"] = params["rho"] / 32
+    path.write_text(json.dumps(manifest))
+    return params
+
+
+def test_a_ledger_whose_budget_differs_in_its_last_bits_is_continued_with_its_own_noise(tmp_path, two_days):
+    run1, run2 = tmp_path / "curator" / "run1", tmp_path / "curator" / "run2"
+    assert dist.main(_args(tmp_path, two_days[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
+    recorded = _recorded_as_another_version(run1, 1 - 3e-14)
+    assert dist.main(_args(tmp_path, two_days[1:2], "2026-03-02", "2026-03-02", str(run1), run2)) == 0
+    kept = json.loads((run2 / dist.COMMITTED).read_text())["parameters"]
+    assert {k: kept[k] for k in dist.DERIVED} == {k: recorded[k] for k in dist.DERIVED}
+    day2 = pq.read_table(tmp_path / "public" / "releases" / f"window_id={W0 + 1}")
+    assert set(day2.column("noise_std").to_pylist()) == {recorded["noise_std"]}
+
+
+def test_a_ledger_whose_budget_is_above_the_promise_is_refused(tmp_path, two_days, capsys):
+    run1 = tmp_path / "curator" / "run1"
+    assert dist.main(_args(tmp_path, two_days[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
+    _recorded_as_another_version(run1, 1 + 1e-9)
+    assert dist.main(_args(tmp_path, two_days[1:2], "2026-03-02", "2026-03-02", str(run1),
+                           tmp_path / "curator" / "run2")) == 2
+    assert "budget does not keep this run's promise: recorded_rho must be at most" in capsys.readouterr().err
 
 
 def test_a_run_with_other_parameters_than_the_ledger_is_refused(tmp_path, two_days, capsys):

@@ -4,6 +4,7 @@ streaming invariant of DESIGN.md, plus crash recovery and the multi-process runn
 from __future__ import annotations
 
 import datetime as dt
+import math
 import os
 import subprocess
 import sys
@@ -178,6 +179,62 @@ def test_a_run_with_a_different_promise_is_refused(tmp_path):
     day1 = _write_day(tmp_path / "d1.parquet", 1, [1], [1.0], [0.0])
     with pytest.raises(CuratorStoreError, match="epsilon"):
         run_job(JobConfig(**{**_config(tmp_path, [day1], start=1, end=1).__dict__, "epsilon": 2.0}))
+
+
+def _record_in_meta(config, **values) -> None:
+    """Write ledger parameters as another version of renyi-stream might have recorded them."""
+    db = duckdb.connect(config.ledger)
+    try:
+        for name, value in values.items():
+            db.execute("UPDATE meta SET value = ? WHERE key = ?", [repr(float(value)), name])
+    finally:
+        db.close()
+
+
+def _recorded(config) -> dict:
+    db = duckdb.connect(config.ledger, read_only=True)
+    try:
+        return {k: float(v) for k, v in db.execute(
+            "SELECT key, value FROM meta WHERE key IN ('rho', 'noise_std', 'tracker_step')").fetchall()}
+    finally:
+        db.close()
+
+
+def _as_another_version(tmp_path, rho_factor: float) -> tuple:
+    """Day 0 run, then its ledger's budget rescaled by ``rho_factor`` with the noise std and tracker
+    step that budget gives (what a version whose root finder ends elsewhere records)."""
+    from stream.accounting.calibration import NOISE_HEADROOM
+
+    day0 = _write_day(tmp_path / "d0.parquet", 0, [1, 2], [1.0, 0.0], [0.0, 1.0])
+    config = _config(tmp_path, [day0], start=0, end=0)
+    run_job(config)
+    rho = _recorded(config)["rho"] * rho_factor
+    _record_in_meta(config, rho=rho, noise_std=math.sqrt(config.norm_budget / (2 * rho)) * (1 + NOISE_HEADROOM),
+                    tracker_step=rho / 32)
+    day1 = _write_day(tmp_path / "d1.parquet", 1, [1, 2], [1.0, 1.0], [0.0, 1.0])
+    return _config(tmp_path, [day1], start=1, end=1), _recorded(config)
+
+
+def test_a_ledger_whose_budget_differs_in_its_last_bits_continues_with_its_own_budget_and_noise(tmp_path):
+    follow_up, recorded = _as_another_version(tmp_path, 1 - 3e-14)
+    run_job(follow_up)
+    assert _recorded(follow_up) == recorded
+    day1 = _releases(follow_up).filter(pa.compute.equal(_releases(follow_up).column("window_id"), W0 + 1))
+    assert day1.num_rows > 0 and set(day1.column("noise_std").to_pylist()) == {recorded["noise_std"]}
+
+
+def test_a_ledger_whose_budget_is_above_the_promise_is_refused(tmp_path):
+    follow_up, _ = _as_another_version(tmp_path, 1 + 1e-9)
+    with pytest.raises(CuratorStoreError, match=r"rho: ledger has .*recorded_rho must be at most"):
+        run_job(follow_up)
+
+
+@pytest.mark.parametrize("name", ["noise_std", "tracker_step"])
+def test_a_ledger_whose_noise_or_tracker_does_not_follow_from_its_budget_is_refused(tmp_path, name):
+    follow_up, recorded = _as_another_version(tmp_path, 1.0)
+    _record_in_meta(follow_up, **{name: recorded[name] * (1 + 1e-15)})
+    with pytest.raises(CuratorStoreError, match=rf"{name}: ledger has .*the ledger was edited"):
+        run_job(follow_up)
 
 
 _CRASHING_RUN = textwrap.dedent("""

@@ -156,8 +156,8 @@ def test_window_release_stays_the_default(tmp_path):
 
 
 def test_running_history_survives_between_runs_in_the_ledger_database(thirty_days):
-    tmp_path, _, _, _, _ = thirty_days
-    db = duckdb.connect(str(tmp_path / "daily.ledger.duckdb"), read_only=True)
+    _, _, _, config, _ = thirty_days  # its own ledger: another test's was there only when that test ran first
+    db = duckdb.connect(config.ledger, read_only=True)
     try:
         entries = db.execute("SELECT count(*) FROM running_state").fetchone()[0]
         raw = db.execute("SELECT count(*) FROM running_releases").fetchone()[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import re
 from pathlib import Path
 
@@ -339,6 +340,45 @@ def test_a_follow_up_with_another_promise_accounting_or_window_length_is_refused
     assert "parameters differ from the ledger's" in err and "change every user's promise" in err
 
 
+def _recorded_as_another_version(ledger: Path, window: int, rho_factor: float) -> dict[str, float]:
+    """Rescale the budget recorded in ``window``'s snapshots (the job's parameters and the ledger's
+    own) by ``rho_factor``, with the noise std and tracker step it gives: what a version whose
+    root finder ends elsewhere writes."""
+    from stream.accounting.calibration import NOISE_HEADROOM
+
+    rho = None
+    for path in sorted(ledger.glob(f"window_id={window}/shard=*/*.parquet")):
+        table = pq.read_table(path)
+        meta = {k.decode(): v.decode() for k, v in table.schema.metadata.items()}
+        rho = float(meta["renyi_stream.rho"]) * rho_factor
+        values = {"rho": rho, "noise_std": math.sqrt(NORM_BUDGET / (2 * rho)) * (1 + NOISE_HEADROOM),
+                  "tracker_step": rho / 32}
+        meta.update({f"renyi_stream.{k}": repr(v) for k, v in values.items()})
+        meta.update({"budget": repr(rho), "tracker_step": repr(rho / 32)})
+        pq.write_table(table.replace_schema_metadata(meta), path)
+    return values
+
+
+def test_a_follow_up_continues_a_budget_recorded_with_other_last_bits_with_its_own_noise(tmp_path, days):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    recorded = _recorded_as_another_version(ledger, W0 + 1, 1 - 3e-14)
+    assert sj.main(_follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/*/*.parquet")) == 0
+    (snapshot, *_) = sorted((tmp_path / "curator-2" / "ledger").glob(f"window_id={W0 + 2}/shard=*/*.parquet"))
+    kept = pq.read_schema(snapshot).metadata
+    assert {k: float(kept[f"renyi_stream.{k}".encode()]) for k in recorded} == recorded
+    day3 = pq.read_table(tmp_path / "public" / f"window_id={W0 + 2}")
+    assert set(day3.column("noise_std").to_pylist()) == {recorded["noise_std"]}
+
+
+def test_a_follow_up_of_a_ledger_whose_budget_is_above_the_promise_is_refused(tmp_path, days, capsys):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    _recorded_as_another_version(ledger, W0 + 1, 1 + 1e-9)
+    err = _refused(tmp_path, _follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/*/*.parquet"), capsys)
+    assert "budget does not keep this run's promise: recorded_rho must be at most" in err
+
+
 def test_a_follow_up_with_another_noise_key_is_refused_naming_both_fingerprints(tmp_path, days, capsys):
     messages, _ = days
     ledger = _earlier_job(tmp_path, messages)
@@ -410,6 +450,19 @@ def test_recording_the_earlier_jobs_parameters_in_a_copy_lets_the_next_job_conti
     assert len(written) == 3 and _snapshot(copy / f"window_id={W0 + 1}") == _snapshot(ledger / f"window_id={W0 + 1}")
     assert sj.main(_follow_up(tmp_path, messages, f"{copy}/window_id={W0 + 1}/*/*.parquet")) == 0
     assert _snapshot(tmp_path / "curator-2" / "ledger" / f"window_id={W0 + 2}")
+
+
+def test_recording_parameters_keeps_a_snapshot_budget_that_differs_from_the_arguments_in_its_last_bits(tmp_path, days):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    recorded = _recorded_as_another_version(ledger, W0 + 1, 1 - 3e-14)
+    _forget_parameters(ledger / f"window_id={W0 + 1}")
+    copy = tmp_path / "recorded-ledger"
+    written = sj.record_snapshot_parameters(f"{ledger}/window_id={W0 + 1}/*/*.parquet", str(copy),
+                                            _earlier_args(tmp_path, messages))
+    meta = pq.read_schema(written[0]).metadata
+    assert {k: float(meta[f"renyi_stream.{k}".encode()]) for k in recorded} == recorded
+    assert sj.main(_follow_up(tmp_path, messages, f"{copy}/window_id={W0 + 1}/*/*.parquet")) == 0
 
 
 @pytest.mark.parametrize("case", ["arguments-the-snapshots-contradict", "into-the-snapshots-own-root"])

@@ -12,6 +12,7 @@ from stream.accounting.calibration import (
     describe_accounting,
     epsilon_for_budget,
     noise_std_for,
+    resume,
     zcdp_budget_for,
 )
 from stream.accounting.conversions import (
@@ -48,7 +49,7 @@ from stream.accounting.odometers import (
 
 __all__ = [
     "ACCOUNTINGS", "DEFAULT_ACCOUNTING", "Calibration", "calibrate", "describe_accounting",
-    "epsilon_for_budget", "noise_std_for", "zcdp_budget_for",
+    "epsilon_for_budget", "noise_std_for", "resume", "zcdp_budget_for",
     "epsilon_to_gdp", "epsilon_to_zcdp_cks", "epsilon_to_zcdp_thm49", "gdp_to_delta",
     "gdp_to_epsilon", "gdp_to_zcdp", "rdp_to_delta", "rdp_to_epsilon", "zcdp_to_delta_cks",
     "zcdp_to_delta_thm49", "zcdp_to_epsilon_cks", "zcdp_to_epsilon_thm49", "zcdp_to_gdp",

@@ -39,6 +39,13 @@ from stream.accounting.conversions import (
 # day to rounding. With it, their charges sum to kappa * (1 - 2e-8): they get all B / C^2 windows.
 NOISE_HEADROOM = 1e-8
 
+# How far, relatively, a ledger's recorded budget may sit above this version's calibration of the
+# same promise and still be continued (see :func:`resume`). The conversions are computed to the
+# last float and then lowered by a relative 1e-12 (gdp, zcdp-cks) or are closed forms (zcdp-thm49),
+# so two versions, platforms or libm builds agree to about 1e-13: this admits their last-bit
+# differences and nothing material (epsilon moves by about the same relative 1e-12).
+BUDGET_RTOL = 1e-12
+
 ACCOUNTINGS: tuple[str, ...] = ("gdp", "zcdp-cks", "zcdp-thm49")
 DEFAULT_ACCOUNTING = "gdp"
 
@@ -145,6 +152,12 @@ def calibrate(
     delta = check.probability("delta", delta)
     norm_budget = check.positive("norm_budget", norm_budget)
     rho = zcdp_budget_for(epsilon=epsilon, delta=delta, accounting=accounting)
+    return _with_budget(accounting, epsilon, delta, norm_budget, rho)
+
+
+def _with_budget(accounting: str, epsilon: float, delta: float, norm_budget: float, rho: float) -> Calibration:
+    # Correctly rounded IEEE operations only: the same rho gives the same noise_std on every
+    # platform and version, so a recorded noise_std can be checked against its recorded rho exactly.
     return Calibration(
         accounting=accounting,
         epsilon=epsilon,
@@ -154,6 +167,35 @@ def calibrate(
         mu=math.sqrt(2.0 * rho),
         noise_std=math.sqrt(norm_budget / (2.0 * rho)) * (1.0 + NOISE_HEADROOM),
     )
+
+
+def resume(calibration: Calibration, recorded_rho: float) -> Calibration:
+    """The calibration a ledger started with zCDP budget ``recorded_rho`` continues under.
+
+    A ledger keeps the budget it was started with: its users' charges were counted against it,
+    and the noise std follows from it (``sqrt(B / (2 rho))``, as :func:`calibrate`), so every
+    later run answers with the same noise. ``calibration`` is this run's, for the same promise
+    ``(epsilon, delta, B, accounting)``; the caller has checked the promise itself, exactly.
+
+    The recorded budget is accepted when it keeps that promise as this version computes it: at
+    most ``calibration.rho * (1 + BUDGET_RTOL)``, so another version's last-bit difference in
+    the root finder does not refuse a ledger, and a budget above the promise is refused. A
+    smaller recorded budget is always safe and is kept.
+
+    Raises:
+        ValueError: naming ``recorded_rho``, when it is not a positive finite number or exceeds
+            the promise's budget.
+    """
+    recorded_rho = check.positive("recorded_rho", recorded_rho)
+    allowed = calibration.rho * (1.0 + BUDGET_RTOL)
+    if recorded_rho > allowed:
+        raise ValueError(
+            f"recorded_rho must be at most {allowed!r}, the zCDP budget of (epsilon={calibration.epsilon!r}, "
+            f"delta={calibration.delta!r}) under {calibration.accounting} accounting (up to a relative "
+            f"{BUDGET_RTOL:g} of float rounding), got recorded_rho={recorded_rho!r}: that budget would let "
+            "users spend more than the promise allows")
+    return _with_budget(calibration.accounting, calibration.epsilon, calibration.delta,
+                        calibration.norm_budget, recorded_rho)
 
 
 def noise_std_for(

@@ -11,7 +11,11 @@ Units used throughout the project:
 
 Every conversion comes with its inverse and is *conservative by construction*: where a value is
 found numerically, the returned number is on the safe side (never a smaller epsilon, larger
-rho or larger mu than the exact answer would give).
+rho or larger mu than the exact answer would give). Inverses bisect on the promise itself
+(:mod:`stream.accounting._bisect`), so the answer is a point where the promise was checked.
+
+Only the ``zcdp-cks`` conversions import scipy (its bounded scalar minimiser), and only when
+called: the default GDP calibration runs on the standard library and NumPy.
 """
 
 from __future__ import annotations
@@ -20,9 +24,10 @@ import math
 from typing import Any, Iterable, Union
 
 import numpy as np
-from scipy import optimize, special
 
 from stream.accounting import _validate as check
+from stream.accounting._bisect import first_true, last_true
+from stream.accounting.normal import log_ndtr_scalar
 
 ArrayOrFloat = Union[float, np.ndarray]
 
@@ -161,6 +166,8 @@ def zcdp_to_epsilon_cks(rho: float, delta: float) -> float:
     def eps_at(alpha: float) -> float:
         return float(_cks_epsilon_at(np.float64(alpha), np.float64(alpha * rho), log_delta))
 
+    from scipy import optimize  # only this accounting needs it; its import costs ~0.1 s
+
     result = optimize.minimize_scalar(eps_at, bounds=(lo, hi), method="bounded",
                                       options={"xatol": 1e-10})
     return max(0.0, min(float(result.fun), zcdp_to_epsilon_thm49(rho, delta)))
@@ -177,6 +184,8 @@ def zcdp_to_delta_cks(rho: float, epsilon: float) -> float:
     def log_delta_at(alpha: float) -> float:
         return float(_cks_log_delta_at(np.float64(alpha), np.float64(alpha * rho), epsilon))
 
+    from scipy import optimize
+
     result = optimize.minimize_scalar(log_delta_at, bounds=(1.0 + 1e-9, hi), method="bounded",
                                       options={"xatol": 1e-10})
     return float(min(1.0, math.exp(result.fun), zcdp_to_delta_thm49(rho, epsilon)))
@@ -186,20 +195,25 @@ def epsilon_to_zcdp_cks(epsilon: float, delta: float) -> float:
     """Largest rho (to solver precision, on the safe side) with ``zcdp_to_epsilon_cks(rho) <= epsilon``.
 
     Inverse of :func:`zcdp_to_epsilon_cks` by bisection; epsilon is increasing in rho. The
-    answer is at least the Theorem 4.9 ``B*``, which is used as the lower bracket.
+    answer is at least the Theorem 4.9 ``B*``, which is used as the lower bracket; the result
+    is lowered by a relative ``1e-12`` below the last rho found to keep the promise.
     """
     epsilon = check.positive("epsilon", epsilon)
     delta = check.probability("delta", delta)
-    lo = epsilon_to_zcdp_thm49(epsilon, delta)
-    hi = lo
-    while zcdp_to_epsilon_cks(hi, delta) <= epsilon:
-        lo, hi = hi, hi * 2.0
-    root = optimize.brentq(lambda r: zcdp_to_epsilon_cks(r, delta) - epsilon, lo, hi,
-                           xtol=1e-15, rtol=1e-13)
-    rho = root * (1.0 - _INVERSE_SAFETY)
-    while zcdp_to_epsilon_cks(rho, delta) > epsilon:  # guard the solver's last bit
-        rho *= 1.0 - 1e-9
-    return rho
+
+    def keeps(rho: float) -> bool:
+        return zcdp_to_epsilon_cks(rho, delta) <= epsilon
+
+    # CKS is never above Fact 2.4, whose epsilon at B* is the target up to rounding.
+    lo = epsilon_to_zcdp_thm49(epsilon, delta) * (1.0 - 1e-9)
+    while not keeps(lo):  # defensive: a bracket's low end must keep the promise
+        lo *= 0.5
+    hi = 2.0 * lo
+    while keeps(hi):
+        lo, hi = hi, 2.0 * hi
+    # The minimiser inside zcdp_to_epsilon_cks may wobble in the last bits; bisection still ends
+    # on a rho whose epsilon was computed <= epsilon, and the margin covers the wobble.
+    return last_true(keeps, lo, hi) * (1.0 - _INVERSE_SAFETY)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,54 +221,60 @@ def epsilon_to_zcdp_cks(epsilon: float, delta: float) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
+def _gdp_delta(mu: float, epsilon: float) -> float:
+    """:func:`gdp_to_delta` for one float ``mu`` (validated by the caller); the root finders' curve."""
+    if mu <= 0.0:
+        return 0.0
+    log_first = log_ndtr_scalar(-epsilon / mu + mu / 2.0)
+    if log_first == -math.inf:  # both terms underflow even in log space: delta is 0 to double precision
+        return 0.0
+    log_second = epsilon + log_ndtr_scalar(-epsilon / mu - mu / 2.0)
+    return max(0.0, -math.exp(log_first) * math.expm1(log_second - log_first))
+
+
+_gdp_delta_elementwise = np.frompyfunc(_gdp_delta, 2, 1)
+
+
 def gdp_to_delta(mu: ArrayOrFloat, epsilon: float) -> ArrayOrFloat:
     """The exact delta of ``mu``-GDP at ``epsilon`` (vectorised in mu).
 
     Dong, Roth & Su 2019, Corollary 2.13:
-    ``delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``, evaluated in log space so
-    the difference of two tiny terms does not cancel.
+    ``delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``, evaluated in log space
+    (:mod:`stream.accounting.normal`) so the difference of two tiny terms does not cancel. An
+    array gives, element by element, the same numbers as the scalar calls.
     """
     mu_arr = _reals("mu", mu, minimum=0.0)
     epsilon = check.non_negative("epsilon", epsilon)
-    safe = np.where(mu_arr > 0, mu_arr, 1.0)
-    log_first = special.log_ndtr(-epsilon / safe + safe / 2.0)
-    log_second = epsilon + special.log_ndtr(-epsilon / safe - safe / 2.0)
-    delta = np.maximum(0.0, -np.exp(log_first) * np.expm1(log_second - log_first))
-    return _same_kind(mu, np.where(mu_arr > 0, delta, 0.0))
+    if np.ndim(mu) == 0:
+        return _gdp_delta(float(mu_arr), epsilon)
+    return _gdp_delta_elementwise(mu_arr, epsilon).astype(np.float64)
 
 
 def gdp_to_epsilon(mu: float, delta: float) -> float:
-    """Smallest epsilon (to solver precision, on the safe side) with ``gdp_to_delta(mu, eps) <= delta``."""
+    """Smallest epsilon (to the last float, then raised by a relative 1e-12) with
+    ``gdp_to_delta(mu, eps) <= delta``: on the safe side, never below the exact answer."""
     mu = check.non_negative("mu", mu)
     delta = check.probability("delta", delta)
-    if gdp_to_delta(mu, 0.0) <= delta:
+    if _gdp_delta(mu, 0.0) <= delta:
         return 0.0
     hi = max(1.0, mu * mu)
-    while gdp_to_delta(mu, hi) > delta:
+    while _gdp_delta(mu, hi) > delta:
         hi *= 2.0
-    root = optimize.brentq(lambda e: gdp_to_delta(mu, e) - delta, 0.0, hi, xtol=1e-15, rtol=1e-13)
-    eps = root * (1.0 + _INVERSE_SAFETY)
-    while gdp_to_delta(mu, eps) > delta:
-        eps *= 1.0 + 1e-9
-    return eps
+    return first_true(lambda e: _gdp_delta(mu, e) <= delta, 0.0, hi) * (1.0 + _INVERSE_SAFETY)
 
 
 def epsilon_to_gdp(epsilon: float, delta: float) -> float:
-    """Largest mu (to solver precision, on the safe side) such that ``mu``-GDP is ``(epsilon, delta)``-DP.
+    """Largest mu (to the last float, then lowered by a relative 1e-12) such that ``mu``-GDP is
+    ``(epsilon, delta)``-DP: on the safe side, never above the exact answer.
 
     Inverse of :func:`gdp_to_delta` in mu; delta is increasing in mu at fixed epsilon.
     """
     epsilon = check.positive("epsilon", epsilon)
     delta = check.probability("delta", delta)
     hi = 1.0
-    while gdp_to_delta(hi, epsilon) <= delta:
+    while _gdp_delta(hi, epsilon) <= delta:
         hi *= 2.0
-    root = optimize.brentq(lambda m: gdp_to_delta(m, epsilon) - delta, 0.0, hi,
-                           xtol=1e-15, rtol=1e-13)
-    mu = root * (1.0 - _INVERSE_SAFETY)
-    while gdp_to_delta(mu, epsilon) > delta:
-        mu *= 1.0 - 1e-9
-    return mu
+    return last_true(lambda m: _gdp_delta(m, epsilon) <= delta, 0.0, hi) * (1.0 - _INVERSE_SAFETY)
 
 
 def gdp_to_zcdp(mu: ArrayOrFloat) -> ArrayOrFloat:
