@@ -162,10 +162,11 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
             n_shards=config.n_shards, key_fingerprint=key.fingerprint,
             window_seconds=config.window.length_seconds, origin_seconds=config.window.origin_seconds,
         )
+        # One short session on the public store before the pipeline (analysts' readers are locked
+        # out while a writer holds it; the pipeline itself runs with the store closed).
         with ReleaseStore(config.store) as store:
             _refuse_a_ledger_behind_the_store(curator, store, config)
-        params = curator.check_or_record_parameters(wanted)
-        with ReleaseStore(config.store) as store:
+            params = curator.check_or_record_parameters(wanted)
             stored_key = store.key_fingerprint()
             if stored_key is not None and stored_key != key.fingerprint:  # before anyone is charged
                 from queries.release_store import ReleaseConflictError
@@ -178,15 +179,14 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
             recovered = _publish_pending(curator, store, config.releases_parquet)
             if recovered:
                 say(f"[run] published {recovered} releases left pending by an interrupted run")
-        released = curator.processed_windows()
-        schedule = list(range(config.start_window, config.end_window + 1))
-        to_release = [w for w in schedule if w not in released]
-        skipped = [w for w in schedule if w in released]
-        run_id = curator.next_run_id()
-        columns, strings, numeric_text = _input_columns(config.inputs)
-        previous = curator.load_ledger(params)
-        previous_running = curator.load_running(params.id_type)
-        with ReleaseStore(config.store) as store:
+            released = curator.processed_windows()
+            schedule = list(range(config.start_window, config.end_window + 1))
+            to_release = [w for w in schedule if w not in released]
+            skipped = [w for w in schedule if w in released]
+            run_id = curator.next_run_id()
+            columns, strings, numeric_text = _input_columns(config.inputs)
+            previous = curator.load_ledger(params)
+            previous_running = curator.load_running(params.id_type)
             plan = _query_plan(store, config, columns, previous_running, to_release, released, say, strings,
                                numeric_text)
             parsed = sorted(_numeric_reads(plan.entries) & numeric_text)  # text the validator parses as numbers
