@@ -22,8 +22,10 @@ of its peak memory, within 10x of the NumPy floor.
 
 Each system's time is the median of its runs (``--repeat``, default 3, for ours and the floor;
 ``--anchor-repeat``, default 1, for PipelineDP, whose 2.5-minute run varies by a few percent
-while a 3-second run varies by 20% on a shared 2-core machine). The first run after an
-install or an edit also compiles bytecode; the median keeps that out.
+while a 3-second run varies by 20% on a shared 2-core machine). Half of the other runs come
+before PipelineDP's and half after, so a drift in machine speed reaches both sides of the
+ratio; every run's time is printed in order. The first run after an install or an edit also
+compiles bytecode; the median keeps that out.
 """
 
 from __future__ import annotations
@@ -135,6 +137,16 @@ def worker(system: str, folder: str, days: int) -> None:
     print(json.dumps({"system": system, "seconds": seconds, "peak_rss_mb": _peak_rss_mb()}))
 
 
+def _schedule(systems: list[str], repeat: int, anchor_repeat: int) -> list[str]:
+    """The order of the runs: the other systems' runs split around PipelineDP's, so a drift in
+    the machine's speed during the anchor's minutes reaches both sides of the ratio (on this
+    shared machine it moves by 10-20% over a few minutes)."""
+    others = [s for s in systems if s != "pipelinedp"]
+    before = [s for _ in range((repeat + 1) // 2) for s in others]
+    after = [s for _ in range(repeat // 2) for s in others]
+    return before + ["pipelinedp"] * (anchor_repeat if "pipelinedp" in systems else 0) + after
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--users", type=int, default=100_000)
@@ -157,26 +169,30 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     results = {}
+    runs: dict[str, list[dict]] = {system: [] for system in systems}
+    failed: set[str] = set()
     with tempfile.TemporaryDirectory() as folder:
         generate(Path(folder), args.users, args.days, args.rate)
-        for system in systems:
-            runs = []
-            for _ in range(args.anchor_repeat if system == "pipelinedp" else args.repeat):
-                out = subprocess.run(
-                    [sys.executable, __file__, "--worker", system, "--folder", folder, "--days", str(args.days)],
-                    capture_output=True, text=True)
-                if out.returncode != 0:
-                    print(f"{system}: failed\n{out.stderr[-3000:]}")
-                    break
-                runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
-            if not runs or len(runs) < (args.anchor_repeat if system == "pipelinedp" else args.repeat):
+        for system in _schedule(systems, args.repeat, args.anchor_repeat):
+            if system in failed:
                 continue
-            result = {"seconds": statistics.median(r["seconds"] for r in runs),
-                      "peak_rss_mb": max(r["peak_rss_mb"] for r in runs)}
-            results[system] = result
-            each = ", ".join(f"{r['seconds']:.2f}" for r in runs)
-            print(f"{system:>10}: {result['seconds']:8.2f} s  {rows / result['seconds']:>12,.0f} rows/s  "
-                  f"peak RSS {result['peak_rss_mb']:8.0f} MB   (runs: {each} s)", flush=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--worker", system, "--folder", folder, "--days", str(args.days)],
+                capture_output=True, text=True)
+            if out.returncode != 0:
+                print(f"{system}: failed\n{out.stderr[-3000:]}")
+                failed.add(system)
+                continue
+            runs[system].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    for system in systems:
+        if system in failed or not runs[system]:
+            continue
+        result = {"seconds": statistics.median(r["seconds"] for r in runs[system]),
+                  "peak_rss_mb": max(r["peak_rss_mb"] for r in runs[system])}
+        results[system] = result
+        each = ", ".join(f"{r['seconds']:.2f}" for r in runs[system])
+        print(f"{system:>10}: {result['seconds']:8.2f} s  {rows / result['seconds']:>12,.0f} rows/s  "
+              f"peak RSS {result['peak_rss_mb']:8.0f} MB   (runs in order: {each} s)", flush=True)
     if "ours" in results:
         ours = results["ours"]
         if "pipelinedp" in results:
