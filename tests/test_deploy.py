@@ -403,6 +403,15 @@ def test_a_ledger_whose_budget_is_above_the_promise_is_refused(tmp_path, two_day
     assert "budget does not keep this run's promise: recorded_rho must be at most" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("recorded", [None, "0.1", True])
+def test_a_manifest_without_a_numeric_budget_cannot_be_continued(recorded):
+    from stream.accounting import calibrate
+
+    cal = calibrate(epsilon=1.0, delta=1e-6, norm_budget=30.0)
+    with pytest.raises(dist.RunRefused, match=r"run1 records no zCDP budget"):
+        dist.continue_budget(cal, {"rho": cal.rho}, recorded, where="run1")
+
+
 def test_a_run_with_other_parameters_than_the_ledger_is_refused(tmp_path, two_days, capsys):
     inputs = two_days
     run1 = tmp_path / "curator" / "run1"
