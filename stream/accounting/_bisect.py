@@ -12,6 +12,21 @@ from __future__ import annotations
 from typing import Callable
 
 
+def _adjacent(low_side: Callable[[float], bool], lo: float, hi: float) -> tuple[float, float]:
+    """Halve ``[lo, hi]`` until its ends are adjacent floats, keeping ``low_side(lo)`` true and
+    ``low_side(hi)`` false (as the caller guarantees at the start)."""
+    if not lo < hi:
+        raise ValueError(f"bracket must have lo < hi, got lo={lo!r}, hi={hi!r}")
+    while True:
+        mid = lo + 0.5 * (hi - lo)
+        if not lo < mid < hi:
+            return lo, hi
+        if low_side(mid):
+            lo = mid
+        else:
+            hi = mid
+
+
 def last_true(keeps: Callable[[float], bool], lo: float, hi: float) -> float:
     """The largest ``x`` in ``[lo, hi)`` found with ``keeps(x)`` true, to adjacent floats.
 
@@ -19,16 +34,7 @@ def last_true(keeps: Callable[[float], bool], lo: float, hi: float) -> float:
     Returns ``lo`` itself when the bracket cannot be split. At most about 1,100 halvings
     (the whole float range); about 60 for a bracket within a few powers of two of the answer.
     """
-    if not lo < hi:
-        raise ValueError(f"bracket must have lo < hi, got lo={lo!r}, hi={hi!r}")
-    while True:
-        mid = lo + 0.5 * (hi - lo)
-        if not lo < mid < hi:
-            return lo
-        if keeps(mid):
-            lo = mid
-        else:
-            hi = mid
+    return _adjacent(keeps, lo, hi)[0]
 
 
 def first_true(keeps: Callable[[float], bool], lo: float, hi: float) -> float:
@@ -37,13 +43,4 @@ def first_true(keeps: Callable[[float], bool], lo: float, hi: float) -> float:
     Requires ``keeps(lo)`` false, ``keeps(hi)`` true and ``keeps`` monotone (false, then true).
     Returns ``hi`` itself when the bracket cannot be split.
     """
-    if not lo < hi:
-        raise ValueError(f"bracket must have lo < hi, got lo={lo!r}, hi={hi!r}")
-    while True:
-        mid = lo + 0.5 * (hi - lo)
-        if not lo < mid < hi:
-            return hi
-        if keeps(mid):
-            hi = mid
-        else:
-            lo = mid
+    return _adjacent(lambda x: not keeps(x), lo, hi)[1]
