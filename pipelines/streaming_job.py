@@ -714,12 +714,9 @@ def _resume_recorded_budget(pattern: str, metadata: dict[int, dict[str, str]], c
     if not same or len(recorded) != 1 or None in recorded:
         return cal, parameters
     (text,) = recorded
-    try:
-        rho = float(text)
-    except ValueError:
-        raise dist.RunRefused(f"--previous-ledger {pattern!r} records rho={text!r}, not a number") from None
-    cal, parameters = dist.continue_budget(cal, parameters, rho, where=f"--previous-ledger {pattern!r}")
-    return cal, parameters
+    value = _float_or_none(text)
+    return dist.continue_budget(cal, parameters, text if value is None else value,
+                                where=f"--previous-ledger {pattern!r}")
 
 
 def _previous_ledger(pattern: str, cal: Any, *, releases: str, released: Sequence[int],
@@ -770,9 +767,8 @@ def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[st
     their ledger root (a snapshot is never rewritten), and ``argv`` gives the budget (rho, up to
     another version's last bits: the copy then records the snapshots' own budget and the noise std
     it gives), tracker step and id type of the snapshots' ledgers and any parameter they already
-    record. Not
-    checkable: a delta, epsilon and accounting giving the same rho, the norm budget, the key and
-    the window length."""
+    record. Not checkable: a delta, epsilon and accounting giving the same rho, the norm budget,
+    the key and the window length."""
     args, _ = parse_args(argv)
     spec = WindowSpec(length_seconds=dist._window_seconds(args.window))
     _, fingerprint, _ = dist._key_fingerprint(args)

@@ -379,6 +379,16 @@ def test_a_follow_up_of_a_ledger_whose_budget_is_above_the_promise_is_refused(tm
     assert "budget does not keep this run's promise: recorded_rho must be at most" in err
 
 
+def test_a_follow_up_of_snapshots_whose_budget_is_not_a_number_is_refused(tmp_path, days, capsys):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    for path in ledger.glob(f"window_id={W0 + 1}/shard=*/*.parquet"):
+        table = pq.read_table(path)
+        pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"renyi_stream.rho": b"lots"}), path)
+    err = _refused(tmp_path, _follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/*/*.parquet"), capsys)
+    assert "records no zCDP budget (rho='lots')" in err
+
+
 def test_a_follow_up_with_another_noise_key_is_refused_naming_both_fingerprints(tmp_path, days, capsys):
     messages, _ = days
     ledger = _earlier_job(tmp_path, messages)
