@@ -146,26 +146,21 @@ def _demo_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _window_seconds(text: str) -> int:
-    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+def _window_spec(text: str) -> Any:
+    """``--window`` as a :class:`stream.schema.WindowSpec`; a usage error naming it otherwise."""
+    from stream.schema import WindowSpec
+
     try:
-        value, unit = int(text[:-1]), units[text[-1]]
-    except (ValueError, KeyError, IndexError):
-        raise _UsageError(f"window must look like 1d, 12h, 30m or 3600s, got window={text!r}") from None
-    if value <= 0:
-        raise _UsageError(f"window must be positive, got window={text!r}")
-    return value * unit
+        return WindowSpec.from_length(text)
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
 
 
 def _window_of_day(name: str, text: str, spec) -> int:
-    import datetime as dt
-
     try:
-        day = dt.date.fromisoformat(text)
-    except ValueError:
-        raise _UsageError(f"{name} must be a date YYYY-MM-DD, got {name}={text!r}") from None
-    seconds = int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.timezone.utc).timestamp())
-    return int(spec.window_of_seconds(seconds))
+        return spec.window_of_day(name, text)
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
 
 
 def _run_command(args: argparse.Namespace) -> int:
@@ -173,9 +168,8 @@ def _run_command(args: argparse.Namespace) -> int:
     from pipelines.daily_job import JobConfig, run_job
     from pipelines.readers import InputFileError
     from queries.release_store import ReleaseStoreError
-    from stream.schema import WindowSpec
 
-    spec = WindowSpec(length_seconds=_window_seconds(args.window))
+    spec = _window_spec(args.window)
     start, end = _window_of_day("start", args.start, spec), _window_of_day("end", args.end, spec)
     if start > end:
         raise _UsageError(f"--start must not be after --end, got --start {args.start} --end {args.end}")

@@ -7,7 +7,6 @@ ledger exits with status 1.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 from pathlib import Path
@@ -31,17 +30,18 @@ def _fail(command: str, message: str, status: int, args: argparse.Namespace | No
 
 def _window(name: str, text: str, window: str) -> int:
     """A window id from ``YYYY-MM-DD`` (the window holding that day's midnight UTC) or an integer id."""
-    from pipelines.cli import _window_seconds
     from stream.schema import WindowSpec
 
     if text.lstrip("-").isdigit():
         return int(text)
     try:
-        day = dt.date.fromisoformat(text)
+        spec = WindowSpec.from_length(window)
+    except ValueError as exc:
+        raise _Usage(str(exc)) from None
+    try:
+        return spec.window_of_day(name, text)
     except ValueError:
         raise _Usage(f"{name} must be a date YYYY-MM-DD or a window id, got {name} {text!r}") from None
-    spec = WindowSpec(length_seconds=_window_seconds(window))
-    return int(spec.window_of_seconds(int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.timezone.utc).timestamp())))
 
 
 def _split(name: str, text: str) -> list[str]:

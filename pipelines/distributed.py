@@ -268,24 +268,20 @@ class RunPlan:
                 "start_window": self.start_window, "end_window": self.end_window}
 
 
-def _parse_day(name: str, text: str, spec: WindowSpec) -> int:
+def parse_day(name: str, text: str, spec: WindowSpec) -> int:
+    """``--start``/``--end`` (``YYYY-MM-DD``) as a window id; RunRefused naming ``name`` otherwise."""
     try:
-        day = dt.date.fromisoformat(text)
-    except ValueError:
-        raise RunRefused(f"{name} must be a date YYYY-MM-DD, got {text!r}") from None
-    seconds = int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.timezone.utc).timestamp())
-    return int(spec.window_of_seconds(seconds))
+        return spec.window_of_day(name, text)
+    except ValueError as exc:
+        raise RunRefused(str(exc)) from None
 
 
-def _window_seconds(text: str) -> int:
-    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+def window_seconds(text: str) -> int:
+    """``--window`` (``1d``, ``12h``, ``30m``, ``3600s``) in seconds; RunRefused otherwise."""
     try:
-        value, unit = int(text[:-1]), units[text[-1]]
-    except (ValueError, KeyError, IndexError):
-        raise RunRefused(f"window must look like 1d, 12h, 30m or 3600s, got {text!r}") from None
-    if value <= 0:
-        raise RunRefused(f"window must be positive, got {text!r}")
-    return value * unit
+        return WindowSpec.from_length(text).length_seconds
+    except ValueError as exc:
+        raise RunRefused(str(exc)) from None
 
 
 def _first_input_schema(path: str) -> pa.Schema:
@@ -299,7 +295,7 @@ def _numeric_columns(schema: pa.Schema) -> list[str]:
             and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type))]
 
 
-def _key_fingerprint(args: argparse.Namespace) -> tuple[str, str, NoiseKey | None]:
+def key_fingerprint(args: argparse.Namespace) -> tuple[str, str, NoiseKey | None]:
     """(worker key path, fingerprint, the key when the launcher could read it)."""
     if bool(args.noise_key) == bool(args.noise_key_secret):
         raise RunRefused("give exactly one of --noise-key (a key file every worker can read at that path, e.g. a "
@@ -340,8 +336,8 @@ def continue_budget(cal: Calibration, parameters: dict[str, Any], recorded_rho: 
 
 def prepare(args: argparse.Namespace) -> RunPlan:
     """Check everything that can be checked before launch and fix the run's plan. Writes nothing."""
-    spec = WindowSpec(length_seconds=_window_seconds(args.window))
-    start, end = _parse_day("start", args.start, spec), _parse_day("end", args.end, spec)
+    spec = WindowSpec(length_seconds=window_seconds(args.window))
+    start, end = parse_day("start", args.start, spec), parse_day("end", args.end, spec)
     if start > end:
         raise RunRefused(f"start must not be after end, got {args.start} > {args.end}")
     Policy(args.policy)
@@ -349,7 +345,7 @@ def prepare(args: argparse.Namespace) -> RunPlan:
         raise RunRefused(f"shards must be in [1, 65536], got {args.shards}")
     patterns = [absolute(p) for item in args.input for p in item.split(",") if p]
     inputs = resolve_inputs(patterns)
-    key_path, fingerprint, _ = _key_fingerprint(args)
+    key_path, fingerprint, _ = key_fingerprint(args)
     cal = calibrate(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget, accounting=args.accounting)
     schema = _first_input_schema(inputs[0]["path"])
     id_type = "string" if pa.types.is_string(schema.field(USER_ID).type) or \

@@ -770,8 +770,8 @@ def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[st
     record. Not checkable: a delta, epsilon and accounting giving the same rho, the norm budget,
     the key and the window length."""
     args, _ = parse_args(argv)
-    spec = WindowSpec(length_seconds=dist._window_seconds(args.window))
-    _, fingerprint, _ = dist._key_fingerprint(args)
+    spec = WindowSpec(length_seconds=dist.window_seconds(args.window))
+    _, fingerprint, _ = dist.key_fingerprint(args)
     cal = calibrate(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget, accounting=args.accounting)
     releases = dist.absolute(args.releases_parquet)
     parameters = _parameters(cal=cal, id_type=ID_TYPE, fingerprint=fingerprint, spec=spec, releases=releases)
@@ -816,8 +816,8 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     ``--replay``. Everything after the read is built exactly as for the real source, so a test
     can run the Kafka path without a Java expansion service."""
     _check_source(args)
-    spec = WindowSpec(length_seconds=dist._window_seconds(args.window))
-    start, end = dist._parse_day("start", args.start, spec), dist._parse_day("end", args.end, spec)
+    spec = WindowSpec(length_seconds=dist.window_seconds(args.window))
+    start, end = dist.parse_day("start", args.start, spec), dist.parse_day("end", args.end, spec)
     if start > end:
         raise dist.RunRefused(f"start must not be after end, got {args.start} > {args.end}")
     Policy(args.policy)
@@ -826,7 +826,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     columns = [c for c in args.columns.split(",") if c]
     if not columns:
         raise dist.RunRefused("--columns must name at least one indicator column")
-    key_path, fingerprint, _ = dist._key_fingerprint(args)
+    key_path, fingerprint, _ = dist.key_fingerprint(args)
     cal = calibrate(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget, accounting=args.accounting)
     id_type = ID_TYPE
     releases = dist.absolute(args.releases_parquet)
@@ -898,7 +898,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not any(a.startswith("--runner") for a in flags):
         flags += ["--runner=DirectRunner"]
     try:
-        key_path = dist._key_fingerprint(args)[0]
+        key_path = dist.key_fingerprint(args)[0]
         if args.noise_key_secret:  # each worker fetches the key at start-up (pipelines.worker_key)
             flags += [f"--{worker_key.SECRET_OPTION}={args.noise_key_secret}",
                       f"--{worker_key.PATH_OPTION}={key_path}", f"--beam_plugins={worker_key.PLUGIN}"]

@@ -79,6 +79,7 @@ All work is vectorised with ``pyarrow.compute`` and NumPy: loops run over column
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import json
 import math
@@ -198,6 +199,29 @@ class WindowSpec:
             )
         object.__setattr__(self, "length_seconds", length)
         object.__setattr__(self, "origin_seconds", origin)
+
+    @classmethod
+    def from_length(cls, text: str) -> "WindowSpec":
+        """Windows from 1970-01-01 of a length written ``1d``, ``12h``, ``30m`` or ``3600s`` (the
+        command lines' ``--window``); ValueError naming ``window`` otherwise."""
+        units = {"d": _SECONDS_PER_DAY, "h": 3600, "m": 60, "s": 1}
+        try:
+            value, unit = int(text[:-1]), units[text[-1]]
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise ValueError(f"window must look like 1d, 12h, 30m or 3600s, got window={text!r}") from None
+        if value <= 0:
+            raise ValueError(f"window must be positive, got window={text!r}")
+        return cls(length_seconds=value * unit)
+
+    def window_of_day(self, name: str, text: str) -> int:
+        """The window holding the start (00:00 UTC) of the day ``text`` (``YYYY-MM-DD``), as the
+        command lines' ``--start`` and ``--end`` name windows; ValueError naming ``name`` otherwise."""
+        try:
+            day = dt.date.fromisoformat(text)
+        except (ValueError, TypeError):
+            raise ValueError(f"{name} must be a date YYYY-MM-DD, got {name}={text!r}") from None
+        seconds = int(dt.datetime(day.year, day.month, day.day, tzinfo=dt.timezone.utc).timestamp())
+        return int(self.window_of_seconds(seconds))
 
     def window_of_seconds(self, seconds: Any) -> Any:
         """Window id (int64) of each Unix time in ``seconds`` (integers, ``|s| <= 2**61``)."""

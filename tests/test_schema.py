@@ -7,6 +7,7 @@ import decimal
 import io
 import json
 import math
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -873,3 +874,28 @@ def test_may_repeat_proves_sorted_and_dense_ids_distinct_and_leaves_strings_to_g
     assert not may_repeat(pa.array([4, 2, 3, 1, 1, 3, 2, 4]), windows)  # dense, each cell once
     assert may_repeat(pa.array([4, 2, 4, 1, 1, 3, 2, 4]), windows)      # user 4 twice in window 5
     assert may_repeat(pa.array(["a", "b", "c", "d", "a", "b", "c", "d"]), windows)
+
+
+# --- window options as the command lines write them ----------------------------------------------
+
+
+@pytest.mark.parametrize("text, seconds", [("1d", 86_400), ("12h", 43_200), ("30m", 1_800), ("3600s", 3_600)])
+def test_a_window_length_is_read_in_days_hours_minutes_or_seconds(text, seconds):
+    assert WindowSpec.from_length(text) == WindowSpec(length_seconds=seconds)
+
+
+@pytest.mark.parametrize("text", ["", "d", "1w", "1.5d", "one day", "0h", "-1d"])
+def test_a_window_length_that_is_not_a_positive_count_of_a_unit_is_refused_naming_window(text):
+    with pytest.raises(ValueError, match=rf"window must .*got window={re.escape(repr(text))}"):
+        WindowSpec.from_length(text)
+
+
+def test_a_day_names_the_window_holding_its_midnight_utc():
+    assert WindowSpec().window_of_day("start", "1970-01-02") == 1
+    assert WindowSpec.from_length("12h").window_of_day("end", "1970-01-02") == 2
+
+
+@pytest.mark.parametrize("text", ["2026-02-30", "yesterday", "2026/03/01"])
+def test_a_day_that_is_not_a_date_is_refused_naming_the_option(text):
+    with pytest.raises(ValueError, match=rf"start must be a date YYYY-MM-DD, got start={re.escape(repr(text))}"):
+        WindowSpec().window_of_day("start", text)
