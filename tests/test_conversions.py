@@ -176,3 +176,19 @@ def test_closed_form_conversions_are_vectorised_and_agree_with_the_scalar_calls(
     assert np.allclose(cv.zcdp_to_gdp(cv.gdp_to_zcdp(mus)), mus)
     with pytest.raises(ValueError, match="rho"):
         cv.zcdp_to_epsilon_thm49(np.array([0.1, -0.1]), 1e-6)
+
+
+@pytest.mark.parametrize("epsilon, delta", [(1e-6, 1e-100), (1e-6, 1e-300), (1e-4, 1e-300), (1e-6, 1e-12)])
+def test_epsilon_to_gdp_keeps_the_promise_where_the_curve_is_ill_conditioned(epsilon, delta):
+    # At epsilon << mu's scale, -eps/mu +- mu/2 differ by rounding at ~1e-7 relative, so the
+    # curve is not monotone there: the returned mu must itself have been checked.
+    mu = cv.epsilon_to_gdp(epsilon, delta)
+    assert mu > 0 and cv.gdp_to_delta(mu, epsilon) <= delta
+
+
+@pytest.mark.parametrize("epsilon, delta", [(1e-6, 1e-30), (1e-6, 1e-12), (1e-6, 1e-9)])
+def test_epsilon_to_zcdp_cks_returns_a_budget_that_keeps_the_promise_for_tiny_epsilon(epsilon, delta):
+    # The brentq version looped for ever here (its last-bit guard shrank rho by 1e-9 per try).
+    rho = cv.epsilon_to_zcdp_cks(epsilon, delta)
+    assert rho >= cv.epsilon_to_zcdp_thm49(epsilon, delta) * (1 - 1e-6)
+    assert cv.zcdp_to_epsilon_cks(rho, delta) <= epsilon

@@ -21,7 +21,7 @@ called: the default GDP calibration runs on the standard library and NumPy.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Union
+from typing import Any, Callable, Iterable, Union
 
 import numpy as np
 
@@ -34,6 +34,18 @@ ArrayOrFloat = Union[float, np.ndarray]
 # Relative slack applied to numerically inverted budgets so that they stay on the safe side of
 # the root-finder's tolerance.
 _INVERSE_SAFETY = 1e-12
+
+
+def _checked(keeps: Callable[[float], bool], value: float, step: float) -> float:
+    """``value``, moved by the relative ``step`` (towards the safe side) until ``keeps`` it.
+
+    The inverses return their bisection's answer moved by a relative 1e-12 to the safe side; where
+    the curve is ill-conditioned (epsilon far below the GDP parameter's scale, say epsilon = 1e-6)
+    rounding makes it non-monotone at about 1e-7 relative, so the moved value is evaluated again:
+    what is returned is always a value at which the promise was checked."""
+    while not keeps(value):
+        value *= step
+    return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,7 +225,7 @@ def epsilon_to_zcdp_cks(epsilon: float, delta: float) -> float:
         lo, hi = hi, 2.0 * hi
     # The minimiser inside zcdp_to_epsilon_cks may wobble in the last bits; bisection still ends
     # on a rho whose epsilon was computed <= epsilon, and the margin covers the wobble.
-    return last_true(keeps, lo, hi) * (1.0 - _INVERSE_SAFETY)
+    return _checked(keeps, last_true(keeps, lo, hi) * (1.0 - _INVERSE_SAFETY), 1.0 - 1e-9)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,7 +272,10 @@ def gdp_to_epsilon(mu: float, delta: float) -> float:
     hi = max(1.0, mu * mu)
     while _gdp_delta(mu, hi) > delta:
         hi *= 2.0
-    return first_true(lambda e: _gdp_delta(mu, e) <= delta, 0.0, hi) * (1.0 + _INVERSE_SAFETY)
+    def keeps(e: float) -> bool:
+        return _gdp_delta(mu, e) <= delta
+
+    return _checked(keeps, first_true(keeps, 0.0, hi) * (1.0 + _INVERSE_SAFETY), 1.0 + 1e-9)
 
 
 def epsilon_to_gdp(epsilon: float, delta: float) -> float:
@@ -274,7 +289,10 @@ def epsilon_to_gdp(epsilon: float, delta: float) -> float:
     hi = 1.0
     while _gdp_delta(hi, epsilon) <= delta:
         hi *= 2.0
-    return last_true(lambda m: _gdp_delta(m, epsilon) <= delta, 0.0, hi) * (1.0 - _INVERSE_SAFETY)
+    def keeps(m: float) -> bool:
+        return _gdp_delta(m, epsilon) <= delta
+
+    return _checked(keeps, last_true(keeps, 0.0, hi) * (1.0 - _INVERSE_SAFETY), 1.0 - 1e-9)
 
 
 def gdp_to_zcdp(mu: ArrayOrFloat) -> ArrayOrFloat:
