@@ -5,8 +5,10 @@ of two normal tail probabilities that are far below ``1e-300`` for strong promis
 evaluated in log space. This module gives ``log Phi`` with the standard library alone: the
 default calibration then needs no scipy, whose import costs every run about a quarter second.
 
-Accuracy (``tests/test_normal_cdf.py``): within a few ulps of a 40-digit reference on
-``[-60, 8]`` and within ``1e-14`` relative of ``scipy.special.log_ndtr`` on ``[-1e4, 1e3]``.
+Accuracy, measured against a 40-digit reference (mpmath): at most 4.4e-16 relative error on
+``[-60, 0]`` and 9.4e-15 on ``(0, 8]`` (scipy's own ``log_ndtr``: 4.7e-16 and 1.0e-14).
+``tests/test_normal_cdf.py`` holds it within 1e-13 relative of ``scipy.special.log_ndtr`` on
+``[-1e4, 37]``.
 """
 
 from __future__ import annotations
