@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from stream.accounting.calibration import NOISE_HEADROOM
 from stream.accounting import (
@@ -144,3 +146,26 @@ def test_resume_refuses_a_recorded_budget_that_is_not_a_positive_number(bad):
 def test_a_calibration_is_resumed_from_its_own_budget_unchanged():
     cal = calibrate(epsilon=0.5, delta=1e-6, norm_budget=10.0)
     assert resume(cal, cal.rho) == cal
+
+
+# --- property: every calibrated budget keeps its promise, across the whole parameter range -------
+
+_LOG_EPSILON = st.floats(min_value=-6.0, max_value=2.0)  # epsilon = 10^x: 1e-6 .. 100
+_LOG_DELTA = st.floats(min_value=-300.0, max_value=-0.5)  # delta = 10^x: 1e-300 .. 0.32
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_LOG_EPSILON, _LOG_DELTA)
+def test_a_gdp_calibration_keeps_its_promise_anywhere(log_epsilon, log_delta):
+    epsilon, delta = 10.0**log_epsilon, 10.0**log_delta
+    cal = calibrate(epsilon=epsilon, delta=delta, norm_budget=1.0, accounting="gdp")
+    assert cal.rho > 0 and gdp_to_delta(cal.mu, epsilon) <= delta
+    assert epsilon_for_budget(rho=cal.rho, delta=delta) >= epsilon * (1 - 1e-6)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(_LOG_EPSILON, st.floats(min_value=-100.0, max_value=-0.5))
+def test_a_zcdp_cks_calibration_keeps_its_promise_anywhere(log_epsilon, log_delta):
+    epsilon, delta = 10.0**log_epsilon, 10.0**log_delta
+    cal = calibrate(epsilon=epsilon, delta=delta, norm_budget=1.0, accounting="zcdp-cks")
+    assert cal.rho > 0 and zcdp_to_epsilon_cks(cal.rho, delta) <= epsilon
