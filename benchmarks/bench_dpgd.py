@@ -17,9 +17,15 @@ logistic regression (784 -> 10) and a one-hidden-layer ReLU MLP (784 -> 256 -> 1
   ghost clipping applies to all of them and the per-sample hook mode is not needed). Skipped
   with a message when ``torch``/``opacus`` are not installed (``pip install '.[bench]'``).
 
-Both sides are built first and warmed up with one step each; then their steps are timed
-alternately (ours, Opacus, ours, ...) so that load from other processes on a shared machine
-falls on both alike. The median of ``--repeats`` steps is reported as examples per second, with
+Each side runs in a process of its own (spawned, so neither inherits the other's BLAS or
+OpenMP thread pools), builds its step on the same data (generated from seed 0 in each worker)
+and is warmed up with one step; then their steps are timed alternately (ours, Opacus, ours,
+...) so that load from other processes on a shared machine falls on both alike, with a pause
+of ``--settle`` seconds before each step: an idle worker's BLAS and OpenMP threads spin for a
+while after their last call, and would otherwise take a core from the step that follows.
+``--same-process`` times both in this process instead, as earlier versions did: on 2 cores
+that made Opacus's MLP step slower and more erratic (median 2.57 s, runs from 1.71 to 2.91 s,
+against 2.30 s, 2.12 to 2.57 s, isolated, back to back on the same machine). The median of ``--repeats`` steps is reported as examples per second, with
 the ratio (target: >= 3x Opacus). Ours runs with ``private_gd``'s default slicing (on the CPU,
 slices of about 32 MB of ``x``, :func:`stream.training.dpgd.default_chunk_rows`; ``--chunk-rows``
 overrides it). ``--gemm-floor`` adds, per model, the FLOPs of each side's matrix products and
@@ -66,8 +72,23 @@ KNOWN_BANDWIDTH = {"H100 SXM": 3.35e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12,
 Step = tuple[Callable[[], Any], Callable[[], None]]  # (one step, wait for the device)
 
 
-def time_interleaved(steps: dict[str, Step], repeats: int) -> dict[str, float]:
-    """Median seconds per step of each entry, warmed up once, timed in alternation."""
+def time_same_process(sides: list[str], model_name: str, *, n: int, features: int, device: str,
+                      chunk_rows: int | None, repeats: int) -> dict[str, list[float] | str]:
+    """As :func:`time_isolated`, with every side built and timed in this process, no pause."""
+    steps: dict[str, Step] = {}
+    results: dict[str, list[float] | str] = {}
+    for side in sides:
+        built = build_step(side, model_name, n, features, device, chunk_rows)
+        if isinstance(built, str):
+            results[side] = built
+        else:
+            steps[side] = built
+    results.update(time_interleaved(steps, repeats))
+    return results
+
+
+def time_interleaved(steps: dict[str, Step], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each timed step of each entry, warmed up once, timed in alternation."""
     for run, sync in steps.values():
         run()
         sync()
@@ -78,7 +99,95 @@ def time_interleaved(steps: dict[str, Step], repeats: int) -> dict[str, float]:
             run()
             sync()
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return times
+
+
+def synthetic_data(n: int, features: int) -> tuple[np.ndarray, np.ndarray]:
+    """The benchmark's data: features uniform in [0, 1] (float32), labels uniform in 0..9 (seed 0)."""
+    rng = np.random.default_rng(0)
+    return rng.random((n, features), dtype=np.float32), rng.integers(0, 10, size=n)
+
+
+def build_step(side: str, model_name: str, n: int, features: int, device: str, chunk_rows: int | None) -> Step | str:
+    """``side``'s step (``"ours"`` or ``"opacus"``) on :func:`synthetic_data`, or why it was skipped."""
+    x, y = synthetic_data(n, features)
+    if side == "opacus":
+        return opacus_step(model_name, x, y, device="cuda" if device == "gpu" else "cpu")
+    if device == "gpu":
+        import cupy as xp  # type: ignore[import-not-found]
+    else:
+        xp = np
+    return ours_step(model_name, x, y, xp=xp, chunk_rows=chunk_rows)
+
+
+def _step_worker(conn: Any, side: str, model_name: str, n: int, features: int, device: str,
+                 chunk_rows: int | None) -> None:
+    """A worker process: build ``side``'s step, warm it up, then time one step per ``"step"`` message."""
+    warnings.simplefilter("ignore", InsecureNoiseWarning)
+    try:
+        built = build_step(side, model_name, n, features, device, chunk_rows)
+        if isinstance(built, str):
+            conn.send(("skipped", built))
+            return
+        run, sync = built
+        run()
+        sync()
+        conn.send(("ready", None))
+        while conn.recv() == "step":
+            start = time.perf_counter()
+            run()
+            sync()
+            conn.send(("seconds", time.perf_counter() - start))
+    except Exception as exc:  # reported by the parent, which then stops the run
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+
+
+def time_isolated(sides: list[str], model_name: str, *, n: int, features: int, device: str,
+                  chunk_rows: int | None, repeats: int, settle: float) -> dict[str, list[float] | str]:
+    """Seconds of each timed step per side (or why a side was skipped), each side in a spawned
+    process of its own, warmed up once, timed in alternation with ``settle`` seconds before
+    each step."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    workers: dict[str, tuple[Any, Any]] = {}
+    results: dict[str, list[float] | str] = {}
+    try:
+        for side in sides:  # built one after the other, so that the builds do not share the cores
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_step_worker, args=(child, side, model_name, n, features, device, chunk_rows),
+                               daemon=True)
+            proc.start()
+            child.close()
+            status, detail = parent.recv()
+            if status == "failed":
+                raise RuntimeError(f"the {side} worker failed while building its step: {detail}")
+            if status == "skipped":
+                results[side] = detail
+                proc.join()
+                continue
+            workers[side] = (parent, proc)
+            results[side] = []
+        for _ in range(repeats):
+            for side, (conn, _proc) in workers.items():
+                time.sleep(settle)
+                conn.send("step")
+                status, value = conn.recv()
+                if status == "failed":
+                    raise RuntimeError(f"the {side} worker failed during a step: {value}")
+                cast_list = results[side]
+                assert isinstance(cast_list, list)
+                cast_list.append(float(value))
+    finally:
+        for conn, proc in workers.values():
+            try:
+                conn.send("stop")
+            except (BrokenPipeError, OSError):
+                pass
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    return results
 
 
 def ours_step(model_name: str, x: np.ndarray, y: np.ndarray, *, xp: Any, chunk_rows: int | None) -> Step:
@@ -192,7 +301,7 @@ def gemm_floor(model_name: str, x: np.ndarray, chunk_rows: int, repeats: int, hi
         steps["torch"] = (torch_whole, lambda: None)
     except ImportError:
         pass
-    return time_interleaved(steps, repeats)
+    return {name: statistics.median(t) for name, t in time_interleaved(steps, repeats).items()}
 
 
 def peak_bandwidth(xp: Any, override_gbs: float | None) -> tuple[float | None, str]:
@@ -220,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-opacus", action="store_true")
     parser.add_argument("--gemm-floor", action="store_true",
                         help="also time our two large matrix products alone (NumPy and torch) and print FLOPs")
+    parser.add_argument("--same-process", action="store_true",
+                        help="time both sides in this process (default: each in a spawned process of its own)")
+    parser.add_argument("--settle", type=float, default=0.5,
+                        help="seconds of pause before each timed step in the process-isolated mode (default 0.5)")
     parser.add_argument("--peak-bandwidth-gbs", type=float, default=None, help="GPU peak memory bandwidth, GB/s")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore", InsecureNoiseWarning)  # a seeded benchmark, not a release
@@ -236,17 +349,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--device gpu needs CuPy and a CUDA device: {why}", file=sys.stderr)
             return 2
         import cupy as xp  # type: ignore[import-not-found]
-
-        torch_device = "cuda"
     else:
-        xp, torch_device = np, "cpu"
-    rng = np.random.default_rng(0)
-    x = rng.random((n, args.features), dtype=np.float32)
-    y = rng.integers(0, 10, size=n)
+        xp = np
     print(f"# DP-GD step, n={n:,}, d={args.features}, 10 classes, float32, device={args.device}; "
           f"{platform.machine()}, {platform.python_version()}, numpy {np.__version__}")
     chunk_rows = args.chunk_rows or default_chunk_rows(n, args.features, np.float32, xp)
-    print(f"# ours: slices of {chunk_rows:,} rows ({'--chunk-rows' if args.chunk_rows else 'default_chunk_rows'})")
+    print(f"# ours: slices of {chunk_rows:,} rows ({'--chunk-rows' if args.chunk_rows else 'default_chunk_rows'}); "
+          + ("both sides in this process" if args.same_process else
+             f"each side in a process of its own, {args.settle:g} s pause before each timed step"))
     if args.device == "gpu":
         bw, where = peak_bandwidth(xp, args.peak_bandwidth_gbs)
         print(f"# peak memory bandwidth: {'?' if bw is None else f'{bw / 1e9:,.0f} GB/s'} ({where})")
@@ -255,35 +365,45 @@ def main(argv: list[str] | None = None) -> int:
         header += " ours % of bandwidth bound |"
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
+    sides = ["ours"] if args.skip_opacus else ["ours", "opacus"]
+    runs: list[str] = []
     for model_name in args.models.split(","):
-        steps: dict[str, Step] = {"ours": ours_step(model_name, x, y, xp=xp, chunk_rows=args.chunk_rows)}
-        theirs: Step | str = "skipped (--skip-opacus)" if args.skip_opacus else \
-            opacus_step(model_name, x, y, device=torch_device)
-        if not isinstance(theirs, str):
-            steps["opacus"] = theirs
-        seconds = time_interleaved(steps, args.repeats)
-        ours = seconds["ours"]
+        if args.same_process:
+            timed = time_same_process(sides, model_name, n=n, features=args.features, device=args.device,
+                                      chunk_rows=args.chunk_rows, repeats=args.repeats)
+        else:
+            timed = time_isolated(sides, model_name, n=n, features=args.features, device=args.device,
+                                  chunk_rows=args.chunk_rows, repeats=args.repeats, settle=args.settle)
+        theirs = timed.get("opacus", "skipped (--skip-opacus)")
+        ours_runs = timed["ours"]
+        assert isinstance(ours_runs, list)
+        ours = statistics.median(ours_runs)
         label = "logistic regression" if model_name == "logreg" else "MLP (256 hidden)"
         if isinstance(theirs, str):
             row = f"| {label} | {ours:.3f} | {n / ours:,.0f} | {theirs} | - | - |"
         else:
-            opacus = seconds["opacus"]
+            opacus = statistics.median(theirs)
             row = f"| {label} | {ours:.3f} | {n / ours:,.0f} | {opacus:.3f} | {n / opacus:,.0f} | {opacus / ours:.2f}x |"
         if args.device == "gpu":
             bound = (n * args.features * 4) / bw if bw else None
             row += f" {100 * bound / ours:.0f}% |" if bound else " ? |"
         print(row, flush=True)
-        del steps, theirs
+        runs.append(f"#   {label}, every timed step in order: " + "; ".join(
+            f"{side} {', '.join(f'{t:.3f}' for t in times)}" for side, times in timed.items()
+            if isinstance(times, list)))
         gc.collect()
         if args.gemm_floor and args.device == "cpu":
+            x, _ = synthetic_data(n, args.features)
             ours_flops, opacus_flops = gemm_flops(model_name, n, args.features)
             floor = gemm_floor(model_name, x, chunk_rows, args.repeats)
+            del x
             line = (f"#   {label}: matmul FLOPs ours {ours_flops / 1e9:.1f} G, Opacus ghost {opacus_flops / 1e9:.1f} G "
                     f"({opacus_flops / ours_flops:.2f}x); our two large matmuls alone (NumPy): "
                     f"{floor['numpy']:.3f} s whole batch, {floor['numpy_sliced']:.3f} s in slices")
             if "torch" in floor:
                 line += f"; the same in torch: {floor['torch']:.3f} s"
-            print(line, flush=True)
+            runs.append(line)
+    print("\n".join(runs), flush=True)
     return 0
 
 

@@ -1,0 +1,41 @@
+"""The DP-GD benchmark runs end to end on a small batch, in both of its timing modes.
+
+It is a benchmark, not a timed test: these only check that the command works and prints its
+table (Opacus is skipped so that the test does not depend on the optional ``bench`` extra).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_dpgd.py"
+
+
+def _run(*extra: str) -> str:
+    done = subprocess.run([sys.executable, str(BENCH), "--n", "3000", "--repeats", "2", "--skip-opacus",
+                           "--settle", "0", *extra], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("mode", [[], ["--same-process"]], ids=["isolated", "same-process"])
+def test_the_benchmark_prints_a_row_and_every_timed_step_per_model(mode):
+    out = _run(*mode)
+    assert "| logistic regression |" in out and "| MLP (256 hidden) |" in out
+    assert out.count("every timed step in order: ours ") == 2
+    assert ("both sides in this process" in out) == bool(mode)
+
+
+def test_the_gpu_benchmark_explains_why_it_cannot_run_without_a_device():
+    from stream.xp import gpu_available
+
+    if gpu_available():
+        pytest.skip("a CUDA device is present; this checks the message on machines without one")
+    done = subprocess.run([sys.executable, str(BENCH), "--device", "gpu", "--n", "100"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "--device gpu needs CuPy and a CUDA device" in done.stderr
