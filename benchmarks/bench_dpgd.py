@@ -19,14 +19,18 @@ logistic regression (784 -> 10) and a one-hidden-layer ReLU MLP (784 -> 256 -> 1
 
 Each side runs in a process of its own (spawned, so neither inherits the other's BLAS or
 OpenMP thread pools), builds its step on the same data (generated from seed 0 in each worker)
-and is warmed up with one step; then their steps are timed alternately (ours, Opacus, ours,
-...) so that load from other processes on a shared machine falls on both alike, with a pause
-of ``--settle`` seconds before each step: an idle worker's BLAS and OpenMP threads spin for a
-while after their last call, and would otherwise take a core from the step that follows.
-``--same-process`` times both in this process instead, as earlier versions did: on 2 cores
-that made Opacus's MLP step slower and more erratic (median 2.57 s, runs from 1.71 to 2.91 s,
-against 2.30 s, 2.12 to 2.57 s, isolated, back to back on the same machine). The median of ``--repeats`` steps is reported as examples per second, with
-the ratio (target: >= 3x Opacus). Ours runs with ``private_gd``'s default slicing (on the CPU,
+and is warmed up with one step. Then the sides take turns (ours, Opacus, ours, ...) so that
+load from other processes on a shared machine falls on both alike. A turn is a pause of
+``--settle`` seconds (an idle worker's BLAS and OpenMP threads spin for a while after their
+last call and would take a core from the step that follows), ``--warm-steps`` untimed steps
+(default 1), and one timed step. The untimed step is there because training runs its steps back
+to back, and a step right after the other side's is not what training sees: measured on
+2 cores, Opacus's MLP step takes 2.1 to 2.6 s right after ours and 1.6 to 2.0 s after one of
+its own (ours 0.85 to 0.95 s either way; logistic regression is unaffected on both sides).
+``--same-process --warm-steps 0`` is how earlier versions timed both (one process, single
+alternating steps); it flattered the ratio for the MLP (2.2x to 3.0x in their runs, against
+1.8x to 2.2x here).
+The median of ``--repeats`` timed steps is reported as examples per second, with the ratio (target: >= 3x Opacus). Ours runs with ``private_gd``'s default slicing (on the CPU,
 slices of about 32 MB of ``x``, :func:`stream.training.dpgd.default_chunk_rows`; ``--chunk-rows``
 overrides it). ``--gemm-floor`` adds, per model, the FLOPs of each side's matrix products and
 the time of our step's two large products alone, as plain NumPy matmuls of the same shapes
@@ -73,7 +77,7 @@ Step = tuple[Callable[[], Any], Callable[[], None]]  # (one step, wait for the d
 
 
 def time_same_process(sides: list[str], model_name: str, *, n: int, features: int, device: str,
-                      chunk_rows: int | None, repeats: int) -> dict[str, list[float] | str]:
+                      chunk_rows: int | None, repeats: int, warm_steps: int) -> dict[str, list[float] | str]:
     """As :func:`time_isolated`, with every side built and timed in this process, no pause."""
     steps: dict[str, Step] = {}
     results: dict[str, list[float] | str] = {}
@@ -83,18 +87,22 @@ def time_same_process(sides: list[str], model_name: str, *, n: int, features: in
             results[side] = built
         else:
             steps[side] = built
-    results.update(time_interleaved(steps, repeats))
+    results.update(time_interleaved(steps, repeats, warm_steps))
     return results
 
 
-def time_interleaved(steps: dict[str, Step], repeats: int) -> dict[str, list[float]]:
-    """Seconds of each timed step of each entry, warmed up once, timed in alternation."""
+def time_interleaved(steps: dict[str, Step], repeats: int, warm_steps: int = 0) -> dict[str, list[float]]:
+    """Seconds of each timed step of each entry, warmed up once, timed in alternation, each timed
+    step after ``warm_steps`` untimed ones."""
     for run, sync in steps.values():
         run()
         sync()
     times: dict[str, list[float]] = {name: [] for name in steps}
     for _ in range(repeats):
         for name, (run, sync) in steps.items():
+            for _ in range(warm_steps):
+                run()
+            sync()
             start = time.perf_counter()
             run()
             sync()
@@ -122,7 +130,8 @@ def build_step(side: str, model_name: str, n: int, features: int, device: str, c
 
 def _step_worker(conn: Any, side: str, model_name: str, n: int, features: int, device: str,
                  chunk_rows: int | None) -> None:
-    """A worker process: build ``side``'s step, warm it up, then time one step per ``"step"`` message."""
+    """A worker process: build ``side``'s step, warm it up, then per ``("step", warm)`` message run
+    ``warm`` untimed steps and time one more."""
     warnings.simplefilter("ignore", InsecureNoiseWarning)
     try:
         built = build_step(side, model_name, n, features, device, chunk_rows)
@@ -133,7 +142,10 @@ def _step_worker(conn: Any, side: str, model_name: str, n: int, features: int, d
         run()
         sync()
         conn.send(("ready", None))
-        while conn.recv() == "step":
+        while (message := conn.recv())[0] == "step":
+            for _ in range(message[1]):  # untimed: bring this side's working set back into cache
+                run()
+            sync()
             start = time.perf_counter()
             run()
             sync()
@@ -143,10 +155,11 @@ def _step_worker(conn: Any, side: str, model_name: str, n: int, features: int, d
 
 
 def time_isolated(sides: list[str], model_name: str, *, n: int, features: int, device: str,
-                  chunk_rows: int | None, repeats: int, settle: float) -> dict[str, list[float] | str]:
+                  chunk_rows: int | None, repeats: int, settle: float,
+                  warm_steps: int) -> dict[str, list[float] | str]:
     """Seconds of each timed step per side (or why a side was skipped), each side in a spawned
-    process of its own, warmed up once, timed in alternation with ``settle`` seconds before
-    each step."""
+    process of its own, warmed up once, timed in alternation; each turn is a pause of ``settle``
+    seconds, ``warm_steps`` untimed steps, then the timed one."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
@@ -171,7 +184,7 @@ def time_isolated(sides: list[str], model_name: str, *, n: int, features: int, d
         for _ in range(repeats):
             for side, (conn, _proc) in workers.items():
                 time.sleep(settle)
-                conn.send("step")
+                conn.send(("step", warm_steps))
                 status, value = conn.recv()
                 if status == "failed":
                     raise RuntimeError(f"the {side} worker failed during a step: {value}")
@@ -181,7 +194,7 @@ def time_isolated(sides: list[str], model_name: str, *, n: int, features: int, d
     finally:
         for conn, proc in workers.values():
             try:
-                conn.send("stop")
+                conn.send(("stop", 0))
             except (BrokenPipeError, OSError):
                 pass
             proc.join(timeout=30)
@@ -318,6 +331,14 @@ def peak_bandwidth(xp: Any, override_gbs: float | None) -> tuple[float | None, s
     return None, f"{name}: unknown; pass --peak-bandwidth-gbs"
 
 
+def _count(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Time one full-batch DP-GD step against Opacus.")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
@@ -333,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="time both sides in this process (default: each in a spawned process of its own)")
     parser.add_argument("--settle", type=float, default=0.5,
                         help="seconds of pause before each timed step in the process-isolated mode (default 0.5)")
+    parser.add_argument("--warm-steps", type=_count, default=1,
+                        help="untimed steps a side runs at the start of each of its turns (default 1)")
     parser.add_argument("--peak-bandwidth-gbs", type=float, default=None, help="GPU peak memory bandwidth, GB/s")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore", InsecureNoiseWarning)  # a seeded benchmark, not a release
@@ -355,8 +378,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{platform.machine()}, {platform.python_version()}, numpy {np.__version__}")
     chunk_rows = args.chunk_rows or default_chunk_rows(n, args.features, np.float32, xp)
     print(f"# ours: slices of {chunk_rows:,} rows ({'--chunk-rows' if args.chunk_rows else 'default_chunk_rows'}); "
-          + ("both sides in this process" if args.same_process else
-             f"each side in a process of its own, {args.settle:g} s pause before each timed step"))
+          + ("both sides in this process; each turn: " if args.same_process else
+             f"each side in a process of its own; each turn: {args.settle:g} s pause, ")
+          + f"{args.warm_steps} untimed step(s), one timed step")
     if args.device == "gpu":
         bw, where = peak_bandwidth(xp, args.peak_bandwidth_gbs)
         print(f"# peak memory bandwidth: {'?' if bw is None else f'{bw / 1e9:,.0f} GB/s'} ({where})")
@@ -370,10 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     for model_name in args.models.split(","):
         if args.same_process:
             timed = time_same_process(sides, model_name, n=n, features=args.features, device=args.device,
-                                      chunk_rows=args.chunk_rows, repeats=args.repeats)
+                                      chunk_rows=args.chunk_rows, repeats=args.repeats, warm_steps=args.warm_steps)
         else:
             timed = time_isolated(sides, model_name, n=n, features=args.features, device=args.device,
-                                  chunk_rows=args.chunk_rows, repeats=args.repeats, settle=args.settle)
+                                  chunk_rows=args.chunk_rows, repeats=args.repeats, settle=args.settle,
+                                  warm_steps=args.warm_steps)
         theirs = timed.get("opacus", "skipped (--skip-opacus)")
         ours_runs = timed["ours"]
         assert isinstance(ours_runs, list)
