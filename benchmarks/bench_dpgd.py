@@ -30,8 +30,10 @@ its own (ours 0.85 to 0.95 s either way; logistic regression is unaffected on bo
 ``--same-process --warm-steps 0`` is how earlier versions timed both (one process, single
 alternating steps); it flattered the ratio for the MLP (2.2x to 3.0x in their runs, against
 1.8x to 2.2x here).
-The median of ``--repeats`` timed steps is reported as examples per second, with the ratio (target: >= 3x Opacus). Ours runs with ``private_gd``'s default slicing (on the CPU,
-slices of about 32 MB of ``x``, :func:`stream.training.dpgd.default_chunk_rows`; ``--chunk-rows``
+
+The median of ``--repeats`` timed steps is reported as examples per second, with the ratio
+(target: >= 3x Opacus). Ours runs with ``private_gd``'s default slicing (on the CPU, slices of
+about 32 MB of ``x``, :func:`stream.training.dpgd.default_chunk_rows`; ``--chunk-rows``
 overrides it). ``--gemm-floor`` adds, per model, the FLOPs of each side's matrix products and
 the time of our step's two large products alone, as plain NumPy matmuls of the same shapes
 (whole batch and in our slices) and as torch matmuls: the ceiling of any speed-up from the
@@ -164,7 +166,7 @@ def time_isolated(sides: list[str], model_name: str, *, n: int, features: int, d
 
     ctx = multiprocessing.get_context("spawn")
     workers: dict[str, tuple[Any, Any]] = {}
-    results: dict[str, list[float] | str] = {}
+    skipped: dict[str, str] = {}
     try:
         for side in sides:  # built one after the other, so that the builds do not share the cores
             parent, child = ctx.Pipe()
@@ -172,35 +174,32 @@ def time_isolated(sides: list[str], model_name: str, *, n: int, features: int, d
                                daemon=True)
             proc.start()
             child.close()
+            workers[side] = (parent, proc)
             status, detail = parent.recv()
             if status == "failed":
                 raise RuntimeError(f"the {side} worker failed while building its step: {detail}")
             if status == "skipped":
-                results[side] = detail
-                proc.join()
-                continue
-            workers[side] = (parent, proc)
-            results[side] = []
+                skipped[side] = detail
+        times: dict[str, list[float]] = {side: [] for side in workers if side not in skipped}
         for _ in range(repeats):
-            for side, (conn, _proc) in workers.items():
+            for side in times:
+                conn = workers[side][0]
                 time.sleep(settle)
                 conn.send(("step", warm_steps))
                 status, value = conn.recv()
                 if status == "failed":
                     raise RuntimeError(f"the {side} worker failed during a step: {value}")
-                cast_list = results[side]
-                assert isinstance(cast_list, list)
-                cast_list.append(float(value))
+                times[side].append(float(value))
     finally:
         for conn, proc in workers.values():
             try:
                 conn.send(("stop", 0))
-            except (BrokenPipeError, OSError):
+            except (BrokenPipeError, OSError):  # the worker has already exited (skipped or failed)
                 pass
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
-    return results
+    return {**times, **skipped}
 
 
 def ours_step(model_name: str, x: np.ndarray, y: np.ndarray, *, xp: Any, chunk_rows: int | None) -> Step:
@@ -353,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--same-process", action="store_true",
                         help="time both sides in this process (default: each in a spawned process of its own)")
     parser.add_argument("--settle", type=float, default=0.5,
-                        help="seconds of pause before each timed step in the process-isolated mode (default 0.5)")
+                        help="seconds of pause at the start of each turn in the process-isolated mode (default 0.5)")
     parser.add_argument("--warm-steps", type=_count, default=1,
                         help="untimed steps a side runs at the start of each of its turns (default 1)")
     parser.add_argument("--peak-bandwidth-gbs", type=float, default=None, help="GPU peak memory bandwidth, GB/s")

@@ -38,3 +38,17 @@ def test_the_gpu_benchmark_explains_why_it_cannot_run_without_a_device():
                           capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 2
     assert "--device gpu needs CuPy and a CUDA device" in done.stderr
+
+
+def test_without_opacus_the_benchmark_times_ours_and_says_why_opacus_was_skipped(tmp_path):
+    # a package that fails to import the way a missing one does, first on the workers' path
+    (tmp_path / "opacus").mkdir()
+    (tmp_path / "opacus" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'opacus'\", name='opacus')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(BENCH), "--n", "3000", "--repeats", "1", "--settle", "0",
+                           "--models", "logreg"], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "| logistic regression |" in done.stdout
+    assert "skipped: opacus is not installed (pip install '.[bench]')" in done.stdout
+    assert "every timed step in order: ours " in done.stdout
