@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
 
 import duckdb
 import numpy as np
@@ -189,3 +190,14 @@ def test_algorithm_6_stage_runs_exactly_k_steps(tmp_path):
     with pytest.raises(TrainRefused, match="another promise"):
         run_train(TrainConfig(features=str(features), ledger=str(tmp_path / "l.duckdb"), epsilon=1.0,
                               delta=1e-7, out=str(tmp_path / "m2.npz"), seed=2))
+
+
+def test_training_on_the_gpu_without_cupy_exits_1_naming_the_extra_and_touches_no_ledger(tmp_path, capsys,
+                                                                                         monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # as on a machine without the gpu extra
+    features = _features(tmp_path, _write_days(tmp_path, users=20))
+    code = main(["train", "--features", str(features), "--ledger", str(tmp_path / "l.duckdb"), "--epsilon", "1",
+                 "--delta", "1e-5", "--out", str(tmp_path / "m.npz"), "--device", "gpu"])
+    assert code == 1
+    assert "device='gpu' needs CuPy: pip install 'renyi-stream[gpu]'" in capsys.readouterr().err
+    assert not (tmp_path / "l.duckdb").exists() and not (tmp_path / "m.npz").exists()
