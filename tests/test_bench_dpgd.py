@@ -41,14 +41,16 @@ def test_the_gpu_benchmark_explains_why_it_cannot_run_without_a_device():
 
 
 def test_without_opacus_the_benchmark_times_ours_and_says_why_opacus_was_skipped(tmp_path):
-    # a package that fails to import the way a missing one does, first on the workers' path
-    (tmp_path / "opacus").mkdir()
-    (tmp_path / "opacus" / "__init__.py").write_text(
-        "raise ModuleNotFoundError(\"No module named 'opacus'\", name='opacus')\n")
+    # packages that fail to import the way missing ones do, first on the workers' path (torch is
+    # imported first, so the message names it whether or not the real torch is installed)
+    for name in ("torch", "opacus"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(
+            f"raise ModuleNotFoundError(\"No module named '{name}'\", name='{name}')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, str(BENCH), "--n", "3000", "--repeats", "1", "--settle", "0",
                            "--models", "logreg"], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
     assert "| logistic regression |" in done.stdout
-    assert "skipped: opacus is not installed (pip install '.[bench]')" in done.stdout
+    assert "skipped: torch is not installed (pip install '.[bench]')" in done.stdout
     assert "every timed step in order: ours " in done.stdout
