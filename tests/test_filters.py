@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import random
+from decimal import Decimal, localcontext
 from fractions import Fraction
 
 import pytest
@@ -150,3 +152,38 @@ def test_advanced_composition_filter_fills_to_its_variance_limit():
 def test_bad_filter_parameters_raise_naming_the_parameter(make, name):
     with pytest.raises(ValueError, match=name):
         make()
+
+
+def _exact_b_star(epsilon: float, delta: float) -> Decimal:
+    """Theorem 4.9's ``B* = (sqrt(log(1/delta) + eps) - sqrt(log(1/delta)))^2`` in 60 digits,
+    from the exact values of the float inputs."""
+    with localcontext() as ctx:
+        ctx.prec = 60
+        log_inv = (1 / Decimal(delta)).ln()
+        return ((log_inv + Decimal(epsilon)).sqrt() - log_inv.sqrt()) ** 2
+
+
+def _largest_step_under(b_star: float) -> float:
+    """The largest float epsilon whose exact ``epsilon^2 / 2`` is at most the float ``b_star``."""
+    step = math.sqrt(2.0 * b_star)
+    while Fraction(step) ** 2 / 2 > Fraction(b_star):
+        step = math.nextafter(step, 0.0)
+    while Fraction(math.nextafter(step, math.inf)) ** 2 / 2 <= Fraction(b_star):
+        step = math.nextafter(step, math.inf)
+    return step
+
+
+def test_dp_filter_via_zcdp_never_admits_past_the_exact_b_star():
+    # The float B* exceeds the real one in about half of all cases; a single step just under the
+    # float value then spends more than the promise allows unless the threshold is shrunk.
+    rng = random.Random(20261123)
+    past = []
+    for _ in range(300):
+        epsilon, delta = 10 ** rng.uniform(-3, 1), 10 ** rng.uniform(-12, -2)
+        filt = DPFilterViaZCDP(epsilon=epsilon, delta=delta)
+        step = _largest_step_under(filt.b_star)
+        if filt.try_spend(step):
+            spent = Fraction(step) ** 2 / 2
+            if Decimal(spent.numerator) / Decimal(spent.denominator) > _exact_b_star(epsilon, delta):
+                past.append((epsilon, delta))
+    assert past == []
