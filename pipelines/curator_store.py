@@ -195,7 +195,10 @@ class CuratorStore:
         db.execute("""
             CREATE TABLE IF NOT EXISTS window_counts (run_id BIGINT NOT NULL, window_id BIGINT NOT NULL,
                 admitted BIGINT NOT NULL, clipped BIGINT NOT NULL, dropped BIGINT NOT NULL,
-                PRIMARY KEY (run_id, window_id))""")
+                nonfinite BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (run_id, window_id))""")
+        # ``nonfinite``: users dropped for a non-finite query vector (a subset of dropped). Ledgers
+        # made before it existed get the column, 0 for their old windows.
+        db.execute("ALTER TABLE window_counts ADD COLUMN IF NOT EXISTS nonfinite BIGINT DEFAULT 0")
         db.execute("""
             CREATE TABLE IF NOT EXISTS run_counts (run_id BIGINT PRIMARY KEY, rows_read BIGINT NOT NULL,
                 admitted BIGINT NOT NULL, clipped BIGINT NOT NULL, dropped BIGINT NOT NULL,
@@ -360,10 +363,13 @@ class CuratorStore:
             db.execute("""INSERT INTO processed_windows SELECT DISTINCT query_id, window_id, run_id
                           FROM new_releases""")
             db.unregister("new_releases")
+            if "nonfinite" not in window_counts.column_names:  # callers that charge no query vectors
+                window_counts = window_counts.append_column(
+                    "nonfinite", pa.array([0] * window_counts.num_rows, type=pa.int64()))
             counts = window_counts.append_column("run_id", pa.array([run_id] * window_counts.num_rows, type=pa.int64()))
             db.register("new_counts", counts)
-            db.execute("""INSERT INTO window_counts SELECT run_id, window_id, admitted, clipped, dropped
-                          FROM new_counts""")
+            db.execute("""INSERT INTO window_counts (run_id, window_id, admitted, clipped, dropped, nonfinite)
+                          SELECT run_id, window_id, admitted, clipped, dropped, nonfinite FROM new_counts""")
             db.unregister("new_counts")
             dead = dead_letters.append_column("run_id", pa.array([run_id] * dead_letters.num_rows, type=pa.int64()))
             db.register("new_dead", dead)

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from pipelines.curator_store import CuratorStore, CuratorStoreError, LedgerParameters, RunLock, crash_point
 from pipelines.readers import read_batches
-from pipelines.shard_state import PlannedQuery, QueryPlan
+from pipelines.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
 from queries.release_files import write_release_file
 from queries.release_store import RELEASE_SCHEMA, ReleaseStore
 from stream.accounting import calibrate
@@ -468,15 +468,13 @@ def _concat_ledgers(tables: list[pa.Table]) -> pa.Table:
 def _counts_table(items: list[tuple[int, dict]]) -> pa.Table:
     totals: dict[int, dict[str, int]] = {}
     for window, counts in items:
-        slot = totals.setdefault(window, {"admitted": 0, "clipped": 0, "dropped": 0})
+        slot = totals.setdefault(window, dict.fromkeys(WINDOW_COUNT_NAMES, 0))
         for name in slot:
-            slot[name] += counts[name]
-    return pa.table({
-        "window_id": pa.array(sorted(totals), type=pa.int64()),
-        "admitted": pa.array([totals[w]["admitted"] for w in sorted(totals)], type=pa.int64()),
-        "clipped": pa.array([totals[w]["clipped"] for w in sorted(totals)], type=pa.int64()),
-        "dropped": pa.array([totals[w]["dropped"] for w in sorted(totals)], type=pa.int64()),
-    })
+            slot[name] += counts.get(name, 0)
+    windows = sorted(totals)
+    return pa.table({"window_id": pa.array(windows, type=pa.int64()),
+                     **{name: pa.array([totals[w][name] for w in windows], type=pa.int64())
+                        for name in WINDOW_COUNT_NAMES}})
 
 
 def _dead_table(tables: list[pa.Table]) -> pa.Table:

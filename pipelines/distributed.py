@@ -84,10 +84,10 @@ finally:
 from pipelines.readers import read_batches
 from queries.release_files import release_file_path, write_release_file
 from stream.faults import crash_point
-from pipelines.shard_state import PlannedQuery, QueryPlan
+from pipelines.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
 from queries.linear import default_queries
 from stream.accounting import Calibration, calibrate, resume
-from stream.ledger import Ledger, Policy
+from stream.ledger import STATUS_NAMES, Ledger, Policy
 from stream.noise import NoiseKey
 from stream.schema import DAY, EVENT_TIME, USER_ID, WindowSpec
 
@@ -96,8 +96,7 @@ INTENT = "_INTENT.json"
 COMMITTED = "_COMMITTED.json"
 DEFAULT_SHARDS = 256
 WORKER_KEY_DIR = "/tmp/renyi-stream-key"
-COUNTS_SCHEMA = pa.schema([("window_id", pa.int64()), ("admitted", pa.int64()), ("clipped", pa.int64()),
-                           ("dropped", pa.int64())])
+COUNTS_SCHEMA = pa.schema([("window_id", pa.int64()), *((name, pa.int64()) for name in WINDOW_COUNT_NAMES)])
 READ_SCHEMA = pa.schema([("source", pa.string()), ("rows", pa.int64())])
 #: Parameters a ledger is started with; every later run must match them (as the local job's).
 FIXED = ("epsilon", "delta", "norm_budget", "accounting", "rho", "noise_std", "tracker_step", "id_type",
@@ -517,26 +516,26 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return table.replace_schema_metadata(None).cast(schema.remove_metadata()).replace_schema_metadata(schema.metadata)
 
 
-def _count_item(item: tuple[int, dict]) -> tuple[int, tuple[int, int, int]]:
+def _count_item(item: tuple[int, dict]) -> tuple[int, tuple[int, ...]]:
     window, counts = item
-    return int(window), (int(counts["admitted"]), int(counts["clipped"]), int(counts["dropped"]))
+    return int(window), tuple(int(counts.get(name, 0)) for name in WINDOW_COUNT_NAMES)
 
 
-def _add_triples(triples: Iterable[tuple[int, int, int]]) -> tuple[int, int, int]:
-    a = c = d = 0
-    for x, y, z in triples:
-        a, c, d = a + x, c + y, d + z
-    return a, c, d
+def _add_counts(rows: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
+    total = [0] * len(WINDOW_COUNT_NAMES)
+    for row in rows:
+        total = [a + b for a, b in zip(total, row)]
+    return tuple(total)
 
 
-def _count_row(item: tuple[int, tuple[int, int, int]]) -> dict:
-    window, (admitted, clipped, dropped) = item
-    return {"window_id": window, "admitted": admitted, "clipped": clipped, "dropped": dropped}
+def _count_row(item: tuple[int, tuple[int, ...]]) -> dict:
+    window, counts = item
+    return {"window_id": window, **dict(zip(WINDOW_COUNT_NAMES, counts))}
 
 
-def _status_items(item: tuple[int, tuple[int, int, int]]) -> list[tuple[str, int]]:
-    _, (admitted, clipped, dropped) = item
-    return [("admitted", admitted), ("clipped", clipped), ("dropped", dropped)]
+def _status_items(item: tuple[int, tuple[int, ...]]) -> list[tuple[str, int]]:
+    _, counts = item
+    return [(name, n) for name, n in zip(WINDOW_COUNT_NAMES, counts) if name in STATUS_NAMES]
 
 
 def _reason_items(table: pa.Table) -> list[tuple[str, int]]:
@@ -643,8 +642,8 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
                         join(plan.output, "ledger", plan.attempt, "part"), template.schema, codec="snappy",
                         file_name_suffix=".parquet"))
     counts = (filtered.counts
-              | "CountItems" >> beam.Map(_count_item).with_output_types(Tuple[int, Tuple[int, int, int]])
-              | "CountsPerWindow" >> beam.CombinePerKey(_add_triples))
+              | "CountItems" >> beam.Map(_count_item).with_output_types(Tuple[int, Tuple[int, ...]])
+              | "CountsPerWindow" >> beam.CombinePerKey(_add_counts))
     counts_files = (counts | "CountRows" >> beam.Map(_count_row)
                     | "WriteCounts" >> write.WriteToParquet(join(plan.output, "counts", "part"), COUNTS_SCHEMA,
                                                             codec="snappy", file_name_suffix=".parquet"))

@@ -12,6 +12,14 @@ covers window sums, running totals and every registered query together.
 A running query also queries users who have no row this window but a history (their running
 total still includes their past): they are charged like everybody else, and they are left out of
 the row counts (which count rows read, not users queried).
+
+One user's values never decide whether a window is released (DESIGN.md, "Edges"): a query
+vector that is not finite (a weighted sum whose ``w * x`` overflows, a running total whose sum
+over one user's history overflows, each value finite) is an infinite charge for that user. The
+user is dropped at that window under either policy (a clip to norm ``sqrt(2 s^2 (kappa - used))``
+of an infinite vector has no direction, so ``clip`` scales it to zero), charged nothing, and
+counted in ``counts["nonfinite"]`` for the curator; the window is released on schedule. Their
+running histories keep only finite values: a non-finite contribution is stored as zero.
 """
 
 from __future__ import annotations
@@ -25,10 +33,13 @@ import pyarrow.compute as pc
 
 from stream.continual.running import RunningQuery, RunningState
 from stream.continual.strategies import Strategy, strategy_by_name
-from stream.ledger import ADMITTED, STATUS_NAMES, Ledger
+from stream.ledger import ADMITTED, DROPPED, STATUS_NAMES, Ledger
 from stream.schema import USER_ID
 
 KINDS = ("window", "running")
+#: What a window's counts hold per shard and window (sensitive: curator only). The first three
+#: count rows by status; ``nonfinite`` counts users dropped for a non-finite query vector.
+WINDOW_COUNT_NAMES = (*STATUS_NAMES, "nonfinite")
 
 
 @dataclass(frozen=True)
@@ -108,7 +119,9 @@ class WindowCharge:
 
     ``sums[query_id]`` is the shard's partial sum, flat ``float64``: ``dim`` numbers for a
     window query, ``rows * dim`` (row-major) for a running query. ``counts`` counts the
-    window's *rows* by status (history-only users of running queries are not rows).
+    window's *rows* by status (history-only users of running queries are not rows), and
+    ``counts["nonfinite"]`` the users (rows or history-only) dropped because their query vector
+    was not finite; those rows are also in ``counts["dropped"]``.
     """
 
     window_id: int
@@ -168,18 +181,23 @@ class ShardState:
         extra_vectors: list[tuple[int, np.ndarray]] = []  # (block index, vectors of history-only users)
         for entry in active:
             values = np.asarray(entry.query.evaluate(rows), dtype=np.float64).reshape(n, entry.query.dim)
+            if entry.kind == "running":
+                # The history keeps finite values only; the row's infinite vector is still in
+                # ``parts`` below, so the user is dropped at this window.
+                values_for_history = np.where(np.isfinite(values), values, 0.0)
             if entry.kind == "window":
                 blocks.append((entry.query_id, entry.query.dim))
                 parts.append(values)
                 continue
             state = self._running_state(entry)
-            queried = state.queries_at(_as_state_ids(ids, state), values, window_id=window_id)
+            queried = state.queries_at(_as_state_ids(ids, state), values_for_history, window_id=window_id)
             pending.append((state, queried))
             width = queried.rows * queried.dim
             block = np.zeros((n, width))
+            block[~np.isfinite(values).all(axis=1)] = np.inf
             positions = _positions_in(ids, queried.user_ids)
             inside = positions >= 0
-            block[positions[inside]] = queried.vectors[inside]
+            block[positions[inside]] += queried.vectors[inside]
             blocks.append((entry.query_id, width))
             parts.append(block)
             if (~inside).any():
@@ -187,9 +205,14 @@ class ShardState:
                 extra_vectors.append((len(blocks) - 1, queried.vectors[~inside]))
         union, matrix = _union_matrix(ids, n, parts, extra_ids, extra_vectors, [w for _, w in blocks])
         width = matrix.shape[1]
+        nonfinite = ~np.isfinite(matrix).all(axis=1)
         if width and len(union):
-            result = self.ledger.admit(union, matrix, noise_std=noise_std, policy=policy)
-            admitted, status = result.contributions, result.status[:n]
+            # An infinite charge: the ledger sees a zero vector (charge 0, nothing changes) and the
+            # decision is then set to dropped, which is what the filter decides for charge = inf.
+            finite = np.where(nonfinite[:, None], 0.0, matrix)
+            result = self.ledger.admit(union, finite, noise_std=noise_std, policy=policy)
+            admitted, status = result.contributions, result.status[:n].copy()
+            status[nonfinite[:n]] = DROPPED
         else:  # no query asks anything in this window: nobody is charged, every row is admitted
             admitted, status = np.zeros((len(union), width)), np.full(n, ADMITTED, dtype=np.int8)
         for state, queried in pending:
@@ -201,6 +224,7 @@ class ShardState:
             start += w
         tally = np.bincount(status.astype(np.int64), minlength=len(STATUS_NAMES))
         counts = {name: int(tally[i]) for i, name in enumerate(STATUS_NAMES)}
+        counts["nonfinite"] = int(np.count_nonzero(nonfinite))
         return WindowCharge(window_id=window_id, sums=sums, counts=counts)
 
 
@@ -264,3 +288,4 @@ def _union_matrix(ids: pa.Array, n: int, parts: list[np.ndarray], extra_ids: lis
         extra_matrix[rows, offsets[block]:offsets[block + 1]] = vectors
         start += len(vectors)
     return union, np.concatenate([matrix, extra_matrix], axis=0)
+

@@ -424,7 +424,10 @@ class RunningState:
         current = lag0[None, :, None] * x[:, None, :]  # (n, rows, d)
         positions = self._lookup(ids)
         known = positions >= 0
-        current[known] += history[positions[known]]
+        with np.errstate(over="ignore", invalid="ignore"):
+            # A user's finite values can sum past float64's range: their query is then not
+            # finite, which the caller treats as an infinite charge (pipelines.shard_state).
+            current[known] += history[positions[known]]
         covered = np.zeros(self._n_users, dtype=bool)
         covered[positions[known]] = True
         flat_history = history.reshape(self._n_users, rows * d)
