@@ -24,7 +24,7 @@ running histories keep only finite values: a non-finite contribution is stored a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -289,3 +289,41 @@ def _union_matrix(ids: pa.Array, n: int, parts: list[np.ndarray], extra_ids: lis
         start += len(vectors)
     return union, np.concatenate([matrix, extra_matrix], axis=0)
 
+
+@dataclass(frozen=True)
+class ShardBooks:
+    """Cumulative row books of one shard's filter (invariant 7: rows are counted, not lost).
+    Sensitive: exact counts, curator only (invariant 4).
+
+    Every row that reaches the shard is ``received``; from then on it is exactly one of: dead
+    (``late``, ``out_of_range``, ``duplicate``), charged in a window (``admitted``, ``clipped``,
+    ``dropped``), or still buffered for a window not yet charged. :meth:`balances` checks that
+    identity against the rows actually found in the buffer, which a lost or double-counted row
+    breaks.
+    """
+
+    received: int = 0
+    late: int = 0
+    out_of_range: int = 0
+    duplicate: int = 0
+    admitted: int = 0
+    clipped: int = 0
+    dropped: int = 0
+
+    def plus(self, **counts: int) -> "ShardBooks":
+        """These books with ``counts`` added (names of this record's fields; others ignored)."""
+        names = {f.name for f in fields(self)}
+        return replace(self, **{k: getattr(self, k) + int(v) for k, v in counts.items() if k in names})
+
+    @property
+    def held(self) -> int:
+        """Rows received and neither dead nor charged: what the buffer must hold."""
+        return self.received - sum(getattr(self, f.name) for f in fields(self) if f.name != "received")
+
+    def balances(self, buffered: int) -> bool:
+        """Whether ``buffered``, the rows counted in the shard's buffer, is exactly :attr:`held`."""
+        return self.held == int(buffered)
+
+    def since(self, earlier: "ShardBooks") -> dict[str, int]:
+        """Each count's increase from ``earlier`` to these books."""
+        return {f.name: getattr(self, f.name) - getattr(earlier, f.name) for f in fields(self)}

@@ -35,6 +35,7 @@ restart from the ledger snapshot, see ``previous_ledger``).
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Iterator, Sequence, Tuple
 
 import apache_beam as beam
@@ -45,7 +46,7 @@ from apache_beam.coders import PickleCoder
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
-from pipelines.shard_state import QueryPlan, ShardState
+from pipelines.shard_state import QueryPlan, ShardBooks, ShardState
 from pipelines.transforms import (
     DEAD_LETTER_SCHEMA,
     LATE_WINDOW,
@@ -105,6 +106,9 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
       STATE   -- bag of the shard's snapshots (``("ledger", table)``, ``("running", ...)``):
                  the persistent ledger, replaced after every charged window, never cleared.
       CHARGED -- the last window this shard charged (``start_window - 1`` before the first).
+      BOOKS   -- ``(now, at the last charge)``: the shard's cumulative
+                 :class:`pipelines.shard_state.ShardBooks` (rows received, dead, charged), checked
+                 against the buffer at every charged window, and as they were at the last one.
     Timer:
       WINDOW_END -- event-time timer at the end of the next uncharged window. A firing charges
                     exactly that window, then re-arms at the next window's end (through
@@ -113,7 +117,9 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
     Outputs: ``(window_id, (shard, {query_id: partial sum vector}))`` (main: one report per
     window of the schedule, ``{}`` when nothing was charged), dead letters (tag ``dead``:
     late, out-of-range and duplicate rows), ``(window, counts)`` (tag ``counts``, windows with
-    rows), ``(shard, window, ledger snapshot)`` (tag ``ledger``: after ``end_window``, or every
+    rows), ``(window, books)`` (tag ``books``, every charged window: the shard's books since its
+    previous charge, ``received``, ``late``, ``out_of_range``, ``duplicate``, ``admitted``,
+    ``clipped``, ``dropped``, the rows ``buffered`` for later windows and ``balanced``, 1 or 0), ``(shard, window, ledger snapshot)`` (tag ``ledger``: after ``end_window``, or every
     window with ``snapshot_every_window``) and ``(query_id, snapshot)`` (tag ``running``,
     with the final ledger).
     """
@@ -121,6 +127,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
     ROWS = BagStateSpec("rows", PickleCoder())
     STATE = BagStateSpec("state", PickleCoder())
     CHARGED = ReadModifyWriteStateSpec("charged", PickleCoder())
+    BOOKS = ReadModifyWriteStateSpec("books", PickleCoder())
     WINDOW_END = TimerSpec("window_end", TimeDomain.WATERMARK)
 
     def __init__(self, *, plan: QueryPlan, window: WindowSpec, start_window: int, end_window: int,
@@ -154,12 +161,12 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
 
     def process(self, element: tuple[int, tuple[str, Any]],
                 rows: Any = beam.DoFn.StateParam(ROWS), state: Any = beam.DoFn.StateParam(STATE),
-                charged: Any = beam.DoFn.StateParam(CHARGED),
+                charged: Any = beam.DoFn.StateParam(CHARGED), books: Any = beam.DoFn.StateParam(BOOKS),
                 window_end: Any = beam.DoFn.TimerParam(WINDOW_END)) -> Iterator[Any]:
         _, (kind, payload) = element
         through = self._charged(charged)
         if kind == "rows":
-            yield from self._buffer(unpacked([payload])[0], through, rows)
+            yield from self._buffer(unpacked([payload])[0], through, rows, books)
         elif kind in ("ledger", "running"):
             state.add((kind, payload))
         elif kind != TICK:
@@ -168,7 +175,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             # Idempotent: the timer always points at the end of the next uncharged window.
             window_end.set(self._end_of(through + 1))
 
-    def _buffer(self, table: pa.Table, through: int, rows: Any) -> Iterator[Any]:
+    def _buffer(self, table: pa.Table, through: int, rows: Any, books: Any) -> Iterator[Any]:
         windows = table.column(WINDOW_ID).to_numpy()
         released = np.isin(windows, np.fromiter(self._released, dtype=np.int64, count=len(self._released)))
         # Already charged here (so possibly released): charging it now would change a release.
@@ -183,11 +190,14 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         keep = ~(late | out_of_range)
         for window, part in split_by_window(table if keep.all() else table.filter(pa.array(keep))):
             rows.add((window, PackedRows(part)))  # compressed while it waits (as in batch)
+        now, closed = books.read() or (ShardBooks(), ShardBooks())
+        books.write((now.plus(received=table.num_rows, late=np.count_nonzero(late),
+                              out_of_range=np.count_nonzero(out_of_range)), closed))
 
     @on_timer(WINDOW_END)
     def charge(self, key: Any = beam.DoFn.KeyParam, timestamp: Any = beam.DoFn.TimestampParam,
                rows: Any = beam.DoFn.StateParam(ROWS), state: Any = beam.DoFn.StateParam(STATE),
-               charged: Any = beam.DoFn.StateParam(CHARGED),
+               charged: Any = beam.DoFn.StateParam(CHARGED), books: Any = beam.DoFn.StateParam(BOOKS),
                window_end: Any = beam.DoFn.TimerParam(WINDOW_END)) -> Iterator[Any]:
         through = self._charged(charged)
         window = through + 1
@@ -199,7 +209,9 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         data, duplicates = in_event_time_order(mine)  # exactly as the batch path
         if duplicates is not None and duplicates.num_rows:
             yield beam.pvalue.TaggedOutput("dead", duplicates)
-        yield from self._charge(key, shard, window, data)
+        counts = yield from self._charge(key, shard, window, data)
+        yield from self._close_books(window, books, counts, duplicates,
+                                     later=unpacked(part for w, part in buffered if w != window))
         # Persist before anything else can observe the shard: the ledger is replaced, not cleared.
         state.clear()
         state.add(("ledger", shard.ledger.to_arrow()))
@@ -227,15 +239,34 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             raise RuntimeError(f"shard {key} would step windows {steps} at window {window}: its running-query "
                                "history is behind the stream")
         sums: dict[str, np.ndarray] = {}
+        counts: dict[str, int] = {}
         if steps:
             part = data if data is not None else empty_rows(self._id_type, self._columns)
             result = shard.charge_window(window, part, noise_std=self._noise_std, policy=self._policy)
             sums = dict(result.sums)
             if part.num_rows:
+                counts = dict(result.counts)
                 yield beam.pvalue.TaggedOutput("counts", (window, result.counts))
         # One report per (shard, window), rows or not, partial sums inside: the release knows the
         # window is complete when every shard's report is in, whatever order elements travel in.
         yield window, (int(key), sums)
+        return counts
+
+    def _close_books(self, window: int, books: Any, counts: dict[str, int], duplicates: pa.Table | None,
+                     later: list[pa.Table]) -> Iterator[Any]:
+        """Add the window's charged and duplicate rows to the shard's books, check them against the
+        rows still buffered for later windows, and record both (tag ``books``, every window)."""
+        now, before = books.read() or (ShardBooks(), ShardBooks())
+        after = now.plus(duplicate=0 if duplicates is None else duplicates.num_rows, **counts)
+        buffered = sum(t.num_rows for t in later)
+        balanced = after.balances(buffered)
+        if not balanced:
+            # An engine bug, never a data-dependent event: say so without the (sensitive) counts.
+            logging.getLogger(__name__).error("window %d: a shard's row books do not balance (curator "
+                                              "counts record the details)", window)
+        books.write((after, after))
+        record = {**after.since(before), "buffered": buffered, "balanced": int(balanced)}
+        yield beam.pvalue.TaggedOutput("books", (window, record))
 
 
 class ReleaseCompletedWindow(beam.DoFn):
@@ -346,7 +377,8 @@ class StreamingReleases(beam.PTransform):
     windows released before (their rows are late).
 
     Returns a dict: ``releases`` (release rows), ``raw`` (running queries' releases ``y``),
-    ``ledger`` (``(shard, window, snapshot)``), ``running``, ``counts``, ``dead`` (late,
+    ``ledger`` (``(shard, window, snapshot)``), ``running``, ``counts``, ``books`` (the shards'
+    row books per charged window), ``dead`` (late,
     out-of-range and duplicate rows) and ``sums`` (the shards' reports ``(window, (shard,
     {query: partial}))``, curator only: pre-noise, invariant 4).
     """
@@ -385,7 +417,7 @@ class StreamingReleases(beam.PTransform):
         shards = valid.pipeline | "ShardTicks" >> beam.Create(initial)
         filtered = ((keyed, shards) | "MergeShards" >> beam.Flatten().with_output_types(Tuple[int, Any])
                     | "StreamingFilter" >> beam.ParDo(self._filter).with_output_types(Tuple[int, Any])
-                    .with_outputs("ledger", "running", "counts", "dead", main="sums"))
+                    .with_outputs("ledger", "running", "counts", "books", "dead", main="sums"))
         released = (filtered.sums
                     | "ReleaseCompletedWindow" >> beam.ParDo(self._release).with_outputs("raw", main="releases"))
         running = (released.raw
@@ -393,5 +425,5 @@ class StreamingReleases(beam.PTransform):
                    | "RunningTotals" >> beam.ParDo(self._running_totals))
         releases = (released.releases, running) | "AllReleases" >> beam.Flatten()
         return {"releases": releases, "raw": released.raw, "ledger": filtered.ledger,
-                "running": filtered.running, "counts": filtered.counts, "dead": filtered.dead,
-                "sums": filtered.sums}
+                "running": filtered.running, "counts": filtered.counts, "books": filtered.books,
+                "dead": filtered.dead, "sums": filtered.sums}

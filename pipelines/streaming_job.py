@@ -142,6 +142,8 @@ from stream.ledger import Ledger, Policy
 from stream.schema import WINDOW_ID, SchemaError, WindowSpec, validate_batch
 
 UNDECODABLE = "undecodable_message"
+#: The curator's record of a finished local run's row balance (:func:`books`), under ``--output``.
+BOOKS_FILE = "_BOOKS.json"
 #: The ledger's user id type (string ids: a later option; the validator keeps them, the ledger index takes both).
 ID_TYPE = "int64"
 
@@ -314,8 +316,11 @@ class DecodeAndValidate(beam.DoFn):
             checked = validate_batch(table, window=self._window, end_window=self._end,
                                      indicator_columns=self._columns)
         except (ValueError, SchemaError) as exc:
+            # One dead letter stands for the whole message, so the message counts as one row read.
+            yield beam.pvalue.TaggedOutput("read", _read_row(name, 1))
             yield beam.pvalue.TaggedOutput("dead", _undecodable(name, payload, str(exc)))
             return
+        yield beam.pvalue.TaggedOutput("read", _read_row(name, table.num_rows))
         if checked.rejected.num_rows:
             yield beam.pvalue.TaggedOutput("dead", tx.dead_letters(name, 0, checked.rejected))
         valid = checked.valid
@@ -329,6 +334,11 @@ class DecodeAndValidate(beam.DoFn):
             yield TimestampedValue(valid, self._window.window_start_seconds(first))
         else:
             yield valid
+
+
+def _read_row(name: str, rows: int) -> pa.Table:
+    """The curator's record of one message read: its name and its number of rows (sensitive)."""
+    return pa.table({"source": [name], "rows_read": pa.array([int(rows)], type=pa.int64())})
 
 
 def _undecodable(name: str, payload: bytes, why: str) -> pa.Table:
@@ -851,7 +861,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     stamp = not (args.subscription or args.kafka_topic)  # files carry no event time; the sources do
     decoded = messages | "DecodeAndValidate" >> beam.ParDo(
         DecodeAndValidate(window=spec, end_window=end, indicator_columns=columns, stamp=stamp)
-    ).with_outputs("dead", main="valid")
+    ).with_outputs("dead", "read", main="valid")
     out = StreamingReleases(
         window=spec, start_window=start, end_window=end, plan=plan, indicator_columns=columns,
         noise_std=cal.noise_std, policy=args.policy, budget=cal.rho, id_type=id_type,
@@ -872,8 +882,41 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
                                                         parameters=_as_text(parameters))))
     count_files = graph["counts"] | "WriteCounts" >> beam.ParDo(WriteTable(dist.join(curator, "counts"),
                                                                             _counts_file))
+    read_files = decoded.read | "WriteRead" >> beam.ParDo(WriteTable(dist.join(curator, "read")))
+    book_files = graph["books"] | "WriteBooks" >> beam.ParDo(WriteTable(dist.join(curator, "books"),
+                                                                         _counts_file))
     return {"releases": graph["releases"], "release_files": release_files, "dead_files": dead_files,
-            "ledger_files": ledger_files, "count_files": count_files, "dead": dead}
+            "ledger_files": ledger_files, "count_files": count_files, "read_files": read_files,
+            "book_files": book_files, "dead": dead}
+
+
+def books(curator: str) -> dict[str, Any]:
+    """The row balance of a streaming job's curator output ``curator`` (its ``--output``), from the
+    files it wrote: ``rows_read`` (every message's rows, ``read/``), ``admitted``, ``clipped`` and
+    ``dropped`` (the shards' per-window ``counts/``), ``rejected`` and ``late`` (``dead/``, by
+    reason), and ``balanced``: whether ``rows_read = admitted + clipped + dropped + rejected +
+    late`` holds and every shard's books balanced at every window it charged (``books/``). Exact
+    counts: curator only.
+
+    Complete once the job has charged its last window and read its last message (a replay, or a
+    drained stream); earlier, rows in flight or buffered for later windows are not yet counted."""
+    def tables(folder: str) -> list[pa.Table]:
+        paths = [m.path for r in FileSystems.match([dist.join(curator, folder, "**.parquet")]) for m in r.metadata_list]
+        return [dist.read_parquet(path) for path in sorted(paths)]
+
+    def total(parts: list[pa.Table], column: str) -> int:
+        return int(sum(pc.sum(t.column(column)).as_py() or 0 for t in parts if column in t.column_names))
+
+    read, counts, shard_books, dead = tables("read"), tables("counts"), tables("books"), tables("dead")
+    reasons = [r for t in dead for r in t.column("reason").to_pylist()]
+    late = sum(r == tx.LATE_WINDOW for r in reasons)
+    result = {"rows_read": total(read, "rows_read"), "admitted": total(counts, "admitted"),
+              "clipped": total(counts, "clipped"), "dropped": total(counts, "dropped"),
+              "rejected": len(reasons) - late, "late": late}
+    shards_balanced = all(pc.all(pc.equal(t.column("balanced"), 1)).as_py() for t in shard_books if t.num_rows)
+    result["balanced"] = bool(shards_balanced and result["rows_read"] == sum(
+        v for k, v in result.items() if k != "rows_read"))
+    return result
 
 
 def _read_kafka(p: beam.Pipeline, args: argparse.Namespace) -> Any:
@@ -917,9 +960,14 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 0
     result.wait_until_finish()
+    # The replay is finite, so every row is in the books now: check and record the balance as the
+    # batch jobs do (exact counts go to the curator's file only, never to the output).
+    balance = books(dist.absolute(args.output))
+    dist.write_json(dist.join(dist.absolute(args.output), BOOKS_FILE), balance)
     print(f"[streaming] done: releases under {dist.absolute(args.releases_parquet)}, curator files under "
-          f"{dist.absolute(args.output)}", file=sys.stderr)
-    return 0
+          f"{dist.absolute(args.output)}; row books {'balanced' if balance['balanced'] else 'MISMATCH'} "
+          f"({BOOKS_FILE})", file=sys.stderr)
+    return 0 if balance["balanced"] else 1
 
 
 if __name__ == "__main__":

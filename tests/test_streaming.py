@@ -337,13 +337,15 @@ def test_a_repeated_or_early_timer_firing_charges_a_window_once(tmp_path):
         plan=params["plan"], window=SPEC, start_window=W0, end_window=W0 + 1, indicator_columns=COLUMNS,
         noise_std=params["noise_std"], policy="drop", budget=1.0, id_type="int64", tracker_step=1 / 32)
     files = [_write_day(tmp_path / "d0.parquet", 0, [1, 2], [1.0, 1.0], [0.0, 1.0])]
-    rows, state, charged, timer = _Bag(), _Bag(), _Value(), _Timer()
+    rows, state, charged, books, timer = _Bag(), _Bag(), _Value(), _Value(), _Timer()
     for table in _validated(files):
-        list(fn.process((0, ("rows", table)), rows=rows, state=state, charged=charged, window_end=timer))
+        list(fn.process((0, ("rows", table)), rows=rows, state=state, charged=charged, books=books,
+                        window_end=timer))
     assert timer.times[-1] == _end(W0)
 
     def fire(at):
-        return list(fn.charge(key=0, timestamp=at, rows=rows, state=state, charged=charged, window_end=timer))
+        return list(fn.charge(key=0, timestamp=at, rows=rows, state=state, charged=charged, books=books,
+                              window_end=timer))
 
     first = fire(_end(W0))
     reports = [out for out in first if not isinstance(out, beam.pvalue.TaggedOutput)]
@@ -357,7 +359,7 @@ def test_a_repeated_or_early_timer_firing_charges_a_window_once(tmp_path):
     last = fire(MAX_TIMESTAMP)  # a late firing charges the next window (no rows: a report), once
     assert charged.read() == W0 + 1
     assert [out for out in last if not isinstance(out, beam.pvalue.TaggedOutput)] == [(W0 + 1, (0, {}))]
-    assert [out.tag for out in last if isinstance(out, beam.pvalue.TaggedOutput)] == ["ledger"]
+    assert [out.tag for out in last if isinstance(out, beam.pvalue.TaggedOutput)] == ["books", "ledger"]
     assert fire(MAX_TIMESTAMP) == []
 
 

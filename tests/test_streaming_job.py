@@ -113,6 +113,56 @@ def test_bad_messages_and_rows_are_dead_letters_with_reasons(tmp_path, days):
         str(garbage)]
 
 
+def _message_rows(paths: list[str]) -> int:
+    return sum(sj.decode_message(Path(p).read_bytes()).num_rows for p in paths)
+
+
+def test_a_replay_records_its_rows_read_and_a_balanced_book(tmp_path, days):
+    messages, _ = days
+    garbage = tmp_path / "messages" / "garbage.arrows"
+    garbage.write_bytes(b"not arrow at all")  # one dead letter: one row read
+    again = tmp_path / "messages" / "again.arrows"  # day 0's first message again: 60 duplicates
+    again.write_bytes(Path(messages[0]).read_bytes())
+    replay = [*messages, str(garbage), str(again)]
+    assert sj.main(_args(tmp_path, ["--replay", *replay])) == 0
+    books = sj.books(str(tmp_path / "curator"))
+    assert books["rows_read"] == _message_rows([*messages, str(again)]) + 1
+    assert books["rows_read"] == (books["admitted"] + books["clipped"] + books["dropped"]
+                                  + books["rejected"] + books["late"])
+    assert books["rejected"] == 60 + 1 and books["balanced"]
+    import json
+    assert json.loads((tmp_path / "curator" / sj.BOOKS_FILE).read_text()) == books
+
+
+def test_every_charged_window_records_each_shards_balanced_books(tmp_path, days):
+    messages, _ = days
+    assert sj.main(_args(tmp_path, ["--replay", *messages])) == 0
+    per_window = pa.concat_tables([pq.read_table(f) for f in (tmp_path / "curator" / "books").rglob("*.parquet")])
+    # 3 shards x 3 windows, rows or not, each one balanced.
+    assert per_window.num_rows == 9
+    assert set(per_window.column("balanced").to_pylist()) == {1}
+    assert sum(per_window.column("received").to_pylist()) == _message_rows(messages)
+
+
+def test_rows_read_that_reach_no_outcome_unbalance_the_books(tmp_path, days):
+    messages, _ = days
+    assert sj.main(_args(tmp_path, ["--replay", *messages])) == 0
+    # A message whose rows were read but neither charged nor dead-lettered: the books must say so.
+    pq.write_table(pa.table({"source": ["lost"], "rows_read": pa.array([5], type=pa.int64())}),
+                   tmp_path / "curator" / "read" / "lost.parquet")
+    assert not sj.books(str(tmp_path / "curator"))["balanced"]
+
+
+def test_shard_books_balance_only_when_the_buffer_holds_what_they_say():
+    from pipelines.shard_state import ShardBooks
+
+    books = ShardBooks().plus(received=10, late=1, out_of_range=2).plus(duplicate=1, admitted=3, dropped=1)
+    assert books.held == 2
+    assert books.balances(2)
+    assert not books.balances(1)  # a lost row
+    assert not books.balances(3)  # a row counted twice
+
+
 def test_a_stream_over_releases_without_a_previous_ledger_is_refused(tmp_path, days, capsys):
     messages, _ = days
     assert sj.main(_args(tmp_path, ["--replay", *messages[:2]])) == 0
