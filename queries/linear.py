@@ -179,7 +179,8 @@ class LinearQuery:
         """This query's vector for each row: an ``(n, dim)`` float64 array, vectorised.
 
         Finite for finite input (no NaN), except that a weighted sum can overflow to infinity
-        when ``|w * x|`` exceeds float64's range, which the ledger then refuses loudly. Raises
+        (or NaN) when ``|w * x|`` exceeds float64's range: the engine then treats that user's
+        vector as an infinite charge and drops them at that window (:mod:`pipelines.shard_state`). Raises
         ValueError naming the column when a column is absent, of the wrong kind, or (numeric
         columns) has nulls: validate rows with :func:`stream.schema.validate_batch` first.
         """
