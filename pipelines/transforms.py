@@ -219,6 +219,7 @@ class IndividualFilterDoFn(beam.DoFn):
       ROWS   -- bag of Arrow tables: this run's valid rows for the shard, in arrival order.
       LEDGER -- bag of the shard's snapshots from the previous run: ``("ledger", table)`` (zero
                 or one) and ``("running", (query_id, table))`` per running query.
+    An element ``(TICK, None)`` is kept nowhere: it only makes its shard's timer fire.
     Timer:
       FLUSH  -- event-time timer at the end of the global window: fires once all input has been
                 read (batch) and charges the buffered rows window by window, in window order,
