@@ -37,7 +37,7 @@ from pipelines.shard_state import PlannedQuery, QueryPlan
 from queries.release_files import write_release_file
 from queries.release_store import RELEASE_SCHEMA, ReleaseStore
 from stream.accounting import calibrate
-from stream.columns import InputColumns, declared_kind, default_columns, input_columns
+from stream.columns import KEY_COLUMNS, InputColumns, declared_kind, default_columns, input_columns
 from stream.ledger import Ledger, Policy
 from stream.noise import NoiseKey
 from stream.schema import USER_ID, WindowSpec
@@ -329,7 +329,8 @@ def _register_defaults(registry, config: JobConfig, path: str, header: pa.Schema
         say(f"[run] a CSV declares no column types: every column but user_id and the time, {columns}, is answered "
             "as numbers (a value that does not parse is a dead letter); to answer only some, register the queries "
             "before the first run")
-    text = [f.name for f in header if f.name not in columns and declared_kind(f.type) == "string"]
+        return
+    text = [f.name for f in header if f.name not in KEY_COLUMNS and declared_kind(f.type) == "string"]
     if text:
         say(f"[run] text column(s) {text} get no default query: a histogram over their categories can read them")
 
