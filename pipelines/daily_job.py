@@ -32,14 +32,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.curator_store import CuratorStore, CuratorStoreError, LedgerParameters, RunLock, crash_point
-from pipelines.readers import read_batches
+from pipelines.readers import declares_types, read_batches
 from pipelines.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
 from queries.release_files import write_release_file
 from queries.release_store import RELEASE_SCHEMA, ReleaseStore
 from stream.accounting import calibrate
+from stream.columns import KEY_COLUMNS, InputColumns, declared_kind, default_columns, input_columns
 from stream.ledger import Ledger, Policy
 from stream.noise import NoiseKey
-from stream.schema import EVENT_TIME, DAY, USER_ID, WindowSpec
+from stream.schema import USER_ID, WindowSpec
 
 DEFAULT_SHARDS = 16
 
@@ -110,36 +111,11 @@ class JobSummary:
         return self.rows_read == self.admitted + self.clipped + self.dropped + self.rejected + self.late
 
 
-def _input_columns(paths: Sequence[str]) -> tuple[list[str], list[str], set[str]]:
-    """The numeric columns of the first input (each becomes a daily-sum query), its string
-    columns (histograms over string categories may read them), and those string columns whose
-    values mostly read as numbers (a CSV reader takes a numeric column with one bad value for
-    text: queries that read it as numbers still do, and the validator dead-letters the bad row)."""
-    first = next(read_batches(paths[0], batch_rows=1024), None)
-    if first is None:
-        raise ValueError(f"input file {paths[0]} has no rows and no schema to take indicator columns from")
-    skip = {USER_ID, DAY, EVENT_TIME}
-    columns = [f.name for f in first.schema if f.name not in skip
-               and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type))]
-    if not columns:
-        raise ValueError(f"input file {paths[0]} has no numeric indicator columns")
-    strings = [f.name for f in first.schema if f.name not in skip and _is_string_type(f.type)]
-    return columns, strings, {c for c in strings if _mostly_numbers(first.column(c))}
-
-
-_NUMBER = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
-
-
-def _mostly_numbers(column: pa.Array) -> bool:
-    values = pc.drop_null(column.cast(pa.string()))
-    if len(values) == 0:
-        return False
-    return pc.sum(pc.match_substring_regex(values, _NUMBER)).as_py() >= 0.5 * len(values)
-
-
-def _is_string_type(t: pa.DataType) -> bool:
-    t = t.value_type if pa.types.is_dictionary(t) else t
-    return pa.types.is_string(t) or pa.types.is_large_string(t)
+def _first_input(paths: Sequence[str]) -> tuple[str, pa.Schema, bool]:
+    """The first input's path, its columns and whether their types are declared (Parquet, Arrow;
+    a CSV declares none): what :mod:`stream.columns` decides the numeric columns from."""
+    first = next(read_batches(paths[0], batch_rows=16))
+    return paths[0], first.schema, declares_types(paths[0])
 
 
 def _id_type(paths: Sequence[str]) -> str:
@@ -184,14 +160,11 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
             to_release = [w for w in schedule if w not in released]
             skipped = [w for w in schedule if w in released]
             run_id = curator.next_run_id()
-            columns, strings, numeric_text = _input_columns(config.inputs)
             previous = curator.load_ledger(params)
             previous_running = curator.load_running(params.id_type)
-            plan = _query_plan(store, config, columns, previous_running, to_release, released, say, strings,
-                               numeric_text)
-            parsed = sorted(_numeric_reads(plan.entries) & numeric_text)  # text the validator parses as numbers
-            columns = columns + parsed
-            store.record_input_columns(columns, [c for c in strings if c not in parsed])
+            plan, kinds = _query_plan(store, config, _first_input(config.inputs), to_release, released, say)
+            columns = list(kinds.numeric)  # parsed as numbers: a value that does not parse is a dead letter
+            store.record_input_columns(kinds.numeric, kinds.strings, kinds.undeclared)
         categories = sorted({c for e in plan.entries if getattr(e.query, "categorical", False)
                              for c in e.query.columns_needed})
         _refuse_gaps_in_running_queries(plan, previous_running, to_release)
@@ -294,53 +267,82 @@ def _beam():
     return beam, PipelineOptions
 
 
-def _query_plan(store: ReleaseStore, config: JobConfig, columns: list[str], previous_running: dict[str, pa.Table],
-                to_release: list[int], processed: set[int] | None = None, say=lambda msg: None,
-                strings: Sequence[str] = (), numeric_text: set[str] = frozenset()) -> QueryPlan:
-    """The registered queries active in this run's windows; on a store with no registered
-    query, the default per-column queries (kind ``config.release``) are registered first, from
-    this run's first window, so that the catalogue always lists what is answered. A query
-    registered into a window already charged but not yet published (after a crash) starts at
-    the first window after the charged ones (:meth:`QueryRegistry.defer_unanswered`)."""
-    from queries.linear import default_queries
+def _query_plan(store: ReleaseStore, config: JobConfig, first_input: tuple[str, pa.Schema, bool],
+                to_release: list[int], processed: set[int] | None = None,
+                say=lambda msg: None) -> tuple[QueryPlan, InputColumns]:
+    """The registered queries active in this run's windows, and the kinds of the input's columns.
+
+    On a store with no registered query, the default per-column queries (kind ``config.release``)
+    are registered first, from this run's first window, so that the catalogue always lists what
+    is answered. A query registered into a window already charged but not yet published (after a
+    crash) starts at the first window after the charged ones
+    (:meth:`QueryRegistry.defer_unanswered`). Which columns are numeric is decided from the
+    registered queries and the first input's declared types, never from values
+    (:mod:`stream.columns`); a query the input cannot feed, as declared, is refused here, before
+    anyone is charged."""
     from queries.registry import QueryRegistry
 
+    path, header, declared = first_input
     registry = QueryRegistry(store)
     if processed:
         for query_id, old, new in registry.defer_unanswered(max(processed)):
             say(f"[run] query {query_id!r} was registered from window {old}, which an interrupted run had already "
                 f"answered without it; it now starts at window {new}")
     if to_release and registry.list().num_rows == 0:
-        for query in default_queries(columns, kind=config.release, strategy=config.strategy):
-            registry.add(query, effective_from=min(to_release))
-        if strings:  # say so: a numeric column a CSV reader took for text would otherwise vanish
-            say(f"[run] text column(s) {list(strings)} get no default query: a histogram over their categories "
-                "can read them")
-    if not to_release:
-        return QueryPlan(())
+        _register_defaults(registry, config, path, header, declared, min(to_release), say)
     entries = [PlannedQuery(query, first, retired)
-               for query, first, retired in registry.plan(min(to_release), max(to_release))]
-    # A string column that a numeric query reads is parsed as numbers by the validator (a CSV
-    # column with one unparseable value is read as text; that row is dead-lettered, not the run).
-    parsed = _numeric_reads(entries) & set(numeric_text)
-    categorical = {c for e in entries if getattr(e.query, "categorical", False) for c in e.query.columns_needed}
-    both = sorted(parsed & categorical)
+               for query, first, retired in registry.plan(min(to_release), max(to_release))] if to_release else []
+    # A run with nothing to release (a re-run of released days) parses its rows as the queries of
+    # its schedule did: they are then dead-lettered as late.
+    readers = entries or ([] if to_release else
+                          [PlannedQuery(q, f, r) for q, f, r in registry.plan(config.start_window, config.end_window)])
+    numeric, categorical = _numeric_reads(readers), _category_reads(readers)
+    both = sorted(numeric & categorical)
     if both:
         raise ValueError(f"column(s) {both} are read both as numbers and as categories by the registered "
                          "queries; retire one of them")
-    schema = pa.schema([(c, pa.float64()) for c in [*columns, *sorted(parsed)]]
-                       + [(c, pa.string()) for c in strings if c not in parsed])
+    kinds = input_columns(header, declared_types=declared, numeric_reads=numeric, category_reads=categorical)
     for entry in entries:
         try:
-            entry.query.validate_against(schema)
+            entry.query.validate_against(kinds.schema())
         except ValueError as exc:
             raise ValueError(f"{exc}. Retire the query or fix the input") from None
-    return QueryPlan(tuple(entries))
+    if not kinds.numeric:
+        raise ValueError(f"input file {path} has no numeric indicator columns (by its declared types and the "
+                         "registered queries)")
+    return QueryPlan(tuple(entries)), kinds
+
+
+def _register_defaults(registry, config: JobConfig, path: str, header: pa.Schema, declared: bool,
+                       first_window: int, say) -> None:
+    """Register the default per-column queries from ``first_window``: over the declared numeric
+    columns of a Parquet/Arrow input, over every non-key column of a CSV (it declares no types:
+    its columns are not guessed from their values)."""
+    from queries.linear import default_queries
+
+    columns = default_columns(header, declared_types=declared)
+    if not columns:
+        raise ValueError(f"input file {path} has no numeric indicator columns")
+    for query in default_queries(columns, kind=config.release, strategy=config.strategy):
+        registry.add(query, effective_from=first_window)
+    if not declared:
+        say(f"[run] a CSV declares no column types: every column but user_id and the time, {columns}, is answered "
+            "as numbers (a value that does not parse is a dead letter); to answer only some, register the queries "
+            "before the first run")
+        return
+    text = [f.name for f in header if f.name not in KEY_COLUMNS and declared_kind(f.type) == "string"]
+    if text:
+        say(f"[run] text column(s) {text} get no default query: a histogram over their categories can read them")
 
 
 def _numeric_reads(entries) -> set[str]:
     """Columns that the non-categorical queries among ``entries`` read as numbers."""
     return {c for e in entries if not getattr(e.query, "categorical", False) for c in e.query.columns_needed}
+
+
+def _category_reads(entries) -> set[str]:
+    """Columns that the histograms over string categories among ``entries`` read."""
+    return {c for e in entries if getattr(e.query, "categorical", False) for c in e.query.columns_needed}
 
 
 def _refuse_gaps_in_running_queries(plan: QueryPlan, previous_running: dict[str, pa.Table],

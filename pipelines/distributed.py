@@ -81,15 +81,16 @@ try:
     from pipelines.local_runner import batch_runner
 finally:
     _root.setLevel(_level)
-from pipelines.readers import read_batches
+from pipelines.readers import declares_types, read_batches
 from queries.release_files import release_file_path, write_release_file
 from stream.faults import crash_point
 from pipelines.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
 from queries.linear import default_queries
 from stream.accounting import Calibration, calibrate, resume
+from stream.columns import default_columns
 from stream.ledger import STATUS_NAMES, Ledger, Policy
 from stream.noise import NoiseKey
-from stream.schema import DAY, EVENT_TIME, USER_ID, WindowSpec
+from stream.schema import USER_ID, WindowSpec
 
 MANIFEST_VERSION = 1
 INTENT = "_INTENT.json"
@@ -288,12 +289,6 @@ def _first_input_schema(path: str) -> pa.Schema:
     return first.schema
 
 
-def _numeric_columns(schema: pa.Schema) -> list[str]:
-    skip = {USER_ID, DAY, EVENT_TIME}
-    return [f.name for f in schema if f.name not in skip
-            and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type))]
-
-
 def key_fingerprint(args: argparse.Namespace) -> tuple[str, str, NoiseKey | None]:
     """(worker key path, fingerprint, the key when the launcher could read it)."""
     if bool(args.noise_key) == bool(args.noise_key_secret):
@@ -390,7 +385,8 @@ def prepare(args: argparse.Namespace) -> RunPlan:
         if requested and requested != columns:
             raise RunRefused(f"--columns {requested} differ from the ledger's queries' columns {columns}")
     else:
-        columns = requested or _numeric_columns(schema)
+        # Declared types or, for a CSV (which declares none), every non-key column: never values.
+        columns = requested or default_columns(schema, declared_types=declares_types(inputs[0]["path"]))
         if not columns:
             raise RunRefused(f"input {inputs[0]['path']} has no numeric indicator columns")
     missing = [c for c in columns if c not in schema.names]

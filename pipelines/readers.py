@@ -8,6 +8,15 @@ Arrow IPC *stream* without its end-of-stream marker (cut short, possibly exactly
 batches, where the format itself cannot tell). A file with a valid header and no rows yields
 one empty batch, so that its schema can be read (an empty day is a valid input).
 
+A CSV declares no column types, so its values are not typed by what they look like: every
+column but ``user_id`` is read as text (``day``/``event_time`` and the indicators alike), and
+which indicators are numbers is decided from public information (:mod:`stream.columns`), the
+validator parsing them (an empty value is missing; one that does not parse is a dead letter).
+Typing a CSV column from its values would let one user's value change the column's type: whether
+it gets a default query, whether the run is refused, what the public store records. ``user_id``
+keeps the reader's inference (integer ids when every id is an integer), which sets the ledger's
+id type on the first run.
+
 A path with a scheme (``gs://bucket/day.parquet``, ``s3://...``) is read through ``pyarrow.fs``,
 as the Parquet release files are written (distributed runs read their inputs from object
 storage); a plain path is a local file.
@@ -57,9 +66,9 @@ def read_batches(path: str | Path, *, batch_rows: int = 65_536) -> Iterator[pa.R
             schema, batches = _ipc_batches(path, source, batch_rows)
             _check_header(path, schema)
         else:
+            text = {name: pa.string() for name in _csv_header(path, remote) if name != "user_id"}
             source = remote[0].open_input_stream(remote[1]) if remote else path
-            table = pacsv.read_csv(source, convert_options=pacsv.ConvertOptions(
-                column_types={"day": pa.string(), "event_time": pa.string()}))
+            table = pacsv.read_csv(source, convert_options=pacsv.ConvertOptions(column_types=text))
             _check_header(path, table.schema)
             schema, batches = table.schema, iter(table.to_batches(max_chunksize=batch_rows))
         empty = True
@@ -70,6 +79,23 @@ def read_batches(path: str | Path, *, batch_rows: int = 65_536) -> Iterator[pa.R
             yield pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
     except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:
         raise InputFileError(f"input file {path} is not a readable {kind} file: {_short(exc)}") from exc
+
+
+def declares_types(path: str | Path) -> bool:
+    """Whether a file of this kind declares its column types (Parquet and Arrow do, in their
+    schema; a CSV does not: :func:`read_batches` reads its values as text)."""
+    return file_format(path) != "csv"
+
+
+def _csv_header(path: str | Path, remote: tuple[pafs.FileSystem, str] | None) -> list[str]:
+    """The column names of a CSV file (its first block is read, not the whole file)."""
+    source = remote[0].open_input_stream(remote[1]) if remote else path
+    reader = pacsv.open_csv(source, convert_options=pacsv.ConvertOptions(
+        column_types={"day": pa.string(), "event_time": pa.string()}))
+    try:
+        return reader.schema.names
+    finally:
+        reader.close()
 
 
 def _remote(path: str | Path) -> tuple[pafs.FileSystem, str] | None:

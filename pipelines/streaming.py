@@ -61,13 +61,12 @@ from pipelines.transforms import (
     raw_json,
     ledger_shards,
     snapshot_shards,
+    TICK,
     PackedRows,
     packed_by_shard,
     unpacked,
 )
 from stream.schema import USER_ID, WINDOW_ID, RejectReason, WindowSpec
-
-TICK = "tick"
 
 
 def split_by_window(table: pa.Table) -> list[tuple[int, pa.Table]]:

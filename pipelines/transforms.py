@@ -44,6 +44,9 @@ from stream.schema import USER_ID, WINDOW_ID, WindowSpec, may_repeat, validate_b
 SOURCE = "_source"  # (file index, row index) of each row: a deterministic tie-break
 ROW = "_row"
 LATE_WINDOW = "late_window"
+#: The kind of an element that carries nothing and only makes its shard's filter fire.
+TICK = "tick"
+
 DEAD_LETTER_SCHEMA = pa.schema([
     ("source", pa.string()), ("row_index", pa.int64()), ("reason", pa.string()),
     ("detail", pa.string()), ("raw", pa.string()),
@@ -216,6 +219,7 @@ class IndividualFilterDoFn(beam.DoFn):
       ROWS   -- bag of Arrow tables: this run's valid rows for the shard, in arrival order.
       LEDGER -- bag of the shard's snapshots from the previous run: ``("ledger", table)`` (zero
                 or one) and ``("running", (query_id, table))`` per running query.
+    An element ``(TICK, None)`` is kept nowhere: it only makes its shard's timer fire.
     Timer:
       FLUSH  -- event-time timer at the end of the global window: fires once all input has been
                 read (batch) and charges the buffered rows window by window, in window order,
@@ -249,7 +253,7 @@ class IndividualFilterDoFn(beam.DoFn):
         _, (kind, payload) = element
         if kind == "rows":
             rows.add(payload)
-        else:
+        elif kind != TICK:
             ledger.add((kind, payload))
         flush.set(GlobalWindow().max_timestamp())
 
@@ -266,6 +270,11 @@ class IndividualFilterDoFn(beam.DoFn):
             yield beam.pvalue.TaggedOutput("running", (query_id, running.to_arrow()))
         rows.clear()
         ledger.clear()
+
+    @property
+    def steps_running_queries(self) -> bool:
+        """Whether this run steps running queries (its plan has one and a schedule ends it)."""
+        return bool(self._plan.running) and self._last_window is not None
 
     def restore_shard(self, snapshots: list[tuple[str, Any]]) -> ShardState:
         """The shard's state from its previous snapshots (a fresh ledger when it has none); also
@@ -605,6 +614,12 @@ class IndividualFilter(beam.PTransform):
         tables = [item for item in sources if isinstance(item[2], pa.Table)]
         files = [(kind, query_id, str(path)) for kind, query_id, path in sources if not isinstance(path, pa.Table)]
         initial = [element for item in tables for element in previous_state_shards(item, self._n_shards)]
+        if self._filter.steps_running_queries:
+            # A running query is stepped through every window of the schedule and its position
+            # (next window) lives only in the shards' snapshots: with no rows and no history
+            # anywhere (an empty first day), no shard would fire and the next run would find the
+            # query still at its first window. Shard 0 always fires (it charges nobody there).
+            initial.append((0, (TICK, None)))
         # A handful of elements each: no reshuffle (Create's default adds a shuffle stage per
         # Create, which costs more to plan than it could spread).
         previous = [valid.pipeline | "PreviousState" >> beam.Create(initial, reshuffle=False)] if initial else []

@@ -127,7 +127,8 @@ class QueryRegistry:
             raise ValueError(f"query_id {query.query_id!r} is already registered; pick another id "
                              "(a retired id stays taken: its releases keep its meaning)")
         self._refuse_released("effective_from", first)
-        schema = self._store.input_schema()
+        # A CSV column no query reads yet is undeclared: this query reads it as it needs it.
+        schema = self._store.input_schema(undeclared_as=pa.string() if query.categorical else pa.float64())
         if schema is not None:  # the daily job recorded its input's columns
             query.validate_against(schema)
         self._refuse_too_wide(query, first)

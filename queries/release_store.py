@@ -425,24 +425,30 @@ class ReleaseStore:
         rows = self._conn.execute("SELECT key, value FROM store_meta WHERE key LIKE 'promise_%'").fetchall()
         return {key.removeprefix("promise_"): value for key, value in rows}
 
-    def record_input_columns(self, numeric: Sequence[str], strings: Sequence[str] = ()) -> None:
+    def record_input_columns(self, numeric: Sequence[str], strings: Sequence[str] = (),
+                             undeclared: Sequence[str] = ()) -> None:
         """Record the daily input's columns (public schema, no data) in ``store_meta`` (key
-        ``input_columns``, JSON): its numeric indicator columns and its string columns (which
-        histograms over string categories read). A query reading a column the input does not
-        have, or of the wrong kind, is then refused when it is registered, not when the
-        curator's job runs."""
+        ``input_columns``, JSON): its numeric indicator columns, its string columns (which
+        histograms over string categories read) and its undeclared ones (CSV columns no query
+        reads yet, which either kind of query may read). A query reading a column the input does
+        not have, or of the wrong kind, is then refused when it is registered, not when the
+        curator's job runs. The kinds come from declared types and registered queries, never
+        from values (:mod:`stream.columns`): this record is public."""
         self._conn.execute("INSERT OR REPLACE INTO store_meta (key, value) VALUES ('input_columns', ?)",
-                           [json.dumps({"numeric": list(numeric), "string": list(strings)})])
+                           [json.dumps({"numeric": list(numeric), "string": list(strings),
+                                        "undeclared": list(undeclared)})])
 
-    def input_schema(self) -> pa.Schema | None:
+    def input_schema(self, *, undeclared_as: pa.DataType = pa.float64()) -> pa.Schema | None:
         """The columns a query may read, as the last run saw them: numeric ones as float64 (as
-        validation leaves them), string ones as utf8. None before the first run."""
+        validation leaves them), string ones as utf8, undeclared ones as ``undeclared_as`` (the
+        type the query at hand would have them parsed to). None before the first run."""
         value = self._meta("input_columns")
         if value is None:
             return None
         recorded = json.loads(value)
         return pa.schema([(name, pa.float64()) for name in recorded.get("numeric", [])]
-                         + [(name, pa.string()) for name in recorded.get("string", [])])
+                         + [(name, pa.string()) for name in recorded.get("string", [])]
+                         + [(name, undeclared_as) for name in recorded.get("undeclared", [])])
 
     def key_fingerprint(self) -> str | None:
         """The fingerprint of the noise key of the releases here (None before the first publish)."""
