@@ -25,7 +25,8 @@ What a run reads and writes:
   ``read_parquet('<root>/*/*.parquet', hive_partitioning = true)``. The pipeline writes them to
   ``<output>/staged-releases/<attempt>/`` and the commit step copies them here only after the
   run's ``_COMMITTED.json`` exists, so a public answer always has a committed ledger that charged
-  its users;
+  its users; ``<root>/_lineage/`` records which committed run charged each public window and which
+  run continued which ledger (:mod:`queries.release_lineage`);
 * ``--output`` (curator only: sensitive): ``_INTENT.json`` (written at launch), the new ledger
   snapshot ``ledger/<attempt>/part-*.parquet``, per-window counts, dead letters and rows read per
   file, all written by Beam's Parquet sinks; and, last, ``_COMMITTED.json``: written by a step
@@ -48,7 +49,10 @@ Recovery, in short (``deploy/README.md`` has the whole story): a failed job leav
 ``_COMMITTED.json`` and nothing public, so nothing it charged counts and nothing it computed was
 seen; re-run it (a new attempt draws the same keyed noise). A job that died after its commit and
 before publishing leaves its releases staged; the next run, which takes this output as
-``--previous-ledger``, publishes them before it starts.
+``--previous-ledger``, publishes them before it starts. Two committed runs from one ledger (a
+re-run into a new ``--output`` after such a crash, or two launches at once) fork it: only the
+first to publish becomes public, the other fails in its publish step, and a run continuing a
+ledger that is not the public lineage's is refused at launch, naming both runs.
 """
 
 from __future__ import annotations
@@ -82,6 +86,7 @@ try:
 finally:
     _root.setLevel(_level)
 from pipelines.readers import declares_types, read_batches
+from queries import release_lineage as lineage
 from queries.release_files import release_file_path, write_release_file
 from stream.faults import crash_point
 from pipelines.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
@@ -197,17 +202,72 @@ def release_windows_present(root: str) -> set[int]:
     return windows
 
 
-def promote_releases(staging: str, public: str) -> list[int]:
+def promote_releases(staging: str, public: str, *, run: str | None = None) -> list[int]:
     """Copy every staged window file under ``staging`` to ``public`` (first write wins: a window
-    already public is kept). Call only for a committed run's staging. Returns the windows newly
-    published."""
+    already public is kept). Call only for a committed run's staging, after its lineage claim
+    (:func:`publish_committed` does both). With ``run``, each window's lineage record names that
+    run (:func:`queries.release_lineage.record_window`, written before the file). Returns the
+    windows newly published."""
     published = []
     for window in sorted(release_windows_present(staging)):
+        if run is not None:
+            lineage.record_window(public, window, run)
         table = read_parquet(release_file_path(staging, window))
         table = table.append_column("window_id", pa.array([window] * table.num_rows, type=pa.int64()))
         if write_release_file(public, window, table) is not None:
             published.append(window)
     return published
+
+
+def parent_run(manifest: dict) -> str | None:
+    """The run id (attempt) of the ledger a committed run continued: :data:`lineage.ORIGIN` for a
+    first run, None when unknown (a manifest from before lineage was recorded whose previous
+    output is gone)."""
+    if "previous_attempt" in manifest:
+        return manifest["previous_attempt"] or lineage.ORIGIN
+    if manifest.get("previous") is None:
+        return lineage.ORIGIN
+    committed = join(manifest["previous"], COMMITTED)
+    return read_json(committed).get("attempt") if FileSystems.exists(committed) else None
+
+
+def claim_lineage(output: str, public: str) -> dict:
+    """Claim the committed run at ``output`` its place in the public lineage under ``public``: the
+    one successor of the ledger it continued (:func:`queries.release_lineage.claim`; idempotent
+    for that run). LineageConflict when another run from the same ledger claimed first: then
+    nothing of this run may be published. Returns the run's manifest."""
+    manifest = read_json(join(output, COMMITTED))
+    parent = parent_run(manifest)
+    if parent is not None:  # unknown only for a ledger committed before lineage was recorded
+        lineage.claim(public, parent, manifest["attempt"])
+    return manifest
+
+
+def publish_committed(output: str, public: str) -> list[int]:
+    """Publish the committed run at ``output``: :func:`claim_lineage`, then copy its staged
+    releases with their lineage records. Idempotent: a resumed publish completes what a crash
+    left. Returns the windows newly published."""
+    manifest = claim_lineage(output, public)
+    staged = manifest.get("staged_releases")
+    return promote_releases(staged, public, run=manifest["attempt"]) if staged else []
+
+
+def check_lineage(releases: str, previous: str | None, manifest: dict | None) -> None:
+    """Refuse (RunRefused) a run whose ``--previous-ledger`` is not the public lineage's latest
+    ledger under ``releases`` (:func:`queries.release_lineage.check_continuation`), or a first run
+    on a release root that already holds a lineage."""
+    if manifest is None:
+        holder = lineage.successor(releases, lineage.ORIGIN)
+        if holder is not None:
+            raise RunRefused(f"--previous-ledger none, but the releases under {releases} already continue a ledger "
+                             f"started by run {holder}: continue from the last committed --output of that lineage")
+        return
+    try:
+        lineage.check_continuation(releases, run=manifest["attempt"], previous_run=parent_run(manifest),
+                                   charged=list(manifest.get("schedule", [])))
+    except lineage.LineageConflict as exc:
+        raise RunRefused(f"--previous-ledger {previous} (committed by run {manifest['attempt']}) is not the "
+                         f"ledger of what is public: {exc}") from None
 
 
 # --- the run's plan, fixed at launch ---------------------------------------------------------------
@@ -235,6 +295,7 @@ class RunPlan:
     output: str
     releases: str
     attempt: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    previous_attempt: str | None = None  # the attempt that committed --previous-ledger (lineage)
 
     @property
     def staging(self) -> str:
@@ -265,6 +326,7 @@ class RunPlan:
         return {**self.intent(), "attempt": self.attempt, "processed_windows": sorted({*self.released, *self.schedule}),
                 "queries": dict(sorted(self.query_first.items())), "n_shards": self.n_shards,
                 "previous_users": self.previous_users, "staged_releases": self.staging,
+                "previous_attempt": self.previous_attempt,
                 "start_window": self.start_window, "end_window": self.end_window}
 
 
@@ -377,6 +439,7 @@ def prepare(args: argparse.Namespace) -> RunPlan:
                 f"{absolute(args.releases_parquet)} (--releases-parquet): a ledger answers into the release root it "
                 "was started with (a staging run's ledger must not continue into production's releases, nor the "
                 "other way round)")
+        check_lineage(absolute(args.releases_parquet), previous, manifest)
         processed = set(manifest["processed_windows"])
         ledger_files = list(manifest["ledger_files"])
         users = int(manifest["users"])
@@ -385,6 +448,8 @@ def prepare(args: argparse.Namespace) -> RunPlan:
         if requested and requested != columns:
             raise RunRefused(f"--columns {requested} differ from the ledger's queries' columns {columns}")
     else:
+        manifest = None
+        check_lineage(absolute(args.releases_parquet), None, None)
         # Declared types or, for a CSV (which declares none), every non-key column: never values.
         columns = requested or default_columns(schema, declared_types=declares_types(inputs[0]["path"]))
         if not columns:
@@ -405,7 +470,8 @@ def prepare(args: argparse.Namespace) -> RunPlan:
                    released=tuple(sorted(processed)), schedule=tuple(schedule), query_first=query_first,
                    parameters=parameters, policy=args.policy, key_path=key_path, n_shards=args.shards,
                    previous=previous, previous_ledger_files=tuple(ledger_files), previous_users=users,
-                   output=output, releases=releases)
+                   output=output, releases=releases,
+                   previous_attempt=manifest["attempt"] if manifest is not None else None)
     _check_releases_and_output(plan, processed)
     return plan
 
@@ -563,7 +629,9 @@ class CommitRun(beam.DoFn):
     Each output arrives as a side input, and a runner makes a side input available only when
     the step producing it has finished: so the manifest (the run's commit point) appears after
     the ledger snapshot, the counts, the dead letters and the staged release files. Only then
-    are the staged releases copied to the public root (:func:`promote_releases`): a public
+    does the run claim its place in the public lineage (:func:`claim_lineage`: of two runs from
+    one ledger only the first to claim may publish; the other fails here, committed but never
+    public) and copy the staged releases to the public root (:func:`promote_releases`): a public
     answer always has a committed ledger that charged its users (DESIGN.md, the outbox rule). A
     crash between the two leaves them staged; the next run that takes this output as
     ``--previous-ledger`` publishes them first. A retried commit rewrites nothing; a manifest of
@@ -605,7 +673,10 @@ class CommitRun(beam.DoFn):
             crash_point("distributed_before_commit")  # test-only: everything written but the manifest
             write_json(target, manifest)
         crash_point("distributed_before_promote")  # test-only: committed, releases still staged
-        promote_releases(self._staging, self._public)
+        # LineageConflict (the job fails, nothing public) when another run from our ledger claimed first.
+        run = claim_lineage(self._output, self._public)["attempt"]
+        crash_point("distributed_after_claim")  # test-only: claimed, releases still staged
+        promote_releases(self._staging, self._public, run=run)
         yield target
 
 
@@ -744,8 +815,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if direct and args.noise_key_secret:  # no worker start-up on the DirectRunner: fetch here
         worker_key.materialise(args.noise_key_secret, plan.key_path)
     if plan.previous is not None:  # the previous run committed; a crash may have kept its releases staged
-        staged = read_json(join(plan.previous, COMMITTED)).get("staged_releases")
-        caught_up = promote_releases(staged, plan.releases) if staged else []
+        try:
+            caught_up = publish_committed(plan.previous, plan.releases)
+        except lineage.LineageConflict as exc:
+            print(f"{parser.prog}: refused: {exc}", file=sys.stderr)
+            return 2
         if caught_up:
             print(f"[distributed] published {len(caught_up)} window(s) the previous run committed but had not "
                   f"published: {caught_up[:5]}", file=sys.stderr)

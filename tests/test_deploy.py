@@ -356,6 +356,113 @@ def test_releases_committed_but_not_published_are_published_by_the_next_run(tmp_
     assert _snapshot(run2).equals(ledger)
 
 
+# --- the public lineage: which committed run charged each public window (issue 18, item 3) -------------
+
+
+def _attempt(output: Path) -> str:
+    """The run id of a committed output: the attempt its ``_COMMITTED.json`` records."""
+    return json.loads((output / dist.COMMITTED).read_text())["attempt"]
+
+
+def _lineage(tmp_path: Path) -> dict[int, dict]:
+    """The public lineage records of the windows, by window id."""
+    folder = tmp_path / "public" / "releases" / "_lineage" / "windows"
+    return {int(p.stem): json.loads(p.read_text()) for p in folder.glob("*.json")}
+
+
+def _day2_with_more_users(tmp_path, two_days) -> list[str]:
+    """Day 2 as a re-run would read it after more of its rows arrived: other answers, other charges."""
+    return [*two_days[1:2], _day_file(tmp_path / "in" / "day-1-more.parquet", 1, [900, 901, 902])]
+
+
+@pytest.mark.parametrize("public", ["the re-run", "the first attempt"])
+def test_a_ledger_forked_from_what_is_public_cannot_be_continued(tmp_path, two_days, capsys, public):
+    """Day 2 runs twice from day 1's ledger (the first attempt killed after its commit, before
+    publishing; a re-run into a new output with more rows). Whichever attempt's day 2 becomes
+    public, continuing day 3 from the other attempt's ledger is refused, naming both runs: that
+    ledger lacks the charges of users whose contributions are public."""
+    curator = tmp_path / "curator"
+    run1, first, rerun = curator / "run1", curator / "run2-first", curator / "run2-rerun"
+    assert dist.main(_args(tmp_path, two_days[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
+
+    def day2(inputs, output):
+        return _args(tmp_path, inputs, "2026-03-02", "2026-03-02", str(run1), output)
+
+    assert _crashed_main(tmp_path, day2(two_days[1:2], first), "distributed_before_promote").returncode == -9
+    more = _day2_with_more_users(tmp_path, two_days)
+    if public == "the re-run":
+        assert dist.main(day2(more, rerun)) == 0  # accepted: nothing of the first attempt is public
+        winner, loser, tip = rerun, first, rerun
+    else:
+        assert _crashed_main(tmp_path, day2(more, rerun), "distributed_before_promote").returncode == -9
+        # Day 2 again from the first attempt's ledger: it charges nobody and publishes that attempt's releases.
+        tip = curator / "run2-first-again"
+        assert dist.main(_args(tmp_path, two_days[1:2], "2026-03-02", "2026-03-02", str(first), tip)) == 0
+        winner, loser = first, rerun
+    capsys.readouterr()
+
+    def day3(previous, output):
+        return _args(tmp_path, two_days[2:], "2026-03-03", "2026-03-03", str(previous), output)
+
+    assert dist.main(day3(loser, curator / "run3-from-the-other")) == 2
+    err = capsys.readouterr().err
+    assert f"through run {_attempt(winner)}, not through run {_attempt(loser)}" in err
+    assert f"Continue from the ledger committed by run {_attempt(winner)}" in err
+    assert not (curator / "run3-from-the-other").exists()
+    assert dist.main(day3(tip, curator / "run3")) == 0
+    assert _lineage(tmp_path)[W0 + 1]["run"] == _attempt(winner)
+
+
+def test_of_two_runs_launched_from_one_ledger_only_the_first_to_publish_does(tmp_path, two_days, capsys):
+    """Two runs of day 2 from day 1's ledger pass their launch checks before either publishes (two
+    launches at once). The one that publishes first becomes the public lineage; the other
+    commits but publishes nothing, fails naming the winner, and nothing can continue from it."""
+    from pipelines.local_runner import batch_runner
+
+    curator = tmp_path / "curator"
+    run1, late, early = curator / "run1", curator / "run2-late", curator / "run2-early"
+    assert dist.main(_args(tmp_path, two_days[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
+    args, _ = dist._parser().parse_known_args(
+        _args(tmp_path, two_days[1:2], "2026-03-02", "2026-03-02", str(run1), late))
+    plan = dist.prepare(args)  # launched: every launch check passed
+    dist.write_intent(plan)
+    more = _day2_with_more_users(tmp_path, two_days)
+    assert dist.main(_args(tmp_path, more, "2026-03-02", "2026-03-02", str(run1), early)) == 0
+    public, winner = _public(tmp_path), _attempt(early)
+
+    options = dist.pipeline_options(plan, args, [])
+    p = beam.Pipeline(runner=batch_runner(options), options=options)
+    dist.build(p, plan)
+    with pytest.raises(Exception, match=f"run {plan.attempt} may not publish: run {winner} already published"):
+        p.run().wait_until_finish()
+    assert _public(tmp_path) == public  # nothing of the late run is public
+    assert {w: r["run"] for w, r in _lineage(tmp_path).items()} == {W0: _attempt(run1), W0 + 1: winner}
+    capsys.readouterr()
+    day3 = _args(tmp_path, two_days[2:], "2026-03-03", "2026-03-03", str(late), curator / "run3")
+    assert dist.main(day3) == 2 and f"through run {winner}, not through run {plan.attempt}" in capsys.readouterr().err
+    # A third run from day 1's ledger is refused at launch, naming the run that continued it.
+    again = _args(tmp_path, two_days[:1], "2026-03-01", "2026-03-01", str(run1), curator / "run1-again")
+    assert dist.main(again) == 2
+    assert f"run {_attempt(run1)}'s ledger already has a successor" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("point", ["distributed_before_promote", "distributed_after_claim"])
+def test_a_run_killed_between_its_commit_and_its_publish_is_published_by_the_next_run_as_its_own(
+        tmp_path, two_days, clean_two_days, point):
+    run1, run2, run3 = (tmp_path / "curator" / name for name in ("run1", "run2", "run3"))
+    assert dist.main(_args(tmp_path, two_days[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
+    day2 = _args(tmp_path, two_days[1:2], "2026-03-02", "2026-03-02", str(run1), run2)
+    assert _crashed_main(tmp_path, day2, point).returncode == -9
+    assert {p.parent.name for p in (tmp_path / "public").rglob("*.parquet")} == {f"window_id={W0}"}
+    assert dist.main(_args(tmp_path, two_days[2:], "2026-03-03", "2026-03-03", str(run2), run3)) == 0
+    public, ledger = clean_two_days
+    assert {k: v for k, v in _public(tmp_path).items() if f"window_id={W0 + 2}" not in str(k)} == public
+    records = _lineage(tmp_path)
+    assert {w: r["run"] for w, r in records.items()} == {W0: _attempt(run1), W0 + 1: _attempt(run2),
+                                                         W0 + 2: _attempt(run3)}
+    assert all(set(r) == {"version", "window_id", "run"} for r in records.values())  # no counts, no users
+
+
 def test_a_snapshot_that_lost_users_is_not_committed(tmp_path, two_days):
     inputs = two_days
     run1, run2 = tmp_path / "curator" / "run1", tmp_path / "curator" / "run2"
