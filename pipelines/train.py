@@ -211,14 +211,30 @@ def _key_refused(config: TrainConfig, existing_fingerprint: str, exc: Exception 
                         "releases the same model): pass the curator's key file for this ledger with --key")
 
 
+def _existing_key(config: TrainConfig, params: Any) -> Any:
+    """An existing ledger's noise key: loaded from ``config.key_file``, never created (a new key
+    would not be the one the ledger was started with), and refused unless its fingerprint is the
+    ledger's."""
+    from stream.noise import NoiseKey, NoiseKeyError
+
+    try:
+        key = NoiseKey.load(config.key_file)
+    except NoiseKeyError as exc:
+        raise _key_refused(config, params.key_fingerprint, exc, None) from exc
+    if key.fingerprint != params.key_fingerprint:
+        raise _key_refused(config, params.key_fingerprint, None, key.fingerprint)
+    return key
+
+
 def _ledger_parameters(curator: Any, config: TrainConfig, id_type: str) -> tuple[Any, Any]:
-    """The ledger's recorded parameters and its noise key, after checking this run's promise and
-    key against them; on a new ledger, the parameters to record (compatible with a later
-    ``renyi-stream run``) and a new key beside the ledger (``NoiseKey.load_or_create``, as the
-    daily job does). An existing ledger's key is loaded, never created."""
+    """The ledger's recorded parameters, after checking this run's promise against them, and
+    ``None``; on a new ledger, the parameters to record (compatible with a later
+    ``renyi-stream run``) and the new key created beside the ledger (``NoiseKey.load_or_create``,
+    as the daily job does). An existing ledger's key is loaded later (:func:`_existing_key`),
+    after the parameter checks, so a bad parameter is reported as such."""
     from pipelines.curator_store import LedgerParameters
     from pipelines.daily_job import DEFAULT_SHARDS
-    from stream.noise import NoiseKey, NoiseKeyError
+    from stream.noise import NoiseKey
     from stream.schema import WindowSpec
 
     existing = curator.parameters()
@@ -234,13 +250,7 @@ def _ledger_parameters(curator: Any, config: TrainConfig, id_type: str) -> tuple
             raise TrainRefused(
                 f"the ledger {config.ledger} was started with another promise; a training run must use "
                 "the ledger's own (it shares every user's budget with the daily releases): " + "; ".join(different))
-        try:
-            key = NoiseKey.load(config.key_file)
-        except NoiseKeyError as exc:
-            raise _key_refused(config, existing.key_fingerprint, exc, None) from exc
-        if key.fingerprint != existing.key_fingerprint:
-            raise _key_refused(config, existing.key_fingerprint, None, key.fingerprint)
-        return existing, key
+        return existing, None
     accounting = config.accounting or "gdp"
     cal = calibrate(epsilon=config.epsilon, delta=config.delta, norm_budget=config.norm_budget,
                     accounting=accounting)
@@ -342,6 +352,7 @@ def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSumma
             train_rho = kappa if config.train_rho is None else config.train_rho
             if train_rho > kappa:
                 raise ValueError(f"train_rho must be <= the ledger budget kappa={kappa:.6g}, got train_rho={train_rho!r}")
+            key = key or _existing_key(config, params)
             # The run id this training commits as: a re-run after a crash before the commit finds
             # the same one, so it draws the same noise; a committed run moves it on.
             run_id = curator.next_run_id()
