@@ -166,7 +166,8 @@ class TrainConfig:
     def spent_fraction(self) -> float:
         """Share of the run's budget reserved before the gradient steps: the stopping rule's
         queries and the noisy count (each only when used)."""
-        return (self.stop_fraction if self.stopping else 0.0) + (self.count_fraction if self.normaliser is None else 0.0)
+        stop = self.stop_fraction if self.stopping else 0.0
+        return stop + (self.count_fraction if self.normaliser is None else 0.0)
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,8 @@ def _array_module(device: str) -> Any:
     return cupy
 
 
-def _key_refused(config: TrainConfig, existing_fingerprint: str, exc: Exception | None, found: str | None) -> TrainRefused:
+def _key_refused(config: TrainConfig, existing_fingerprint: str, exc: Exception | None,
+                 found: str | None) -> TrainRefused:
     why = str(exc) if exc is not None else (
         f"noise key file {config.key_file} is key {found}, but the ledger {config.ledger} was started with key "
         f"{existing_fingerprint}")

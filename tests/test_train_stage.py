@@ -388,3 +388,12 @@ def test_training_on_a_ledger_refuses_another_noise_key_and_never_creates_one(tm
     assert "the ledger's own key" in capsys.readouterr().err
     assert _used(ledger) == before
     assert main(args + ["--key", str(tmp_path / "elsewhere.key")]) == 0
+
+
+def test_the_noisy_count_and_the_accuracy_queries_must_leave_budget_for_the_steps():
+    base = {"features": "f", "ledger": "l", "epsilon": 1.0, "delta": 1e-6, "out": "m"}
+    with pytest.raises(ValueError, match="stop_fraction \\+ count_fraction must be < 1"):
+        TrainConfig(**base, stop_fraction=0.6, count_fraction=0.4)
+    with pytest.raises(ValueError, match="normaliser must be > 0, got normaliser=0"):
+        TrainConfig(**base, normaliser=0)
+    assert TrainConfig(**base, stop_fraction=0.6, count_fraction=0.4, normaliser=1e5).spent_fraction == 0.6
