@@ -213,7 +213,7 @@ def ours_step(model_name: str, x: np.ndarray, y: np.ndarray, *, xp: Any, chunk_r
 
     def step() -> None:
         result = private_gd(model, data, config=config, ledger=ledger, rng=grad_rng, query_rng=query_rng,
-                            init_params=params, chunk_rows=chunk_rows)
+                            init_params=params, chunk_rows=chunk_rows, normaliser=data.n)
         params.update(result.params)
 
     sync = (lambda: xp.cuda.Stream.null.synchronize()) if xp is not np else (lambda: None)

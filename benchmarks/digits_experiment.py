@@ -147,8 +147,10 @@ def run_one(model, data, *, rho, setting: Setting, sigma: float, filtering: bool
         config = GDConfig(clip=setting.clip, noise_multiplier=sigma, learning_rate=setting.lr, steps=setting.steps)
         rule = None
     grad_rng, query_rng = training_generators(seed)
+    # Algorithm 6 as printed divides by n, taken as public (a fixed data set); this reproduces it.
     return private_gd(model, data, config=config, ledger=TrainingLedger.fresh(data.n, budget=rho),
-                      rng=grad_rng, query_rng=query_rng, stopping=rule, init_rng=np.random.default_rng(seed))
+                      rng=grad_rng, query_rng=query_rng, stopping=rule, init_rng=np.random.default_rng(seed),
+                      normaliser=data.n)
 
 
 def why_filtering(results, n: int, steps: int, query_noise_std: float) -> dict:

@@ -11,16 +11,27 @@ Order of a run (each step safe to crash after):
 
 1. take the run lock (one run per ledger at a time) and open the ledger database;
 2. on an existing ledger, refuse an ``(epsilon, delta)`` or accounting that differs from the one
-   it was started with; on a new one, record the parameters (and create its noise key) so a
-   later daily job can continue on it;
-3. train (:func:`stream.training.dpgd.private_gd`), reading each user's remaining budget once;
+   it was started with, and load its noise key (never create one: a missing key or another
+   key than the ledger's is refused); on a new one, record the parameters and create its noise
+   key beside it, as the daily job does, so a later daily job can continue on it;
+3. train (:func:`stream.training.dpgd.private_gd`), reading each user's remaining budget once,
+   with noise derived from the key, the ledger and the run id the training will commit as
+   (:mod:`stream.training.keyed_noise`);
 4. write the model to a temporary file, commit the charged ledger in one DuckDB transaction,
-   then move the model into place and write the report. A crash before the commit charges
-   nobody and publishes nothing; after it, the charge stands (the safe direction).
+   then move the model into place, print the released noisy values and write the report.
 
-What the progress lines print is public: the step, the worst-case zCDP spent so far, and the
-noisy accuracies the stopping rule released. The report's ``curator_only`` section (per-step
-counts of clipped and filtered users) is sensitive and must stay with the ledger.
+**Released once.** A crash before the commit charges nobody and has printed nothing noisy; the
+re-run starts from the same ledger state, so it commits as the same run id, draws the same
+noise and releases the same model and values (DESIGN.md invariant 5). After the commit the
+charge stands (the safe direction), and the next training draws fresh noise.
+
+**No exact counts.** The neighbouring relation is add/remove one user, so the number of users
+is private. The update divides by a public normaliser (``--normaliser``) or, by default, by a
+noisy count of the users charged to the ledger (:mod:`stream.training.normaliser`). Before the
+commit the progress lines print only the step, the worst-case zCDP spent so far and the time;
+after it, the released noisy count and accuracies. Nothing printed carries an exact count. The
+report's ``curator_only`` section (exact users, per-step counts of clipped and filtered users)
+is sensitive and must stay with the ledger.
 """
 
 from __future__ import annotations
@@ -41,6 +52,9 @@ from stream.accounting import ACCOUNTINGS, calibrate, describe_accounting, epsil
 from stream.accounting import _validate as check
 
 DEFAULT_STOP_FRACTION = 0.05
+# Share of the run's budget the default normaliser (a noisy count of the users) costs. At the
+# README's run (train_rho = 0.028) its noise std is 42 users: 0.06% of 72,864.
+DEFAULT_COUNT_FRACTION = 0.01
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,11 @@ class TrainConfig:
             new ledger).
         norm_budget: only on a new ledger: the squared-norm budget ``B`` recorded for later daily
             jobs on it (they must pass the same ``--norm-budget``).
+        key_path: the curator's noise key file (default: beside the ledger, as the daily job's).
+        normaliser: a public number (> 0) the update and the accuracy queries divide by, declared
+            by the curator and not computed from the data; default ``None``: a noisy count of the
+            users, costing ``count_fraction`` of the run's budget (:mod:`stream.training.normaliser`).
+        count_fraction: share of the run's budget for that count, in (0, 1).
         seed: an integer makes the noise reproducible and the model NOT private (warns).
         device: ``cpu`` (NumPy) or ``gpu`` (CuPy); dtype: ``float64`` or ``float32``.
     """
@@ -90,6 +109,9 @@ class TrainConfig:
     train_rho: float | None = None
     accounting: str | None = None
     norm_budget: float = 1.0
+    key_path: str | None = None
+    normaliser: float | None = None
+    count_fraction: float = DEFAULT_COUNT_FRACTION
     seed: int | None = None
     device: str = "cpu"
     dtype: str = "float64"
@@ -112,6 +134,13 @@ class TrainConfig:
             check.positive("train_rho", self.train_rho)
         if not 0.0 < check.real("stop_fraction", self.stop_fraction) < 1.0:
             raise ValueError(f"stop_fraction must be in (0, 1), got stop_fraction={self.stop_fraction!r}")
+        if self.normaliser is not None:
+            check.positive("normaliser", self.normaliser)
+        if not 0.0 < check.real("count_fraction", self.count_fraction) < 1.0:
+            raise ValueError(f"count_fraction must be in (0, 1), got count_fraction={self.count_fraction!r}")
+        if self.spent_fraction >= 1.0:
+            raise ValueError("stop_fraction + count_fraction must be < 1 (the rest is for the gradient steps), "
+                             f"got stop_fraction={self.stop_fraction!r} + count_fraction={self.count_fraction!r}")
         if self.stopping and not self.filtering:
             raise ValueError("stopping (Appendix A) extends Algorithm 7 past k steps: it needs filtering=True "
                              "(use --no-stopping with --no-filtering)")
@@ -126,10 +155,25 @@ class TrainConfig:
     def report_path(self) -> Path:
         return Path(self.report) if self.report else Path(self.out).with_suffix(".json")
 
+    @property
+    def key_file(self) -> Path:
+        """The noise key file: ``key_path``, or ``<ledger stem>.noise.key`` beside the ledger (the
+        daily job's default, ``JobConfig.resolved_key_path``)."""
+        ledger = Path(self.ledger)
+        return Path(self.key_path) if self.key_path else ledger.with_name(ledger.stem + ".noise.key")
+
+    @property
+    def spent_fraction(self) -> float:
+        """Share of the run's budget reserved before the gradient steps: the stopping rule's
+        queries and the noisy count (each only when used)."""
+        stop = self.stop_fraction if self.stopping else 0.0
+        return stop + (self.count_fraction if self.normaliser is None else 0.0)
+
 
 @dataclass(frozen=True)
 class TrainSummary:
-    """What a run did (public numbers only; the report file has the curator-only ones)."""
+    """What a run did. Every field is public but ``users`` (the exact number of training rows:
+    curator-only, never printed or published)."""
 
     model_path: Path
     report_path: Path
@@ -142,6 +186,8 @@ class TrainSummary:
     noise_multiplier: float
     accuracy_queries: list[tuple[int, float]]
     seconds: float
+    normaliser: float
+    normaliser_kind: str  # "noisy count" (released by this run) or "public" (declared)
 
 
 class TrainRefused(RuntimeError):
@@ -158,9 +204,36 @@ def _array_module(device: str) -> Any:
     return cupy
 
 
-def _ledger_parameters(curator: Any, config: TrainConfig, id_type: str) -> Any:
-    """The ledger's recorded parameters, after checking this run's promise against them; on a
-    new ledger, the parameters to record (compatible with a later ``renyi-stream run``)."""
+def _key_refused(config: TrainConfig, existing_fingerprint: str, exc: Exception | None,
+                 found: str | None) -> TrainRefused:
+    why = str(exc) if exc is not None else (
+        f"noise key file {config.key_file} is key {found}, but the ledger {config.ledger} was started with key "
+        f"{existing_fingerprint}")
+    return TrainRefused(f"{why}; training noise must come from the ledger's own key (so a re-run after a crash "
+                        "releases the same model): pass the curator's key file for this ledger with --key")
+
+
+def _existing_key(config: TrainConfig, params: Any) -> Any:
+    """An existing ledger's noise key: loaded from ``config.key_file``, never created (a new key
+    would not be the one the ledger was started with), and refused unless its fingerprint is the
+    ledger's."""
+    from stream.noise import NoiseKey, NoiseKeyError
+
+    try:
+        key = NoiseKey.load(config.key_file)
+    except NoiseKeyError as exc:
+        raise _key_refused(config, params.key_fingerprint, exc, None) from exc
+    if key.fingerprint != params.key_fingerprint:
+        raise _key_refused(config, params.key_fingerprint, None, key.fingerprint)
+    return key
+
+
+def _ledger_parameters(curator: Any, config: TrainConfig, id_type: str) -> tuple[Any, Any]:
+    """The ledger's recorded parameters, after checking this run's promise against them, and
+    ``None``; on a new ledger, the parameters to record (compatible with a later
+    ``renyi-stream run``) and the new key created beside the ledger (``NoiseKey.load_or_create``,
+    as the daily job does). An existing ledger's key is loaded later (:func:`_existing_key`),
+    after the parameter checks, so a bad parameter is reported as such."""
     from pipelines.curator_store import LedgerParameters
     from pipelines.daily_job import DEFAULT_SHARDS
     from stream.noise import NoiseKey
@@ -179,12 +252,11 @@ def _ledger_parameters(curator: Any, config: TrainConfig, id_type: str) -> Any:
             raise TrainRefused(
                 f"the ledger {config.ledger} was started with another promise; a training run must use "
                 "the ledger's own (it shares every user's budget with the daily releases): " + "; ".join(different))
-        return existing
+        return existing, None
     accounting = config.accounting or "gdp"
     cal = calibrate(epsilon=config.epsilon, delta=config.delta, norm_budget=config.norm_budget,
                     accounting=accounting)
-    key_path = Path(config.ledger).with_name(Path(config.ledger).stem + ".noise.key")  # as JobConfig does
-    key = NoiseKey.load_or_create(key_path)
+    key = NoiseKey.load_or_create(config.key_file)
     window = WindowSpec()
     wanted = LedgerParameters(
         epsilon=cal.epsilon, delta=cal.delta, norm_budget=cal.norm_budget, accounting=cal.accounting,
@@ -192,19 +264,25 @@ def _ledger_parameters(curator: Any, config: TrainConfig, id_type: str) -> Any:
         n_shards=DEFAULT_SHARDS, key_fingerprint=key.fingerprint,
         window_seconds=window.length_seconds, origin_seconds=window.origin_seconds,
     )
-    return curator.check_or_record_parameters(wanted)
+    return curator.check_or_record_parameters(wanted), key
+
+
+def _ledger_identity(config: TrainConfig) -> str:
+    """What binds the training noise to this ledger (:func:`stream.training.keyed_noise.training_stream`):
+    the ledger file's resolved path, so that a key copied to a ledger elsewhere draws other noise."""
+    return str(Path(config.ledger).resolve())
 
 
 def _empty(schema: dict[str, pa.DataType]) -> pa.Table:
     return pa.table({name: pa.array([], type=t) for name, t in schema.items()})
 
 
-def _commit_ledger(curator: Any, ledger_table: pa.Table, previous_users: int) -> int:
-    """Write the charged ledger in one transaction through ``CuratorStore.commit_run`` with no
-    releases, window counts or dead letters (a training run reads no stream rows)."""
+def _commit_ledger(curator: Any, run_id: int, ledger_table: pa.Table, previous_users: int) -> None:
+    """Write the charged ledger as run ``run_id`` in one transaction through
+    ``CuratorStore.commit_run`` with no releases, window counts or dead letters (a training run
+    reads no stream rows)."""
     from queries.release_store import RELEASE_SCHEMA
 
-    run_id = curator.next_run_id()
     curator.commit_run(
         run_id=run_id, ledger=ledger_table, releases=RELEASE_SCHEMA.empty_table(),
         window_counts=_empty({"window_id": pa.int64(), "admitted": pa.int64(), "clipped": pa.int64(),
@@ -214,7 +292,36 @@ def _commit_ledger(curator: Any, ledger_table: pa.Table, previous_users: int) ->
                              "detail": pa.string(), "raw": pa.string()}),
         previous_users=previous_users,
     )
-    return run_id
+
+
+@dataclass(frozen=True)
+class _Normaliser:
+    """The run's normaliser: its value, how it was obtained, and what it cost per user."""
+
+    value: float
+    kind: str  # "noisy count" or "public"
+    noise_std: float | None
+    rho: float
+    released: float | None  # the noisy count as released (before the floor at 1)
+
+    def describe(self) -> str:
+        if self.kind == "public":
+            return f"public normaliser {self.value:g}"
+        return f"normaliser {self.value:.1f} (noisy user count, noise std {self.noise_std:.3g})"
+
+
+def _release_normaliser(config: TrainConfig, view: Any, train_rho: float, rng: Any) -> _Normaliser:
+    """The declared public normaliser, or a noisy count of the users charged to ``view`` (each
+    user ``1 / (2 s^2)`` zCDP with ``s`` spending ``count_fraction`` of the run's budget)."""
+    from stream.training.normaliser import count_noise_std, normaliser_from_count, private_count
+
+    if config.normaliser is not None:
+        return _Normaliser(value=float(config.normaliser), kind="public", noise_std=None, rho=0.0, released=None)
+    rho = config.count_fraction * train_rho
+    std = count_noise_std(rho)
+    released = private_count(view, noise_std=std, rng=rng)
+    return _Normaliser(value=normaliser_from_count(released), kind="noisy count", noise_std=std, rho=rho,
+                       released=released)
 
 
 def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSummary:
@@ -223,7 +330,8 @@ def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSumma
     from pipelines.features import load_features
     from stream.ledger import Ledger
     from stream.training.budget import TrainingLedger
-    from stream.training.dpgd import GDConfig, noise_multiplier_for, prepare_data, private_gd, training_generators
+    from stream.training.dpgd import GDConfig, noise_multiplier_for, prepare_data, private_gd
+    from stream.training.keyed_noise import keyed_training_noise, seeded_training_noise
     from stream.training.models import make_model, save_model
     from stream.training.stopping import AccuracyStopping
 
@@ -241,83 +349,111 @@ def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSumma
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         with RunLock(config.ledger), CuratorStore(config.ledger) as curator:
-            params = _ledger_parameters(curator, config, id_type)
+            params, key = _ledger_parameters(curator, config, id_type)
             kappa = params.rho
             train_rho = kappa if config.train_rho is None else config.train_rho
             if train_rho > kappa:
                 raise ValueError(f"train_rho must be <= the ledger budget kappa={kappa:.6g}, got train_rho={train_rho!r}")
+            key = key or _existing_key(config, params)
+            # The run id this training commits as: a re-run after a crash before the commit finds
+            # the same one, so it draws the same noise; a committed run moves it on.
+            run_id = curator.next_run_id()
+            noise = seeded_training_noise(config.seed) if config.seed is not None else \
+                keyed_training_noise(key, ledger=_ledger_identity(config), run_id=run_id)
             previous = curator.load_ledger(params)
             ledger = Ledger.from_arrow(previous)
             view = TrainingLedger.from_ledger(ledger, feats.user_ids, xp=xp)
             reserve = config.stop_fraction * train_rho if config.stopping else 0.0
-            sigma = config.noise_multiplier or noise_multiplier_for(steps=config.steps, rho=train_rho - reserve)
+            count_rho = config.count_fraction * train_rho if config.normaliser is None else 0.0
+            sigma = config.noise_multiplier or noise_multiplier_for(steps=config.steps,
+                                                                    rho=train_rho - reserve - count_rho)
             gd = GDConfig(clip=config.clip, noise_multiplier=sigma, learning_rate=config.learning_rate,
                           steps=config.steps, filtering=config.filtering)
             stopping = AccuracyStopping.with_reserve(
                 first_step=AccuracyStopping.after_budget_steps(gd.budget_steps), rho=reserve,
                 queries=config.stop_queries, every=config.stop_every) if config.stopping else None
+            run_bound = gd.rho + (stopping.rho_per_user if stopping else 0.0) + count_rho
+            if run_bound > kappa:  # before the count charges anyone (private_gd checks the rest)
+                raise ValueError(f"noise_multiplier must leave room for the run in the ledger budget: the run needs "
+                                 f"{run_bound:.6g} zCDP per user, more than kappa={kappa:.6g}; got "
+                                 f"noise_multiplier={sigma!r}")
             data = prepare_data(feats.x, feats.labels, n_classes=feats.n_classes, xp=xp, dtype=config.dtype)
             algorithm = "Algorithm 7 (private GD with individual filtering)" if config.filtering \
                 else "Algorithm 6 (private GD)"
-            say(f"[train] {algorithm}, {config.model}, {data.n:,} users x {data.n_features} features, "
+            normaliser_plan = f"public normaliser {config.normaliser:g}" if config.normaliser is not None \
+                else f"normaliser: a noisy user count ({config.count_fraction:g} of the run's budget)"
+            say(f"[train] run {run_id}: {algorithm}, {config.model}, {data.n_features} features, "
                 f"{feats.n_classes} classes; ledger kappa={kappa:.6g} zCDP ({params.accounting}), this run "
-                f"<= {gd.rho + (stopping.rho_per_user if stopping else 0.0):.6g}; sigma={sigma:.4g}, C={config.clip:g}")
+                f"<= {run_bound:.6g}; sigma={sigma:.4g}, C={config.clip:g}; {normaliser_plan}")
 
-            def report_step(rep: Any) -> None:
-                acc = "" if rep.noisy_accuracy is None else f"  noisy train accuracy {rep.noisy_accuracy:.4f}"
+            def report_step(rep: Any) -> None:  # no noisy value before the commit: see the module docstring
                 say(f"[train] step {rep.step}/{rep.total_steps}  gradient rho <= {rep.rho_bound:.6g}  "
-                    f"{rep.seconds:.1f} s{acc}")
+                    f"{rep.seconds:.1f} s")
 
-            rng, query_rng = training_generators(config.seed)  # warns when seeded: not private
-            init_rng = np.random.default_rng(0 if config.seed is None else config.seed)
-            result = private_gd(model, data, config=gd, ledger=view, rng=rng, query_rng=query_rng,
-                                stopping=stopping, init_rng=init_rng, progress=report_step)
+            normaliser = _release_normaliser(config, view, train_rho, noise.count)
+            init_rng = np.random.default_rng(0 if config.seed is None else config.seed)  # public: no data
+            result = private_gd(model, data, config=gd, ledger=view, rng=noise.gradient, query_rng=noise.accuracy,
+                                stopping=stopping, init_rng=init_rng, progress=report_step,
+                                normaliser=normaliser.value)
             merged = view.merged_ledger()
             tmp = out.with_name(out.name + ".tmp")
             accounting = params.accounting
+            run_rho = result.rho + normaliser.rho
             privacy = {
                 "epsilon": params.epsilon, "delta": params.delta, "accounting": accounting,
                 "accounting_description": describe_accounting(accounting),
-                "ledger_rho": kappa, "train_rho": train_rho, "run_rho": result.rho,
-                "run_epsilon_alone": epsilon_for_budget(rho=min(result.rho, kappa), delta=params.delta,
+                "neighbouring": "add or remove one user (all of their records)",
+                "ledger_rho": kappa, "train_rho": train_rho, "run_rho": run_rho,
+                "run_epsilon_alone": epsilon_for_budget(rho=min(run_rho, kappa), delta=params.delta,
                                                         accounting=accounting),
                 "noise_multiplier": sigma, "noise_std": gd.noise_std, "clip": config.clip,
                 "norm_budget_B_norm": gd.budget_steps * config.clip**2,
                 "accuracy_query_noise_std": stopping.noise_std if stopping else None,
+                "normaliser": normaliser.value, "normaliser_kind": normaliser.kind,
+                "normaliser_noisy_count": normaliser.released, "normaliser_noise_std": normaliser.noise_std,
+                "normaliser_rho": normaliser.rho,
                 "guarantee": "every user's total charge in the ledger (daily releases + this training) "
                              f"is <= kappa={kappa:.6g} zCDP, i.e. ({params.epsilon:g}, {params.delta:g})-DP "
-                             f"under '{accounting}' accounting; the run alone is <= run_rho (Prop. 5.1/5.2)",
+                             f"under '{accounting}' accounting; the run alone is <= run_rho (Prop. 5.1/5.2, "
+                             "plus the noisy count and accuracy queries)",
                 "insecure_seed": config.seed is not None,
             }
             save_model(tmp, model, result.params, {
                 "feature_columns": list(feats.feature_columns), "n_classes": feats.n_classes,
                 "algorithm": algorithm, "privacy": privacy})
             try:
-                run_id = _commit_ledger(curator, merged.to_arrow(), previous.num_rows)
+                _commit_ledger(curator, run_id, merged.to_arrow(), previous.num_rows)
             except BaseException:
                 tmp.unlink(missing_ok=True)
                 raise
             os.replace(tmp, out)
     except CuratorStoreError as exc:
         raise TrainRefused(str(exc)) from exc
+    # Committed: the noisy values below are released, once (a re-run would have printed the same).
+    say(f"[train] released: {normaliser.describe()}")
+    for step, value in result.accuracy_queries:
+        say(f"[train] step {step}: noisy train accuracy {value:.4f}")
     seconds = time.perf_counter() - started
     report = {
         "renyi_stream.training_report": 1,
         "algorithm": algorithm + ", Feldman & Zrnic",
         "model": model.config(), "model_path": str(out), "features": str(config.features),
-        "rows": data.n, "feature_columns": list(feats.feature_columns), "n_classes": feats.n_classes,
+        "feature_columns": list(feats.feature_columns), "n_classes": feats.n_classes,
         "privacy": privacy,
         "hyperparameters": {"clip": config.clip, "steps_k": config.steps, "learning_rate": config.learning_rate,
                             "noise_multiplier": sigma, "filtering": config.filtering,
                             "stopping": None if stopping is None else asdict(stopping), "dtype": config.dtype,
-                            "device": config.device},
+                            "device": config.device, "normaliser": config.normaliser,
+                            "count_fraction": config.count_fraction if config.normaliser is None else None},
         "steps_run": result.steps_run, "chosen_step": result.chosen_step,
         "accuracy_queries": [{"step": s, "noisy_train_accuracy": a} for s, a in result.accuracy_queries],
-        "ledger": {"path": str(config.ledger), "run_id": run_id, "users": merged.to_arrow().num_rows},
+        "ledger": {"path": str(config.ledger), "run_id": run_id},
         "seconds": seconds,
         "curator_only": {
-            "note": "sensitive: per-step counts of users whose gradient was clipped, bounded by their "
-                    "remaining budget, filtered out (bound 0) or scaled by the ledger cap. Keep with the ledger.",
+            "note": "SENSITIVE, keep with the ledger, never publish: exact counts (training rows, users in "
+                    "the ledger, and per step the users whose gradient was clipped, bounded by their "
+                    "remaining budget, filtered out (bound 0) or scaled by the ledger cap).",
+            "training_rows": data.n, "ledger_users": merged.to_arrow().num_rows,
             **result.curator,
         },
     }
@@ -325,8 +461,8 @@ def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSumma
     config.report_path.write_text(json.dumps(report, indent=2))
     return TrainSummary(model_path=out, report_path=config.report_path, run_id=run_id, users=data.n,
                         steps_run=result.steps_run, chosen_step=result.chosen_step, ledger_rho=kappa,
-                        run_rho=result.rho, noise_multiplier=sigma, accuracy_queries=result.accuracy_queries,
-                        seconds=seconds)
+                        run_rho=run_rho, noise_multiplier=sigma, accuracy_queries=result.accuracy_queries,
+                        seconds=seconds, normaliser=normaliser.value, normaliser_kind=normaliser.kind)
 
 
 # -- command line ---------------------------------------------------------------------------------
@@ -346,7 +482,7 @@ def _features_command(args: argparse.Namespace) -> int:
         print(f"renyi-stream features: error: {name_the_option('features', str(exc), args)}", file=sys.stderr)
         return 2 if not isinstance(exc, InputFileError) else 1
     print(f"wrote {summary.users:,} users x {len(summary.feature_columns)} features to {summary.path} "
-          f"({summary.rows_read:,} rows read, {summary.rows_rejected:,} rejected)")
+          f"({summary.rows_read:,} rows read, {summary.rows_rejected:,} rejected; exact counts, for the curator only)")
     return 0
 
 
@@ -359,6 +495,7 @@ def _train_command(args: argparse.Namespace) -> int:
             filtering=args.filtering, stopping=args.stopping and args.filtering,
             stop_queries=args.stop_queries, stop_every=args.stop_every, stop_fraction=args.stop_fraction,
             train_rho=args.train_rho, accounting=args.accounting, norm_budget=args.norm_budget,
+            key_path=args.key, normaliser=args.normaliser, count_fraction=args.count_fraction,
             seed=args.seed, device=args.device, dtype=args.dtype,
         )
         summary = run_train(config, progress=None if args.quiet else sys.stderr)
@@ -372,10 +509,13 @@ def _train_command(args: argparse.Namespace) -> int:
 
         print(f"renyi-stream train: error: {name_the_option('train', str(exc), args)}", file=sys.stderr)
         return 1
+    # No exact count here (not even the number of users): this summary is printed with --quiet too.
     best = ""
     if summary.accuracy_queries:
         best = f"; kept step {summary.chosen_step} (best of {len(summary.accuracy_queries)} noisy accuracy queries)"
-    print(f"trained on {summary.users:,} users in {summary.steps_run} steps{best}; run zCDP <= {summary.run_rho:.6g} "
+    divided = f"a noisy user count, {summary.normaliser:.1f}" if summary.normaliser_kind == "noisy count" \
+        else f"the public normaliser {summary.normaliser:g}"
+    print(f"trained in {summary.steps_run} steps{best}, dividing by {divided}; run zCDP <= {summary.run_rho:.6g} "
           f"of the ledger's {summary.ledger_rho:.6g} per user")
     print(f"model: {summary.model_path}; report: {summary.report_path}; ledger run {summary.run_id}; "
           f"{summary.seconds:.1f} s")
@@ -434,8 +574,15 @@ def add_train_subcommand(subparsers: Any) -> None:
                        help="default: the ledger's (gdp on a new ledger)")
     train.add_argument("--norm-budget", type=float, default=1.0,
                        help="new ledger only: the B later daily jobs on it must use (default 1)")
+    train.add_argument("--key", default=None, help="the ledger's noise key file (default: beside the ledger)")
+    train.add_argument("--normaliser", type=float, default=None,
+                       help="a public number of users to divide the update by, declared by the curator (not "
+                       "computed from the data); default: a noisy user count charged to the ledger")
+    train.add_argument("--count-fraction", type=float, default=DEFAULT_COUNT_FRACTION,
+                       help=f"share of the training budget for that noisy count (default {DEFAULT_COUNT_FRACTION})")
     train.add_argument("--seed", type=int, default=None, help="reproducible noise: NOT private (warns)")
     train.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="gpu needs CuPy")
     train.add_argument("--dtype", choices=("float64", "float32"), default="float64", help="default float64")
-    train.add_argument("--quiet", action="store_true", help="no progress lines")
+    train.add_argument("--quiet", action="store_true", help="no progress lines (nothing printed carries an exact "
+                       "count, with or without --quiet)")
     train.set_defaults(handler=_train_command)

@@ -27,6 +27,7 @@ from stream.training.dpgd import (
     training_generators,
 )
 from stream.training.models import LogisticRegression, MLP, per_example_gradients_reference
+from stream.training.normaliser import count_noise_std, normaliser_from_count, private_count
 from stream.training.stopping import AccuracyStopping, private_accuracy
 
 pytestmark = pytest.mark.filterwarnings("ignore::stream.noise.InsecureNoiseWarning")
@@ -50,7 +51,7 @@ def _trajectory(model, data, config, ledger, seed=7, **kw):
 
     grad_rng, query_rng = training_generators(seed)
     result = private_gd(model, data, config=config, ledger=ledger, rng=grad_rng, query_rng=query_rng,
-                        init_rng=np.random.default_rng(1), progress=keep, **kw)
+                        init_rng=np.random.default_rng(1), progress=keep, normaliser=data.n, **kw)
     return its, weights, result
 
 
@@ -279,7 +280,7 @@ def test_an_accuracy_query_charges_correct_users_only_and_drops_users_without_bu
     ledger = TrainingLedger.fresh(4, budget=1.0)
     ledger.charge(np.array([0.0, 0.0, 0.0, 10.0]), noise_std=1.0, policy=Policy.CLIP)  # user 3 spends all
     correct = np.array([True, False, True, True])
-    value = private_accuracy(correct, ledger, noise_std=1.0, rng=np.random.default_rng(0))
+    value = private_accuracy(correct, ledger, noise_std=1.0, rng=np.random.default_rng(0), normaliser=4)
     noise = np.random.default_rng(0).normal(0.0, 1.0)
     assert value == pytest.approx((2 + noise) / 4)  # user 3 is dropped: no budget left for 1 / (2 s^2)
     assert ledger.used[1] == 0.0  # misclassified: charged nothing (individual accounting)
@@ -293,11 +294,12 @@ def test_a_run_that_would_overspend_the_ledger_is_refused_before_any_charge():
     ledger = TrainingLedger.fresh(N, budget=0.01)
     config = GDConfig(clip=1.0, noise_multiplier=1.0, learning_rate=1.0, steps=10)  # 10 / 2 = 5 zCDP
     with pytest.raises(ValueError, match=r"needs 5 zCDP per user .* more than the ledger budget kappa=0.01"):
-        private_gd(LogisticRegression(), data, config=config, ledger=ledger, rng=np.random.default_rng(0))
+        private_gd(LogisticRegression(), data, config=config, ledger=ledger, rng=np.random.default_rng(0),
+                   normaliser=N)
     assert (ledger.used == 0).all()
     with pytest.raises(ValueError, match="same rows"):
         private_gd(LogisticRegression(), data, config=config, ledger=TrainingLedger.fresh(3, budget=9.0),
-                   rng=np.random.default_rng(0))
+                   rng=np.random.default_rng(0), normaliser=N)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -349,3 +351,49 @@ def test_training_ledger_refuses_repeated_or_mistyped_ids():
     view = TrainingLedger.from_ledger(Ledger(budget=1.0, id_type="string"), ["a", "b"])
     view.charge(np.array([1.0, 0.0]), noise_std=1.0)
     assert view.merged_ledger().used(["a", "b"])[0] > 0
+
+
+def test_the_update_divides_by_the_normaliser_so_a_row_without_budget_changes_no_iterate():
+    """Add/remove-one-user neighbours: the number of rows is private, so it must not enter the
+    update. A user with no budget left contributes nothing, and adding their row changes nothing."""
+    x, y = _data(13)
+    kappa, k = 0.05, 6
+    stopping = AccuracyStopping.with_reserve(first_step=k, rho=0.1 * kappa, queries=2, every=2)
+    config = GDConfig(clip=1.0, noise_multiplier=noise_multiplier_for(steps=k, rho=0.9 * kappa), learning_rate=2.0,
+                      steps=k, filtering=True)
+    runs = []
+    for rows in (N, N + 1):
+        ledger = TrainingLedger.fresh(rows, budget=kappa)
+        if rows > N:  # the added user spent everything in earlier releases
+            ledger.charge(np.r_[np.zeros(N), 1e6], noise_std=1.0, policy=Policy.CLIP)
+        extra_x, extra_y = np.vstack([x, 5.0 * np.ones((1, D))]), np.r_[y, 0]
+        data = prepare_data(extra_x[:rows], extra_y[:rows], n_classes=K)
+        grad_rng, query_rng = training_generators(7)
+        runs.append(private_gd(LogisticRegression(), data, config=config, ledger=ledger, rng=grad_rng,
+                               query_rng=query_rng, stopping=stopping, init_rng=np.random.default_rng(1),
+                               normaliser=100.0))
+    for name in runs[0].params:
+        np.testing.assert_allclose(runs[0].final_params[name], runs[1].final_params[name], rtol=1e-12, atol=1e-15)
+    assert [s for s, _ in runs[0].accuracy_queries] == [s for s, _ in runs[1].accuracy_queries] == [6, 8]
+    np.testing.assert_allclose([a for _, a in runs[0].accuracy_queries], [a for _, a in runs[1].accuracy_queries],
+                               rtol=1e-12)
+
+
+@pytest.mark.parametrize("normaliser", [0.0, -3.0, float("nan")])
+def test_a_normaliser_that_is_not_positive_is_refused_naming_it(normaliser):
+    x, y = _data(14)
+    config = GDConfig(clip=1.0, noise_multiplier=3.0, learning_rate=1.0, steps=2)
+    with pytest.raises(ValueError, match="normaliser must be"):
+        private_gd(LogisticRegression(), prepare_data(x, y, n_classes=K), config=config,
+                   ledger=TrainingLedger.fresh(N, budget=1.0), rng=np.random.default_rng(0), normaliser=normaliser)
+
+
+def test_the_noisy_count_charges_each_user_once_and_drops_users_without_budget():
+    ledger = TrainingLedger.fresh(5, budget=1.0)
+    ledger.charge(np.array([0.0, 0.0, 0.0, 0.0, 10.0]), noise_std=1.0, policy=Policy.CLIP)  # user 4 spends all
+    std = count_noise_std(0.02)
+    assert 1.0 / (2.0 * std**2) <= 0.02 and std == pytest.approx(5.0, rel=1e-7)  # sqrt(1 / (2 rho))
+    value = private_count(ledger, noise_std=std, rng=np.random.default_rng(3))
+    assert value == pytest.approx(4 + np.random.default_rng(3).normal(0.0, std))  # user 4 is left out
+    assert ledger.used[:4] == pytest.approx([1.0 / (2.0 * std**2)] * 4) and ledger.used[4] <= ledger.cap
+    assert normaliser_from_count(-7.5) == 1.0 and normaliser_from_count(250.5) == 250.5

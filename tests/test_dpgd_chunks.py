@@ -49,7 +49,7 @@ def _run(model, data, config, ledger, **kw):
 
     grad_rng, query_rng = training_generators(7)
     result = private_gd(model, data, config=config, ledger=ledger, rng=grad_rng, query_rng=query_rng,
-                        init_rng=np.random.default_rng(1), progress=keep, **kw)
+                        init_rng=np.random.default_rng(1), progress=keep, normaliser=data.n, **kw)
     return its, weights, result
 
 

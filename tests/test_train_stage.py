@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import re
+import shutil
+import subprocess
 import sys
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -18,7 +23,9 @@ from pipelines.curator_store import CuratorStore
 from pipelines.daily_job import JobConfig, run_job
 from pipelines.features import load_features, materialise_features
 from pipelines.train import TrainConfig, TrainRefused, run_train
+from stream.faults import CRASH_ENV
 from stream.ledger import Ledger
+from stream.noise import NoiseKey
 from stream.training.models import load_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::stream.noise.InsecureNoiseWarning")
@@ -201,3 +208,192 @@ def test_training_on_the_gpu_without_cupy_exits_1_naming_the_extra_and_touches_n
     assert code == 1
     assert "device='gpu' needs CuPy: pip install 'renyi-stream[gpu]'" in capsys.readouterr().err
     assert not (tmp_path / "l.duckdb").exists() and not (tmp_path / "m.npz").exists()
+
+
+# -- released once, no exact counts (issue 18, items 4 and 6) -------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+_TIMING = re.compile(r"\s+\d+\.\d s$")
+
+
+def _train_args(features, ledger, out, *extra: str) -> list[str]:
+    return ["train", "--features", str(features), "--ledger", str(ledger), "--epsilon", "1", "--delta", "1e-6",
+            "--out", str(out), "--steps", "4", "--stop-queries", "3", "--stop-every", "2", *extra]
+
+
+def _train_in_a_child(args: list[str], crash_at: str | None = None) -> subprocess.CompletedProcess:
+    """``renyi-stream <args>`` in a process of its own, SIGKILLed at ``crash_at`` when given."""
+    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    if crash_at is not None:
+        env[CRASH_ENV] = crash_at
+    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _progress(stderr: str) -> list[str]:
+    """The progress lines without their timings (the only thing a re-run may change)."""
+    return [_TIMING.sub("", line) for line in stderr.splitlines() if line.startswith("[train]")]
+
+
+def _crashed_before_commit(tmp_path):
+    """A training run on a new ledger, killed inside the ledger's transaction before COMMIT."""
+    features = _features(tmp_path, _write_days(tmp_path, users=80))
+    args = _train_args(features, tmp_path / "ledger.duckdb", tmp_path / "m.npz")
+    crashed = _train_in_a_child(args, crash_at="after_ledger_write")
+    assert crashed.returncode == -9, crashed.stderr[-2000:]
+    assert not (tmp_path / "m.npz").exists() and (tmp_path / "m.npz.tmp").exists()
+    return args, crashed
+
+
+def test_a_rerun_after_a_crash_before_the_ledger_commit_releases_the_same_model_and_values(tmp_path):
+    args, crashed = _crashed_before_commit(tmp_path)
+    db = duckdb.connect(str(tmp_path / "ledger.duckdb"), read_only=True)
+    try:  # the crash charged nobody: the first commit never happened, no ledger table or run yet
+        assert db.execute("SELECT count(*) FROM run_counts").fetchone() == (0,)
+        assert "ledger" not in {t for (t,) in db.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    finally:
+        db.close()
+    _, unreleased, unreleased_meta = load_model(tmp_path / "m.npz.tmp")  # what the killed run had computed
+    rerun = _train_in_a_child(args)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    _, params, meta = load_model(tmp_path / "m.npz")
+    for name in params:
+        np.testing.assert_array_equal(params[name], unreleased[name])  # the same noise, bit for bit
+    assert meta["privacy"] == unreleased_meta["privacy"]  # the same released noisy count
+    before_commit = _progress(crashed.stderr)
+    assert _progress(rerun.stderr)[:len(before_commit)] == before_commit  # the same lines printed
+    report = json.loads((tmp_path / "m.json").read_text())
+    assert report["ledger"]["run_id"] == 1 and report["privacy"]["insecure_seed"] is False
+
+
+def test_nothing_noisy_is_printed_before_the_ledger_commit(tmp_path):
+    args, crashed = _crashed_before_commit(tmp_path)
+    printed = crashed.stdout + crashed.stderr
+    assert "[train] step 8/8" in printed  # the run went through all its accuracy queries (4, 6, 8) ...
+    assert "accuracy" not in printed  # ... and printed none of them
+    _, _, meta = load_model(tmp_path / "m.npz.tmp")
+    assert f"{meta['privacy']['normaliser']:.1f}" not in printed  # nor the noisy user count
+    rerun = _train_in_a_child(args)  # after the commit, the re-run prints what it released
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert len(re.findall(r"\[train\] step \d+: noisy train accuracy -?\d\.\d{4}", rerun.stderr)) == 3
+    assert f"normaliser {meta['privacy']['normaliser']:.1f} (noisy user count" in rerun.stderr
+
+
+def test_a_second_training_run_after_a_commit_draws_fresh_noise(tmp_path):
+    features = _features(tmp_path, _write_days(tmp_path, users=80))
+    ledger = tmp_path / "ledger.duckdb"
+    with CuratorStore(ledger):  # the ledger's budget: each run below uses a third of it
+        pass
+    models = []
+    for name in ("a", "b"):
+        assert main(_train_args(features, ledger, tmp_path / f"{name}.npz", "--train-rho", "0.009")) == 0
+        models.append(load_model(tmp_path / f"{name}.npz")[1]["W"])
+    reports = [json.loads((tmp_path / f"{n}.json").read_text()) for n in ("a", "b")]
+    assert [r["ledger"]["run_id"] for r in reports] == [1, 2]
+    assert not np.allclose(models[0], models[1])  # same data and budgets: only the noise differs
+
+
+def _number_in(text: str, n: int) -> bool:
+    return re.search(rf"(?<![\d.]){n}(?!\d)|{n:,}", text) is not None
+
+
+@pytest.mark.parametrize("quiet", [True, False], ids=["quiet", "default"])
+def test_train_prints_no_exact_count_of_users(tmp_path, capsys, quiet):
+    features = _features(tmp_path, _write_days(tmp_path, users=300))
+    n = pq.read_metadata(features).num_rows
+    code = main(_train_args(features, tmp_path / "ledger.duckdb", tmp_path / "m.npz", *(["--quiet"] if quiet else [])))
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    printed = (captured.out + captured.err).replace(str(tmp_path), "<tmp>")
+    assert not _number_in(printed, n), printed  # the users trained on (and in the new ledger)
+    assert "run zCDP <=" in printed  # the summary was printed
+
+
+def _public_values(node):
+    """Every number in a report outside its ``curator_only`` part."""
+    if isinstance(node, dict):
+        return [v for k, child in node.items() if k != "curator_only" for v in _public_values(child)]
+    if isinstance(node, list):
+        return [v for child in node for v in _public_values(child)]
+    return [node] if isinstance(node, (int, float)) and not isinstance(node, bool) else []
+
+
+def test_the_training_report_keeps_exact_counts_in_its_curator_only_part(tmp_path):
+    paths = _write_days(tmp_path, users=300)
+    ledger = tmp_path / "ledger.duckdb"
+    run_job(JobConfig(inputs=tuple(paths[:4]), store=str(tmp_path / "releases.duckdb"), ledger=str(ledger),
+                      epsilon=1.0, delta=1e-6, norm_budget=3.0, start_window=W0, end_window=W0 + 3, n_shards=4))
+    features = _features(tmp_path, paths)
+    n, in_ledger = pq.read_metadata(features).num_rows, len(_used(ledger))
+    assert main(_train_args(features, ledger, tmp_path / "m.npz")) == 0
+    report = json.loads((tmp_path / "m.json").read_text())
+    public = _public_values(report) + _public_values(load_model(tmp_path / "m.npz")[2])
+    assert n not in public and in_ledger not in public and len(_used(ledger)) not in public
+    curator = report["curator_only"]
+    assert curator["training_rows"] == n and curator["ledger_users"] == len(_used(ledger))
+    assert curator["note"].startswith("SENSITIVE")
+
+
+def test_adding_a_user_without_budget_left_changes_no_model(tmp_path):
+    """The update divides by a noisy count of the users with budget, not by the number of rows:
+    a user the daily releases exhausted contributes to nothing, the normaliser included."""
+    paths = _write_days(tmp_path)
+    ledger = tmp_path / "ledger.duckdb"
+    run_job(JobConfig(inputs=tuple(paths[:4]), store=str(tmp_path / "releases.duckdb"), ledger=str(ledger),
+                      epsilon=1.0, delta=1e-6, norm_budget=3.0, start_window=W0, end_window=W0 + 3, n_shards=4))
+    with CuratorStore(ledger) as store:
+        kappa = store.parameters().rho
+    features = _features(tmp_path, paths)
+    table = pq.read_table(features)
+    spent = [u for u, v in _used(ledger).items() if v >= kappa * (1 - 1e-6)]
+    extra = next(u for u in table.column("user_id").to_pylist() if u in spent)
+    pq.write_table(table.filter(pa.compute.not_equal(table.column("user_id"), extra)), tmp_path / "without.parquet")
+    models = {}
+    for name, feats in (("with", features), ("without", tmp_path / "without.parquet")):
+        copy = tmp_path / name
+        copy.mkdir()
+        for f in ("ledger.duckdb", "ledger.noise.key"):
+            shutil.copy2(tmp_path / f, copy / f)
+        assert main(_train_args(feats, copy / "ledger.duckdb", copy / "m.npz", "--seed", "5")) == 0
+        models[name] = load_model(copy / "m.npz")
+    for key in models["with"][1]:
+        np.testing.assert_allclose(models["with"][1][key], models["without"][1][key], rtol=1e-12, atol=1e-15)
+    assert models["with"][2]["privacy"]["normaliser"] == models["without"][2]["privacy"]["normaliser"]
+
+
+def test_a_public_normaliser_is_what_the_update_divides_by_and_costs_nothing(tmp_path):
+    features = _features(tmp_path, _write_days(tmp_path, users=80))
+    summary = run_train(TrainConfig(features=str(features), ledger=str(tmp_path / "l.duckdb"), epsilon=1.0,
+                                    delta=1e-6, out=str(tmp_path / "m.npz"), steps=3, stopping=False,
+                                    normaliser=1000.0, seed=1))
+    privacy = json.loads((tmp_path / "m.json").read_text())["privacy"]
+    assert summary.normaliser == privacy["normaliser"] == 1000.0 and privacy["normaliser_kind"] == "public"
+    assert privacy["normaliser_rho"] == 0.0 and privacy["normaliser_noisy_count"] is None
+
+
+def test_training_on_a_ledger_refuses_another_noise_key_and_never_creates_one(tmp_path, capsys):
+    features = _features(tmp_path, _write_days(tmp_path, users=40))
+    ledger = tmp_path / "ledger.duckdb"
+    args = _train_args(features, ledger, tmp_path / "m.npz", "--train-rho", "0.01")
+    assert main(args) == 0
+    key = tmp_path / "ledger.noise.key"
+    before = _used(ledger)
+    key.rename(tmp_path / "elsewhere.key")
+    capsys.readouterr()
+    assert main(args) == 1
+    assert "argument --key: noise key file" in capsys.readouterr().err and not key.exists()
+    NoiseKey.load_or_create(key)  # another curator's key in its place
+    assert main(args) == 1
+    assert "the ledger's own key" in capsys.readouterr().err
+    assert _used(ledger) == before
+    assert main(args + ["--key", str(tmp_path / "elsewhere.key")]) == 0
+
+
+def test_the_noisy_count_and_the_accuracy_queries_must_leave_budget_for_the_steps():
+    base = {"features": "f", "ledger": "l", "epsilon": 1.0, "delta": 1e-6, "out": "m"}
+    with pytest.raises(ValueError, match="stop_fraction \\+ count_fraction must be < 1"):
+        TrainConfig(**base, stop_fraction=0.6, count_fraction=0.4)
+    with pytest.raises(ValueError, match="normaliser must be > 0, got normaliser=0"):
+        TrainConfig(**base, normaliser=0)
+    assert TrainConfig(**base, stop_fraction=0.6, count_fraction=0.4, normaliser=1e5).spent_fraction == 0.6

@@ -6,6 +6,8 @@
   individual filtering) in one implementation;
 * :mod:`~stream.training.budget`: the ledger as seen by a training run (arrays per row);
 * :mod:`~stream.training.stopping`: Appendix A's stopping rule with private accuracy queries;
+* :mod:`~stream.training.normaliser`: what the update divides by (public, or a noisy user count);
+* :mod:`~stream.training.keyed_noise`: a run's noise derived from the curator's key (released once);
 * :mod:`~stream.training.idx`: the MNIST IDX file format.
 
 NumPy on CPU, CuPy on GPU (``stream.xp``), one code path.

@@ -11,7 +11,10 @@ One step ``t`` of both algorithms, for a full batch of ``n`` examples (one per u
 3. charge user ``i`` ``||g~_t(x_i)||^2 / (2 (sigma C)^2)`` zCDP in the ledger (the Gaussian
    mechanism's individual cost; Proposition 5.2's proof), which never lets a user pass the
    ledger's budget;
-4. noise: ``g~_t = (sum_i g~_t(x_i) + N(0, sigma^2 C^2 I)) / n``; step ``theta -= eta g~_t``.
+4. noise: ``g~_t = (sum_i g~_t(x_i) + N(0, sigma^2 C^2 I)) / N``; step ``theta -= eta g~_t``.
+   ``N`` is a public normaliser (:mod:`stream.training.normaliser`), never the exact number of
+   users ``n``: under add/remove-one-user neighbours ``n`` is private. The paper's ``1 / n`` is
+   ``normaliser=n`` where ``n`` is public (its experiments: a fixed data set, replace-one).
 
 Units: ``C`` in gradient-norm units; ``sigma`` (``noise_multiplier``) dimensionless, the noise
 std per coordinate of the *sum* is ``sigma C``; budgets in zCDP ``rho`` (ledger units) or, for
@@ -50,6 +53,7 @@ from stream.ledger import Policy
 from stream.noise import InsecureNoiseWarning
 from stream.training.budget import TrainingLedger
 from stream.training.models import Model, Params, augmented_sq_norms
+from stream.training.normaliser import check_normaliser
 from stream.training.stopping import AccuracyStopping, private_accuracy
 from stream.xp import array_module
 
@@ -294,6 +298,7 @@ def private_gd(
     init_rng: np.random.Generator | None = None,
     chunk_rows: int | None = None,
     progress: Callable[[StepReport], None] | None = None,
+    normaliser: float,
 ) -> TrainResult:
     """Run Algorithm 6 or 7 on ``data`` (one row per user, in ``ledger``'s row order).
 
@@ -302,6 +307,11 @@ def private_gd(
         data: the full batch (:func:`prepare_data`), on the device the run uses.
         config: the algorithm and its hyperparameters (:class:`GDConfig`).
         ledger: the users' budgets; charged in place at every step and query.
+        normaliser: ``N`` > 0, what the noisy gradient sum is divided by (and the accuracy
+            queries' counts): a public constant or a released noisy count
+            (:mod:`stream.training.normaliser`), never the exact number of rows unless that is
+            public. The iterates depend on the rows only through the noisy sums and ``N``: a row
+            whose user contributes nothing (no budget left) changes nothing.
         rng: generator of the gradient noise (:func:`training_generators`).
         query_rng: generator of the accuracy queries' noise (default: spawned from ``rng``).
         stopping: Appendix A's rule; the run then ends at its last query and returns the best
@@ -332,6 +342,7 @@ def private_gd(
                          f"got max_steps={config.max_steps}")
     if chunk_rows is not None:
         _int_at_least("chunk_rows", chunk_rows, 1)
+    normaliser = check_normaliser(normaliser)
     total = stopping.last_step if stopping is not None else config.total_steps
     xp = array_module(data.x)
     params = _copy(init_params) if init_params is not None else model.init_params(
@@ -385,13 +396,13 @@ def private_gd(
             noise = xp.asarray(rng.standard_normal(p.shape) * noise_std, dtype=p.dtype)
             g = grads[k]
             g += noise
-            p -= (config.learning_rate / n) * g
+            p -= (config.learning_rate / normaliser) * g
 
         noisy_acc = None
         if stopping is not None and stopping.is_query_step(step):
             predictions = xp.argmax(model.logits(params, data.x), axis=1)
             noisy_acc = private_accuracy(predictions == data.labels, ledger, noise_std=stopping.noise_std,
-                                         rng=query_rng)
+                                         rng=query_rng, normaliser=normaliser)
             queries.append((step, noisy_acc))
             if best is None or noisy_acc > best[0]:
                 best = (noisy_acc, step, _copy(params))

@@ -98,17 +98,20 @@ class AccuracyStopping:
 
 
 def private_accuracy(correct: Any, ledger: TrainingLedger, *, noise_std: float,
-                     rng: np.random.Generator) -> float:
-    """One private training-accuracy query: ``(sum_i 1[correct_i] + N(0, s^2)) / n``.
+                     rng: np.random.Generator, normaliser: float) -> float:
+    """One private training-accuracy query: ``(sum_i 1[correct_i] + N(0, s^2)) / N``.
 
     ``correct`` is ``(n,)`` bool (or 0/1), one per training row. Each row's user is charged
     ``1 / (2 s^2)`` if correct (0 otherwise) under the ``drop`` policy (Algorithm 3): a user
-    without that much budget left contributes 0. ``n`` (the number of training rows) is public,
-    as in Algorithm 6's ``1/n``. The result is a noisy fraction and may fall outside [0, 1].
+    without that much budget left contributes 0. ``N`` (``normaliser``, > 0) is the run's public
+    normaliser (:mod:`stream.training.normaliser`), not the exact number of rows, which is
+    private under add/remove-one-user neighbours. The result is a noisy fraction and may fall
+    outside [0, 1].
     """
     noise_std = check.positive("noise_std", noise_std)
+    normaliser = check.positive("normaliser", normaliser)
     xp = array_module(correct)
     q = xp.asarray(correct, dtype=xp.float64)
     admitted = ledger.charge(q, noise_std=noise_std, policy=Policy.DROP)
     count = float((q * admitted).sum())
-    return (count + float(rng.normal(0.0, noise_std))) / q.shape[0]
+    return (count + float(rng.normal(0.0, noise_std))) / normaliser
