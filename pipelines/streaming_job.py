@@ -139,6 +139,7 @@ from pipelines.shard_state import PlannedQuery, QueryPlan
 from queries.linear import default_queries
 from stream.accounting import calibrate
 from stream.ledger import Ledger, Policy
+from stream.private_files import PrivateFileError
 from stream.schema import WINDOW_ID, SchemaError, WindowSpec, validate_batch
 
 UNDECODABLE = "undecodable_message"
@@ -689,7 +690,10 @@ def _read_snapshots(pattern: str, *, releases: str,
         raise dist.RunRefused(f"--previous-ledger {pattern!r} matches no file")
     root, window, files = _check_snapshot_paths(pattern, [m.path for m in result.metadata_list],
                                                 releases=releases, released=released)
-    tables = {shard: dist.read_parquet(path) for shard, path in sorted(files.items())}
+    try:
+        tables = {shard: dist.read_parquet(path) for shard, path in sorted(files.items())}
+    except PrivateFileError as exc:  # a snapshot others may read: the curator decides what leaked
+        raise dist.RunRefused(f"--previous-ledger {pattern!r}: {exc}") from None
     _check_every_shard(pattern, root, window, set(files), _recorded_shards(files, tables, window, pattern))
     return root, window, files, tables
 
