@@ -206,7 +206,7 @@ def _run_command(args: argparse.Namespace) -> int:
     print(f"run {summary.run_id}: released {len(summary.windows_released)} window(s), "
           f"{len(summary.windows_skipped)} already released; {summary.releases_published} new release rows")
     if args.quiet:  # DESIGN.md invariant 4: the exact counts stay in the ledger database
-        print(f"row totals {'balanced' if summary.balanced else 'MISMATCH'}; exact counts: the ledger's run_counts "
+        print(f"row totals [{'balanced' if summary.balanced else 'MISMATCH'}]; exact counts: the ledger's run_counts "
               f"(run_id {summary.run_id}), curator only")
         return 0 if summary.balanced else 1
     print(CURATOR_ONLY_NOTICE)

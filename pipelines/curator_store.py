@@ -92,12 +92,33 @@ class RunLock:
 
 def refuse_a_shared_ledger(path: str | os.PathLike) -> None:
     """CuratorStoreError naming the file and the fix (``chmod 600``) when the ledger database
-    or its write-ahead log exists and group/others may read or write it."""
+    or its write-ahead log exists and group/others may read or write it. A shared file that is
+    not a ledger at all (the public release store given as the ledger) is refused as such, so
+    that nobody is told to make a public file private."""
     try:
         refuse_if_shared(path, "the ledger")
         refuse_if_shared(f"{path}.wal", "the ledger's write-ahead log")
     except PrivateFileError as exc:
-        raise CuratorStoreError(str(exc)) from None
+        raise CuratorStoreError(_not_a_ledger(Path(path)) or str(exc)) from None
+
+
+def _not_a_ledger(path: Path) -> str | None:
+    """Why the DuckDB file ``path`` is not a ledger, read-only; None for a ledger (or a file
+    DuckDB cannot read: its own error comes when it is opened)."""
+    try:
+        with duckdb.connect(str(path), read_only=True) as db:
+            tables = {name for (name,) in db.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    except duckdb.Error:
+        return None
+    return _foreign_tables(path, tables)
+
+
+def _foreign_tables(path: Path, tables: set[str]) -> str | None:
+    if "store_meta" in tables or (tables and "meta" not in tables):
+        return (f"{path} is a DuckDB database but not a renyi-stream ledger (it has tables "
+                f"{sorted(tables)[:8]} and no ledger meta); refusing to use it"
+                + ("; it is a public release store: give the curator's ledger file" if "store_meta" in tables else ""))
+    return None
 
 
 def _alive(pid: int) -> bool:
@@ -198,12 +219,10 @@ class CuratorStore:
     def _create(self) -> None:
         db = self._db
         tables = {name for (name,) in db.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-        if "store_meta" in tables or (tables and "meta" not in tables):
+        foreign = _foreign_tables(self.path, tables)
+        if foreign:
             db.close()  # never write per-user budgets and dead letters into another file
-            raise CuratorStoreError(
-                f"{self.path} is a DuckDB database but not a renyi-stream ledger (it has tables "
-                f"{sorted(tables)[:8]} and no ledger meta); refusing to use it"
-                + ("; it is a public release store: give the curator's ledger file" if "store_meta" in tables else ""))
+            raise CuratorStoreError(foreign)
         db.execute("CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
         version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if version is not None and int(version[0]) > SCHEMA_VERSION:
