@@ -145,6 +145,16 @@ def test_the_library_refuses_a_ledger_readable_by_others(tmp_path):
         CuratorStore(path)
 
 
+def test_a_public_store_given_as_the_ledger_is_refused_as_a_store_not_told_to_chmod(tmp_path, umask_022, capsys):
+    assert _cli(_run_args(tmp_path, 0, ledger=tmp_path / "l.duckdb"), capsys)[0] == 0
+    store = tmp_path / "public" / "s.duckdb"  # 0644: public
+    argv = _run_args(tmp_path, 1, ledger=store)
+    argv[argv.index("--store") + 1] = str(tmp_path / "public" / "other.duckdb")
+    status, _, err = _cli(argv, capsys)
+    assert status != 0 and "public release store" in err and "chmod" not in err, err
+    assert _mode(store) == 0o644
+
+
 def test_privacy_report_refuses_a_ledger_readable_by_others(tmp_path, capsys):
     ledger = tmp_path / "l.duckdb"
     assert _cli(_run_args(tmp_path, 0, ledger=ledger), capsys)[0] == 0

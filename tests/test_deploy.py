@@ -647,3 +647,15 @@ def test_the_distributed_jobs_default_summary_says_its_counts_are_for_the_curato
     assert "curator only: exact counts, do not publish" in out
     assert out.index("curator only") < out.index("rows read")
     assert {250} <= _printed_numbers(out, str(tmp_path))  # the counts themselves, for the curator
+
+
+def test_the_flex_template_launcher_runs_the_job_quiet(monkeypatch):
+    """Dataflow's launcher log is Cloud Logging's, readable beyond the curator: no exact counts."""
+    import runpy
+
+    seen = []
+    monkeypatch.setattr(dist, "main", lambda argv: seen.append(list(argv)) or 0)
+    monkeypatch.setattr("sys.argv", ["main.py", "--input=gs://b/in/*.parquet", "--output=gs://c/o"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(ROOT / "deploy" / "dataflow" / "main.py"), run_name="__main__")
+    assert done.value.code == 0 and len(seen) == 1 and "--quiet" in seen[0]
