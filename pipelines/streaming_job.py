@@ -139,7 +139,7 @@ from pipelines.shard_state import PlannedQuery, QueryPlan
 from queries.linear import default_queries
 from stream.accounting import calibrate
 from stream.ledger import Ledger, Policy
-from stream.private_files import PrivateFileError
+from stream.private_files import PrivateFileError, private_dir
 from stream.schema import WINDOW_ID, SchemaError, WindowSpec, validate_batch
 
 UNDECODABLE = "undecodable_message"
@@ -915,6 +915,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.noise_key_secret and direct:  # no worker start-up on the DirectRunner: fetch here
         worker_key.materialise(args.noise_key_secret, key_path)
+    if "://" not in args.output:  # curator-only: 0700, tightened if it exists (snapshots are 0600)
+        private_dir(dist.absolute(args.output))
     result = p.run()
     if not direct:
         print(f"[streaming] submitted at {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}",

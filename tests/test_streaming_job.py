@@ -520,8 +520,10 @@ def test_the_streaming_jobs_snapshots_counts_and_dead_letters_are_0600_in_0700_f
     messages, _ = days
     garbage = tmp_path / "messages" / "garbage.arrows"
     garbage.write_bytes(b"not arrow at all")  # one dead letter, so that its file is written too
-    assert sj.main(_args(tmp_path, ["--replay", *messages, str(garbage)])) == 0
     curator = tmp_path / "curator"
+    curator.mkdir(mode=0o755)  # an --output folder left open by an older version
+    curator.chmod(0o755)
+    assert sj.main(_args(tmp_path, ["--replay", *messages, str(garbage)])) == 0
     assert {p.relative_to(curator).parts[0] for p in curator.rglob("*.parquet")} == {"ledger", "counts", "dead"}
     assert _not_private(curator) == {}
 
