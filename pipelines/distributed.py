@@ -802,8 +802,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     manifest = read_json(join(plan.output, COMMITTED))
     t = manifest["totals"]
     if args.quiet:  # DESIGN.md invariant 4: the exact counts stay in the curator's manifest
-        print(f"released {len(plan.schedule)} window(s); row totals [{'balanced' if manifest['balanced'] else 'MISMATCH'}]"
-              f"; exact counts: {join(plan.output, COMMITTED)}, curator only")
+        balanced = "balanced" if manifest["balanced"] else "MISMATCH"
+        print(f"released {len(plan.schedule)} window(s); row totals [{balanced}]; exact counts: "
+              f"{join(plan.output, COMMITTED)}, curator only")
         return 0 if manifest["balanced"] else 1
     print(CURATOR_ONLY_NOTICE)
     print(f"released {len(plan.schedule)} window(s); rows read {t['rows_read']:,} = admitted {t['admitted']:,} + "

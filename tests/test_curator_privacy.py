@@ -171,7 +171,8 @@ def test_curator_reports_written_from_the_ledger_are_private(tmp_path, umask_022
     assert main(["privacy-report", "--ledger", str(ledger), "--all", "--out", str(every)]) == 0
     assert main(["report", "--store", str(tmp_path / "public" / "s.duckdb"), "--ledger", str(ledger),
                  "--out", str(tmp_path / "curator.html")]) == 0
-    assert main(["report", "--store", str(tmp_path / "public" / "s.duckdb"), "--out", str(tmp_path / "public.html")]) == 0
+    public = ["report", "--store", str(tmp_path / "public" / "s.duckdb"), "--out", str(tmp_path / "public.html")]
+    assert main(public) == 0
     assert (_mode(every), _mode(tmp_path / "curator.html")) == (0o600, 0o600)
     assert _mode(tmp_path / "public.html") == 0o644  # the public report keeps the caller's umask
 
