@@ -24,6 +24,7 @@ from typing import Any, Sequence
 from pipelines.cli_queries import add_query_subcommands
 from pipelines.train import add_train_subcommand
 from stream.accounting import ACCOUNTINGS, calibrate, describe_accounting
+from stream.private_files import CURATOR_ONLY_NOTICE
 
 PROG = "renyi-stream"
 
@@ -204,6 +205,11 @@ def _run_command(args: argparse.Namespace) -> int:
         return 1
     print(f"run {summary.run_id}: released {len(summary.windows_released)} window(s), "
           f"{len(summary.windows_skipped)} already released; {summary.releases_published} new release rows")
+    if args.quiet:  # DESIGN.md invariant 4: the exact counts stay in the ledger database
+        print(f"row totals [{'balanced' if summary.balanced else 'MISMATCH'}]; exact counts: the ledger's run_counts "
+              f"(run_id {summary.run_id}), curator only")
+        return 0 if summary.balanced else 1
+    print(CURATOR_ONLY_NOTICE)
     print(f"rows read {summary.rows_read:,} = admitted {summary.admitted:,} + clipped {summary.clipped:,} + "
           f"dropped {summary.dropped:,} + rejected {summary.rejected:,} + late {summary.late:,}"
           f"  [{'balanced' if summary.balanced else 'MISMATCH'}]")
@@ -317,7 +323,8 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="with --release running: the factorisation of those running totals, sqrt "
                      "(square-root, default) or tree (binary tree with least squares)")
     run.add_argument("--runner", default="DirectRunner", help="Beam runner (default DirectRunner)")
-    run.add_argument("--quiet", action="store_true", help="no progress lines")
+    run.add_argument("--quiet", action="store_true",
+                     help="no progress lines, and no exact counts printed (they stay in the ledger)")
     run.set_defaults(handler=_run_command)
 
     sql = sub.add_parser(

@@ -163,8 +163,10 @@ def _privacy_report_command(args: argparse.Namespace) -> int:
     if args.all:
         import pyarrow.parquet as pq
 
-        try:
-            pq.write_table(table, args.out)
+        from stream.private_files import write_private
+
+        try:  # every user's spent budget: a curator file, 0600 whatever the umask
+            write_private(args.out, lambda handle: pq.write_table(table, handle), make_parents=False)
         except OSError as exc:  # --out in a missing folder, or a folder itself
             return _fail("privacy-report", f"--out: cannot write {args.out}: {exc}", 1)
         print(f"wrote {table.num_rows:,} users' privacy reports to {args.out} (curator only: never publish it)")

@@ -13,6 +13,10 @@ public release store (DESIGN.md invariant 4). One DuckDB file holds:
 
 A run commits everything in one transaction (:meth:`CuratorStore.commit_run`), so a crash
 leaves either the previous state or the new one, never a ledger without its releases.
+
+The file, its write-ahead log and the lock file are created ``0600`` (folders made for them
+``0700``) whatever the umask, and a ledger or log that group/others may read is refused before
+it is opened (:mod:`stream.private_files`, :func:`refuse_a_shared_ledger`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from queries.release_store import RELEASE_SCHEMA
 from stream.accounting.calibration import calibrate, resume
 from stream.faults import crash_point
 from stream.ledger import Ledger
+from stream.private_files import (PrivateFileError, make_private_dirs, private_umask, refuse_if_shared,
+                                  under_private_umask)
 
 SCHEMA_VERSION = 1
 
@@ -53,7 +59,7 @@ class RunLock:
         self._held = False
 
     def __enter__(self) -> "RunLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(self.path.parent)
         for _ in range(2):
             try:
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -82,6 +88,37 @@ class RunLock:
             return int(self.path.read_text().strip() or "0") or None
         except (OSError, ValueError):
             return None
+
+
+def refuse_a_shared_ledger(path: str | os.PathLike) -> None:
+    """CuratorStoreError naming the file and the fix (``chmod 600``) when the ledger database
+    or its write-ahead log exists and group/others may read or write it. A shared file that is
+    not a ledger at all (the public release store given as the ledger) is refused as such, so
+    that nobody is told to make a public file private."""
+    try:
+        refuse_if_shared(path, "the ledger")
+        refuse_if_shared(f"{path}.wal", "the ledger's write-ahead log")
+    except PrivateFileError as exc:
+        raise CuratorStoreError(_not_a_ledger(Path(path)) or str(exc)) from None
+
+
+def _not_a_ledger(path: Path) -> str | None:
+    """Why the DuckDB file ``path`` is not a ledger, read-only; None for a ledger (or a file
+    DuckDB cannot read: its own error comes when it is opened)."""
+    try:
+        with duckdb.connect(str(path), read_only=True) as db:
+            tables = {name for (name,) in db.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    except duckdb.Error:
+        return None
+    return _foreign_tables(path, tables)
+
+
+def _foreign_tables(path: Path, tables: set[str]) -> str | None:
+    if "store_meta" in tables or (tables and "meta" not in tables):
+        return (f"{path} is a DuckDB database but not a renyi-stream ledger (it has tables "
+                f"{sorted(tables)[:8]} and no ledger meta); refusing to use it"
+                + ("; it is a public release store: give the curator's ledger file" if "store_meta" in tables else ""))
+    return None
 
 
 def _alive(pid: int) -> bool:
@@ -143,11 +180,20 @@ def _derived_differences(existing: LedgerParameters, wanted: LedgerParameters) -
 
 
 class CuratorStore:
-    """The ledger database (DuckDB), opened read-write by one run at a time."""
+    """The ledger database (DuckDB), opened read-write by one run at a time.
+
+    Private whatever the umask: an existing file (or write-ahead log) that group/others may
+    read is refused; every step that may create the file or its log (DuckDB creates the log at
+    the first write after a checkpoint) runs under :func:`stream.private_files.private_umask`."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        refuse_a_shared_ledger(self.path)
+        make_private_dirs(self.path.parent)
+        with private_umask():
+            self._open()
+
+    def _open(self) -> None:
         try:
             self._db = duckdb.connect(str(self.path))
         except duckdb.IOException as exc:
@@ -159,7 +205,8 @@ class CuratorStore:
         self._create()
 
     def close(self) -> None:
-        self._db.close()
+        with private_umask():  # the closing checkpoint writes the file
+            self._db.close()
 
     def __enter__(self) -> "CuratorStore":
         return self
@@ -172,12 +219,10 @@ class CuratorStore:
     def _create(self) -> None:
         db = self._db
         tables = {name for (name,) in db.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-        if "store_meta" in tables or (tables and "meta" not in tables):
+        foreign = _foreign_tables(self.path, tables)
+        if foreign:
             db.close()  # never write per-user budgets and dead letters into another file
-            raise CuratorStoreError(
-                f"{self.path} is a DuckDB database but not a renyi-stream ledger (it has tables "
-                f"{sorted(tables)[:8]} and no ledger meta); refusing to use it"
-                + ("; it is a public release store: give the curator's ledger file" if "store_meta" in tables else ""))
+            raise CuratorStoreError(foreign)
         db.execute("CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)")
         version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if version is not None and int(version[0]) > SCHEMA_VERSION:
@@ -223,6 +268,7 @@ class CuratorStore:
             return None
         return _parameters_from_meta(rows)
 
+    @under_private_umask  # may create the write-ahead log
     def check_or_record_parameters(self, wanted: LedgerParameters) -> LedgerParameters:
         """Record ``wanted`` on a new ledger. On an existing one, refuse any difference in the
         promise, key, id type, shards or windows, and return the ledger's own parameters.
@@ -326,6 +372,7 @@ class CuratorStore:
 
     # -- writing --------------------------------------------------------------------------------
 
+    @under_private_umask  # may create the write-ahead log
     def commit_run(
         self,
         *,
@@ -423,6 +470,7 @@ class CuratorStore:
         db.execute("DELETE FROM running_meta")
         db.executemany("INSERT INTO running_meta VALUES (?, ?)", metas)
 
+    @under_private_umask  # may create the write-ahead log
     def mark_published(self, releases: pa.Table) -> None:
         db = self._db
         db.register("published", releases.select(["query_id", "window_id", "coordinate"]))

@@ -40,6 +40,7 @@ from stream.accounting import calibrate
 from stream.columns import KEY_COLUMNS, InputColumns, declared_kind, default_columns, input_columns
 from stream.ledger import Ledger, Policy
 from stream.noise import NoiseKey
+from stream.private_files import CURATOR_ONLY_NOTICE, private_umask
 from stream.schema import USER_ID, WindowSpec
 
 DEFAULT_SHARDS = 16
@@ -168,9 +169,11 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
         categories = sorted({c for e in plan.entries if getattr(e.query, "categorical", False)
                              for c in e.query.columns_needed})
         _refuse_gaps_in_running_queries(plan, previous_running, to_release)
+        say(f"[run] {CURATOR_ONLY_NOTICE}")
         say(f"[run] run {run_id}: {len(config.inputs)} input file(s), {len(to_release)} window(s) to release, "
             f"{len(skipped)} already released, {previous.num_rows:,} users in the ledger")
-        with tempfile.TemporaryDirectory(prefix="renyi-run-") as scratch:
+        # The scratch folder is 0700; its files (the previous ledger, dead letters) are 0600 too.
+        with tempfile.TemporaryDirectory(prefix="renyi-run-") as scratch, private_umask():
             outputs = _run_pipeline(config, params, plan, columns, released, to_release, previous,
                                     previous_running, curator.load_running_releases(), scratch, say, categories)
             counts = _totals(outputs)

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from pipelines.daily_job import JobConfig, run_job
 from stream.accounting import ACCOUNTINGS, calibrate
 from stream.ledger import Policy
+from stream.private_files import private_dir
 
 INDICATORS = ("opened_app", "changed_plan", "filed_complaint")
 START_DAY = dt.date(2026, 1, 1)
@@ -131,6 +132,7 @@ def run_demo(config: DemoConfig, progress: TextIO | None = None) -> DemoSummary:
     started = time.perf_counter()
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    private_dir(out / "curator")  # the ledger and key: 0700 even when an older demo left it open
     for stale in ("releases.duckdb", "curator/ledger.duckdb"):  # a demo always starts afresh
         for suffix in ("", ".wal"):
             (out / (stale + suffix)).unlink(missing_ok=True)
@@ -230,6 +232,8 @@ def _print_summary(config: DemoConfig, s: DemoSummary, cal, out: Path, chart: Pa
           f"(DirectRunner), indicators {', '.join(INDICATORS)}")
     print(f"promise: ({cal.epsilon:g}, {cal.delta:g})-DP per user over all {config.days} days; accounting "
           f"{cal.accounting}; squared-norm budget B = {cal.norm_budget:g}; noise std {cal.noise_std:.2f}")
+    print("curator only: exact counts, of synthetic data here (renyi-stream run prints them only without "
+          "--quiet; never publish them)")
     print(f"rows read {s.rows_read:,} = admitted {s.admitted:,} + clipped {s.clipped:,} + dropped {s.dropped:,} "
           f"+ rejected {s.rejected:,} + late {s.late:,}  [{'balanced' if s.balanced else 'MISMATCH'}]")
     print()

@@ -33,6 +33,14 @@ What a run reads and writes:
   that takes every other output as a side input, so it exists only once all of them are
   complete. The next day's ``--previous-ledger`` is this ``--output``.
 
+Curator files are private (:mod:`stream.private_files`). For a local ``--output`` the launcher
+makes the folder ``0700`` (tightening an existing one) before anything is written, manifests
+are written ``0600`` from creation, and the commit step sets every file Beam's sinks wrote under
+it to ``0600`` (folders ``0700``) before it writes ``_COMMITTED.json``; a local previous run's
+manifest or ledger file that group/others may read is refused. ``gs://`` and ``s3://`` outputs
+are as private as the bucket's IAM policy makes them: give the curator's outputs a bucket no
+analyst can read. With ``--quiet`` nothing printed carries an exact count.
+
 The graph is the daily job's: :class:`~pipelines.transforms.ReadIndicators`, the stateful
 :class:`~pipelines.transforms.IndividualFilterDoFn` keyed by user shard in the global window,
 :class:`~pipelines.transforms.ReleaseWindows` (keyed noise) and
@@ -95,6 +103,8 @@ from stream.accounting import Calibration, calibrate, resume
 from stream.columns import default_columns
 from stream.ledger import STATUS_NAMES, Ledger, Policy
 from stream.noise import NoiseKey
+from stream.private_files import (CURATOR_ONLY_NOTICE, private_dir, refuse_if_shared, tighten_tree,
+                                  write_private, write_private_bytes)
 from stream.schema import USER_ID, WindowSpec
 
 MANIFEST_VERSION = 1
@@ -137,27 +147,28 @@ def absolute(path: str) -> str:
 
 
 def read_json(path: str) -> dict:
+    _refuse_if_shared(path, "the curator manifest")
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
         return json.loads(handle.read().decode("utf-8"))
 
 
 def write_json(path: str, value: dict) -> None:
-    """Write ``value`` whole or not at all: a local file is renamed into place; an object store
-    (GCS, S3) makes an object visible only when its upload completes."""
+    """Write ``value`` whole or not at all: a local file is renamed into place (mode ``0600`` from
+    creation: a manifest is a curator file); an object store (GCS, S3) makes an object visible
+    only when its upload completes."""
     data = json.dumps(value, indent=2, sort_keys=True).encode("utf-8")
     if _is_uri(path):
         with FileSystems.create(path, mime_type="application/json",
                                 compression_type=CompressionTypes.UNCOMPRESSED) as handle:
             handle.write(data)
         return
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-    scratch.write_bytes(data)
-    os.replace(scratch, target)
+    write_private_bytes(path, data)  # 0600 from creation, renamed into place
 
 
 def read_parquet(path: str) -> pa.Table:
+    """A curator Parquet file (ledger snapshot, staged releases); a local one that group/others
+    may read is refused (:class:`stream.private_files.PrivateFileError`)."""
+    _refuse_if_shared(path, "the curator file")
     if _is_uri(path):
         import pyarrow.fs as pafs
 
@@ -168,15 +179,24 @@ def read_parquet(path: str) -> pa.Table:
 
 def write_parquet(path: str, table: pa.Table) -> None:
     """Write ``table`` to ``path`` whole or not at all (a scratch name, then a rename; an object
-    store publishes an object only when its upload completes)."""
+    store publishes an object only when its upload completes). A local file is a curator file:
+    ``0600`` from creation, in folders created ``0700``."""
     import pyarrow.fs as pafs
 
-    fs, inner = pafs.FileSystem.from_uri(path) if _is_uri(path) else (pafs.LocalFileSystem(), os.path.abspath(path))
+    if not _is_uri(path):
+        write_private(os.path.abspath(path), lambda handle: pq.write_table(table, handle))
+        return
+    fs, inner = pafs.FileSystem.from_uri(path)
     folder = inner.rsplit("/", 1)[0]
     fs.create_dir(folder, recursive=True)
     scratch = f"{folder}/.{uuid.uuid4().hex}.tmp"
     pq.write_table(table, scratch, filesystem=fs)
     fs.move(scratch, inner)
+
+
+def _refuse_if_shared(path: str, what: str) -> None:
+    if not _is_uri(path):  # an object store's permissions are its IAM policy's
+        refuse_if_shared(path, what)
 
 
 def resolve_inputs(patterns: Sequence[str]) -> list[dict]:
@@ -442,6 +462,8 @@ def prepare(args: argparse.Namespace) -> RunPlan:
         check_lineage(absolute(args.releases_parquet), previous, manifest)
         processed = set(manifest["processed_windows"])
         ledger_files = list(manifest["ledger_files"])
+        for path in ledger_files:  # read by the workers: refused here, before anything runs
+            _refuse_if_shared(path, "the previous ledger file")
         users = int(manifest["users"])
         query_first = {q: int(w) for q, w in manifest["queries"].items()}
         columns = list(manifest["columns"])
@@ -507,6 +529,11 @@ def _check_releases_and_output(plan: RunPlan, processed: set[int]) -> None:
 
 
 def write_intent(plan: RunPlan) -> None:
+    """Write the run's ``_INTENT.json``; a local ``--output`` is made a ``0700`` folder first (an
+    existing one tightened: it holds only this run's curator files), so that what Beam's sinks
+    write under it is private before the commit step tightens each file."""
+    if not _is_uri(plan.output):
+        private_dir(plan.output)
     path = join(plan.output, INTENT)
     if not FileSystems.exists(path):
         write_json(path, plan.intent())
@@ -670,6 +697,8 @@ class CommitRun(beam.DoFn):
                 raise RuntimeError(f"{target} was committed by attempt {existing.get('attempt')}, not this one "
                                    f"({manifest['attempt']}): two jobs wrote one --output")
         else:
+            if not _is_uri(self._output):  # Beam's sinks wrote with the worker's umask
+                tighten_tree(self._output)
             crash_point("distributed_before_commit")  # test-only: everything written but the manifest
             write_json(target, manifest)
         crash_point("distributed_before_promote")  # test-only: committed, releases still staged
@@ -782,6 +811,7 @@ def _parser() -> argparse.ArgumentParser:
     arg("--output", required=True, help="this run's curator-only output root (ledger snapshot, counts, dead letters)")
     arg("--columns", help="indicator columns to answer, comma-separated (first run; default: every numeric one)")
     arg("--wait", action="store_true", help="wait for the job and print its totals (always on the DirectRunner)")
+    arg("--quiet", action="store_true", help="print no exact counts (they stay in the curator's --output)")
     return parser
 
 
@@ -824,9 +854,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"[distributed] published {len(caught_up)} window(s) the previous run committed but had not "
                   f"published: {caught_up[:5]}", file=sys.stderr)
     write_intent(plan)
+    if not args.quiet:
+        print(f"[distributed] {CURATOR_ONLY_NOTICE}", file=sys.stderr)
+    users = "" if args.quiet else f"{plan.previous_users:,} users in the previous ledger, "
     print(f"[distributed] attempt {plan.attempt}: {len(plan.inputs)} input file(s), windows {list(plan.schedule)[:3]}"
-          f"{'...' if len(plan.schedule) > 3 else ''} ({len(plan.schedule)} to release), {plan.previous_users:,} users "
-          f"in the previous ledger, {plan.n_shards} shards", file=sys.stderr)
+          f"{'...' if len(plan.schedule) > 3 else ''} ({len(plan.schedule)} to release), {users}"
+          f"{plan.n_shards} shards", file=sys.stderr)
     p = beam.Pipeline(runner=batch_runner(options), options=options)
     build(p, plan)
     result = p.run()
@@ -837,6 +870,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     result.wait_until_finish()
     manifest = read_json(join(plan.output, COMMITTED))
     t = manifest["totals"]
+    if args.quiet:  # DESIGN.md invariant 4: the exact counts stay in the curator's manifest
+        balanced = "balanced" if manifest["balanced"] else "MISMATCH"
+        print(f"released {len(plan.schedule)} window(s); row totals [{balanced}]; exact counts: "
+              f"{join(plan.output, COMMITTED)}, curator only")
+        return 0 if manifest["balanced"] else 1
+    print(CURATOR_ONLY_NOTICE)
     print(f"released {len(plan.schedule)} window(s); rows read {t['rows_read']:,} = admitted {t['admitted']:,} + "
           f"clipped {t['clipped']:,} + dropped {t['dropped']:,} + rejected {t['rejected']:,} + late {t['late']:,}  "
           f"[{'balanced' if manifest['balanced'] else 'MISMATCH'}]; ledger: {manifest['users']:,} users "

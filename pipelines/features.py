@@ -15,7 +15,9 @@ daily job would reject are left out here too, and counted):
 A user is a training row when they have at least one valid row in the feature window. A
 repeated ``(user, day)`` across files keeps its first occurrence (the daily job would reject the
 later one). The output is sensitive (it is the users' data): it stays on the curator side, next
-to the ledger. Parquet columns: ``user_id``, the features in a fixed order, ``label`` (int64);
+to the ledger: the file is written ``0600`` (folders made for it ``0700``) whatever the umask,
+and :func:`load_features` refuses one that group/others may read (:mod:`stream.private_files`).
+Parquet columns: ``user_id``, the features in a fixed order, ``label`` (int64);
 the schema metadata records the windows and the source columns.
 """
 
@@ -34,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.readers import read_batches
+from stream.private_files import refuse_if_shared, write_private
 from stream.schema import DAY, EVENT_TIME, USER_ID, WINDOW_ID, WindowSpec, validate_batch
 
 LABEL = "label"
@@ -154,8 +157,8 @@ def materialise_features(
         }),
     }
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table.replace_schema_metadata(meta), out)
+    table = table.replace_schema_metadata(meta)
+    write_private(out, lambda handle: pq.write_table(table, handle))
     labels = table.column(LABEL).to_numpy()
     return FeatureSummary(path=out, users=table.num_rows, positives=int(labels.sum()),
                           feature_columns=tuple(feature_names), rows_read=rows_read, rows_rejected=rejected)
@@ -178,12 +181,14 @@ def load_features(path: str | os.PathLike, *, label_column: str = LABEL,
     """Read a features Parquet file (``user_id``, numeric features, integer ``label``).
 
     ``feature_columns`` defaults to the list recorded by :func:`materialise_features`, else every
-    numeric column other than ``user_id`` and the label. Refuses nulls, non-finite features,
+    numeric column other than ``user_id`` and the label. Refuses a file that group/others may
+    read (naming it and the fix, ``chmod 600``: it holds the users' data), nulls, non-finite features,
     repeated user ids and labels that are not non-negative integers, naming the column.
     """
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"features file {path} does not exist")
+    refuse_if_shared(path, "features file")
     try:
         table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as exc:

@@ -139,6 +139,7 @@ from pipelines.shard_state import PlannedQuery, QueryPlan
 from queries.linear import default_queries
 from stream.accounting import calibrate
 from stream.ledger import Ledger, Policy
+from stream.private_files import PrivateFileError, private_dir
 from stream.schema import WINDOW_ID, SchemaError, WindowSpec, validate_batch
 
 UNDECODABLE = "undecodable_message"
@@ -699,7 +700,10 @@ def _read_snapshots(pattern: str, *, releases: str,
         raise dist.RunRefused(f"--previous-ledger {pattern!r} matches no file")
     root, window, files = _check_snapshot_paths(pattern, [m.path for m in result.metadata_list],
                                                 releases=releases, released=released)
-    tables = {shard: dist.read_parquet(path) for shard, path in sorted(files.items())}
+    try:
+        tables = {shard: dist.read_parquet(path) for shard, path in sorted(files.items())}
+    except PrivateFileError as exc:  # a snapshot others may read: the curator decides what leaked
+        raise dist.RunRefused(f"--previous-ledger {pattern!r}: {exc}") from None
     _check_every_shard(pattern, root, window, set(files), _recorded_shards(files, tables, window, pattern))
     return root, window, files, tables
 
@@ -954,6 +958,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.noise_key_secret and direct:  # no worker start-up on the DirectRunner: fetch here
         worker_key.materialise(args.noise_key_secret, key_path)
+    if "://" not in args.output:  # curator-only: 0700, tightened if it exists (snapshots are 0600)
+        private_dir(dist.absolute(args.output))
     result = p.run()
     if not direct:
         print(f"[streaming] submitted at {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}",

@@ -24,7 +24,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from pipelines.curator_store import CuratorStoreError, LedgerParameters, _parameters_from_meta
+from pipelines.curator_store import CuratorStoreError, LedgerParameters, _parameters_from_meta, refuse_a_shared_ledger
 from stream.accounting import epsilon_for_budget
 from stream.ledger import Ledger
 
@@ -50,6 +50,7 @@ def load_ledger(path: str | os.PathLike, *, user: Any = None) -> tuple[LedgerPar
     path = Path(path)
     if not path.exists():
         raise CuratorStoreError(f"the ledger {path} does not exist")
+    refuse_a_shared_ledger(path)
     try:
         db = duckdb.connect(str(path), read_only=True)
     except duckdb.Error as exc:

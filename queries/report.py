@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from queries.release_store import ReleaseStore
+from stream.private_files import write_private_bytes
 
 _Z95 = 1.959963984540054
 _MAX_LEGEND = 12  # a histogram with more coordinates gets no legend (the lines say enough)
@@ -43,7 +44,8 @@ def render_report(store: str | os.PathLike, out: str | os.PathLike, *,
 
     Public variant (``ledger`` None): reads only the release store (opened read-only), one
     chart per released query, in query id order. With ``ledger``, the curator variant: the
-    same, then the budget and filtering charts from the ledger (opened read-only).
+    same, then the budget and filtering charts from the ledger (opened read-only), written
+    ``0600`` whatever the umask (:mod:`stream.private_files`).
     """
     with ReleaseStore(store, read_only=True) as release_store:
         releases = release_store.read()
@@ -60,7 +62,10 @@ def render_report(store: str | os.PathLike, out: str | os.PathLike, *,
             f"<p>{releases.num_rows:,} released numbers for {count}.</p>"
             + "".join(sections) + curator + "</body></html>")
     path = Path(out)
-    path.write_text(page, encoding="utf-8")
+    if ledger is not None:  # the curator variant is a curator file: 0600 whatever the umask
+        write_private_bytes(path, page.encode("utf-8"), make_parents=False)
+    else:
+        path.write_text(page, encoding="utf-8")
     return path
 
 

@@ -676,3 +676,93 @@ def test_local_parquet_releases_left_pending_by_a_crash_are_written_by_the_next_
     in_files = duckdb.sql(f"SELECT query_id, coordinate, value FROM read_parquet('{parquet}/*/*.parquet', "
                           "hive_partitioning = true) ORDER BY 1, 2").fetchall()
     assert in_files == in_store and in_store
+
+
+# --- curator files are private; exact counts stay with the curator (issue 18, items 5 and 6) ----------
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _not_private(root: Path) -> dict[str, str]:
+    """What under ``root`` (itself included) is not 0700 (folders) or 0600 (files), with its mode."""
+    paths = [root, *root.rglob("*")]
+    return {str(p.relative_to(root)): f"{stat.S_IMODE(p.stat().st_mode):04o}" for p in paths
+            if stat.S_IMODE(p.stat().st_mode) != (0o700 if p.is_dir() else 0o600)}
+
+
+def test_the_distributed_jobs_local_output_is_0600_in_0700_folders_under_umask_022(tmp_path, two_days, umask_022):
+    run1, run2 = tmp_path / "curator" / "run1", tmp_path / "curator" / "run2"
+    assert dist.main(_args(tmp_path, two_days[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
+    assert dist.main(_args(tmp_path, two_days[1:2], "2026-03-02", "2026-03-02", str(run1), run2)) == 0
+    written = {p.relative_to(run2).parts[0] for p in run2.rglob("*") if p.is_file()}
+    assert {dist.INTENT, dist.COMMITTED, "ledger", "counts", "dead", "read", "staged-releases"} <= written
+    assert _not_private(tmp_path / "curator") == {}
+    public = list((tmp_path / "public").rglob("*.parquet"))
+    assert public and {stat.S_IMODE(p.stat().st_mode) for p in public} == {0o644}  # not curator files
+
+
+@pytest.mark.parametrize("which", ["manifest", "ledger file"])
+def test_a_previous_run_readable_by_others_is_refused_naming_the_file(tmp_path, two_days, capsys, which):
+    run1, run2 = tmp_path / "curator" / "run1", tmp_path / "curator" / "run2"
+    assert dist.main(_args(tmp_path, two_days[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
+    manifest = json.loads((run1 / dist.COMMITTED).read_text())
+    loose = run1 / dist.COMMITTED if which == "manifest" else Path(manifest["ledger_files"][0])
+    os.chmod(loose, 0o644)
+    capsys.readouterr()
+    assert dist.main(_args(tmp_path, two_days[1:2], "2026-03-02", "2026-03-02", str(run1), run2)) == 2
+    err = capsys.readouterr().err
+    assert "refused" in err and str(loose) in err and "mode 0644" in err and f"chmod 600 {loose}" in err, err
+    assert not run2.exists()
+
+
+def _distributed_counts(output: Path) -> set[int]:
+    """The run's nonzero exact totals and its users, as its curator manifest holds them."""
+    manifest = json.loads((output / dist.COMMITTED).read_text())
+    return {int(v) for v in (*manifest["totals"].values(), manifest["users"], manifest["previous_users"]) if v}
+
+
+def _printed_numbers(text: str, *private: str) -> set[int]:
+    """The integers printed, outside the given paths and the attempt's hex id."""
+    for item in private:
+        text = text.replace(item, "X")
+    text = re.sub(r"attempt [0-9a-f]+", "attempt X", text).replace(",", "")
+    return {int(n) for n in re.findall(r"\d+", text)}
+
+
+def test_the_distributed_jobs_quiet_mode_prints_no_exact_count(tmp_path, two_days, capsys):
+    run1, run2 = tmp_path / "curator" / "run1", tmp_path / "curator" / "run2"
+    assert dist.main(_args(tmp_path, two_days[:1], "2026-03-01", "2026-03-01", "none", run1, "--quiet")) == 0
+    assert dist.main(_args(tmp_path, two_days[1:2], "2026-03-02", "2026-03-02", str(run1), run2, "--quiet")) == 0
+    captured = capsys.readouterr()
+    counts = _distributed_counts(run1) | _distributed_counts(run2)
+    assert min(counts) > 1 and 250 in counts  # rows read; every count distinct from the public 0 and 1
+    assert _printed_numbers(captured.out + captured.err, str(tmp_path)) & counts == set(), captured
+    assert "balanced" in captured.out
+
+
+def test_the_distributed_jobs_default_summary_says_its_counts_are_for_the_curator_only(tmp_path, two_days, capsys):
+    run1 = tmp_path / "curator" / "run1"
+    assert dist.main(_args(tmp_path, two_days[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
+    out = capsys.readouterr().out
+    assert "curator only: exact counts, do not publish" in out
+    assert out.index("curator only") < out.index("rows read")
+    assert {250} <= _printed_numbers(out, str(tmp_path))  # the counts themselves, for the curator
+
+
+def test_the_flex_template_launcher_runs_the_job_quiet(monkeypatch):
+    """Dataflow's launcher log is Cloud Logging's, readable beyond the curator: no exact counts."""
+    import runpy
+
+    seen = []
+    monkeypatch.setattr(dist, "main", lambda argv: seen.append(list(argv)) or 0)
+    monkeypatch.setattr("sys.argv", ["main.py", "--input=gs://b/in/*.parquet", "--output=gs://c/o"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(ROOT / "deploy" / "dataflow" / "main.py"), run_name="__main__")
+    assert done.value.code == 0 and len(seen) == 1 and "--quiet" in seen[0]

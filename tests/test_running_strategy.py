@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import shutil
 
 import duckdb
 import numpy as np
@@ -274,9 +275,8 @@ def test_a_rerun_of_a_tree_running_query_is_identical(tree_run):
 
 def test_a_stored_state_that_disagrees_with_the_registered_strategy_is_refused(tree_run, capsys):
     tmp_path, _, paths = tree_run
-    for suffix in ("releases", "ledger"):
-        src = tmp_path / f"one.{suffix}.duckdb"
-        (tmp_path / f"swap.{suffix}.duckdb").write_bytes(src.read_bytes())
+    for suffix in ("releases", "ledger"):  # copies keep their modes: a ledger is refused unless 0600
+        shutil.copy(tmp_path / f"one.{suffix}.duckdb", tmp_path / f"swap.{suffix}.duckdb")
     store = str(tmp_path / "swap.releases.duckdb")
     db = duckdb.connect(store)
     try:  # the registry now says sqrt, while the ledger's history was made by the tree

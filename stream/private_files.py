@@ -1,0 +1,196 @@
+"""Curator files are private: created ``0600`` in ``0700`` folders, refused when others can read them.
+
+The curator's files hold what DESIGN.md's invariant 4 keeps from everyone else: per-user used
+budgets and trackers (the ledger database and its snapshots), running-query histories, exact
+row counts, raw dead-letter rows and one row of features per user. They are as sensitive as the
+noise key (:class:`stream.noise.NoiseKey`), and are handled the same way, whatever the umask:
+
+* a curator file is created with mode ``0600`` from its first byte (``O_CREAT | O_EXCL`` with
+  that mode, then written and renamed into place: :func:`write_private`); a library that
+  creates its own files (DuckDB, its write-ahead log included) runs under
+  :func:`private_umask`; files written by someone else's code (Beam's Parquet sinks) are
+  tightened by :func:`tighten_tree` before the run commits;
+* a folder created for curator files is ``0700`` (:func:`make_private_dirs`, each missing
+  level, ``chmod``-ed so that the umask cannot loosen it). A folder that is the curator's own by
+  contract (a distributed run's ``--output``, the demo's ``curator/``) is tightened to ``0700``
+  when it already exists (:func:`private_dir`): it holds nothing but curator files, so nobody
+  loses access they should have, and a re-run must not be refused for a folder an older version
+  made. A folder merely *named* by a path (the ledger's folder, the working directory, a home
+  directory) is left as it is: it may be shared, and the files in it are private;
+* an existing curator file with any group/other permission bit (``mode & 0o077``) is refused
+  before it is opened (:func:`refuse_if_shared`), naming the file and the fix, as a loose key
+  is: it may already have been read, which only the curator can judge, so it is never silently
+  tightened.
+
+Only local paths are covered. For ``gs://`` and ``s3://`` object permissions are the bucket's
+IAM policy, which this module cannot see or set: give curator outputs a bucket (or prefix) that
+only the curator's service accounts can read.
+
+The public release store (``releases.duckdb``) and public release Parquet files are not
+curator files: they keep the caller's umask.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import stat
+import threading
+import uuid
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Iterator, TypeVar
+
+T = TypeVar("T")
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_DIR_MODE = 0o700
+#: What a summary that carries exact counts says first (DESIGN.md invariant 4).
+CURATOR_ONLY_NOTICE = "curator only: exact counts, do not publish (--quiet prints none)"
+
+
+class PrivateFileError(ValueError):
+    """A curator file (or folder) that group or others may read or write."""
+
+
+def refuse_if_shared(path: str | os.PathLike, what: str) -> None:
+    """Raise :class:`PrivateFileError` when ``path`` exists and has any group/other permission
+    bit; a missing path passes (it will be created private). ``what`` names the file for the
+    message (``"the ledger"``), which opens with it, gives the mode and the fix
+    (``chmod 600 PATH``)."""
+    path = Path(path)
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & 0o077:
+        fix = "700" if stat.S_ISDIR(info.st_mode) else "600"
+        raise PrivateFileError(
+            f"{what} {path} is accessible to group/others (mode {mode:04o}), but it holds curator-only data "
+            f"(per-user budgets, counts, dead letters): run 'chmod {fix} {path}', and check who may have read it")
+
+
+def make_private_dirs(path: str | os.PathLike) -> Path:
+    """Create the folder ``path`` and every missing parent with mode ``0700`` (``chmod``-ed after
+    ``mkdir``, so the umask cannot loosen them). Folders that already exist are left as they are
+    (see the module docstring). Returns ``path``."""
+    path = Path(path)
+    missing = []
+    probe = path
+    while not probe.exists():
+        missing.append(probe)
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=PRIVATE_DIR_MODE)
+        except FileExistsError:  # a concurrent creator: tighten it all the same, it is new
+            pass
+        os.chmod(folder, PRIVATE_DIR_MODE)
+    return path
+
+
+def private_dir(path: str | os.PathLike) -> Path:
+    """A folder that holds only curator files: created as :func:`make_private_dirs` does, and
+    ``chmod 0700`` when it already exists. Returns ``path``."""
+    path = make_private_dirs(path)
+    os.chmod(path, PRIVATE_DIR_MODE)
+    return path
+
+
+def write_private(path: str | os.PathLike, write: Callable[[BinaryIO], None], *, make_parents: bool = True) -> Path:
+    """Write the file ``path`` whole or not at all, mode ``0600`` from its creation.
+
+    ``write`` gets a binary file object to write to (``lambda f: pq.write_table(table, f)``).
+    The bytes go to a scratch file beside ``path``, created ``O_CREAT | O_EXCL`` with mode
+    ``0600``, flushed and fsynced, then renamed over ``path``; missing parent folders are
+    created ``0700`` (with ``make_parents=False`` a missing folder is an OSError, as for
+    ``open``). A crash leaves the old file (or none) and at worst a private scratch file; any
+    error removes the scratch file and is raised.
+    """
+    path = Path(path)
+    if make_parents:
+        make_private_dirs(path.parent)
+    scratch = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
+    try:
+        try:
+            os.fchmod(fd, PRIVATE_FILE_MODE)  # a umask such as 0o277 would leave it unwritable
+            with os.fdopen(fd, "wb", closefd=False) as handle:
+                write(handle)
+            os.fsync(fd)  # durable before it is renamed into place
+        finally:
+            os.close(fd)
+        os.replace(scratch, path)
+    except BaseException:
+        scratch.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_private_bytes(path: str | os.PathLike, data: bytes, *, make_parents: bool = True) -> Path:
+    """:func:`write_private` of ``data``."""
+    return write_private(path, lambda handle: handle.write(data), make_parents=make_parents)
+
+
+_umask_lock = threading.Lock()
+_umask_depth = 0
+_umask_saved = 0
+
+
+@contextlib.contextmanager
+def private_umask() -> Iterator[None]:
+    """Run the block with the process umask ``0o077`` added, so that a library creating its own
+    files (DuckDB's database and write-ahead log, a Parquet writer) creates them ``0600`` and
+    its folders ``0700``.
+
+    The umask is per process: nested and concurrent blocks share one saved value (a counter
+    under a lock), so the caller's umask comes back only when the last block ends and a block
+    never runs with a looser mask. Another thread that creates a file while a block runs gets a
+    stricter mode than it asked for, never a looser one: so keep blocks around the curator's own
+    writes, never around the publication of public files."""
+    global _umask_depth, _umask_saved
+    with _umask_lock:
+        if _umask_depth == 0:
+            _umask_saved = os.umask(0o077)
+            os.umask(_umask_saved | 0o077)
+        _umask_depth += 1
+    try:
+        yield
+    finally:
+        with _umask_lock:
+            _umask_depth -= 1
+            if _umask_depth == 0:
+                os.umask(_umask_saved)
+
+
+def under_private_umask(function: Callable[..., T]) -> Callable[..., T]:
+    """``function`` run under :func:`private_umask` (a decorator, for methods that write
+    through a library which creates files itself, as DuckDB creates its write-ahead log)."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        with private_umask():
+            return function(*args, **kwargs)
+
+    return wrapper
+
+
+def tighten_tree(root: str | os.PathLike) -> None:
+    """``chmod 0700`` ``root`` and every folder under it, ``chmod 0600`` every regular file;
+    symbolic links are neither followed nor changed. For curator outputs written by code that
+    does not take a mode (Beam's file sinks). A missing ``root`` is nothing to do."""
+    root = Path(root)
+    if not root.is_dir():
+        return
+    os.chmod(root, PRIVATE_DIR_MODE)
+    for folder, dirs, files in os.walk(root):
+        for name in dirs:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, PRIVATE_DIR_MODE)
+        for name in files:
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, PRIVATE_FILE_MODE)

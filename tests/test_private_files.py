@@ -1,0 +1,141 @@
+"""stream.private_files: curator files 0600 in 0700 folders whatever the umask, refused when shared."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+
+import pytest
+
+from stream.private_files import (PrivateFileError, make_private_dirs, private_dir, private_umask, refuse_if_shared,
+                                  tighten_tree, write_private, write_private_bytes)
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_write_private_creates_the_file_0600_and_its_missing_folders_0700(tmp_path, umask_022):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    target = shared / "a" / "b" / "f.bin"
+    write_private_bytes(target, b"secret")
+    assert target.read_bytes() == b"secret"
+    assert (_mode(target), _mode(shared / "a"), _mode(shared / "a" / "b")) == (0o600, 0o700, 0o700)
+    assert _mode(shared) == 0o755  # a folder that existed is not the helper's to change
+
+
+def test_write_private_gives_0600_even_under_a_umask_that_masks_the_owners_write_bit(tmp_path):
+    old = os.umask(0o277)
+    try:
+        write_private_bytes(tmp_path / "f", b"x")
+    finally:
+        os.umask(old)
+    assert _mode(tmp_path / "f") == 0o600
+
+
+def test_write_private_replaces_whole_or_not_at_all_and_leaves_no_scratch_file(tmp_path):
+    target = tmp_path / "f"
+    write_private_bytes(target, b"old")
+
+    def fail(handle):
+        handle.write(b"half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        write_private(target, fail)
+    assert target.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+def test_write_private_without_make_parents_refuses_a_missing_folder(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        write_private_bytes(tmp_path / "no" / "f", b"x", make_parents=False)
+    assert not (tmp_path / "no").exists()
+
+
+def test_private_dir_tightens_an_existing_folder_make_private_dirs_does_not(tmp_path):
+    (tmp_path / "ours").mkdir(mode=0o755)
+    (tmp_path / "named").mkdir(mode=0o755)
+    os.chmod(tmp_path / "ours", 0o755)
+    os.chmod(tmp_path / "named", 0o755)
+    private_dir(tmp_path / "ours")
+    make_private_dirs(tmp_path / "named")
+    assert (_mode(tmp_path / "ours"), _mode(tmp_path / "named")) == (0o700, 0o755)
+
+
+@pytest.mark.parametrize("mode", [0o640, 0o604, 0o620, 0o602, 0o610])
+def test_a_file_with_any_group_or_other_bit_is_refused_naming_it_the_mode_and_the_fix(tmp_path, mode):
+    path = tmp_path / "ledger.duckdb"
+    path.write_bytes(b"")
+    os.chmod(path, mode)
+    with pytest.raises(PrivateFileError) as caught:
+        refuse_if_shared(path, "the ledger")
+    message = str(caught.value)
+    assert message.startswith(f"the ledger {path} ") and f"mode {mode:04o}" in message
+    assert f"chmod 600 {path}" in message
+
+
+def test_a_private_or_missing_file_passes(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"")
+    os.chmod(path, 0o600)
+    refuse_if_shared(path, "the ledger")
+    refuse_if_shared(tmp_path / "missing", "the ledger")
+
+
+def test_private_umask_masks_group_and_other_and_restores_the_callers_after_nesting(tmp_path, umask_022):
+    with private_umask():
+        with private_umask():
+            (tmp_path / "inner").write_bytes(b"")
+        (tmp_path / "outer").write_bytes(b"")  # the inner block's end must not restore 022 yet
+        assert _umask() == 0o077
+    assert _umask() == 0o022
+    assert (_mode(tmp_path / "inner"), _mode(tmp_path / "outer")) == (0o600, 0o600)
+
+
+def test_private_umask_overlapping_in_threads_restores_the_callers_only_at_the_last_end(umask_022):
+    entered, release = threading.Event(), threading.Event()
+
+    def other():
+        with private_umask():
+            entered.set()
+            release.wait(5)
+
+    worker = threading.Thread(target=other)
+    with private_umask():
+        worker.start()
+        entered.wait(5)
+    assert _umask() == 0o077  # the other thread's block is still open
+    release.set()
+    worker.join(5)
+    assert _umask() == 0o022
+
+
+def test_tighten_tree_makes_folders_0700_and_files_0600_and_leaves_links(tmp_path, umask_022):
+    root = tmp_path / "out"
+    (root / "ledger" / "a").mkdir(parents=True)
+    (root / "ledger" / "a" / "part-0.parquet").write_bytes(b"")
+    (root / "_COMMITTED.json").write_bytes(b"{}")
+    outside = tmp_path / "public.parquet"
+    outside.write_bytes(b"")
+    (root / "link").symlink_to(outside)
+    tighten_tree(root)
+    assert {str(p.relative_to(root)): _mode(p) for p in [root, *root.rglob("*")] if not p.is_symlink()} == {
+        ".": 0o700, "ledger": 0o700, "ledger/a": 0o700, "ledger/a/part-0.parquet": 0o600, "_COMMITTED.json": 0o600}
+    assert _mode(outside) == 0o644  # a link's target is not the tree's
