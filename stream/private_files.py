@@ -67,7 +67,7 @@ def refuse_if_shared(path: str | os.PathLike, what: str) -> None:
         fix = "700" if stat.S_ISDIR(info.st_mode) else "600"
         raise PrivateFileError(
             f"{what} {path} is accessible to group/others (mode {mode:04o}), but it holds curator-only data "
-            f"(per-user budgets, counts, dead letters): run 'chmod {fix} {path}', and check who may have read it")
+            f"(per-user data or exact counts): run 'chmod {fix} {path}', and check who may have read it")
 
 
 def make_private_dirs(path: str | os.PathLike) -> Path:

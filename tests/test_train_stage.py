@@ -349,6 +349,7 @@ def test_adding_a_user_without_budget_left_changes_no_model(tmp_path):
     spent = [u for u, v in _used(ledger).items() if v >= kappa * (1 - 1e-6)]
     extra = next(u for u in table.column("user_id").to_pylist() if u in spent)
     pq.write_table(table.filter(pa.compute.not_equal(table.column("user_id"), extra)), tmp_path / "without.parquet")
+    (tmp_path / "without.parquet").chmod(0o600)  # a curator file, as the features stage writes it
     models = {}
     for name, feats in (("with", features), ("without", tmp_path / "without.parquet")):
         copy = tmp_path / name
