@@ -50,6 +50,7 @@ import pyarrow as pa
 
 from stream.accounting import ACCOUNTINGS, calibrate, describe_accounting, epsilon_for_budget
 from stream.accounting import _validate as check
+from stream.private_files import write_private_bytes
 
 DEFAULT_STOP_FRACTION = 0.05
 # Share of the run's budget the default normaliser (a noisy count of the users) costs. At the
@@ -457,8 +458,8 @@ def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSumma
             **result.curator,
         },
     }
-    config.report_path.parent.mkdir(parents=True, exist_ok=True)
-    config.report_path.write_text(json.dumps(report, indent=2))
+    # Its curator_only part holds exact counts: a curator file, 0600 whatever the umask.
+    write_private_bytes(config.report_path, json.dumps(report, indent=2).encode("utf-8"))
     return TrainSummary(model_path=out, report_path=config.report_path, run_id=run_id, users=data.n,
                         steps_run=result.steps_run, chosen_step=result.chosen_step, ledger_rho=kappa,
                         run_rho=run_rho, noise_multiplier=sigma, accuracy_queries=result.accuracy_queries,
@@ -481,6 +482,9 @@ def _features_command(args: argparse.Namespace) -> int:
 
         print(f"renyi-stream features: error: {name_the_option('features', str(exc), args)}", file=sys.stderr)
         return 2 if not isinstance(exc, InputFileError) else 1
+    if args.quiet:  # nothing printed carries an exact count
+        print(f"wrote {len(summary.feature_columns)} features per user to {summary.path}")
+        return 0
     print(f"wrote {summary.users:,} users x {len(summary.feature_columns)} features to {summary.path} "
           f"({summary.rows_read:,} rows read, {summary.rows_rejected:,} rejected; exact counts, for the curator only)")
     return 0
@@ -538,6 +542,8 @@ def add_train_subcommand(subparsers: Any) -> None:
     feat.add_argument("--label-column", required=True, help="indicator whose later presence is the label")
     feat.add_argument("--label-start", required=True, help="first day of the label window (YYYY-MM-DD)")
     feat.add_argument("--label-end", required=True, help="last day of the label window (YYYY-MM-DD)")
+    feat.add_argument("--quiet", action="store_true",
+                      help="print no exact count (users, rows read, rejected), only where the features went")
     feat.set_defaults(handler=_features_command)
 
     train = subparsers.add_parser(

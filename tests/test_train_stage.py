@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import stat
 import re
 import shutil
 import subprocess
@@ -308,6 +309,30 @@ def test_train_prints_no_exact_count_of_users(tmp_path, capsys, quiet):
     printed = (captured.out + captured.err).replace(str(tmp_path), "<tmp>")
     assert not _number_in(printed, n), printed  # the users trained on (and in the new ledger)
     assert "run zCDP <=" in printed  # the summary was printed
+
+
+def test_the_training_report_is_written_0600_under_umask_022(tmp_path):
+    features = _features(tmp_path, _write_days(tmp_path, users=60))
+    old = os.umask(0o022)
+    try:
+        assert main(_train_args(features, tmp_path / "ledger.duckdb", tmp_path / "m.npz")) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "m.json").stat().st_mode) == 0o600  # its curator_only part is sensitive
+
+
+def test_features_quiet_prints_no_exact_count(tmp_path, capsys):
+    paths = _write_days(tmp_path, users=300)
+    code = main(["features", "--input", *map(str, paths), "--out", str(tmp_path / "f.parquet"), "--start",
+                 str(_day(0)), "--end", str(_day(3)), "--label-column", "bought", "--label-start", str(_day(4)),
+                 "--label-end", str(_day(5)), "--quiet"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    n = pq.read_metadata(tmp_path / "f.parquet").num_rows
+    rows = sum(pq.read_metadata(p).num_rows for p in paths)
+    text = (printed.out + printed.err).replace(str(tmp_path), "<tmp>")
+    assert not _number_in(text, n) and not _number_in(text, rows), text
+    assert "f.parquet" in text
 
 
 def _public_values(node):
