@@ -388,6 +388,35 @@ def test_releases_committed_but_not_published_are_published_by_the_next_run(tmp_
     assert _snapshot(run2).equals(ledger)
 
 
+def test_a_new_ledgers_interrupted_first_run_is_rerun_with_the_ledger_id_its_intent_fixed(tmp_path, two_days):
+    # A re-run of an interrupted attempt must draw the noise the attempt drew (invariant 5), so a
+    # new ledger's id is fixed once, in the attempt's intent, not drawn again by the re-run.
+    run1 = tmp_path / "curator" / "run1"
+    day1 = _args(tmp_path, two_days[:1], "2026-03-01", "2026-03-01", "none", run1)
+    assert _crashed_main(tmp_path, day1, "distributed_before_commit").returncode == -9
+    intended = json.loads((run1 / dist.INTENT).read_text())["parameters"]["ledger_id"]
+    (staged,) = (run1 / "staged-releases").rglob("*.parquet")  # the attempt's draw, never public
+    attempt = {(r["query_id"], r["coordinate"]): r["value"] for r in pq.read_table(staged).to_pylist()}
+    assert dist.main(day1) == 0
+    assert _ledger_id(run1) == intended
+    public = {(r[0], r[2]): r[4] for r in _parquet_releases(tmp_path)}
+    assert public == attempt and len(public) == 2  # the identical release, bit for bit
+
+
+def test_a_manifest_from_before_ledger_ids_is_continued_with_a_new_one_carried_from_then_on(tmp_path, two_days):
+    run1, run2, run3 = (tmp_path / "curator" / name for name in ("run1", "run2", "run3"))
+    assert dist.main(_args(tmp_path, two_days[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
+    for name in (dist.INTENT, dist.COMMITTED):  # as an older version wrote them
+        manifest = json.loads((run1 / name).read_text())
+        del manifest["parameters"]["ledger_id"]
+        (run1 / name).write_text(json.dumps(manifest))
+    public = _public(tmp_path)
+    assert dist.main(_args(tmp_path, two_days[1:2], "2026-03-02", "2026-03-02", str(run1), run2)) == 0
+    assert dist.main(_args(tmp_path, two_days[2:], "2026-03-03", "2026-03-03", str(run2), run3)) == 0
+    assert len(_ledger_id(run2)) == 32 and _ledger_id(run3) == _ledger_id(run2)
+    assert {k: v for k, v in _public(tmp_path).items() if k in public} == public  # day 1 kept as published
+
+
 def test_a_snapshot_that_lost_users_is_not_committed(tmp_path, two_days):
     inputs = two_days
     run1, run2 = tmp_path / "curator" / "run1", tmp_path / "curator" / "run2"

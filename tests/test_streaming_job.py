@@ -521,3 +521,47 @@ def test_recording_parameters_is_refused_for_contradicting_arguments_or_over_the
     with pytest.raises(sj.dist.RunRefused, match=match):
         sj.record_snapshot_parameters(f"{ledger}/window_id={W0 + 1}/*/*.parquet", str(copy), argv)
     assert sorted(tmp_path.rglob("*.parquet")) == before
+
+
+# --- the ledger id (issue 18: noise bound to one ledger) ------------------------------------------
+
+
+def _rewrite_ledger_id(folder: Path, ledger_id: str | None, shards=None) -> None:
+    """Rewrite the snapshots under ``folder`` (of the shards ``shards``, default all) to record
+    ``ledger_id``, or none (as the job wrote them before it recorded ledger ids)."""
+    key = sj.SNAPSHOT_LEDGER_ID.encode()
+    for path in sorted(folder.glob("shard=*/*.parquet")):
+        if shards is not None and int(path.parent.name.split("=")[1]) not in shards:
+            continue
+        table = pq.read_table(path)
+        meta = {k: v for k, v in table.schema.metadata.items() if k != key}
+        if ledger_id is not None:
+            meta[key] = ledger_id.encode()
+        pq.write_table(table.replace_schema_metadata(meta), path)
+
+
+def test_every_snapshot_of_a_job_records_its_ledger_id_and_a_follow_up_keeps_it(tmp_path, days):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    (earlier,) = _snapshot_ledger_ids(ledger)
+    assert len(earlier) == 32 and int(earlier, 16) >= 0
+    assert sj.main(_follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/*/*.parquet")) == 0
+    assert _snapshot_ledger_ids(tmp_path / "curator-2" / "ledger") == {earlier}
+
+
+def test_a_follow_up_of_snapshots_recording_two_ledger_ids_is_refused(tmp_path, days, capsys):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    _rewrite_ledger_id(ledger / f"window_id={W0 + 1}", "fedcba9876543210fedcba9876543210", shards={0})
+    err = _refused(tmp_path, _follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/*/*.parquet"), capsys)
+    assert "different ledger ids" in err and "fedcba9876543210fedcba9876543210" in err
+
+
+def test_a_follow_up_of_snapshots_from_before_ledger_ids_draws_a_new_one(tmp_path, days):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    (earlier,) = _snapshot_ledger_ids(ledger)
+    _rewrite_ledger_id(ledger / f"window_id={W0 + 1}", None)
+    assert sj.main(_follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/*/*.parquet")) == 0
+    (now,) = _snapshot_ledger_ids(tmp_path / "curator-2" / "ledger")
+    assert now not in ("", earlier) and len(now) == 32
