@@ -385,7 +385,7 @@ def test_two_ledgers_sharing_a_key_file_release_noise_that_does_not_cancel(tmp_p
     user_3 = {"sum:opened": 1.0, "sum:bought": 1.0}  # both admitted: ||q||^2 = 2 <= B = 2.5
     for key, value in released_a.items():
         leaked = user_3[key[0]]
-        # The two noises are independent N(0, s^2) draws (s about 3 here): their difference is
+        # The two noises are independent N(0, s^2) draws (s = 6.7 here): their difference is
         # within 1e-6 of zero with probability below 1e-6.
         assert abs((value - released_b[key]) - leaked) > 1e-6
     assert _ledger_id(a) != _ledger_id(b)
