@@ -86,11 +86,11 @@ def run_numpy(paths: list[str], scratch: Path, days: int) -> None:
 
     from stream.accounting import calibrate
     from stream.ledger import Ledger
-    from stream.noise import NoiseKey, gaussian_noise
+    from stream.noise import NoiseBinding, NoiseKey, gaussian_noise, new_ledger_id
 
     cal = calibrate(epsilon=EPSILON, delta=DELTA, norm_budget=float(days))
     ledger = Ledger(budget=cal.rho)
-    key = NoiseKey.load_or_create(scratch / "numpy.key")
+    key = NoiseBinding(NoiseKey.load_or_create(scratch / "numpy.key"), new_ledger_id())
     for window, path in enumerate(paths):
         table = pq.read_table(path)
         result = ledger.admit(table.column("user_id"), table.column("active").to_numpy()[:, None],

@@ -4,7 +4,8 @@ Everything here is sensitive (used budgets, row counts, dead-letter rows): it ne
 public release store (DESIGN.md invariant 4). One DuckDB file holds:
 
 * ``meta``: the parameters the ledger was started with (a daily job must not change the
-  promise half-way: a run with different parameters is refused);
+  promise half-way: a run with different parameters is refused) and the ledger's random
+  identifier ``ledger_id`` (:attr:`CuratorStore.ledger_id`), which its releases' noise is bound to;
 * ``ledger``: per user, the used zCDP budget and the personal tracker;
 * ``processed_windows``: windows already charged and released (invariant 6: never twice);
 * ``outbox``: released (noisy) answers committed with the ledger in one transaction and then
@@ -37,6 +38,7 @@ from queries.release_store import RELEASE_SCHEMA
 from stream.accounting.calibration import calibrate, resume
 from stream.faults import crash_point
 from stream.ledger import Ledger
+from stream.noise import check_ledger_id, new_ledger_id
 from stream.private_files import (PrivateFileError, make_private_dirs, private_umask, refuse_if_shared,
                                   under_private_umask)
 
@@ -259,8 +261,26 @@ class CuratorStore:
         db.execute("CREATE TABLE IF NOT EXISTS running_meta (query_id VARCHAR PRIMARY KEY, meta VARCHAR NOT NULL)")
         if version is None:
             db.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
+        # The ledger's identity, created with it and kept for life. A ledger made before ledger
+        # ids existed gets its id here, at its first open by this version: its released windows
+        # keep their values (never drawn again), its later ones are drawn for this id.
+        db.execute("INSERT INTO meta VALUES ('ledger_id', ?) ON CONFLICT DO NOTHING", [new_ledger_id()])
 
     # -- parameters -----------------------------------------------------------------------------
+
+    @property
+    def ledger_id(self) -> str:
+        """This ledger's identifier (:func:`stream.noise.new_ledger_id`: 128 random bits as hex),
+        created with the ledger and kept for its life; public. The noise of every release it
+        charges for is bound to it (:class:`stream.noise.NoiseBinding`), so a second ledger using
+        the same key file draws independent noise. A copy of the ledger file is the same ledger
+        and has the same id."""
+        (value,) = self._db.execute("SELECT value FROM meta WHERE key = 'ledger_id'").fetchone()
+        try:
+            return check_ledger_id(value)
+        except ValueError as exc:
+            raise CuratorStoreError(f"the ledger {self.path} records a malformed ledger id ({exc}): it was edited; "
+                                    "restore it from its backup") from None
 
     def parameters(self) -> LedgerParameters | None:
         rows = dict(self._db.execute("SELECT key, value FROM meta").fetchall())

@@ -153,6 +153,7 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
                     f"noise key file {config.resolved_key_path} is key {key.fingerprint}: refusing to charge "
                     "users for answers the store cannot take. Use the key (and ledger) that made this store, "
                     "or another --store")
+            store.check_ledger(curator.ledger_id)  # one store, one ledger: before anyone is charged
             recovered = _publish_pending(curator, store, config.releases_parquet)
             if recovered:
                 say(f"[run] published {recovered} releases left pending by an interrupted run")
@@ -175,7 +176,8 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
         # The scratch folder is 0700; its files (the previous ledger, dead letters) are 0600 too.
         with tempfile.TemporaryDirectory(prefix="renyi-run-") as scratch, private_umask():
             outputs = _run_pipeline(config, params, plan, columns, released, to_release, previous,
-                                    previous_running, curator.load_running_releases(), scratch, say, categories)
+                                    previous_running, curator.load_running_releases(), scratch, say, categories,
+                                    ledger_id=curator.ledger_id)
             counts = _totals(outputs)
             curator.commit_run(
                 run_id=run_id, ledger=outputs["ledger"], releases=outputs["releases"],
@@ -236,7 +238,7 @@ def _publish_pending(curator: CuratorStore, store: ReleaseStore, parquet_root: s
         if parquet_root:
             write_release_file(parquet_root, window, pending.filter(pc.equal(windows, window)))
 
-    inserted = store.publish_by_window(pending, before_window=before, after_window=after)
+    inserted = store.publish_by_window(pending, before_window=before, after_window=after, ledger_id=curator.ledger_id)
     crash_point("after_publish")
     curator.mark_published(pending)
     return inserted
@@ -373,7 +375,7 @@ def _refuse_gaps_in_running_queries(plan: QueryPlan, previous_running: dict[str,
 def _run_pipeline(config: JobConfig, params: LedgerParameters, plan: QueryPlan, columns: list[str],
                   released: set[int], to_release: list[int], previous: pa.Table,
                   previous_running: dict[str, pa.Table], previous_raw: dict, scratch: str,
-                  say, categories: Sequence[str] = ()) -> dict[str, pa.Table]:
+                  say, categories: Sequence[str] = (), *, ledger_id: str) -> dict[str, pa.Table]:
     beam, PipelineOptions = _beam()
     from pipelines import transforms as tx
     from pipelines.local_runner import batch_runner
@@ -395,8 +397,8 @@ def _run_pipeline(config: JobConfig, params: LedgerParameters, plan: QueryPlan, 
             noise_std=params.noise_std, policy=config.policy, budget=params.rho, id_type=params.id_type,
             tracker_step=params.tracker_step, n_shards=config.n_shards, previous_ledger=str(ledger_file),
             key_path=config.resolved_key_path, accounting=params.accounting,
-            key_fingerprint=params.key_fingerprint, previous_running=running_files, previous_raw=previous_raw,
-            category_columns=categories)
+            key_fingerprint=params.key_fingerprint, ledger_id=ledger_id, previous_running=running_files,
+            previous_raw=previous_raw, category_columns=categories)
         # One collection of (output, item) and one group: each extra transform costs Beam a
         # signature inspection per bundle and planning time per run (seven gathers were a tenth
         # of a run; a ToList is nine transforms, a GroupByKey one).

@@ -41,6 +41,11 @@ manifest or ledger file that group/others may read is refused. ``gs://`` and ``s
 are as private as the bucket's IAM policy makes them: give the curator's outputs a bucket no
 analyst can read. With ``--quiet`` nothing printed carries an exact count.
 
+The ledger's identity, ``parameters.ledger_id`` in every intent and manifest
+(:func:`ledger_identity`), is drawn by the first run and carried from each manifest to the next;
+the release noise is bound to it (:class:`stream.noise.NoiseBinding`), so another ledger given
+the same key draws independent noise.
+
 The graph is the daily job's: :class:`~pipelines.transforms.ReadIndicators`, the stateful
 :class:`~pipelines.transforms.IndividualFilterDoFn` keyed by user shard in the global window,
 :class:`~pipelines.transforms.ReleaseWindows` (keyed noise) and
@@ -102,7 +107,7 @@ from queries.linear import default_queries
 from stream.accounting import Calibration, calibrate, resume
 from stream.columns import default_columns
 from stream.ledger import STATUS_NAMES, Ledger, Policy
-from stream.noise import NoiseKey
+from stream.noise import NoiseKey, check_ledger_id, new_ledger_id
 from stream.private_files import (CURATOR_ONLY_NOTICE, private_dir, refuse_if_shared, tighten_tree,
                                   write_private, write_private_bytes)
 from stream.schema import USER_ID, WindowSpec
@@ -394,6 +399,33 @@ def key_fingerprint(args: argparse.Namespace) -> tuple[str, str, NoiseKey | None
     return args.noise_key, fingerprint, key
 
 
+def ledger_identity(recorded: Any, output: str, *, where: str) -> str:
+    """This run's ledger id (:func:`stream.noise.new_ledger_id`), which its noise is bound to and
+    its manifest records (``parameters.ledger_id``): the one ``recorded`` by the previous manifest.
+    For a new ledger, or one whose manifest predates ledger ids (``recorded`` None), the one an
+    interrupted attempt at this ``--output`` already fixed in its intent, so that its re-run
+    draws the same noise; else a new one. RunRefused, naming ``where``, for a malformed id."""
+    if recorded is None:
+        intent_path = join(output, INTENT)
+        earlier = read_json(intent_path).get("parameters", {}) if FileSystems.exists(intent_path) else {}
+        recorded, where = earlier.get("ledger_id"), intent_path
+        if recorded is None:
+            return new_ledger_id()
+    try:
+        return check_ledger_id(recorded, name="ledger_id")
+    except ValueError as exc:
+        raise RunRefused(f"{where} records a malformed ledger id ({exc}): it was edited") from None
+
+
+def _same_intent(stored: dict, planned: dict) -> bool:
+    """Whether an attempt's recorded intent is this run's. An intent written before ledger ids
+    existed records none: the id this run draws its noise for is then the only difference
+    allowed (the attempt's public files keep their values: first write wins)."""
+    if "ledger_id" not in stored.get("parameters", {}):
+        planned = {**planned, "parameters": {k: v for k, v in planned["parameters"].items() if k != "ledger_id"}}
+    return stored == planned
+
+
 def continue_budget(cal: Calibration, parameters: dict[str, Any], recorded_rho: Any,
                     *, where: str) -> tuple[Calibration, dict[str, Any]]:
     """This run's calibration and :data:`FIXED` values when it continues a ledger whose budget is
@@ -433,6 +465,7 @@ def prepare(args: argparse.Namespace) -> RunPlan:
     requested = [c for c in (args.columns or "").split(",") if c]
 
     previous, processed, ledger_files, users, query_first, columns = None, set(), [], 0, {}, []
+    recorded_ledger = None
     if args.previous_ledger.lower() != "none":
         previous = absolute(args.previous_ledger)
         committed = join(previous, COMMITTED)
@@ -460,6 +493,7 @@ def prepare(args: argparse.Namespace) -> RunPlan:
                 "was started with (a staging run's ledger must not continue into production's releases, nor the "
                 "other way round)")
         check_lineage(absolute(args.releases_parquet), previous, manifest)
+        recorded_ledger = manifest["parameters"].get("ledger_id")
         processed = set(manifest["processed_windows"])
         ledger_files = list(manifest["ledger_files"])
         for path in ledger_files:  # read by the workers: refused here, before anything runs
@@ -488,6 +522,8 @@ def prepare(args: argparse.Namespace) -> RunPlan:
     output = absolute(args.output)
     if previous is not None and output == previous:
         raise RunRefused("--output must be a new location, not --previous-ledger (a snapshot is never rewritten)")
+    parameters = {**parameters, "ledger_id": ledger_identity(recorded_ledger, output,
+                                                             where=f"--previous-ledger {previous}")}
     plan = RunPlan(inputs=tuple(inputs), columns=tuple(columns), window=spec, start_window=start, end_window=end,
                    released=tuple(sorted(processed)), schedule=tuple(schedule), query_first=query_first,
                    parameters=parameters, policy=args.policy, key_path=key_path, n_shards=args.shards,
@@ -516,7 +552,7 @@ def _check_releases_and_output(plan: RunPlan, processed: set[int]) -> None:
     intent_path = join(plan.output, INTENT)
     intent = read_json(intent_path) if FileSystems.exists(intent_path) else None
     orphans = sorted(unknown)
-    if intent is not None and intent != plan.intent():
+    if intent is not None and not _same_intent(intent, plan.intent()):
         raise RunRefused(
             f"--output {plan.output} belongs to an earlier attempt with other arguments or inputs ({intent_path}). "
             + (f"That attempt wrote releases for window(s) {orphans[:5]}: re-run it with exactly its inputs "
@@ -727,7 +763,8 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
         n_shards=plan.n_shards, last_window=max(plan.schedule) if plan.schedule else None)
     released = filtered.sums | "ReleaseWindows" >> tx.ReleaseWindows(
         list(plan.schedule), key_path=plan.key_path, plan=query_plan, noise_std=params["noise_std"],
-        window=plan.window, accounting=params["accounting"], key_fingerprint=params["key_fingerprint"])
+        window=plan.window, accounting=params["accounting"], key_fingerprint=params["key_fingerprint"],
+        ledger_id=params["ledger_id"])
     # Staged in the curator's output, per attempt; public only once the commit step has run.
     release_files = released["releases"] | "WriteReleaseParquet" >> tx.WriteReleaseParquet(plan.staging)
 

@@ -373,7 +373,8 @@ class StreamingReleases(beam.PTransform):
     ``start_window..end_window``; every window of it is released for every query active in it
     (invariant 3), running queries as running totals too. ``previous_ledger`` /
     ``previous_running`` / ``previous_raw`` are the state to continue from, ``released`` the
-    windows released before (their rows are late).
+    windows released before (their rows are late). ``ledger_id`` is the ledger's identifier
+    (:func:`stream.noise.new_ledger_id`), which the keyed noise is bound to.
 
     Returns a dict: ``releases`` (release rows), ``raw`` (running queries' releases ``y``),
     ``ledger`` (``(shard, window, snapshot)``), ``running``, ``counts``, ``books`` (the shards'
@@ -385,7 +386,8 @@ class StreamingReleases(beam.PTransform):
     def __init__(self, *, window: WindowSpec, start_window: int, end_window: int, plan: QueryPlan,
                  indicator_columns: Sequence[str], noise_std: float, policy: str, budget: float, id_type: str,
                  tracker_step: float, n_shards: int, key_path: str, accounting: str, key_fingerprint: str,
-                 previous_ledger: pa.Table | None = None, previous_running: dict[str, pa.Table] | None = None,
+                 ledger_id: str, previous_ledger: pa.Table | None = None,
+                 previous_running: dict[str, pa.Table] | None = None,
                  released: Sequence[int] = (), snapshot_every_window: bool = False,
                  previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None) -> None:
         super().__init__()
@@ -400,7 +402,7 @@ class StreamingReleases(beam.PTransform):
             snapshot_every_window=snapshot_every_window)
         self._release = ReleaseCompletedWindow(
             ReleaseWindow(key_path=key_path, plan=plan, noise_std=noise_std, window=window, accounting=accounting,
-                          key_fingerprint=key_fingerprint), n_shards)
+                          key_fingerprint=key_fingerprint, ledger_id=ledger_id), n_shards)
         self._running_totals = RunningTotalsOnRelease(
             RunningEstimates(plan=plan, noise_std=noise_std, window=window, accounting=accounting,
                              key_fingerprint=key_fingerprint), plan, previous_raw)

@@ -94,6 +94,13 @@ checked. :func:`record_snapshot_parameters` copies them to a new ledger root rec
 earlier job's arguments, after checking what the snapshots can confirm (the ledger's budget,
 tracker step and id type); give it the earlier job's own arguments.
 
+Each snapshot also records the ledger's identity, ``renyi_stream.ledger_id``
+(:data:`SNAPSHOT_LEDGER_ID`): a new job draws one, a continuing job keeps the snapshots' (refused
+when its shards record different ones), and the release noise is bound to it
+(:class:`stream.noise.NoiseBinding`), so another ledger given the same key draws independent
+noise. Snapshots written before ledger ids existed record none: the job continuing them draws a
+new one (their released windows keep their values).
+
 The ledger lives in the runner's keyed state between (checkpointed by Flink together with the
 Kafka offsets, committed with each bundle by Dataflow's streaming engine); ``deploy/README.md``
 has the recovery story.
@@ -139,6 +146,7 @@ from pipelines.shard_state import PlannedQuery, QueryPlan
 from queries.linear import default_queries
 from stream.accounting import calibrate
 from stream.ledger import Ledger, Policy
+from stream.noise import check_ledger_id, new_ledger_id
 from stream.private_files import PrivateFileError, private_dir
 from stream.schema import WINDOW_ID, SchemaError, WindowSpec, validate_batch
 
@@ -407,6 +415,9 @@ SNAPSHOT_WINDOW, SNAPSHOT_SHARD, SNAPSHOT_SHARDS = (
 #: its accounting and calibration, the noise key's fingerprint, the windows) and ``releases``, the
 #: public release root the ledger's windows were released under.
 SNAPSHOT_FIXED = (*dist.FIXED, "releases")
+#: The ledger's identity (:func:`stream.noise.new_ledger_id`), recorded in every snapshot beside
+#: :data:`SNAPSHOT_FIXED` and carried by a job that continues it: the noise is bound to it.
+SNAPSHOT_LEDGER_ID = "renyi_stream.ledger_id"
 
 
 def _parameter_key(name: str) -> str:
@@ -434,7 +445,8 @@ def _ledger_file(item: tuple[int, int, pa.Table], *, n_shards: int,
     (:data:`SNAPSHOT_FIXED`, as :func:`_as_text` writes them) in its schema metadata."""
     shard, window, table = item
     recorded = {SNAPSHOT_WINDOW: int(window), SNAPSHOT_SHARD: int(shard), SNAPSHOT_SHARDS: int(n_shards),
-                **{_parameter_key(name): parameters[name] for name in SNAPSHOT_FIXED}}
+                **{_parameter_key(name): parameters[name] for name in SNAPSHOT_FIXED},
+                **({SNAPSHOT_LEDGER_ID: parameters["ledger_id"]} if "ledger_id" in parameters else {})}
     metadata = {**(table.schema.metadata or {}), **{k.encode(): str(v).encode() for k, v in recorded.items()}}
     return f"window_id={int(window)}/shard={int(shard)}", table.replace_schema_metadata(metadata)
 
@@ -733,12 +745,33 @@ def _resume_recorded_budget(pattern: str, metadata: dict[int, dict[str, str]], c
                                 where=f"--previous-ledger {pattern!r}")
 
 
+def _snapshot_ledger_id(pattern: str, files: dict[int, str], metadata: dict[int, dict[str, str]]) -> str:
+    """The ledger id the snapshots record (:data:`SNAPSHOT_LEDGER_ID`), which a continuing job
+    keeps; a new one for snapshots written before ledger ids existed (none records one: their
+    released windows keep their values, later ones are drawn for the new id). RunRefused when
+    some record one and others none or another, or one is malformed: not one ledger's."""
+    recorded = {shard: meta.get(SNAPSHOT_LEDGER_ID) for shard, meta in metadata.items()}
+    ids = set(recorded.values())
+    if ids == {None}:
+        return new_ledger_id()
+    if len(ids) > 1:
+        shown = {shard: recorded[shard] for shard in sorted(recorded)[:6]}
+        raise dist.RunRefused(f"--previous-ledger {pattern!r}: the snapshots record different ledger ids "
+                              f"(by shard: {shown}): they are not one ledger's")
+    (ledger_id,) = ids
+    try:
+        return check_ledger_id(ledger_id, name=SNAPSHOT_LEDGER_ID)
+    except ValueError as exc:
+        raise dist.RunRefused(f"--previous-ledger {pattern!r}: {files[min(files)]}: {exc}; it was edited") from None
+
+
 def _previous_ledger(pattern: str, cal: Any, *, releases: str, released: Sequence[int],
-                     parameters: dict[str, Any]) -> tuple[pa.Table, Any]:
-    """The ledger to continue from, and the calibration it continues under: every shard's
+                     parameters: dict[str, Any]) -> tuple[pa.Table, Any, str]:
+    """The ledger to continue from, the calibration it continues under and its id: every shard's
     snapshot of the last window released under ``releases``, read together (a ``--shards``
-    other than the earlier job's re-shards it by user), and ``cal`` with the budget the
-    snapshots record (:func:`_resume_recorded_budget`; ``cal`` itself for a new ledger).
+    other than the earlier job's re-shards it by user), ``cal`` with the budget the snapshots
+    record (:func:`_resume_recorded_budget`; ``cal`` itself for a new ledger), and the ledger id
+    they record (:func:`_snapshot_ledger_id`; a new one for a new ledger).
 
     RunRefused, before anything is read into the graph, when ``pattern`` is ``none`` but windows
     are released; when it matches no file, a file that is not a snapshot this job wrote
@@ -753,11 +786,12 @@ def _previous_ledger(pattern: str, cal: Any, *, releases: str, released: Sequenc
         if released:
             raise dist.RunRefused(f"the releases under {releases} include window(s) {list(released)[:5]} but no "
                                   "--previous-ledger was given: users would restart from zero budget")
-        return _template(cal).slice(0, 0), cal
+        return _template(cal).slice(0, 0), cal, new_ledger_id()
     _, _, files, tables = _read_snapshots(pattern, releases=releases, released=released)
     metadata = {shard: _metadata(t) for shard, t in tables.items()}
     cal, parameters = _resume_recorded_budget(pattern, metadata, cal, parameters)
     _check_parameters(pattern, files, metadata, parameters)
+    ledger_id = _snapshot_ledger_id(pattern, files, metadata)
     template = _template(cal)
     parts = [table.replace_schema_metadata(None).cast(template.schema.remove_metadata()) for table in tables.values()]
     table = pa.concat_tables(parts).replace_schema_metadata(template.schema.metadata)
@@ -765,7 +799,7 @@ def _previous_ledger(pattern: str, cal: Any, *, releases: str, released: Sequenc
     # them. The metadata it reads is this run's template's; the snapshots' own parameters were
     # compared with this run's by _check_parameters above.
     Ledger.from_arrow(table)
-    return table, cal
+    return table, cal, ledger_id
 
 
 def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[str]) -> list[str]:
@@ -846,9 +880,10 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     releases = dist.absolute(args.releases_parquet)
     released = sorted(dist.release_windows_present(releases))
     parameters = _parameters(cal=cal, id_type=id_type, fingerprint=fingerprint, spec=spec, releases=releases)
-    previous, cal = _previous_ledger(args.previous_ledger, cal, releases=releases, released=released,
-                                     parameters=parameters)
-    parameters = _parameters(cal=cal, id_type=id_type, fingerprint=fingerprint, spec=spec, releases=releases)
+    previous, cal, ledger_id = _previous_ledger(args.previous_ledger, cal, releases=releases, released=released,
+                                                parameters=parameters)
+    parameters = {**_parameters(cal=cal, id_type=id_type, fingerprint=fingerprint, spec=spec, releases=releases),
+                  "ledger_id": ledger_id}
     if released and max(released) >= start:
         raise dist.RunRefused(f"window {max(released)} under {releases} is already released; start after it")
     plan = QueryPlan(tuple(PlannedQuery(q, start) for q in default_queries(columns)))
@@ -870,8 +905,8 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         window=spec, start_window=start, end_window=end, plan=plan, indicator_columns=columns,
         noise_std=cal.noise_std, policy=args.policy, budget=cal.rho, id_type=id_type,
         tracker_step=cal.rho / 32.0, n_shards=args.shards, key_path=key_path, accounting=cal.accounting,
-        key_fingerprint=fingerprint, previous_ledger=previous if previous.num_rows else None, released=released,
-        snapshot_every_window=True)
+        key_fingerprint=fingerprint, ledger_id=ledger_id, previous_ledger=previous if previous.num_rows else None,
+        released=released, snapshot_every_window=True)
     graph = decoded.valid | "StreamingReleases" >> out
     expected = {w: sum(e.query.dim for e in plan.active(w)) for w in range(start, end + 1)}
     release_files = (graph["releases"]

@@ -268,12 +268,6 @@ def _ledger_parameters(curator: Any, config: TrainConfig, id_type: str) -> tuple
     return curator.check_or_record_parameters(wanted), key
 
 
-def _ledger_identity(config: TrainConfig) -> str:
-    """What binds the training noise to this ledger (:func:`stream.training.keyed_noise.training_stream`):
-    the ledger file's resolved path, so that a key copied to a ledger elsewhere draws other noise."""
-    return str(Path(config.ledger).resolve())
-
-
 def _empty(schema: dict[str, pa.DataType]) -> pa.Table:
     return pa.table({name: pa.array([], type=t) for name, t in schema.items()})
 
@@ -360,7 +354,7 @@ def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSumma
             # the same one, so it draws the same noise; a committed run moves it on.
             run_id = curator.next_run_id()
             noise = seeded_training_noise(config.seed) if config.seed is not None else \
-                keyed_training_noise(key, ledger=_ledger_identity(config), run_id=run_id)
+                keyed_training_noise(key, ledger=curator.ledger_id, run_id=run_id)
             previous = curator.load_ledger(params)
             ledger = Ledger.from_arrow(previous)
             view = TrainingLedger.from_ledger(ledger, feats.user_ids, xp=xp)

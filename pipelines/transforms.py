@@ -38,7 +38,7 @@ from pipelines.shard_state import QueryPlan, ShardState
 from stream.continual.running import RunningState
 from stream.faults import crash_point
 from stream.ledger import Ledger
-from stream.noise import NoiseKey, gaussian_noise
+from stream.noise import NoiseBinding, NoiseKey, check_ledger_id, gaussian_noise
 from stream.schema import USER_ID, WINDOW_ID, WindowSpec, may_repeat, validate_batch
 
 SOURCE = "_source"  # (file index, row index) of each row: a deterministic tie-break
@@ -401,36 +401,40 @@ class ReleaseWindow(beam.DoFn):
     """window id -> one release row per (query, coordinate) for each window query active in it:
     the sum (0 when no rows) plus keyed noise; for each active running query, the noisy release
     ``y_t = C_t x + z_t`` (tag ``raw``: ``(query_id, window_id, y flat)``), which
-    :class:`RunningEstimates` turns into running totals."""
+    :class:`RunningEstimates` turns into running totals. The noise is the key's bound to the
+    ledger ``ledger_id`` (:class:`stream.noise.NoiseBinding`): another ledger under the same key
+    draws independent noise."""
 
     def __init__(self, *, key_path: str, plan: QueryPlan, noise_std: float, window: WindowSpec, accounting: str,
-                 key_fingerprint: str) -> None:
+                 key_fingerprint: str, ledger_id: str) -> None:
+        self._ledger_id = check_ledger_id(ledger_id)  # refused when the graph is built, not on a worker
         self._key_path = key_path
         self._plan = plan
         self._noise_std = noise_std
         self._window = window
         self._accounting = accounting
         self._fingerprint = key_fingerprint
-        self._key: NoiseKey | None = None
+        self._binding: NoiseBinding | None = None
 
     def setup(self) -> None:
-        self._key = NoiseKey.load(self._key_path)
-        if self._key.fingerprint != self._fingerprint:
+        key = NoiseKey.load(self._key_path)
+        if key.fingerprint != self._fingerprint:
             raise RuntimeError(f"the noise key at {self._key_path} is not the one this ledger was started with")
+        self._binding = NoiseBinding(key, self._ledger_id)
 
     def process(self, window: int, sums: dict) -> Iterator[Any]:
-        assert self._key is not None
+        assert self._binding is not None
         for entry in self._plan.active(window):
             query = entry.query
             if entry.kind == "running":
                 running = self._plan.running_query(entry.query_id, self._noise_std)
                 total = np.asarray(sums.get((entry.query_id, window), np.zeros(running.rows_at(window) * query.dim)))
-                y = running.noisy_release(total.reshape(running.rows_at(window), query.dim), key=self._key,
+                y = running.noisy_release(total.reshape(running.rows_at(window), query.dim), binding=self._binding,
                                           window_id=window)
                 yield beam.pvalue.TaggedOutput("raw", (entry.query_id, int(window), y.ravel().tolist()))
                 continue
             total = np.asarray(sums.get((entry.query_id, window), np.zeros(query.dim)), dtype=np.float64)
-            noise = gaussian_noise(self._key, query_id=entry.query_id, window_id=window, dim=query.dim,
+            noise = gaussian_noise(self._binding, query_id=entry.query_id, window_id=window, dim=query.dim,
                                    noise_std=self._noise_std)
             values = total + noise
             for j, label in enumerate(query.labels):
@@ -638,20 +642,21 @@ class ReleaseWindows(beam.PTransform):
 
     Every window of ``schedule`` is released for every query active in it, with or without rows
     (invariant 3); the noise is keyed by (query, window) (invariant 5), so a retried bundle or a
-    re-run computes the identical row. Running queries' releases ``y`` (tag ``raw``, to be kept
+    re-run computes the identical row; the noise is bound to the ledger ``ledger_id``, so another
+    ledger under the same key draws its own. Running queries' releases ``y`` (tag ``raw``, to be kept
     by the curator for later runs) become running-total rows with ``previous_raw``
     (``query_id -> [(window, y flat)]`` of earlier runs).
     Outputs a dict: ``releases`` (rows) and ``raw`` (``(query_id, window, y flat)``).
     """
 
     def __init__(self, schedule: Sequence[int], *, key_path: str, plan: QueryPlan, noise_std: float,
-                 window: WindowSpec, accounting: str, key_fingerprint: str,
+                 window: WindowSpec, accounting: str, key_fingerprint: str, ledger_id: str,
                  previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None) -> None:
         super().__init__()
         self._schedule = [int(w) for w in schedule]
         self._previous_raw = dict(previous_raw or {})
         self._release = ReleaseWindow(key_path=key_path, plan=plan, noise_std=noise_std, window=window,
-                                      accounting=accounting, key_fingerprint=key_fingerprint)
+                                      accounting=accounting, key_fingerprint=key_fingerprint, ledger_id=ledger_id)
         self._estimates = RunningEstimates(plan=plan, noise_std=noise_std, window=window, accounting=accounting,
                                            key_fingerprint=key_fingerprint)
 
@@ -714,7 +719,8 @@ class DailyReleases(beam.PTransform):
                  released: Sequence[int], schedule: Sequence[int], plan: QueryPlan,
                  indicator_columns: Sequence[str], noise_std: float, policy: str, budget: float, id_type: str,
                  tracker_step: float, n_shards: int, previous_ledger: pa.Table | str, key_path: str,
-                 accounting: str, key_fingerprint: str, previous_running: dict[str, pa.Table | str] | None = None,
+                 accounting: str, key_fingerprint: str, ledger_id: str,
+                 previous_running: dict[str, pa.Table | str] | None = None,
                  previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None,
                  releases_parquet: str | None = None, category_columns: Sequence[str] = ()) -> None:
         super().__init__()
@@ -728,7 +734,7 @@ class DailyReleases(beam.PTransform):
                                         last_window=max(schedule) if schedule else None)
         self._release = ReleaseWindows(schedule, key_path=key_path, plan=plan, noise_std=noise_std, window=window,
                                        accounting=accounting, key_fingerprint=key_fingerprint,
-                                       previous_raw=previous_raw)
+                                       ledger_id=ledger_id, previous_raw=previous_raw)
         self._parquet = releases_parquet
 
     def expand(self, pbegin: Any) -> dict[str, Any]:

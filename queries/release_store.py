@@ -16,7 +16,10 @@ Schema (version 1):
   label, coordinate, value, noise_std, kind, accounting, mechanism, key_fingerprint,
   released_at``;
 * ``store_meta(key, value)``: ``schema_version`` and, from the first publish on, the
-  ``key_fingerprint`` of the noise key (:attr:`stream.noise.NoiseKey.fingerprint`, public).
+  ``key_fingerprint`` of the noise key (:attr:`stream.noise.NoiseKey.fingerprint`, public) and
+  the ``ledger_id`` of the ledger that charged for the releases (when the publisher names it:
+  :attr:`pipelines.curator_store.CuratorStore.ledger_id`, a public random identifier). A store
+  holds one ledger's answers: a publish naming another ledger is refused.
 
 Version 2 adds the query registry and the analysts' views:
 
@@ -48,6 +51,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stream.faults import crash_point
+from stream.noise import check_ledger_id
 
 SCHEMA_VERSION = 2
 
@@ -134,7 +138,8 @@ class ReleaseStoreError(RuntimeError):
 
 
 class ReleaseConflictError(ReleaseStoreError):
-    """A second, different answer for a released key, or releases made with another noise key."""
+    """A second, different answer for a released key, or releases made with another noise key or
+    charged by another ledger."""
 
 
 # --- validation (pure, before anything touches the database) -------------------------------
@@ -307,21 +312,24 @@ class ReleaseStore:
 
     # --- writing ------------------------------------------------------------------------------
 
-    def publish(self, releases: pa.Table) -> int:
+    def publish(self, releases: pa.Table, *, ledger_id: str | None = None) -> int:
         """Insert the releases not yet in the store, in one transaction; return how many.
 
         ``releases`` has the columns of :data:`RELEASE_SCHEMA` (types castable to them, no
         nulls, finite values, ``noise_std > 0``, ``window_end > window_start``, one row per
         ``(query_id, window_id, coordinate)``), else ValueError naming the column. A row whose key
         is already released with identical contents is skipped (invariant 5: a re-run publishes
-        nothing new). A row that differs from the released one, or a noise key other than the
-        store's, raises :class:`ReleaseConflictError` and nothing of the batch is inserted.
+        nothing new). A row that differs from the released one, a noise key other than the
+        store's, or a ``ledger_id`` other than the store's (:meth:`check_ledger`), raises
+        :class:`ReleaseConflictError` and nothing of the batch is inserted. ``ledger_id``, the
+        ledger that charged for the releases, is recorded with the first publish that names one.
         """
-        return self._publish(releases, by_window=False)
+        return self._publish(releases, by_window=False, ledger_id=ledger_id)
 
     def publish_by_window(self, releases: pa.Table,
                           before_window: Callable[[int, int], None] = lambda index, window: None,
-                          after_window: Callable[[int], None] = lambda window: None) -> int:
+                          after_window: Callable[[int], None] = lambda window: None, *,
+                          ledger_id: str | None = None) -> int:
         """:meth:`publish`, one transaction per window in window order; returns the rows inserted.
 
         The whole batch is checked first (columns, one noise key, the store's key, no row
@@ -330,16 +338,19 @@ class ReleaseStore:
         rest for the next attempt (identical rows are skipped). ``before_window(i, window)`` runs
         before the ``i``-th window's transaction, ``after_window(window)`` after its commit.
         """
-        return self._publish(releases, by_window=True, before_window=before_window, after_window=after_window)
+        return self._publish(releases, by_window=True, before_window=before_window, after_window=after_window,
+                             ledger_id=ledger_id)
 
     def _publish(self, releases: pa.Table, *, by_window: bool,
                  before_window: Callable[[int, int], None] = lambda index, window: None,
-                 after_window: Callable[[int], None] = lambda window: None) -> int:
+                 after_window: Callable[[int], None] = lambda window: None, ledger_id: str | None = None) -> int:
         if self._read_only:
             raise ReleaseStoreError(f"release store {self._path} is open read-only; cannot publish")
         table = _validate(releases)
         if table.num_rows == 0:
             return 0
+        if ledger_id is not None:
+            self.check_ledger(ledger_id)
         fingerprints = sorted(pc.unique(table.column("key_fingerprint")).to_pylist())
         if len(fingerprints) != 1:
             raise ReleaseConflictError(
@@ -369,6 +380,8 @@ class ReleaseStore:
                         db.execute("INSERT INTO store_meta (key, value) VALUES ('key_fingerprint', ?)",
                                    [fingerprint])
                         stored = fingerprint
+                    if ledger_id is not None and self.ledger_id() is None:
+                        db.execute("INSERT INTO store_meta (key, value) VALUES ('ledger_id', ?)", [ledger_id])
                     crash_point("during_release_insert")  # test-only: rows inserted, transaction not committed
                     db.execute("COMMIT")
                 except BaseException:
@@ -453,6 +466,26 @@ class ReleaseStore:
     def key_fingerprint(self) -> str | None:
         """The fingerprint of the noise key of the releases here (None before the first publish)."""
         return self._meta("key_fingerprint")
+
+    def ledger_id(self) -> str | None:
+        """The id of the ledger that charged for the releases here (None before the first publish
+        that named one, e.g. in a store last written before ledger ids existed)."""
+        return self._meta("ledger_id")
+
+    def check_ledger(self, ledger_id: str) -> None:
+        """Refuse (:class:`ReleaseConflictError`, naming both ids) a ledger other than the one
+        this store's releases were charged by; a store that records none accepts any.
+
+        One store answers for one ledger: the promise to each user is kept by one ledger's
+        account of every answer they are in, and a second ledger publishing here would charge
+        its users for answers the first ledger never counted. Call it before anyone is charged."""
+        ledger_id = check_ledger_id(ledger_id)
+        stored = self.ledger_id()
+        if stored is not None and stored != ledger_id:
+            raise ReleaseConflictError(
+                f"release store {self._path} holds releases charged by ledger {stored}; this ledger is {ledger_id}: "
+                "refusing to mix answers of two ledgers in one store (their users' budgets would not account for "
+                "each other's answers). Use the ledger that made this store, or another store")
 
     def released_windows(self, query_id: str) -> list[int]:
         """The sorted window ids released for ``query_id`` (empty for an unknown query)."""

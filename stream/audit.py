@@ -70,6 +70,7 @@ release is identical to the first, which the audit verifies in passing.
 from __future__ import annotations
 
 import enum
+import hashlib
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -81,7 +82,7 @@ from stream.accounting import _validate as check
 from stream.accounting import calibrate
 from stream.accounting.calibration import check_accounting
 from stream.ledger import Ledger, Policy
-from stream.noise import InsecureNoiseWarning, NoiseKey, gaussian_noise
+from stream.noise import InsecureNoiseWarning, NoiseBinding, NoiseKey, gaussian_noise
 
 __all__ = [
     "AuditConfig",
@@ -316,7 +317,7 @@ def _request(left: np.ndarray, residual: np.ndarray, *, last: bool, noise_std: f
     return np.sqrt(2.0 * noise_std**2 * share * left) * factor
 
 
-def _world(config: AuditConfig, variant: Variant, *, present: bool, key: NoiseKey, rho: float,
+def _world(config: AuditConfig, variant: Variant, *, present: bool, key: NoiseBinding, rho: float,
            noise_std: float, known_others: np.ndarray | None) -> _World:
     """``config.trials`` independent interactions in one world (target present or absent).
 
@@ -388,7 +389,9 @@ def run_audit(config: AuditConfig = AuditConfig(), variant: Variant | str = Vari
     with warnings.catch_warnings():
         # A public test key on purpose: the audit must be reproducible, and it publishes nothing.
         warnings.simplefilter("ignore", InsecureNoiseWarning)
-        key = NoiseKey.insecure_for_tests(config.seed)
+        # One audited ledger, its id as reproducible as the key (a public hash of the seed).
+        ledger_id = hashlib.sha256(f"renyi-stream/audit-ledger/{int(config.seed)}".encode()).hexdigest()[:32]
+        key = NoiseBinding(NoiseKey.insecure_for_tests(config.seed), ledger_id)
     absent = _world(config, variant, present=False, key=key, rho=cal.rho, noise_std=cal.noise_std,
                     known_others=None)
     present = _world(config, variant, present=True, key=key, rho=cal.rho, noise_std=cal.noise_std,

@@ -1,30 +1,49 @@
-"""Keyed, reproducible, secret noise for releases.
+"""Keyed, reproducible, secret noise for releases, bound to one ledger.
 
 Why keyed noise. Invariant 5 of DESIGN.md: a window is released once. A retried bundle, a re-run
 of the same day or a recovery after a crash must give the *identical* answer, never a second
 independent draw: two independent noisy answers to the same sum average the noise away and spend
 the privacy budget twice. So the noise of release ``(query_id, window_id)`` is not drawn from a
-live generator; it is a function of a secret key:
+live generator; it is a function of a secret key, of the ledger that charges for the release and
+of the noise level:
 
-    philox_key = HMAC-SHA256(secret, domain || len(query) || query || window)[:16]
+    philox_key = HMAC-SHA256(secret, domain || len(ledger) || ledger || len(query) || query
+                                     || window || len(level) || level)[:16]
     noise      = Generator(Philox(key=philox_key)).<sampler>(dim)
 
-where ``len(query)`` is the byte length of the UTF-8 query id as 8 bytes big-endian and
-``window`` is the window id as a signed 8-byte big-endian integer. The length prefix makes the
-encoding injective (``("a", 12)`` and ``("a1", 2)`` are different messages), and each sampler
-has its own ``domain``, so the continuous and the discrete Gaussian never share a stream.
+where every ``len(x)`` is the byte length of ``x`` as 8 bytes big-endian (so the encoding is
+injective: ``("a", 12)`` and ``("a1", 2)`` are different messages), ``ledger`` is the ledger id
+(:func:`new_ledger_id`, 32 hex digits, ASCII), ``query`` the UTF-8 query id, ``window`` the
+window id as a signed 8-byte big-endian integer and ``level`` the noise level: the IEEE-754
+binary64 of ``noise_std``, big-endian, for the Gaussian; ``"<num>/<den>"`` (ASCII) of the exact
+rational ``sigma_squared`` in lowest terms for the discrete Gaussian. Each sampler has its own
+``domain`` (``renyi-stream/gaussian/v2``, ``renyi-stream/discrete-gaussian/v2``), so the
+continuous and the discrete Gaussian never share a stream.
 
-* The same ``(key, query_id, window_id)`` gives the same draw, bit for bit, on every run.
-* Any change of key, query id or window id gives an independent draw: HMAC-SHA256 is a
-  pseudo-random function of the message under a secret key, and Philox (Salmon et al. 2011,
-  "Parallel random numbers: as easy as 1, 2, 3") is a counter-based generator whose streams
-  under distinct keys are statistically independent.
+Why the ledger and the level are in the message (version 2). A key copied to a second ledger
+(a staging copy, a rebuilt ledger, a key shared between two deployments) would otherwise give
+that ledger the identical noise for the same ``(query, window)``, and the difference of the two
+releases would be the difference of the true sums, noise-free: one user's value exactly when
+the two datasets differ in that user. Likewise a release at another noise level would be the
+same draw scaled, and two such releases solve for the true sum. So the draw is a
+:class:`NoiseBinding` of the key *and* the ledger's random identifier (128 bits, created once
+with the ledger and kept for life), and the level is part of the message.
+
+* The same ``(key, ledger_id, query_id, window_id, level)`` gives the same draw, bit for bit,
+  on every run (invariant 5).
+* Any change of key, ledger id, query id, window id or level gives an independent draw:
+  HMAC-SHA256 is a pseudo-random function of the message under a secret key, and Philox (Salmon
+  et al. 2011, "Parallel random numbers: as easy as 1, 2, 3") is a counter-based generator whose
+  streams under distinct keys are statistically independent.
 * Without the secret the noise cannot be predicted or subtracted. The secret is 32 bytes from
   :func:`secrets.token_bytes` in a file of mode 0600 next to the curator's ledger
   (:meth:`NoiseKey.load_or_create`). Losing it does not break privacy, but re-runs of old
   windows would then draw new noise: back it up with the ledger.
 * The derivation is part of the release format: changing it changes the answer of a re-run.
-  ``tests/test_noise.py`` pins a few draws so that it cannot change by accident.
+  ``tests/test_noise.py`` pins a few draws so that it cannot change by accident. Version 1
+  (``.../v1`` domains, no ledger id, no level) is retired: windows released under it keep their
+  stored values (a released window is never drawn again: the ledger's processed windows and the
+  stores' first-write-wins rule), and every later window is drawn under version 2.
 
 Floating point. The continuous Gaussian is sampled in floating point, and floating-point samples
 are not exactly Gaussian: the set of representable outputs depends on the input, which can
@@ -41,8 +60,10 @@ import hashlib
 import hmac
 import math
 import os
+import re
 import secrets
 import stat
+import struct
 import warnings
 from dataclasses import dataclass
 from fractions import Fraction
@@ -56,8 +77,12 @@ KEY_BYTES = 32
 # (|x| < 9.2e18 = 9200 sigma) overflows with probability below exp(-4e7).
 MAX_DISCRETE_SIGMA_SQUARED = 1e30
 
-_GAUSSIAN_DOMAIN = b"renyi-stream/gaussian/v1"
-_DISCRETE_DOMAIN = b"renyi-stream/discrete-gaussian/v1"
+# Version 2 of the derivation: the message carries the ledger id and the noise level (see the
+# module docstring). Never reuse a domain for another message layout.
+_GAUSSIAN_DOMAIN = b"renyi-stream/gaussian/v2"
+_DISCRETE_DOMAIN = b"renyi-stream/discrete-gaussian/v2"
+LEDGER_ID_BYTES = 16
+_LEDGER_ID = re.compile(r"[0-9a-f]{%d}" % (2 * LEDGER_ID_BYTES))
 _FINGERPRINT_DOMAIN = b"renyi-stream/fingerprint/v1"
 _INSECURE_DOMAIN = b"renyi-stream/insecure-test-key/"
 
@@ -217,14 +242,58 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+# --- the binding of a key to one ledger ---------------------------------------------------------
+
+
+def new_ledger_id() -> str:
+    """A new ledger identifier: 128 random bits from :func:`secrets.token_hex`, as 32 lowercase
+    hex digits. Created once when a ledger is created and kept for its life; public (like the
+    key's fingerprint), since it only separates the noise of two ledgers under one key."""
+    return secrets.token_hex(LEDGER_ID_BYTES)
+
+
+def check_ledger_id(ledger_id: Any, *, name: str = "ledger_id") -> str:
+    """``ledger_id`` when it is what :func:`new_ledger_id` makes (32 lowercase hex digits);
+    ValueError naming ``name`` and the value otherwise."""
+    if not isinstance(ledger_id, str) or not _LEDGER_ID.fullmatch(ledger_id):
+        raise ValueError(f"{name} must be {2 * LEDGER_ID_BYTES} lowercase hex digits (stream.noise.new_ledger_id), "
+                         f"got {name}={ledger_id!r}")
+    return ledger_id
+
+
+@dataclass(frozen=True, repr=False)
+class NoiseBinding:
+    """The noise key bound to the one ledger whose releases it noises: what every keyed draw
+    (:func:`gaussian_noise`, :func:`discrete_gaussian_noise`) is derived from.
+
+    Two ledgers sharing a key file draw independent noise for the same ``(query, window)``
+    because their ``ledger_id`` differ (module docstring). There is no way to draw keyed noise
+    from a bare :class:`NoiseKey`, so no caller can forget the ledger. ``repr`` shows the key's
+    public fingerprint and the (public) ledger id, never the secret.
+    """
+
+    key: NoiseKey
+    ledger_id: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, NoiseKey):
+            raise ValueError(
+                f"key must be a NoiseKey (NoiseKey.load_or_create, or NoiseKey.insecure_for_tests in tests), "
+                f"got key of type {type(self.key).__name__}")
+        check_ledger_id(self.ledger_id)
+
+    def __repr__(self) -> str:
+        return f"NoiseBinding(fingerprint={self.key.fingerprint!r}, ledger_id={self.ledger_id!r})"
+
+
 # --- keyed derivation ----------------------------------------------------------------------------
 
 
-def _check_release(key: Any, query_id: Any, window_id: Any, dim: Any) -> None:
-    if not isinstance(key, NoiseKey):
+def _check_release(binding: Any, query_id: Any, window_id: Any, dim: Any) -> None:
+    if not isinstance(binding, NoiseBinding):
         raise ValueError(
-            f"key must be a NoiseKey (NoiseKey.load_or_create, or NoiseKey.insecure_for_tests in "
-            f"tests), got key of type {type(key).__name__}"
+            "binding must be a NoiseBinding (NoiseBinding(key, ledger_id): the noise key bound to the ledger "
+            f"that charges for the release), got binding of type {type(binding).__name__}"
         )
     if not isinstance(query_id, str) or not query_id:
         raise ValueError(f"query_id must be a non-empty string, got query_id={query_id!r}")
@@ -236,36 +305,56 @@ def _check_release(key: Any, query_id: Any, window_id: Any, dim: Any) -> None:
         raise ValueError(f"dim must be an integer >= 1, got dim={dim!r}")
 
 
-def _keyed_generator(key: NoiseKey, domain: bytes, query_id: str, window_id: int) -> np.random.Generator:
-    """Philox generator keyed by HMAC-SHA256(secret, domain || len || query || window)[:16]."""
-    query = query_id.encode("utf-8")
-    message = domain + len(query).to_bytes(8, "big") + query + int(window_id).to_bytes(8, "big", signed=True)
-    digest = hmac.new(key.secret, message, hashlib.sha256).digest()
+def _field(data: bytes) -> bytes:
+    """``len(data)`` as 8 bytes big-endian, then ``data``: a self-delimiting field."""
+    return len(data).to_bytes(8, "big") + data
+
+
+def _keyed_generator(binding: NoiseBinding, domain: bytes, query_id: str, window_id: int,
+                     level: bytes) -> np.random.Generator:
+    """Philox generator keyed by ``HMAC-SHA256(secret, domain || ledger || query || window ||
+    level)[:16]``, each variable-length field length-prefixed (module docstring)."""
+    message = (domain + _field(binding.ledger_id.encode("ascii")) + _field(query_id.encode("utf-8"))
+               + int(window_id).to_bytes(8, "big", signed=True) + _field(level))
+    digest = hmac.new(binding.key.secret, message, hashlib.sha256).digest()
     return np.random.Generator(np.random.Philox(key=int.from_bytes(digest[:16], "big")))
 
 
-def gaussian_noise(key: NoiseKey, *, query_id: str, window_id: int, dim: int, noise_std: float) -> np.ndarray:
-    """The Gaussian noise of release ``(query_id, window_id)``: float64 array of shape ``(dim,)``,
-    i.i.d. N(0, noise_std^2) per coordinate.
+def _std_level(noise_std: float) -> bytes:
+    """The Gaussian's level field: ``noise_std`` as IEEE-754 binary64, big-endian."""
+    return struct.pack(">d", float(noise_std))
+
+
+def _fraction_level(sigma_squared: Fraction) -> bytes:
+    """The discrete Gaussian's level field: the exact rational ``sigma^2`` in lowest terms."""
+    return f"{sigma_squared.numerator}/{sigma_squared.denominator}".encode("ascii")
+
+
+def gaussian_noise(binding: NoiseBinding, *, query_id: str, window_id: int, dim: int,
+                   noise_std: float) -> np.ndarray:
+    """The Gaussian noise of release ``(query_id, window_id)`` of ``binding``'s ledger: float64
+    array of shape ``(dim,)``, i.i.d. N(0, noise_std^2) per coordinate.
 
     ``noise_std`` is the standard deviation *per coordinate*, in the units of the query's
     answer (the ``s_t`` of DESIGN.md; the zCDP charge of a contribution ``v`` is
-    ``||v||^2 / (2 noise_std^2)``). Deterministic in ``(key, query_id, window_id)``
-    (invariant 5), independent across any change of them; for a fixed key the draw for
-    ``dim = k`` is the prefix of the draw for any larger ``dim`` and is scaled linearly in
-    ``noise_std``.
+    ``||v||^2 / (2 noise_std^2)``). Deterministic in ``(binding.key, binding.ledger_id,
+    query_id, window_id, noise_std)`` (invariant 5), independent across any change of them:
+    another ledger under the same key, or the same release at another ``noise_std``, is an
+    independent draw (never the same draw scaled). For fixed arguments the draw for
+    ``dim = k`` is the prefix of the draw for any larger ``dim``.
 
     This is a floating-point sampler, with the least-significant-bit weakness of
     Mironov 2012; prefer :func:`discrete_gaussian_noise` for integer-valued answers.
-    Raises ``ValueError`` naming the parameter for a non-``NoiseKey`` key, an empty
-    ``query_id``, a non-integer or out-of-int64 ``window_id``, ``dim < 1`` or a
-    ``noise_std`` that is not finite and > 0.
+    Raises ``ValueError`` naming the parameter for a ``binding`` that is not a
+    :class:`NoiseBinding` (a bare :class:`NoiseKey` included), an empty ``query_id``, a
+    non-integer or out-of-int64 ``window_id``, ``dim < 1`` or a ``noise_std`` that is not
+    finite and > 0.
     """
-    _check_release(key, query_id, window_id, dim)
+    _check_release(binding, query_id, window_id, dim)
     if isinstance(noise_std, bool) or not isinstance(noise_std, (int, float, np.integer, np.floating)) \
             or not math.isfinite(noise_std) or noise_std <= 0:
         raise ValueError(f"noise_std must be a finite number > 0, got noise_std={noise_std!r}")
-    rng = _keyed_generator(key, _GAUSSIAN_DOMAIN, query_id, int(window_id))
+    rng = _keyed_generator(binding, _GAUSSIAN_DOMAIN, query_id, int(window_id), _std_level(noise_std))
     return float(noise_std) * rng.standard_normal(int(dim))
 
 
@@ -400,22 +489,24 @@ def sample_discrete_gaussian(sigma_squared: float | Fraction, size: int, rng: np
 
 
 def discrete_gaussian_noise(
-    key: NoiseKey, *, query_id: str, window_id: int, dim: int, sigma_squared: float | Fraction
+    binding: NoiseBinding, *, query_id: str, window_id: int, dim: int, sigma_squared: float | Fraction
 ) -> np.ndarray:
-    """The discrete Gaussian noise of release ``(query_id, window_id)``: int64 array of shape
-    ``(dim,)``, i.i.d. exact ``N_Z(0, sigma_squared)`` per coordinate (see
+    """The discrete Gaussian noise of release ``(query_id, window_id)`` of ``binding``'s ledger:
+    int64 array of shape ``(dim,)``, i.i.d. exact ``N_Z(0, sigma_squared)`` per coordinate (see
     :func:`sample_discrete_gaussian`).
 
-    Keyed like :func:`gaussian_noise` (deterministic in ``(key, query_id, window_id)``,
-    independent otherwise) but with its own HMAC domain, so it never shares a stream with the
-    continuous noise of the same release. Use it for integer-valued answers: the release
+    Keyed like :func:`gaussian_noise` (deterministic in ``(binding, query_id, window_id,
+    sigma_squared)``, with ``sigma_squared`` taken as its exact rational value, and independent
+    across any change of them) but with its own HMAC domain, so it never shares a stream with
+    the continuous noise of the same release. Use it for integer-valued answers: the release
     ``sum + noise`` is then an integer and has no floating-point side channel (Mironov 2012).
     For zCDP accounting the discrete Gaussian with scale ``sigma^2`` gives at least the
     guarantee of the continuous one, ``rho = Delta_2^2 / (2 sigma^2)`` (CKS 2020, Theorem 14).
     """
-    _check_release(key, query_id, window_id, dim)
+    _check_release(binding, query_id, window_id, dim)
     sigma2 = _sigma_squared_fraction(sigma_squared)
-    return _sample(sigma2, int(dim), _keyed_generator(key, _DISCRETE_DOMAIN, query_id, int(window_id)))
+    rng = _keyed_generator(binding, _DISCRETE_DOMAIN, query_id, int(window_id), _fraction_level(sigma2))
+    return _sample(sigma2, int(dim), rng)
 
 
 def discrete_gaussian_pmf(values: Any, sigma_squared: float) -> np.ndarray:

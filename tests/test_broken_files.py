@@ -13,7 +13,6 @@ day.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import shutil
 from pathlib import Path
 

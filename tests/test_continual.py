@@ -27,7 +27,7 @@ from stream.continual import (
     tree_node_variance,
 )
 from stream.ledger import ADMITTED, CLIPPED, DROPPED, Ledger
-from stream.noise import InsecureNoiseWarning, NoiseKey
+from stream.noise import InsecureNoiseWarning, NoiseBinding, NoiseKey
 
 # False alarms: every statistical test uses a fixed key, so it is deterministic; each check
 # rejects at p < P_FLOOR = 1e-3, so a correct implementation fails it for at most a fraction
@@ -43,13 +43,17 @@ def _prefix(horizon: int) -> np.ndarray:
     return np.tril(np.ones((horizon, horizon)))
 
 
-def _key(seed: int) -> NoiseKey:
+LEDGER = "0123456789abcdef0123456789abcdef"
+
+
+def _key(seed: int, ledger_id: str = LEDGER) -> NoiseBinding:
+    """The insecure test key of ``seed``, bound to the ledger ``ledger_id``."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InsecureNoiseWarning)
-        return NoiseKey.insecure_for_tests(seed)
+        return NoiseBinding(NoiseKey.insecure_for_tests(seed), ledger_id)
 
 
-def _run(query: RunningQuery, windows: list[tuple[np.ndarray, np.ndarray]], *, key: NoiseKey, budget: float,
+def _run(query: RunningQuery, windows: list[tuple[np.ndarray, np.ndarray]], *, key: NoiseBinding, budget: float,
          policy: str = "drop", state: RunningState | None = None, ledger: Ledger | None = None,
          first: int = 0) -> tuple[list[np.ndarray], RunningState, Ledger]:
     """Release windows ``first..`` of ``windows`` (a list of (ids, rows) per window) end to end."""
@@ -60,7 +64,7 @@ def _run(query: RunningQuery, windows: list[tuple[np.ndarray, np.ndarray]], *, k
         ids, rows = windows[t]
         window_id = query.start_window + t
         step = state.step(ids, rows, window_id=window_id, ledger=ledger, noise_std=query.noise_std, policy=policy)
-        releases.append(query.noisy_release(step.total, key=key, window_id=window_id))
+        releases.append(query.noisy_release(step.total, binding=key, window_id=window_id))
     return releases, state, ledger
 
 
@@ -366,6 +370,18 @@ def test_the_same_key_releases_identical_running_totals_and_another_key_does_not
     assert not np.array_equal(query.estimates(first), query.estimates(other))
 
 
+def test_another_ledger_under_the_same_key_releases_running_totals_with_other_noise():
+    # Two ledgers sharing a key file: the difference of their releases must keep the noise.
+    rng = np.random.default_rng(5)
+    windows = _random_windows(rng, users=40, horizon=30, dim=2)
+    query = RunningQuery(query_id="running:churn", dim=2, start_window=20000, noise_std=2.0)
+    first, _, _ = _run(query, windows, key=_key(1), budget=5.0)
+    other, _, _ = _run(query, windows, key=_key(1, "fedcba9876543210fedcba9876543210"), budget=5.0)
+    difference = np.concatenate([a - b for a, b in zip(first, other)]).ravel()
+    assert np.all(difference != 0.0)
+    assert np.std(difference) > query.noise_std  # both noises kept: std 2 sqrt(2), not 0
+
+
 @pytest.mark.parametrize("strategy", [SquareRootFactorization(), BinaryTree(), BinaryTree(height=3)], ids=repr)
 @pytest.mark.parametrize("id_type", ["int64", "string"])
 def test_recovery_from_snapshots_gives_the_identical_running_totals(strategy, id_type):
@@ -454,7 +470,7 @@ def test_the_declared_std_matches_the_spread_of_released_running_totals_on_zero_
 def test_noisy_release_checks_the_shape_of_the_total():
     query = RunningQuery(query_id="running:q", dim=2, start_window=0, noise_std=1.0, strategy=BinaryTree())
     with pytest.raises(ValueError, match="total must have shape \\(2, 2\\) at window_id=1"):
-        query.noisy_release(np.zeros((1, 2)), key=_key(1), window_id=1)
+        query.noisy_release(np.zeros((1, 2)), binding=_key(1), window_id=1)
     with pytest.raises(ValueError, match="window_id must be >= start_window=0, got window_id=-1"):
         query.rows_at(-1)
 

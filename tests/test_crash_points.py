@@ -2,8 +2,9 @@
 
 Each test kills a real run with SIGKILL at one named point (``RENYI_STREAM_CRASH_AT``, see
 :mod:`stream.faults`), checks that the crash left the state that point promises, re-runs the same
-day and compares everything with an uninterrupted run on a fresh store and ledger with the same
-noise key: the ledger table (every user charged exactly once), every window released exactly
+day and compares everything with an uninterrupted run on a fresh store and a copy of the same new
+ledger with the same noise key (every ledger here is a copy of one new ledger, so one ledger id:
+two ledgers draw independent noise, issue 18): the ledger table (every user charged exactly once), every window released exactly
 once with the same value, the outbox fully published, the per-window counts, the dead letters and
 the row totals ``rows read = admitted + clipped + dropped + rejected + late``.
 
@@ -18,6 +19,7 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -27,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from pipelines.curator_store import CuratorStore
 from pipelines.daily_job import JobConfig, run_job
 from queries.release_store import ReleaseStore
 from stream.faults import CRASH_ENV
@@ -90,9 +93,26 @@ def _config(root, inputs, start: int, end: int, name: str) -> JobConfig:
                      n_shards=4)
 
 
+def _pristine(root) -> str:
+    """The one new ledger every ledger of this module starts as a copy of (created once)."""
+    path = os.path.join(root, "pristine.ledger.duckdb")
+    if not os.path.exists(path):
+        CuratorStore(path).close()
+    return path
+
+
+def _same_ledger(config: JobConfig) -> JobConfig:
+    """``config``, its ledger started as a copy of the module's new ledger (:func:`_pristine`)."""
+    shutil.copy(_pristine(os.path.dirname(config.ledger)), config.ledger)
+    return config
+
+
 def _fresh(config: JobConfig, tmp_path) -> JobConfig:
-    """``config`` on a store and ledger of its own (the key stays the shared one)."""
-    return dataclasses.replace(config, store=str(tmp_path / "releases.duckdb"), ledger=str(tmp_path / "ledger.duckdb"))
+    """``config`` on a store and a copy of the module's new ledger of its own (the key stays the
+    shared one)."""
+    fresh = dataclasses.replace(config, store=str(tmp_path / "releases.duckdb"), ledger=str(tmp_path / "ledger.duckdb"))
+    shutil.copy(_pristine(os.path.dirname(config.ledger)), fresh.ledger)
+    return fresh
 
 
 _CRASHING_RUN = textwrap.dedent("""
@@ -200,14 +220,14 @@ def _assert_left_as_promised(point: str, state: dict, before: dict, windows: lis
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory):
-    """Uninterrupted runs on fresh stores with the shared key: one run over days 0-2, and a
-    two-day stream (day 0, then days 1-2 with a late row for day 0)."""
+    """Uninterrupted runs on fresh stores, with copies of one new ledger and the shared key: one
+    run over days 0-2, and a two-day stream (day 0, then days 1-2 with a late row for day 0)."""
     root = tmp_path_factory.mktemp("crash")
     files = {"d0": _write_day(root / "d0.parquet", 0), "d1": _write_day(root / "d1.parquet", 1),
              "d2": _write_day(root / "d2.parquet", 2), "d2_late": _write_day(root / "d2-late.parquet", 2, late_for=0)}
-    one = _config(root, [files["d0"], files["d1"], files["d2"]], 0, 2, "clean")
+    one = _same_ledger(_config(root, [files["d0"], files["d1"], files["d2"]], 0, 2, "clean"))
     run_job(one)
-    first = _config(root, [files["d0"]], 0, 0, "clean2")
+    first = _same_ledger(_config(root, [files["d0"]], 0, 0, "clean2"))
     second = _config(root, [files["d1"], files["d2_late"]], 1, 2, "clean2")
     run_job(first)
     day_one = _state(first)

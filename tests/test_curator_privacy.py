@@ -22,7 +22,6 @@ import pytest
 
 from pipelines.cli import main
 from pipelines.curator_store import CuratorStore, CuratorStoreError
-from pipelines.daily_job import JobConfig, run_job
 from pipelines.features import load_features, materialise_features
 
 DAY0 = dt.date(2026, 3, 1)

@@ -7,8 +7,9 @@
   read from the portable proto itself: the coders the runner will use.
 * Every transform and DoFn pickles and unpickles with Beam's pickler (cloudpickle, its default).
 * ``pipelines.distributed.main`` runs end to end on the DirectRunner over local files standing in
-  for buckets, and gives the releases and the ledger ``renyi-stream run`` gives on the same data
-  and key; its recovery rules (re-runs, interrupted attempts, stale ledgers) hold.
+  for buckets, and gives the ledger ``renyi-stream run`` gives on the same data and key, and the
+  same releases up to the noise, which is each ledger's own (bound to its ledger id, issue 18);
+  its recovery rules (re-runs, interrupted attempts, stale ledgers) hold.
 * The deployment files agree with the code (parameters, versions, runner options).
 """
 
@@ -43,7 +44,7 @@ from pipelines.readers import read_batches
 from pipelines.shard_state import QueryPlan
 from queries.linear import default_queries
 from stream.ledger import Ledger
-from stream.noise import NoiseKey
+from stream.noise import NoiseBinding, NoiseKey, gaussian_noise, new_ledger_id
 from stream.schema import WindowSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +94,7 @@ def _daily_graph(tmp_path: Path, runner: str) -> beam.Pipeline:
         [path], window=WindowSpec(), start_window=W0, end_window=W0 + 1, released=[], schedule=[W0, W0 + 1],
         plan=plan, indicator_columns=["opened"], noise_std=2.0, policy="drop", budget=1.0, id_type="int64",
         tracker_step=1 / 32, n_shards=8, previous_ledger=Ledger(budget=1.0).to_arrow(),
-        key_path=key_path, accounting="gdp", key_fingerprint=key.fingerprint,
+        key_path=key_path, accounting="gdp", key_fingerprint=key.fingerprint, ledger_id=new_ledger_id(),
         releases_parquet="gs://my-bucket-renyi/releases")
     return p
 
@@ -214,8 +215,8 @@ def _local_run(tmp_path: Path, inputs: list[str], start: str, end: str) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
 
 
-def _parquet_releases(tmp_path: Path) -> list[tuple]:
-    root = tmp_path / "public" / "releases"
+def _parquet_releases(tmp_path: Path, root: Path | None = None) -> list[tuple]:
+    root = root or tmp_path / "public" / "releases"
     with duckdb.connect() as con:
         return con.execute(
             f"SELECT query_id, window_id, coordinate, label, value, noise_std, key_fingerprint FROM "
@@ -232,6 +233,23 @@ def _store_releases(tmp_path: Path) -> list[tuple]:
 def _snapshot(output: Path) -> pa.Table:
     manifest = json.loads((output / dist.COMMITTED).read_text())
     return pa.concat_tables([pq.read_table(f) for f in manifest["ledger_files"]]).sort_by("user_id")
+
+
+def _ledger_id(run: Path) -> str:
+    """The ledger id a distributed run's manifest records."""
+    return json.loads((run / dist.COMMITTED).read_text())["parameters"]["ledger_id"]
+
+
+def _without_noise(rows: list[tuple], key: NoiseKey, ledger_id: str) -> list[tuple]:
+    """Release rows (query_id, window_id, coordinate, label, value, noise_std, ...) of window sums
+    with the keyed noise of ledger ``ledger_id`` taken off ``value``: the sums that were noised.
+    Two ledgers on the same data agree on these, each adding its own ledger's noise."""
+    binding = NoiseBinding(key, ledger_id)
+    out = []
+    for query_id, window, coordinate, label, value, std, *rest in rows:
+        noise = gaussian_noise(binding, query_id=query_id, window_id=window, dim=coordinate + 1, noise_std=std)
+        out.append((query_id, window, coordinate, label, value - float(noise[coordinate]), std, *rest))
+    return out
 
 
 def _same_values(a: list[tuple], b: list[tuple]) -> None:
@@ -262,7 +280,13 @@ def test_distributed_main_gives_the_releases_and_ledger_of_renyi_stream_run(tmp_
 
     parquet, store = _parquet_releases(tmp_path), _store_releases(tmp_path)
     assert {r[1] for r in parquet} == {W0, W0 + 1, W0 + 2} and {r[0] for r in parquet} == {"sum:opened", "sum:spent"}
-    _same_values(parquet, store)  # same data, same key: the same noisy releases
+    # Same data and key, two ledgers: the same sums, each with its own ledger's noise (issue 18).
+    with duckdb.connect(str(tmp_path / "local" / "s.duckdb"), read_only=True) as con:
+        (local_id,) = con.execute("SELECT value FROM store_meta WHERE key = 'ledger_id'").fetchone()
+    assert _ledger_id(run1) == _ledger_id(run2) != local_id  # the distributed ledger keeps its id
+    key = _key(tmp_path)[1]
+    _same_values(_without_noise(parquet, key, _ledger_id(run2)), _without_noise(store, key, local_id))
+    assert all(abs(p[4] - s[4]) > 1e-9 for p, s in zip(parquet, store))  # the noises differ
 
     with duckdb.connect(str(tmp_path / "local" / "l.duckdb"), read_only=True) as con:
         local = con.execute("SELECT user_id, used, tracker_segment, tracker_bound FROM ledger ORDER BY user_id").arrow()
@@ -309,8 +333,9 @@ def _public(tmp_path) -> dict:
 
 @pytest.fixture
 def clean_two_days(tmp_path, tmp_path_factory, two_days):
-    """The public files and the day-2 ledger of an uninterrupted two-day distributed run, with
-    the test's noise key."""
+    """The public release rows less their ledger's noise (:func:`_without_noise`) and the day-2
+    ledger of an uninterrupted two-day distributed run, with the test's noise key. Its ledger is
+    another one than the test's, so only the sums and the ledger can be compared, not the noise."""
     clean = tmp_path_factory.mktemp("clean")
     key_path, _ = _key(tmp_path)
     (clean / "key").mkdir()
@@ -319,7 +344,12 @@ def clean_two_days(tmp_path, tmp_path_factory, two_days):
     run1, run2 = clean / "curator" / "run1", clean / "curator" / "run2"
     assert dist.main(_args(clean, two_days[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
     assert dist.main(_args(clean, two_days[1:2], "2026-03-02", "2026-03-02", str(run1), run2)) == 0
-    return _public(clean), _snapshot(run2)
+    return _without_noise(_parquet_releases(clean), _key(tmp_path)[1], _ledger_id(run2)), _snapshot(run2)
+
+
+def _public_sums(tmp_path: Path, run: Path) -> list[tuple]:
+    """The test's public release rows less the noise of ``run``'s ledger."""
+    return _without_noise(_parquet_releases(tmp_path), _key(tmp_path)[1], _ledger_id(run))
 
 
 def test_a_job_killed_before_its_commit_publishes_nothing_and_its_rerun_charges_once(tmp_path, two_days,
@@ -338,7 +368,9 @@ def test_a_job_killed_before_its_commit_publishes_nothing_and_its_rerun_charges_
     # The same arguments: every user charged once, every window published once, as if nothing failed.
     assert dist.main(day2) == 0
     public, ledger = clean_two_days
-    assert _public(tmp_path) == public
+    assert _public(tmp_path).keys() == {Path("public") / "releases" / f"window_id={W0 + d}" / "releases.parquet"
+                                        for d in range(2)}
+    _same_values(_public_sums(tmp_path, run2), public)
     assert _snapshot(run2).equals(ledger)
 
 
@@ -352,7 +384,7 @@ def test_releases_committed_but_not_published_are_published_by_the_next_run(tmp_
     assert dist.main(day2) == 2  # a committed output is never rewritten
     assert dist.main(_args(tmp_path, two_days[2:], "2026-03-03", "2026-03-03", str(run2), run3)) == 0
     public, ledger = clean_two_days
-    assert {k: v for k, v in _public(tmp_path).items() if f"window_id={W0 + 2}" not in str(k)} == public
+    _same_values([r for r in _public_sums(tmp_path, run3) if r[1] != W0 + 2], public)
     assert _snapshot(run2).equals(ledger)
 
 
@@ -461,6 +493,34 @@ def test_a_run_killed_between_its_commit_and_its_publish_is_published_by_the_nex
     assert {w: r["run"] for w, r in records.items()} == {W0: _attempt(run1), W0 + 1: _attempt(run2),
                                                          W0 + 2: _attempt(run3)}
     assert all(set(r) == {"version", "window_id", "run"} for r in records.values())  # no counts, no users
+
+def test_a_new_ledgers_interrupted_first_run_is_rerun_with_the_ledger_id_its_intent_fixed(tmp_path, two_days):
+    # A re-run of an interrupted attempt must draw the noise the attempt drew (invariant 5), so a
+    # new ledger's id is fixed once, in the attempt's intent, not drawn again by the re-run.
+    run1 = tmp_path / "curator" / "run1"
+    day1 = _args(tmp_path, two_days[:1], "2026-03-01", "2026-03-01", "none", run1)
+    assert _crashed_main(tmp_path, day1, "distributed_before_commit").returncode == -9
+    intended = json.loads((run1 / dist.INTENT).read_text())["parameters"]["ledger_id"]
+    (staged,) = (run1 / "staged-releases").rglob("*.parquet")  # the attempt's draw, never public
+    attempt = {(r["query_id"], r["coordinate"]): r["value"] for r in pq.read_table(staged).to_pylist()}
+    assert dist.main(day1) == 0
+    assert _ledger_id(run1) == intended
+    public = {(r[0], r[2]): r[4] for r in _parquet_releases(tmp_path)}
+    assert public == attempt and len(public) == 2  # the identical release, bit for bit
+
+
+def test_a_manifest_from_before_ledger_ids_is_continued_with_a_new_one_carried_from_then_on(tmp_path, two_days):
+    run1, run2, run3 = (tmp_path / "curator" / name for name in ("run1", "run2", "run3"))
+    assert dist.main(_args(tmp_path, two_days[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
+    for name in (dist.INTENT, dist.COMMITTED):  # as an older version wrote them
+        manifest = json.loads((run1 / name).read_text())
+        del manifest["parameters"]["ledger_id"]
+        (run1 / name).write_text(json.dumps(manifest))
+    public = _public(tmp_path)
+    assert dist.main(_args(tmp_path, two_days[1:2], "2026-03-02", "2026-03-02", str(run1), run2)) == 0
+    assert dist.main(_args(tmp_path, two_days[2:], "2026-03-03", "2026-03-03", str(run2), run3)) == 0
+    assert len(_ledger_id(run2)) == 32 and _ledger_id(run3) == _ledger_id(run2)
+    assert {k: v for k, v in _public(tmp_path).items() if k in public} == public  # day 1 kept as published
 
 
 def test_a_snapshot_that_lost_users_is_not_committed(tmp_path, two_days):

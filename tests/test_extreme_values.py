@@ -16,7 +16,6 @@ import datetime as dt
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 

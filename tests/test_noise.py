@@ -1,5 +1,5 @@
-"""Keyed noise: reproducible per (query, window), independent otherwise, exact discrete Gaussian,
-and the handling of the secret key file."""
+"""Keyed noise: reproducible per (ledger, query, window, noise level), independent otherwise, exact
+discrete Gaussian, and the handling of the secret key file."""
 
 from __future__ import annotations
 
@@ -19,11 +19,13 @@ from scipy import stats
 from stream import noise
 from stream.noise import (
     InsecureNoiseWarning,
+    NoiseBinding,
     NoiseKey,
     NoiseKeyError,
     discrete_gaussian_noise,
     discrete_gaussian_pmf,
     gaussian_noise,
+    new_ledger_id,
     sample_discrete_gaussian,
 )
 
@@ -35,16 +37,30 @@ P_FLOOR = 1e-3
 Z_TWO_SIDED = stats.norm.ppf(1 - P_FLOOR / 2)  # 3.29: |N(0,1)| exceeds it with probability 1e-3
 
 FIXED_SECRET = bytes(range(32))
+LEDGER = "0123456789abcdef0123456789abcdef"
+OTHER_LEDGER = "fedcba9876543210fedcba9876543210"
+# Draws of version 2 of the derivation under NoiseKey(FIXED_SECRET) (see the pinning test).
+PINNED_SUM_ACTIVE = [0.7026599501139539, -1.5589565952171052, -0.26232969189106053]
+PINNED_Q = [-1.2410224081427377, 0.3737077964343095]
+PINNED_Q_HALF = [-0.8768005359540921, -1.0524922489785917]
+PINNED_Q_OTHER_LEDGER = [0.8395744016839015, 2.175946910867933]
+PINNED_DISCRETE = [-7, 11, 4, 1]
 
 
 @pytest.fixture(scope="module")
-def key() -> NoiseKey:
+def key() -> NoiseBinding:
+    """The insecure test key bound to the ledger ``LEDGER``."""
     with pytest.warns(InsecureNoiseWarning):
-        return NoiseKey.insecure_for_tests(2024)
+        return NoiseBinding(NoiseKey.insecure_for_tests(2024), LEDGER)
 
 
-def _noise(key: NoiseKey, query_id: str = "q", window_id: int = 1, dim: int = 4, noise_std: float = 1.0):
-    return gaussian_noise(key, query_id=query_id, window_id=window_id, dim=dim, noise_std=noise_std)
+def _noise(binding: NoiseBinding, query_id: str = "q", window_id: int = 1, dim: int = 4, noise_std: float = 1.0):
+    return gaussian_noise(binding, query_id=query_id, window_id=window_id, dim=dim, noise_std=noise_std)
+
+
+def _on(binding: NoiseBinding, ledger_id: str) -> NoiseBinding:
+    """``binding``'s key bound to another ledger."""
+    return NoiseBinding(binding.key, ledger_id)
 
 
 # --- determinism and the keyed derivation -------------------------------------------------------
@@ -60,8 +76,8 @@ def test_the_draw_is_float64_of_shape_dim(key):
 
 
 def test_a_reloaded_key_gives_the_identical_draw(tmp_path):
-    first = NoiseKey.load_or_create(tmp_path / "noise.key")
-    again = NoiseKey.load(tmp_path / "noise.key")
+    first = NoiseBinding(NoiseKey.load_or_create(tmp_path / "noise.key"), LEDGER)
+    again = NoiseBinding(NoiseKey.load(tmp_path / "noise.key"), LEDGER)
     assert np.array_equal(_noise(first, "sum:active", 19000), _noise(again, "sum:active", 19000))
 
 
@@ -74,7 +90,21 @@ def test_a_different_query_gives_a_different_draw(key):
 
 
 def test_a_different_key_gives_a_different_draw(key):
-    assert not np.array_equal(_noise(key), _noise(NoiseKey(secret=FIXED_SECRET)))
+    assert not np.array_equal(_noise(key), _noise(NoiseBinding(NoiseKey(secret=FIXED_SECRET), LEDGER)))
+
+
+def test_a_different_ledger_under_the_same_key_gives_a_different_draw(key):
+    # The attack of issue 18: a second ledger run with the first one's key file must not draw the
+    # same noise, or subtracting the two releases cancels it.
+    assert not np.array_equal(_noise(key), _noise(_on(key, OTHER_LEDGER)))
+
+
+def test_two_ledgers_under_the_same_key_draw_independent_noise(key):
+    a = np.array([_noise(key, "q", w, dim=1)[0] for w in range(4000)])
+    b = np.array([_noise(_on(key, OTHER_LEDGER), "q", w, dim=1)[0] for w in range(4000)])
+    assert abs(_fisher_z(a, b)) < Z_TWO_SIDED  # two-sided, false alarm 1e-3
+    # The difference of the two ledgers' releases keeps both noises: N(0, 2), not 0.
+    assert stats.kstest(a - b, "norm", args=(0.0, math.sqrt(2))).pvalue > P_FLOOR
 
 
 def test_query_and_window_are_encoded_without_collisions(key):
@@ -88,7 +118,7 @@ def test_query_and_window_are_encoded_without_collisions(key):
     st.tuples(st.text(min_size=1, max_size=6), st.integers(-(2**63), 2**63 - 1)),
 )
 def test_distinct_query_window_pairs_never_share_a_draw(pair_a, pair_b):
-    secret_key = NoiseKey(secret=FIXED_SECRET)
+    secret_key = NoiseBinding(NoiseKey(secret=FIXED_SECRET), LEDGER)
     same = np.array_equal(_noise(secret_key, *pair_a, dim=2), _noise(secret_key, *pair_b, dim=2))
     assert same == (pair_a == pair_b)
 
@@ -98,25 +128,74 @@ def test_numpy_integer_window_ids_give_the_same_draw_as_python_ints(key):
     assert np.array_equal(_noise(key, window_id=np.uint32(7)), _noise(key, window_id=7))
 
 
-def test_noise_std_scales_the_draw_and_dim_extends_it(key):
+def test_dim_extends_the_draw(key):
     base = _noise(key, "q", 3, dim=6, noise_std=1.0)
-    assert np.allclose(_noise(key, "q", 3, dim=6, noise_std=2.5), 2.5 * base, rtol=0, atol=1e-15)
     assert np.array_equal(_noise(key, "q", 3, dim=3, noise_std=1.0), base[:3])
+
+
+def test_a_different_noise_std_gives_an_independent_draw_not_the_same_draw_scaled(key):
+    # Were the draw at std 2.5 the draw at std 1 scaled, the two releases (sum + z, sum + 2.5 z)
+    # would solve for the sum exactly.
+    base = _noise(key, "q", 3, dim=6, noise_std=1.0)
+    assert not np.allclose(_noise(key, "q", 3, dim=6, noise_std=2.5), 2.5 * base, rtol=1e-9, atol=0)
+    unit = np.array([_noise(key, "levels", w, dim=1, noise_std=1.0)[0] for w in range(4000)])
+    scaled = np.array([_noise(key, "levels", w, dim=1, noise_std=2.5)[0] for w in range(4000)]) / 2.5
+    assert abs(_fisher_z(unit, scaled)) < Z_TWO_SIDED  # two-sided, false alarm 1e-3
+
+
+def test_the_same_noise_std_as_int_float_or_numpy_gives_the_same_draw(key):
+    assert np.array_equal(_noise(key, noise_std=2), _noise(key, noise_std=2.0))
+    assert np.array_equal(_noise(key, noise_std=np.float64(2.0)), _noise(key, noise_std=2.0))
+
+
+def test_the_ledger_id_and_the_query_are_encoded_without_collisions():
+    # Length prefixes: moving bytes between the ledger, query and level fields changes the message.
+    fixed = NoiseKey(secret=FIXED_SECRET)
+    parts = (noise._GAUSSIAN_DOMAIN, "q", 1, noise._std_level(1.0))
+    reference = noise._keyed_generator(NoiseBinding(fixed, LEDGER), *parts).standard_normal(2)
+    other = noise._keyed_generator(NoiseBinding(fixed, OTHER_LEDGER), *parts).standard_normal(2)
+    assert not np.array_equal(reference, other)
+    assert noise._field(b"ab") + noise._field(b"c") != noise._field(b"a") + noise._field(b"bc")
 
 
 def test_the_derivation_is_pinned_so_reruns_of_old_windows_reproduce():
     # Changing the HMAC message layout, the domain or the Philox keying would make a re-run of an
-    # already released window draw new noise (invariant 5). These values were produced by the
-    # first released version of this module.
-    fixed = NoiseKey(secret=FIXED_SECRET)
-    assert _noise(fixed, "sum:active", 19000, dim=3).tolist() == [
-        0.8515858830972197, -0.5954319757260003, 1.2714494474889513]
-    assert _noise(fixed, "q", -1, dim=2).tolist() == [-0.2045310704050357, 0.03610177091566632]
+    # already released window draw new noise (invariant 5). These values were produced by version
+    # 2 of the derivation (ledger id and noise level in the message); version 1's pins were
+    # replaced on purpose when it was retired (issue 18: noise bound to one ledger).
+    fixed = NoiseBinding(NoiseKey(secret=FIXED_SECRET), LEDGER)
+    assert _noise(fixed, "sum:active", 19000, dim=3).tolist() == PINNED_SUM_ACTIVE
+    assert _noise(fixed, "q", -1, dim=2).tolist() == PINNED_Q
+    assert _noise(fixed, "q", -1, dim=2, noise_std=0.5).tolist() == PINNED_Q_HALF
+    assert _noise(NoiseBinding(fixed.key, OTHER_LEDGER), "q", -1, dim=2).tolist() == PINNED_Q_OTHER_LEDGER
+    assert discrete_gaussian_noise(fixed, query_id="c", window_id=9, dim=4, sigma_squared=Fraction(81, 4)).tolist() \
+        == PINNED_DISCRETE
+
+
+def test_the_philox_key_is_the_documented_hmac_of_ledger_query_window_and_level():
+    # The message layout of the module docstring, written out independently of the code.
+    import hmac
+    import struct
+
+    def field(data: bytes) -> bytes:
+        return len(data).to_bytes(8, "big") + data
+
+    message = (b"renyi-stream/gaussian/v2" + field(LEDGER.encode()) + field("sum:active".encode())
+               + (19000).to_bytes(8, "big", signed=True) + field(struct.pack(">d", 1.0)))
+    digest = hmac.new(FIXED_SECRET, message, hashlib.sha256).digest()
+    expected = np.random.Generator(np.random.Philox(key=int.from_bytes(digest[:16], "big"))).standard_normal(3)
+    assert expected.tolist() == PINNED_SUM_ACTIVE
+    discrete = (b"renyi-stream/discrete-gaussian/v2" + field(LEDGER.encode()) + field(b"c")
+                + (9).to_bytes(8, "big", signed=True) + field(b"81/4"))
+    digest = hmac.new(FIXED_SECRET, discrete, hashlib.sha256).digest()
+    rng = np.random.Generator(np.random.Philox(key=int.from_bytes(digest[:16], "big")))
+    assert sample_discrete_gaussian(Fraction(81, 4), 4, rng).tolist() == PINNED_DISCRETE
 
 
 def test_the_gaussian_and_discrete_gaussian_use_separate_streams(key):
-    continuous = noise._keyed_generator(key, noise._GAUSSIAN_DOMAIN, "q", 5)
-    discrete = noise._keyed_generator(key, noise._DISCRETE_DOMAIN, "q", 5)
+    level = noise._std_level(1.0)
+    continuous = noise._keyed_generator(key, noise._GAUSSIAN_DOMAIN, "q", 5, level)
+    discrete = noise._keyed_generator(key, noise._DISCRETE_DOMAIN, "q", 5, level)
     assert continuous.bit_generator.state["state"]["key"].tolist() != \
         discrete.bit_generator.state["state"]["key"].tolist()
 
@@ -127,6 +206,17 @@ def test_discrete_gaussian_noise_is_keyed_and_integer(key):
     assert np.array_equal(a, discrete_gaussian_noise(key, query_id="c", window_id=9, dim=6, sigma_squared=10.0))
     others = [discrete_gaussian_noise(key, query_id="c", window_id=w, dim=6, sigma_squared=10.0) for w in range(10, 14)]
     assert not any(np.array_equal(a, other) for other in others)
+
+
+def test_discrete_gaussian_noise_depends_on_the_ledger_and_the_level(key):
+    def draw(binding, sigma_squared):
+        return discrete_gaussian_noise(binding, query_id="c", window_id=9, dim=8, sigma_squared=sigma_squared)
+
+    a = draw(key, 1e6)
+    assert not np.array_equal(a, draw(_on(key, OTHER_LEDGER), 1e6))
+    assert not np.array_equal(a, draw(key, 1e6 + 1))
+    # The level is the exact rational value: a float and the Fraction of the same value agree.
+    assert np.array_equal(draw(key, 20.25), draw(key, Fraction(81, 4)))
 
 
 # --- the continuous Gaussian: distribution and independence -------------------------------------
@@ -390,12 +480,38 @@ def test_bad_noise_parameters_raise_naming_the_parameter(key, kwargs, name):
     assert repr(kwargs[name]) in str(error.value)
 
 
-def test_noise_without_a_key_is_refused():
-    for not_a_key in (None, FIXED_SECRET):
-        with pytest.raises(ValueError, match="key must be a NoiseKey"):
-            gaussian_noise(not_a_key, query_id="q", window_id=1, dim=1, noise_std=1.0)
-        with pytest.raises(ValueError, match="key must be a NoiseKey"):
-            discrete_gaussian_noise(not_a_key, query_id="q", window_id=1, dim=1, sigma_squared=1.0)
+def test_noise_without_a_binding_is_refused_even_from_a_bare_key():
+    # A bare NoiseKey is refused: no caller can draw keyed noise and forget the ledger.
+    for not_a_binding in (None, FIXED_SECRET, NoiseKey(secret=FIXED_SECRET)):
+        with pytest.raises(ValueError, match="binding must be a NoiseBinding"):
+            gaussian_noise(not_a_binding, query_id="q", window_id=1, dim=1, noise_std=1.0)
+        with pytest.raises(ValueError, match="binding must be a NoiseBinding"):
+            discrete_gaussian_noise(not_a_binding, query_id="q", window_id=1, dim=1, sigma_squared=1.0)
+
+
+@pytest.mark.parametrize("ledger_id", ["", None, 5, LEDGER.upper(), LEDGER[:-1], LEDGER + "0", "g" * 32])
+def test_a_binding_refuses_a_malformed_ledger_id(ledger_id):
+    with pytest.raises(ValueError, match="ledger_id") as error:
+        NoiseBinding(NoiseKey(secret=FIXED_SECRET), ledger_id)
+    assert repr(ledger_id) in str(error.value)
+
+
+def test_a_binding_refuses_a_key_that_is_not_a_noise_key():
+    with pytest.raises(ValueError, match="key must be a NoiseKey"):
+        NoiseBinding(FIXED_SECRET, LEDGER)
+
+
+def test_new_ledger_ids_are_128_random_bits_in_hex():
+    ids = {new_ledger_id() for _ in range(100)}
+    assert len(ids) == 100
+    assert all(len(i) == 32 and int(i, 16) >= 0 and i == i.lower() for i in ids)
+
+
+def test_the_binding_repr_shows_the_fingerprint_and_ledger_but_never_the_secret():
+    binding = NoiseBinding(NoiseKey(secret=FIXED_SECRET), LEDGER)
+    text = repr(binding)
+    assert LEDGER in text and binding.key.fingerprint in text
+    assert FIXED_SECRET.hex() not in text and repr(FIXED_SECRET) not in text
 
 
 @pytest.mark.parametrize("sigma_squared", [0.0, -1.0, float("nan"), float("inf"), True, 1e31, "1", Fraction(-1, 2)])

@@ -18,8 +18,7 @@ import pytest
 
 from pipelines.curator_store import CuratorStore, CuratorStoreError, RunLock
 from pipelines.daily_job import JobConfig, run_job
-from queries.release_store import ReleaseStore
-from stream.noise import NoiseKey
+from queries.release_store import ReleaseConflictError, ReleaseStore
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -44,6 +43,17 @@ def _config(tmp_path, inputs, *, start=0, end=2, norm_budget=2.5, name="a", **kw
         epsilon=1.0, delta=1e-6, norm_budget=norm_budget, start_window=W0 + start, end_window=W0 + end,
         key_path=str(tmp_path / "shared.key"), n_shards=4, **kw,
     )
+
+
+def _same_ledger(first, *others) -> None:
+    """Start each config's ledger as a copy of ``first``'s new, empty ledger: one ledger (one
+    ledger id) run several times, whose runs must agree bit for bit. Two ledgers never draw the
+    same noise, even with one key file (issue 18)."""
+    import shutil
+
+    CuratorStore(first.ledger).close()
+    for other in others:
+        shutil.copy(first.ledger, other.ledger)
 
 
 def _releases(config) -> pa.Table:
@@ -111,6 +121,7 @@ def test_shuffled_input_order_gives_identical_ledger_and_releases(tmp_path):
         shuffled.append(_write_day(tmp_path / f"s{d}.parquet", d, u[perm], o[perm], b[perm]))
     first = _config(tmp_path, ordered, name="ordered")
     second = _config(tmp_path, shuffled, name="shuffled")
+    _same_ledger(first, second)
     run_job(first)
     run_job(second)
     assert _releases(first).equals(_releases(second))
@@ -252,8 +263,9 @@ _CRASHING_RUN = textwrap.dedent("""
 def test_a_run_killed_mid_commit_recovers_to_the_uninterrupted_outcome(tmp_path, crash_at):
     day0 = _write_day(tmp_path / "d0.parquet", 0, [1, 2, 3], [1.0, 1.0, 0.0], [1.0, 0.0, 1.0])
     clean = _config(tmp_path, [day0], start=0, end=1, name="clean")
-    run_job(clean)
     crashed = _config(tmp_path, [day0], start=0, end=1, name="crashed")
+    _same_ledger(clean, crashed)
+    run_job(clean)
     args = [sys.executable, "-c", _CRASHING_RUN, day0, crashed.store, crashed.ledger, crashed.key_path,
             str(crashed.start_window), str(crashed.end_window)]
     result = subprocess.run(args, env={**os.environ, "RENYI_STREAM_CRASH_AT": crash_at}, capture_output=True)
@@ -279,6 +291,7 @@ def test_the_multi_process_direct_runner_gives_the_same_outcome(tmp_path):
     multi = _config(tmp_path, paths, name="multi",
                     beam_args=("--runner=DirectRunner", "--direct_running_mode=multi_processing",
                                "--direct_num_workers=2"))
+    _same_ledger(in_memory, multi)
     run_job(in_memory)
     summary = run_job(multi)
     assert summary.balanced
@@ -341,3 +354,97 @@ def test_a_ledger_restored_from_an_older_backup_is_refused(tmp_path):
     day2 = _write_day(tmp_path / "d2.parquet", 2, [1], [1.0], [0.0])
     with pytest.raises(CuratorStoreError, match="older than the store"):
         run_job(_config(tmp_path, [day2], start=2, end=2))
+
+
+# --- noise bound to one ledger (issue 18) ---------------------------------------------------------
+
+
+def _ledger_id(config) -> str:
+    with CuratorStore(config.ledger) as curator:
+        return curator.ledger_id
+
+
+def _values(config) -> dict:
+    return {(r["query_id"], r["window_id"], r["coordinate"]): r["value"] for r in _releases(config).to_pylist()}
+
+
+def test_two_ledgers_sharing_a_key_file_release_noise_that_does_not_cancel(tmp_path):
+    # A staging copy of the key file: ledger "b" runs the same day without user 3. Were the noise
+    # the same, release_a - release_b would be user 3's values exactly.
+    users, opened, bought = [1, 2, 3, 4], [1.0, 0.0, 1.0, 1.0], [0.0, 1.0, 1.0, 0.0]
+    full = _write_day(tmp_path / "full.parquet", 0, users, opened, bought)
+    without = _write_day(tmp_path / "without.parquet", 0, users[:2] + users[3:], opened[:2] + opened[3:],
+                         bought[:2] + bought[3:])
+    a, b = _config(tmp_path, [full], start=0, end=0, name="a"), _config(tmp_path, [without], start=0, end=0, name="b")
+    assert a.key_path == b.key_path
+    run_job(a)
+    run_job(b)
+    released_a, released_b = _values(a), _values(b)
+    assert released_a.keys() == released_b.keys() == {("sum:opened", W0, 0), ("sum:bought", W0, 0)}
+    user_3 = {"sum:opened": 1.0, "sum:bought": 1.0}  # both admitted: ||q||^2 = 2 <= B = 2.5
+    for key, value in released_a.items():
+        leaked = user_3[key[0]]
+        # The two noises are independent N(0, s^2) draws (s = 6.7 here): their difference is
+        # within 1e-6 of zero with probability below 1e-6.
+        assert abs((value - released_b[key]) - leaked) > 1e-6
+    assert _ledger_id(a) != _ledger_id(b)
+
+
+def test_each_store_records_the_ledger_that_charged_for_its_releases(tmp_path):
+    day0 = _write_day(tmp_path / "d0.parquet", 0, [1, 2], [1.0, 0.0], [0.0, 1.0])
+    config = _config(tmp_path, [day0], start=0, end=0)
+    run_job(config)
+    with ReleaseStore(config.store, read_only=True) as store:
+        assert store.ledger_id() == _ledger_id(config) and len(store.ledger_id()) == 32
+
+
+def test_a_store_holding_another_ledgers_releases_refuses_this_ledger_before_anyone_is_charged(tmp_path):
+    # Both ledgers charged window W0 (same key file), so neither the key check nor the "ledger
+    # behind the store" check can tell them apart: only the ledger id does.
+    day0 = _write_day(tmp_path / "d0.parquet", 0, [1, 2], [1.0, 0.0], [0.0, 1.0])
+    a, b = _config(tmp_path, [day0], start=0, end=0, name="a"), _config(tmp_path, [day0], start=0, end=0, name="b")
+    run_job(a)
+    run_job(b)
+    day1 = _write_day(tmp_path / "d1.parquet", 1, [1, 2], [1.0, 1.0], [0.0, 1.0])
+    b_into_a = JobConfig(**{**_config(tmp_path, [day1], start=1, end=1, name="b").__dict__, "store": a.store})
+    ledger_before, store_before = _ledger(b), _releases(a)
+    with pytest.raises(ReleaseConflictError, match="ledger") as refused:
+        run_job(b_into_a)
+    assert _ledger_id(a) in str(refused.value) and _ledger_id(b) in str(refused.value)
+    assert _ledger(b) == ledger_before and len(_run_totals(b)) == 1  # nobody charged, no run recorded
+    assert _releases(a).equals(store_before)
+
+
+def test_a_rerun_of_a_day_restored_from_backup_draws_the_identical_release(tmp_path):
+    # The same ledger re-running the same day (ledger and store restored from a backup taken
+    # before the run): the noise is derived again and must be the same draw (invariant 5).
+    import shutil
+
+    day0 = _write_day(tmp_path / "d0.parquet", 0, [1, 2, 3], [1.0, 0.0, 1.0], [0.0, 1.0, 1.0])
+    config = _config(tmp_path, [day0], start=0, end=1)
+    CuratorStore(config.ledger).close()
+    shutil.copy(config.ledger, tmp_path / "backup.duckdb")
+    run_job(config)
+    first = _releases(config)
+    os.remove(config.store)
+    shutil.copy(tmp_path / "backup.duckdb", config.ledger)
+    run_job(config)
+    assert _releases(config).equals(first)
+
+
+def test_a_ledger_and_store_from_before_ledger_ids_get_one_at_the_next_run_and_keep_their_releases(tmp_path):
+    day0 = _write_day(tmp_path / "d0.parquet", 0, [1, 2], [1.0, 0.0], [0.0, 1.0])
+    config = _config(tmp_path, [day0], start=0, end=0)
+    run_job(config)
+    for path, table in ((config.ledger, "meta"), (config.store, "store_meta")):  # as an older version left them
+        with duckdb.connect(path) as db:
+            db.execute(f"DELETE FROM {table} WHERE key = 'ledger_id'")
+    published = _releases(config)
+    day1 = _write_day(tmp_path / "d1.parquet", 1, [1, 2], [1.0, 1.0], [0.0, 1.0])
+    run_job(_config(tmp_path, [day1], start=1, end=1))
+    ledger_id = _ledger_id(config)
+    with ReleaseStore(config.store, read_only=True) as store:
+        assert store.ledger_id() == ledger_id
+    now = _releases(config)
+    assert now.filter(pa.compute.equal(now.column("window_id"), W0)).equals(published)
+    assert set(now.column("window_id").to_pylist()) == {W0, W0 + 1}

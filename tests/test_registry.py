@@ -423,7 +423,7 @@ def _day_with_plan(tmp_path, offset, users, opened, plan):
 
 
 def test_a_histogram_over_a_string_column_of_the_input_is_answered_end_to_end(tmp_path):
-    from stream.noise import NoiseKey, gaussian_noise
+    from stream.noise import NoiseBinding, NoiseKey, gaussian_noise
 
     day0 = _day_with_plan(tmp_path, 0, [1, 2, 3], [1, 1, 0], ["free", "pro", "free"])
     run_job(_job(tmp_path, [day0], 0, 0))  # the string column is not an indicator: sum:opened only
@@ -437,7 +437,8 @@ def test_a_histogram_over_a_string_column_of_the_input_is_answered_end_to_end(tm
     with ReleaseStore(tmp_path / "s.duckdb", read_only=True) as store:
         rows = [r for r in store.read().to_pylist() if r["query_id"] == "plans"]
         params = json.loads(json.dumps(store.promise()))
-    key = NoiseKey.load(tmp_path / "k.key")
+        ledger_id = store.ledger_id()  # the ledger that charged for the releases: the noise is bound to it
+    key = NoiseBinding(NoiseKey.load(tmp_path / "k.key"), ledger_id)
     noise_std = rows[0]["noise_std"]
     noise = gaussian_noise(key, query_id="plans", window_id=W0 + 1, dim=2, noise_std=noise_std)
     assert [r["label"] for r in rows] == ["plan=free", "plan=pro"] and params

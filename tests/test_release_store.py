@@ -173,6 +173,44 @@ def test_a_different_key_fingerprint_is_refused_naming_both(store_path, publishe
         assert store.key_fingerprint() == FINGERPRINT
 
 
+LEDGER = "0123456789abcdef0123456789abcdef"
+OTHER_LEDGER = "fedcba9876543210fedcba9876543210"
+
+
+def test_the_first_publish_naming_a_ledger_records_it(store_path):
+    with ReleaseStore(store_path) as store:
+        assert store.ledger_id() is None
+        store.publish_by_window(_releases(), ledger_id=LEDGER)
+        assert store.ledger_id() == LEDGER
+        store.check_ledger(LEDGER)  # the same ledger goes on
+        assert store.publish(_releases(windows=(W0 + 2,)), ledger_id=LEDGER) == 2
+
+
+def test_a_publish_from_another_ledger_is_refused_naming_both_and_inserts_nothing(store_path):
+    with ReleaseStore(store_path) as store:
+        store.publish(_releases(), ledger_id=LEDGER)
+        with pytest.raises(ReleaseConflictError, match=f"ledger {LEDGER}.*ledger is {OTHER_LEDGER}"):
+            store.publish_by_window(_releases(windows=(W0 + 2,)), ledger_id=OTHER_LEDGER)
+        with pytest.raises(ReleaseConflictError, match=OTHER_LEDGER):
+            store.check_ledger(OTHER_LEDGER)
+        assert store.released_windows("sum:opened") == [W0, W0 + 1] and store.ledger_id() == LEDGER
+
+
+def test_a_store_from_before_ledger_ids_accepts_a_ledger_and_records_it(store_path, published):
+    with ReleaseStore(store_path) as store:
+        assert store.ledger_id() is None
+        store.check_ledger(OTHER_LEDGER)
+        store.publish(_releases(windows=(W0 + 2,)), ledger_id=OTHER_LEDGER)
+        assert store.ledger_id() == OTHER_LEDGER
+
+
+def test_a_malformed_ledger_id_is_refused_naming_it(store_path):
+    with ReleaseStore(store_path) as store:
+        with pytest.raises(ValueError, match="ledger_id"):
+            store.publish(_releases(), ledger_id="not-a-ledger")
+        assert store.read().num_rows == 0 and store.ledger_id() is None
+
+
 def test_a_batch_with_two_key_fingerprints_is_refused(store_path):
     batch = pa.concat_tables([_releases(windows=(W0,)), _releases(windows=(W0 + 1,), fingerprint="f" * 16)])
     with ReleaseStore(store_path) as store:

@@ -26,13 +26,14 @@ from pipelines.shard_state import QueryPlan
 from pipelines.streaming import ReleaseCompletedWindow, StreamingIndividualFilterDoFn, StreamingReleases
 from queries.linear import default_queries
 from stream.ledger import Ledger
-from stream.noise import NoiseKey, gaussian_noise
+from stream.noise import NoiseBinding, NoiseKey, gaussian_noise
 from stream.schema import WindowSpec
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
 SPEC = WindowSpec()
 COLUMNS = ["opened", "bought"]
+LEDGER = "0123456789abcdef0123456789abcdef"  # the ledger the graphs under test release for
 
 
 def _start(w: int) -> int:
@@ -69,7 +70,8 @@ def _params(tmp_path, *, end=2, budget=1.0, policy="drop", n_shards=3) -> dict:
     return dict(window=SPEC, start_window=W0, end_window=W0 + end,
                 plan=QueryPlan.starting_at(default_queries(COLUMNS), W0), indicator_columns=COLUMNS,
                 noise_std=2.0, policy=policy, budget=budget, id_type="int64", tracker_step=1 / 32,
-                n_shards=n_shards, key_path=key_path, accounting="gdp", key_fingerprint=key.fingerprint)
+                n_shards=n_shards, key_path=key_path, accounting="gdp", key_fingerprint=key.fingerprint,
+                ledger_id=LEDGER)
 
 
 class _Collect(beam.DoFn):
@@ -103,7 +105,8 @@ def _batch(tmp_path, files, params, name="batch") -> dict:
             indicator_columns=COLUMNS, noise_std=params["noise_std"], policy=params["policy"],
             budget=params["budget"], id_type="int64", tracker_step=params["tracker_step"],
             n_shards=params["n_shards"], previous_ledger=Ledger(budget=params["budget"]).to_arrow().slice(0, 0),
-            key_path=params["key_path"], accounting="gdp", key_fingerprint=params["key_fingerprint"])
+            key_path=params["key_path"], accounting="gdp", key_fingerprint=params["key_fingerprint"],
+            ledger_id=params["ledger_id"])
         folders = _collect(graph, root, ["releases", "ledger", "counts", "dead"])
     return {
         "releases": _release_values([r for r, _ in _collected(folders["releases"])]),
@@ -225,7 +228,7 @@ def test_a_window_without_rows_is_released_as_pure_noise_like_batch(tmp_path):
     batch = _batch(tmp_path, files, params)
     streamed = _stream(tmp_path, _daily_events(_validated(files)), params)
     _assert_same(streamed["releases"], batch["releases"])
-    key = NoiseKey.load(params["key_path"])
+    key = NoiseBinding(NoiseKey.load(params["key_path"]), params["ledger_id"])
     for j, column in enumerate(COLUMNS):
         query_id = tx.query_id_for(column)
         noise = gaussian_noise(key, query_id=query_id, window_id=W0 + 1, dim=1, noise_std=params["noise_std"])
@@ -367,7 +370,7 @@ def test_a_window_is_released_once_when_every_shard_has_reported(tmp_path):
     params = _params(tmp_path, n_shards=2)
     release = ReleaseCompletedWindow(tx.ReleaseWindow(
         key_path=params["key_path"], plan=params["plan"], noise_std=params["noise_std"], window=SPEC,
-        accounting="gdp", key_fingerprint=params["key_fingerprint"]), n_shards=2)
+        accounting="gdp", key_fingerprint=params["key_fingerprint"], ledger_id=params["ledger_id"]), n_shards=2)
     release.setup()
     shards, released = _Bag(), _Value()
 
@@ -378,7 +381,7 @@ def test_a_window_is_released_once_when_every_shard_has_reported(tmp_path):
     assert report(0, {"sum:opened": np.array([2.0])}) == []  # a repeated report is not a second shard
     rows = report(1, {})  # shard 1 had no rows: its report completes the window
     assert sorted(r["query_id"] for r in rows) == ["sum:bought", "sum:opened"]
-    key = NoiseKey.load(params["key_path"])
+    key = NoiseBinding(NoiseKey.load(params["key_path"]), params["ledger_id"])
     noise = gaussian_noise(key, query_id="sum:opened", window_id=W0, dim=1, noise_std=params["noise_std"])
     assert [r["value"] for r in rows if r["query_id"] == "sum:opened"] == [pytest.approx(2.0 + noise[0], rel=1e-12)]
     assert report(1, {}) == [] and report(0, {}) == []  # released once, never again

@@ -1,7 +1,8 @@
 """The streaming entry point (issue 5): Arrow IPC messages in, Parquet releases per window out.
 
-Replayed on the DirectRunner it gives the releases and the ledger ``renyi-stream run`` gives on
-the same rows and key; with a Pub/Sub source its graph constructs under Dataflow's streaming
+Replayed on the DirectRunner it gives the ledger ``renyi-stream run`` gives on the same rows and
+key, and the same releases up to the noise, which is each ledger's own (bound to its ledger id,
+recorded in every snapshot and carried by a job that continues them); with a Pub/Sub source its graph constructs under Dataflow's streaming
 options, round-trips the portable proto and keys its state with deterministic coders; bad
 messages are dead letters with reasons, and a job that would restart users from zero is refused,
 as is one whose ``--previous-ledger`` is not every shard's snapshot of the last released window, or
@@ -29,7 +30,7 @@ from apache_beam.runners import pipeline_context
 from pipelines import streaming_job as sj
 from pipelines.daily_job import JobConfig, run_job
 from stream.accounting import calibrate
-from stream.noise import NoiseKey
+from stream.noise import NoiseBinding, NoiseKey, gaussian_noise
 from stream.schema import WindowSpec
 
 DAY0 = dt.date(2026, 3, 1)
@@ -69,6 +70,20 @@ def _key(tmp_path) -> str:
     return str(path)
 
 
+def _snapshot_ledger_ids(folder: Path) -> set:
+    """The ledger ids the snapshots under ``folder`` record (every shard and window below it)."""
+    return {pq.read_schema(f).metadata.get(sj.SNAPSHOT_LEDGER_ID.encode(), b"").decode()
+            for f in folder.rglob("*.parquet")}
+
+
+def _without_noise(rows: list[tuple], key_path: str, ledger_id: str) -> list[tuple]:
+    """Release rows (query_id, window_id, coordinate, value, noise_std) of window sums with the
+    keyed noise of ledger ``ledger_id`` taken off ``value``: the sums that were noised."""
+    binding = NoiseBinding(NoiseKey.load(key_path), ledger_id)
+    return [(q, w, c, v - float(gaussian_noise(binding, query_id=q, window_id=w, dim=c + 1, noise_std=s)[c]), s)
+            for q, w, c, v, s in rows]
+
+
 def _args(tmp_path, source: list[str], *extra: str) -> list[str]:
     return [*source, "--columns", "opened,bought", "--start", "2026-03-01", "--end", "2026-03-03",
             "--epsilon", str(EPSILON), "--delta", str(DELTA), "--norm-budget", str(NORM_BUDGET),
@@ -91,6 +106,11 @@ def test_a_replayed_stream_gives_the_releases_and_ledger_of_renyi_stream_run(tmp
     streamed = duckdb.sql(f"SELECT query_id, window_id, coordinate, value, noise_std FROM read_parquet("
                           f"'{tmp_path / 'public'}/*/*.parquet', hive_partitioning = true) ORDER BY 1, 2, 3").fetchall()
     assert len(streamed) == len(batch) == 2 * 3
+    # Same rows and key, two ledgers: the same sums, each with its own ledger's noise (issue 18).
+    (stream_id,) = _snapshot_ledger_ids(tmp_path / "curator" / "ledger")
+    (batch_id,) = con.execute("SELECT value FROM store_meta WHERE key = 'ledger_id'").fetchone()
+    assert stream_id != batch_id and all(abs(s[3] - b[3]) > 1e-9 for s, b in zip(streamed, batch))
+    streamed, batch = _without_noise(streamed, _key(tmp_path), stream_id), _without_noise(batch, _key(tmp_path), batch_id)
     for s, b in zip(streamed, batch):
         assert s[:3] == b[:3] and s[4] == b[4] and s[3] == pytest.approx(b[3], rel=1e-12, abs=1e-9)
     last = tmp_path / "curator" / "ledger" / f"window_id={W0 + 2}"
@@ -278,9 +298,20 @@ def test_the_last_released_windows_snapshot_continues_the_ledger_of_one_uninterr
     whole = _snapshot(tmp_path / "whole" / "ledger" / window)
     assert [u for u, _ in continued] == [u for u, _ in whole] and len(whole) > 120
     assert [c for _, c in continued] == pytest.approx([c for _, c in whole], rel=1e-12)
-    released = pq.read_table(tmp_path / "public" / window / "releases.parquet").sort_by("query_id")
-    expected = pq.read_table(tmp_path / "whole-public" / window / "releases.parquet").sort_by("query_id")
-    assert released.column("value").to_pylist() == pytest.approx(expected.column("value").to_pylist(), rel=1e-9)
+    # The follow-up continues the earlier job's ledger, and so its ledger id; the whole job is
+    # another ledger: the same sums, with its own noise.
+    (earlier,) = _snapshot_ledger_ids(ledger)
+    assert _snapshot_ledger_ids(tmp_path / "curator-2" / "ledger") == {earlier}
+    (whole_id,) = _snapshot_ledger_ids(tmp_path / "whole" / "ledger")
+    assert whole_id != earlier
+
+    def sums(public: Path, ledger_id: str) -> list[float]:
+        rows = pq.read_table(public / window / "releases.parquet").sort_by("query_id").to_pylist()
+        return [v for _, _, _, v, _ in _without_noise(
+            [(r["query_id"], W0 + 2, r["coordinate"], r["value"], r["noise_std"]) for r in rows], _key(tmp_path),
+            ledger_id)]
+
+    assert sums(tmp_path / "public", earlier) == pytest.approx(sums(tmp_path / "whole-public", whole_id), rel=1e-9)
 
 
 def test_a_snapshot_of_an_earlier_window_than_the_last_released_one_is_refused_naming_both(tmp_path, days, capsys):
@@ -407,6 +438,7 @@ def _recorded_as_another_version(ledger: Path, window: int, rho_factor: float) -
         meta.update({f"renyi_stream.{k}": repr(v) for k, v in values.items()})
         meta.update({"budget": repr(rho), "tracker_step": repr(rho / 32)})
         pq.write_table(table.replace_schema_metadata(meta), path)
+        path.chmod(0o600)  # a curator file, as the job writes it
     return values
 
 
@@ -589,3 +621,46 @@ def test_a_previous_snapshot_readable_by_others_is_refused_naming_it(tmp_path, d
     os.chmod(loose, 0o644)
     err = _refused(tmp_path, _follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/*/*.parquet"), capsys)
     assert str(loose) in err and "mode 0644" in err and f"chmod 600 {loose}" in err, err
+
+# --- the ledger id (issue 18: noise bound to one ledger) ------------------------------------------
+
+
+def _rewrite_ledger_id(folder: Path, ledger_id: str | None, shards=None) -> None:
+    """Rewrite the snapshots under ``folder`` (of the shards ``shards``, default all) to record
+    ``ledger_id``, or none (as the job wrote them before it recorded ledger ids)."""
+    key = sj.SNAPSHOT_LEDGER_ID.encode()
+    for path in sorted(folder.glob("shard=*/*.parquet")):
+        if shards is not None and int(path.parent.name.split("=")[1]) not in shards:
+            continue
+        table = pq.read_table(path)
+        meta = {k: v for k, v in table.schema.metadata.items() if k != key}
+        if ledger_id is not None:
+            meta[key] = ledger_id.encode()
+        pq.write_table(table.replace_schema_metadata(meta), path)
+
+
+def test_every_snapshot_of_a_job_records_its_ledger_id_and_a_follow_up_keeps_it(tmp_path, days):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    (earlier,) = _snapshot_ledger_ids(ledger)
+    assert len(earlier) == 32 and int(earlier, 16) >= 0
+    assert sj.main(_follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/*/*.parquet")) == 0
+    assert _snapshot_ledger_ids(tmp_path / "curator-2" / "ledger") == {earlier}
+
+
+def test_a_follow_up_of_snapshots_recording_two_ledger_ids_is_refused(tmp_path, days, capsys):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    _rewrite_ledger_id(ledger / f"window_id={W0 + 1}", "fedcba9876543210fedcba9876543210", shards={0})
+    err = _refused(tmp_path, _follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/*/*.parquet"), capsys)
+    assert "different ledger ids" in err and "fedcba9876543210fedcba9876543210" in err
+
+
+def test_a_follow_up_of_snapshots_from_before_ledger_ids_draws_a_new_one(tmp_path, days):
+    messages, _ = days
+    ledger = _earlier_job(tmp_path, messages)
+    (earlier,) = _snapshot_ledger_ids(ledger)
+    _rewrite_ledger_id(ledger / f"window_id={W0 + 1}", None)
+    assert sj.main(_follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/*/*.parquet")) == 0
+    (now,) = _snapshot_ledger_ids(tmp_path / "curator-2" / "ledger")
+    assert now not in ("", earlier) and len(now) == 32

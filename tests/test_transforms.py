@@ -15,7 +15,7 @@ from pipelines import transforms as tx
 from pipelines.shard_state import QueryPlan
 from queries.linear import default_queries
 from stream.ledger import Ledger
-from stream.noise import NoiseKey
+from stream.noise import NoiseKey, new_ledger_id
 from stream.schema import WindowSpec
 
 DAY0 = dt.date(2026, 3, 1)
@@ -42,7 +42,7 @@ def test_the_daily_graph_composes_inside_a_users_own_pipeline(tmp_path):
             plan=QueryPlan.starting_at(default_queries(["opened"]), W0),
             indicator_columns=["opened"], noise_std=2.0, policy="drop", budget=1.0, id_type="int64",
             tracker_step=1 / 32, n_shards=3, previous_ledger=template.slice(0, 0), key_path=key_path,
-            accounting="gdp", key_fingerprint=key.fingerprint)
+            accounting="gdp", key_fingerprint=key.fingerprint, ledger_id=new_ledger_id())
         windows = graph["releases"] | beam.Map(lambda r: (r["query_id"], r["window_id"]))
         # Every window of the schedule, the empty one (W0 + 1) included.
         assert_that(windows, equal_to([("sum:opened", W0 + w) for w in range(3)]), label="every_window")

@@ -63,7 +63,7 @@ from stream.accounting import _validate as check
 from stream.continual.strategies import SquareRootFactorization, Strategy, strategy_from_spec
 from stream.id_index import Int64Index, StringCodes
 from stream.ledger import STATUS_NAMES, Ledger, Policy
-from stream.noise import NoiseKey, gaussian_noise
+from stream.noise import NoiseBinding, gaussian_noise
 
 SNAPSHOT_VERSION = 1
 MAX_QUERY_DIM = 4096  # the ledger's limit on rows * d (stream.accounting.gaussian.MAX_DIM)
@@ -131,11 +131,12 @@ class RunningQuery:
         """An empty per-shard state for this query."""
         return RunningState(strategy=self.strategy, dim=self.dim, start_window=self.start_window, id_type=id_type)
 
-    def noisy_release(self, total: Any, *, key: NoiseKey, window_id: int) -> np.ndarray:
+    def noisy_release(self, total: Any, *, binding: NoiseBinding, window_id: int) -> np.ndarray:
         """``y_t = total + z_t``: ``total`` the ``(rows_at, d)`` sum of every shard's
-        :attr:`RunningStep.total`; ``z_t`` the keyed noise of ``(query_id, window_id)``
-        (:func:`stream.noise.gaussian_noise`, dim ``rows * d``, row-major), so a re-run
-        releases the identical ``y_t`` (DESIGN invariant 5)."""
+        :attr:`RunningStep.total`; ``z_t`` the keyed noise of ``(query_id, window_id)`` at
+        :attr:`noise_std` for ``binding``'s ledger (:func:`stream.noise.gaussian_noise`, dim
+        ``rows * d``, row-major), so a re-run releases the identical ``y_t`` (DESIGN invariant
+        5) and another ledger under the same key an independent one."""
         rows = self.rows_at(window_id)
         y = np.asarray(total, dtype=np.float64)
         if y.shape != (rows, self.dim):
@@ -143,7 +144,7 @@ class RunningQuery:
                 f"total must have shape ({rows}, {self.dim}) at window_id={window_id}, got shape={y.shape}")
         if not np.isfinite(y).all():
             raise ValueError("total must be finite")
-        noise = gaussian_noise(key, query_id=self.query_id, window_id=int(window_id), dim=rows * self.dim,
+        noise = gaussian_noise(binding, query_id=self.query_id, window_id=int(window_id), dim=rows * self.dim,
                                noise_std=self.noise_std)
         return y + noise.reshape(rows, self.dim)
 

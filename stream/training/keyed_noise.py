@@ -12,7 +12,8 @@ from a live generator:
     stream      = Generator(Philox(key=philox_key))
 
 with ``DOMAIN = b"renyi-stream/training/v1"``, lengths as 8-byte big-endian integers, ``ledger``
-the UTF-8 identity of the ledger being charged, ``run_id`` the ledger run the training will
+the ledger's identifier (``CuratorStore.ledger_id``: 128 random bits as hex, the id the release
+noise of :mod:`stream.noise` is bound to too), ``run_id`` the ledger run the training will
 commit as (a signed 8-byte big-endian integer) and ``stream`` one of :data:`STREAMS`. Each
 stream is read in a fixed order (the gradient noise parameter by parameter, step by step; the
 ``j``-th accuracy query takes the ``j``-th draw), so the Philox counter is the step or query
