@@ -40,10 +40,11 @@ def test_the_training_derivation_is_pinned():
 
 
 def test_training_noise_is_not_the_release_noise_of_the_same_numbers():
-    from stream.noise import gaussian_noise
+    from stream.noise import NoiseBinding, gaussian_noise
 
-    release = gaussian_noise(KEY, query_id="gradient", window_id=3, dim=4, noise_std=1.0)
-    assert not np.allclose(release, _draw())
+    ledger_id = "0123456789abcdef0123456789abcdef"  # training and releases bind to the same ledger id
+    release = gaussian_noise(NoiseBinding(KEY, ledger_id), query_id="gradient", window_id=3, dim=4, noise_std=1.0)
+    assert not np.allclose(release, _draw(ledger=ledger_id))
 
 
 @pytest.mark.parametrize("kwargs, message", [
