@@ -296,7 +296,10 @@ def test_a_second_training_run_after_a_commit_draws_fresh_noise(tmp_path):
 
 
 def _number_in(text: str, n: int) -> bool:
-    return re.search(rf"(?<![\d.]){n}(?!\d)|{n:,}", text) is not None
+    """Whether ``n`` is printed as a number of its own (plain or with thousands commas), not as
+    digits inside another number such as 0.2496 or 1,249."""
+    forms = "|".join(re.escape(f) for f in {str(n), f"{n:,}"})
+    return re.search(rf"(?<![\d.,])(?:{forms})(?!\d|[.,]\d)", text) is not None
 
 
 @pytest.mark.parametrize("quiet", [True, False], ids=["quiet", "default"])
