@@ -205,7 +205,8 @@ def _run_command(args: argparse.Namespace) -> int:
         return 1
     print(f"run {summary.run_id}: released {len(summary.windows_released)} window(s), "
           f"{len(summary.windows_skipped)} already released; {summary.releases_published} new release rows")
-    if args.quiet:  # DESIGN.md invariant 4: the exact counts stay in the ledger database
+    # Invariant 4 (nothing-pre-noise-leaves, docs/architecture.md): the exact counts stay in the ledger database.
+    if args.quiet:
         print(f"row totals [{'balanced' if summary.balanced else 'MISMATCH'}]; exact counts: the ledger's run_counts "
               f"(run_id {summary.run_id}), curator only")
         return 0 if summary.balanced else 1

@@ -1,7 +1,8 @@
 """The curator's ledger database: per-user budgets, processed windows, the release outbox.
 
 Everything here is sensitive (used budgets, row counts, dead-letter rows): it never goes to the
-public release store (DESIGN.md invariant 4). One DuckDB file holds:
+public release store: invariant 4 (nothing-pre-noise-leaves, docs/architecture.md). One DuckDB
+file holds:
 
 * ``meta``: the parameters the ledger was started with (a daily job must not change the
   promise half-way: a run with different parameters is refused) and the ledger's random

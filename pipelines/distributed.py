@@ -695,10 +695,10 @@ class CommitRun(beam.DoFn):
     does the run claim its place in the public lineage (:func:`claim_lineage`: of two runs from
     one ledger only the first to claim may publish; the other fails here, committed but never
     public) and copy the staged releases to the public root (:func:`promote_releases`): a public
-    answer always has a committed ledger that charged its users (DESIGN.md, the outbox rule). A
-    crash between the two leaves them staged; the next run that takes this output as
-    ``--previous-ledger`` publishes them first. A retried commit rewrites nothing; a manifest of
-    another attempt is never overwritten."""
+    answer always has a committed ledger that charged its users (docs/architecture.md, "The
+    outbox rule"). A crash between the two leaves them staged; the next run that takes this
+    output as ``--previous-ledger`` publishes them first. A retried commit rewrites nothing; a
+    manifest of another attempt is never overwritten."""
 
     def __init__(self, manifest: dict, output: str, staging: str, public: str) -> None:
         self._manifest = manifest
@@ -907,7 +907,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result.wait_until_finish()
     manifest = read_json(join(plan.output, COMMITTED))
     t = manifest["totals"]
-    if args.quiet:  # DESIGN.md invariant 4: the exact counts stay in the curator's manifest
+    # Invariant 4 (nothing-pre-noise-leaves, docs/architecture.md): the exact counts stay in the curator's manifest.
+    if args.quiet:
         balanced = "balanced" if manifest["balanced"] else "MISMATCH"
         print(f"released {len(plan.schedule)} window(s); row totals [{balanced}]; exact counts: "
               f"{join(plan.output, COMMITTED)}, curator only")

@@ -13,8 +13,8 @@ A running query also queries users who have no row this window but a history (th
 total still includes their past): they are charged like everybody else, and they are left out of
 the row counts (which count rows read, not users queried).
 
-One user's values never decide whether a window is released (DESIGN.md, "Edges"): a query
-vector that is not finite (a weighted sum whose ``w * x`` overflows, a running total whose sum
+One user's values never decide whether a window is released (docs/architecture.md, "Edges"): a
+query vector that is not finite (a weighted sum whose ``w * x`` overflows, a running total whose sum
 over one user's history overflows, each value finite) is an infinite charge for that user. The
 user is dropped at that window under either policy (a clip to norm ``sqrt(2 s^2 (kappa - used))``
 of an infinite vector has no direction, so ``clip`` scales it to zero), charged nothing, and

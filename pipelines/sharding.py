@@ -1,9 +1,9 @@
 """Stable, vectorised user -> shard assignment.
 
-The individual filter runs keyed by ``hash(user) % n_shards`` (DESIGN.md, "key by shard"). The
-hash must be the same in every process and every run (a user whose shard changed between days
-would find an empty ledger there: a fresh budget, a privacy bug), so Python's salted ``hash``
-is out. Int64 ids are mixed with SplitMix64's finaliser; string ids are hashed over their
+The individual filter runs keyed by ``hash(user) % n_shards`` (docs/architecture.md, "Keyed by
+shard"). The hash must be the same in every process and every run (a user whose shard changed
+between days would find an empty ledger there: a fresh budget, a privacy bug), so Python's
+salted ``hash`` is out. Int64 ids are mixed with SplitMix64's finaliser; string ids are hashed over their
 UTF-8 bytes with a 64-bit polynomial hash computed in NumPy (no Python loop per id), then
 mixed the same way.
 """

@@ -6,9 +6,10 @@ passes each window's end, so a long-running pipeline releases every day as it cl
 
 * :class:`StreamingIndividualFilterDoFn`, keyed by user shard **in the global window**: the
   shard's ledger lives in keyed state for the life of the stream and is never cleared between
-  windows (DESIGN.md invariant 1). Rows are buffered per window; on the event-time timer at the
-  window's end the window's rows are charged in event-time order, ties by input position, with
-  duplicates of a (user, window) dead-lettered by the batch rule (invariant 2), through the same
+  windows: invariant 1 (ledger-never-window-scoped, docs/architecture.md). Rows are buffered per
+  window; on the event-time timer at the window's end the window's rows are charged in
+  event-time order, ties by input position, with duplicates of a (user, window) dead-lettered by
+  the batch rule (invariant 2), through the same
   :meth:`pipelines.shard_state.ShardState.charge_window`. A row for a window the shard has
   already charged is dead-lettered ``late_window`` and charges nobody (invariants 5-7).
 * :class:`ReleaseCompletedWindow`, keyed by window: every shard reports once per window of the

@@ -22,8 +22,8 @@ Order of a run (each step safe to crash after):
 
 **Released once.** A crash before the commit charges nobody and has printed nothing noisy; the
 re-run starts from the same ledger state, so it commits as the same run id, draws the same
-noise and releases the same model and values (DESIGN.md invariant 5). After the commit the
-charge stands (the safe direction), and the next training draws fresh noise.
+noise and releases the same model and values: invariant 5 (release-once, docs/architecture.md).
+After the commit the charge stands (the safe direction), and the next training draws fresh noise.
 
 **No exact counts.** The neighbouring relation is add/remove one user, so the number of users
 is private. The update divides by a public normaliser (``--normaliser``) or, by default, by a

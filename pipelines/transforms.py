@@ -326,8 +326,9 @@ def empty_running_snapshot(meta: dict[str, str], id_type: str) -> pa.Table:
 
 def in_event_time_order(parts: list[pa.Table]) -> tuple[pa.Table | None, pa.Table | None]:
     """Buffered row tables -> ``(rows, duplicates)``: the rows in event-time order, ties broken by
-    input position (so arrival order never matters: DESIGN.md invariant 2), with every (user,
-    window) after its first split off as duplicates. ``(None, None)`` when nothing is buffered."""
+    input position (so arrival order never matters: invariant 2 (charge-in-event-time-order,
+    docs/architecture.md)), with every (user, window) after its first split off as duplicates.
+    ``(None, None)`` when nothing is buffered."""
     if not parts:
         return None, None
     data = pa.concat_tables(parts, promote_options="default")

@@ -4,8 +4,9 @@ For readers without the DuckDB release store (distributed runs write to object s
 tool reads Parquet). The folder is Hive-partitioned, so DuckDB reads it with
 ``read_parquet('<root>/*/*.parquet', hive_partitioning = true)``. First write wins: a file
 already there is kept, since noise is keyed and a re-released window computes identical rows
-anyway, and a released answer never changes (DESIGN.md invariant 5). Files are written whole
-(to a scratch name of the writer's own, then published), so a reader never sees half a window.
+anyway, and a released answer never changes: invariant 5 (release-once, docs/architecture.md).
+Files are written whole (to a scratch name of the writer's own, then published), so a reader
+never sees half a window.
 
 **Concurrent writers.** On a local (or network) filesystem the publish is a hard link of the
 scratch file to the public name, which the kernel refuses when that name exists: of two

@@ -1,8 +1,9 @@
 """Which committed run charged each public window, and which run continues which ledger.
 
 A public answer is safe only if every later ledger includes the charges of the run that
-produced it (DESIGN.md, the outbox rule and invariant 6). Ledgers of the distributed job form
-a chain: each run reads the previous run's committed snapshot and commits a new one. Two
+produced it (docs/architecture.md, "The outbox rule", and invariant 6 (charge-once)). Ledgers of
+the distributed job form a chain: each run reads the previous run's committed snapshot and
+commits a new one. Two
 committed runs from the same snapshot (a re-run into a new ``--output`` after a crash between
 commit and publish, or two launches at once) *fork* the chain: each branch misses the other's
 charges, so at most one branch may ever be public, and only that branch may be continued.

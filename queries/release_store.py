@@ -2,8 +2,9 @@
 
 Analysts query the view ``releases`` with SQL, through :func:`connect_read_only` (no file system,
 no network, no other database, settings locked). Nothing pre-noise is ever written here
-(DESIGN.md invariant 4): true sums, user counts and budgets live in the curator's ledger, a
-different file. A ``(query, window, coordinate)`` is released once (invariant 5):
+(invariant 4 (nothing-pre-noise-leaves, docs/architecture.md)): true sums, user counts and
+budgets live in the curator's ledger, a different file. A ``(query, window, coordinate)`` is
+released once (invariant 5):
 :meth:`ReleaseStore.publish` inserts only keys not yet present, skips identical re-publishes (a
 retried bundle, a re-run, the outbox after a crash) and refuses a *different* row for a released
 key, which could only come from a second noisy draw, another noise key or a changed query.

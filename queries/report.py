@@ -7,7 +7,8 @@ may be published wherever the store may.
 
 The curator variant adds, from the ledger, the distribution of the budget users have used and
 the share of active users filtered (dropped or clipped) per window. Those are computed from
-users' data without noise (DESIGN.md invariant 4): the page says so and stays with the curator.
+users' data without noise (invariant 4 (nothing-pre-noise-leaves, docs/architecture.md)): the page
+says so and stays with the curator.
 
 The page needs nothing outside itself: no scripts, no fonts, no links; charts are PNG data URIs
 drawn with matplotlib's Agg backend (no display needed).

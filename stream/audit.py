@@ -58,7 +58,8 @@ tight, its lower bound approaches the claim as the number of runs grows.
 Broken variants (:class:`Variant`), to show the audit has power:
 
 * ``window_scoped_ledger``: the ledger is reset at every window, as a Beam stateful DoFn in
-  daily windows would do (DESIGN.md invariant 1). The adversary gets a fresh budget each window.
+  daily windows would do (invariant 1 (ledger-never-window-scoped, docs/architecture.md)). The
+  adversary gets a fresh budget each window.
 * ``redrawn_noise_on_rerun``: a re-run of the job draws new noise for a window already released
   (invariant 5 broken; the ledger still charges once, invariant 6 holds), so the adversary sees
   two releases of every window with independent noise: ``mu`` becomes ``sqrt(2) mu``.
@@ -107,8 +108,8 @@ class Variant(str, enum.Enum):
     """The mechanism under audit: the honest one, or a deliberately broken one."""
 
     HONEST = "honest"
-    WINDOW_SCOPED_LEDGER = "window_scoped_ledger"  # breaks DESIGN.md invariant 1
-    REDRAWN_NOISE_ON_RERUN = "redrawn_noise_on_rerun"  # breaks DESIGN.md invariant 5
+    WINDOW_SCOPED_LEDGER = "window_scoped_ledger"  # breaks invariant 1 (ledger-never-window-scoped)
+    REDRAWN_NOISE_ON_RERUN = "redrawn_noise_on_rerun"  # breaks invariant 5 (release-once)
 
     def __str__(self) -> str:
         return self.value

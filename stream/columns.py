@@ -6,8 +6,8 @@ in ``admitted + clipped + dropped + rejected = rows read``; it never refuses the
 column is passed through as text for histograms over string categories. Deciding a column's
 kind from its values (say, "most of the first 1,024 read as numbers") would let one user's value
 decide which queries are registered and released, which rows are parsed, whether a day is
-refused, and what the public store records about the input: each of those is public (DESIGN.md
-invariant 3). So the rule reads only
+refused, and what the public store records about the input: each of those is public (invariant 3
+(public-schedule, docs/architecture.md)). So the rule reads only
 
 * the file's **declared** types: a Parquet or Arrow IPC file declares its schema. Integer,
   floating, bool and decimal columns are numeric, string columns are text, a ``null`` column

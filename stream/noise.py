@@ -1,11 +1,11 @@
 """Keyed, reproducible, secret noise for releases, bound to one ledger.
 
-Why keyed noise. Invariant 5 of DESIGN.md: a window is released once. A retried bundle, a re-run
-of the same day or a recovery after a crash must give the *identical* answer, never a second
-independent draw: two independent noisy answers to the same sum average the noise away and spend
-the privacy budget twice. So the noise of release ``(query_id, window_id)`` is not drawn from a
-live generator; it is a function of a secret key, of the ledger that charges for the release and
-of the noise level:
+Why keyed noise. Invariant 5 (release-once, docs/architecture.md): a window is released once. A
+retried bundle, a re-run of the same day or a recovery after a crash must give the *identical*
+answer, never a second independent draw: two independent noisy answers to the same sum average
+the noise away and spend the privacy budget twice. So the noise of release
+``(query_id, window_id)`` is not drawn from a live generator; it is a function of a secret key,
+of the ledger that charges for the release and of the noise level:
 
     philox_key = HMAC-SHA256(secret, domain || len(ledger) || ledger || len(query) || query
                                      || window || len(level) || level)[:16]
@@ -336,8 +336,8 @@ def gaussian_noise(binding: NoiseBinding, *, query_id: str, window_id: int, dim:
     array of shape ``(dim,)``, i.i.d. N(0, noise_std^2) per coordinate.
 
     ``noise_std`` is the standard deviation *per coordinate*, in the units of the query's
-    answer (the ``s_t`` of DESIGN.md; the zCDP charge of a contribution ``v`` is
-    ``||v||^2 / (2 noise_std^2)``). Deterministic in ``(binding.key, binding.ledger_id,
+    answer (the ``s_t`` of docs/architecture.md, "The math"; the zCDP charge of a contribution
+    ``v`` is ``||v||^2 / (2 noise_std^2)``). Deterministic in ``(binding.key, binding.ledger_id,
     query_id, window_id, noise_std)`` (invariant 5), independent across any change of them:
     another ledger under the same key, or the same release at another ``noise_std``, is an
     independent draw (never the same draw scaled). For fixed arguments the draw for

@@ -1,9 +1,10 @@
 """Curator files are private: created ``0600`` in ``0700`` folders, refused when others can read them.
 
-The curator's files hold what DESIGN.md's invariant 4 keeps from everyone else: per-user used
-budgets and trackers (the ledger database and its snapshots), running-query histories, exact
-row counts, raw dead-letter rows and one row of features per user. They are as sensitive as the
-noise key (:class:`stream.noise.NoiseKey`), and are handled the same way, whatever the umask:
+The curator's files hold what invariant 4 (nothing-pre-noise-leaves, docs/architecture.md) keeps
+from everyone else: per-user used budgets and trackers (the ledger database and its snapshots),
+running-query histories, exact row counts, raw dead-letter rows and one row of features per user.
+They are as sensitive as the noise key (:class:`stream.noise.NoiseKey`), and are handled the
+same way, whatever the umask:
 
 * a curator file is created with mode ``0600`` from its first byte (``O_CREAT | O_EXCL`` with
   that mode, then written and renamed into place: :func:`write_private`); a library that
@@ -44,7 +45,8 @@ from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 T = TypeVar("T")
 PRIVATE_FILE_MODE = 0o600
 PRIVATE_DIR_MODE = 0o700
-#: What a summary that carries exact counts says first (DESIGN.md invariant 4).
+#: What a summary that carries exact counts says first: invariant 4 (nothing-pre-noise-leaves,
+#: docs/architecture.md).
 CURATOR_ONLY_NOTICE = "curator only: exact counts, do not publish (--quiet prints none)"
 
 

@@ -2,8 +2,8 @@
 
 An *indicator batch* is what the platform emits every day: one row per user with a few numeric
 indicators. This module documents its schema and splits any batch into valid rows and rejected
-(dead-letter) rows, each rejected row with a reason (DESIGN.md, invariant 7: late and bad rows
-are counted, not lost). Nothing is dropped silently::
+(dead-letter) rows, each rejected row with a reason (invariant 7 (rows-counted-not-lost,
+docs/architecture.md): late and bad rows are counted, not lost). Nothing is dropped silently::
 
     result.valid.num_rows + result.rejected.num_rows == batch.num_rows
 

@@ -56,7 +56,8 @@ def test_thm49_calibration_is_the_seed_b_star():
 
 
 def test_gdp_buys_about_twice_the_thm49_budget_at_eps_0_3_delta_1e_5():
-    # DESIGN.md: "At eps=0.3, delta=1e-5 this allows about 2x the zCDP budget of Theorem 4.9".
+    # docs/architecture.md, "The math": "At eps=0.3, delta=1e-5 this allows about 2x the zCDP budget of
+    # Theorem 4.9".
     ratio = zcdp_budget_for(epsilon=0.3, delta=1e-5, accounting="gdp") / zcdp_budget_for(
         epsilon=0.3, delta=1e-5, accounting="zcdp-thm49"
     )

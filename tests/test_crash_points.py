@@ -1,4 +1,5 @@
-"""Crash injection at every commit point of a daily run (issue 6, DESIGN.md invariants 5-7).
+"""Crash injection at every commit point of a daily run (issue 6; invariant 5 (release-once),
+invariant 6 (charge-once) and invariant 7 (rows-counted-not-lost), docs/architecture.md).
 
 Each test kills a real run with SIGKILL at one named point (``RENYI_STREAM_CRASH_AT``, see
 :mod:`stream.faults`), checks that the crash left the state that point promises, re-runs the same

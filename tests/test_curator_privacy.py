@@ -1,6 +1,6 @@
 """Curator files are private whatever the umask, and exact counts stay with the curator (issue 18,
-items 5 and 6; DESIGN.md: "Curator files are private (0600). Exact counts go to the curator
-database only", invariant 4).
+items 5 and 6; docs/architecture.md, "Edges": curator files are private, and invariant 4
+(nothing-pre-noise-leaves): exact counts go to the curator only).
 
 Every test that creates files runs under umask 022, the usual default, under which a file
 created without a mode is ``-rw-r--r--``: the curator's must not be.

@@ -1,4 +1,5 @@
-"""Hostile input for the schema validator (DESIGN.md invariant 7): property-based fuzzing.
+"""Hostile input for the schema validator (invariant 7 (rows-counted-not-lost, docs/architecture.md)):
+property-based fuzzing.
 
 Every batch, however malformed, ends in one of two ways: ``SchemaError`` (a ``ValueError``)
 naming the offending column, or ``valid + rejected == input`` rows with a reason for every

@@ -1,5 +1,5 @@
 """End to end on the real Beam DirectRunner, real Parquet and real DuckDB files: one test per
-streaming invariant of DESIGN.md, plus crash recovery and the multi-process runner."""
+streaming invariant of docs/architecture.md, plus crash recovery and the multi-process runner."""
 
 from __future__ import annotations
 

@@ -74,9 +74,9 @@ def test_honest_adversary_spends_exactly_the_budget_so_the_loss_is_gaussian(audi
 
 
 def test_a_window_scoped_ledger_is_caught(audits):
-    """A ledger reset every window (DESIGN.md invariant 1 broken) lets the adaptive target
-    spend a fresh budget each window; the audit's lower bound (measured 2.05) exceeds the
-    claimed epsilon = 1 at confidence 99.9%."""
+    """A ledger reset every window (invariant 1 (ledger-never-window-scoped, docs/architecture.md)
+    broken) lets the adaptive target spend a fresh budget each window; the audit's lower bound
+    (measured 2.05) exceeds the claimed epsilon = 1 at confidence 99.9%."""
     result = audits("window_scoped_ledger")
     assert result.caught
     assert result.epsilon_lower_bound > 1.5 * result.claimed_epsilon

@@ -1,5 +1,5 @@
 """The Parquet release path's first-write-wins rule holds between concurrent writers (issue 18,
-item 10; DESIGN.md invariant 5: a window is released once).
+item 10; invariant 5 (release-once, docs/architecture.md): a window is released once).
 
 Two real processes write different rows for the same window at the same moment (a barrier),
 many times over: exactly one of them learns that it wrote the file, the file holds that

@@ -1,6 +1,7 @@
-"""The public release store on real DuckDB files: round trips, idempotent publishing (DESIGN.md
-invariant 5), conflicts, schema versions, input validation, and the analysts' read-only SQL
-entry point that must not reach anything but the releases (invariant 4, "Two databases")."""
+"""The public release store on real DuckDB files: round trips, idempotent publishing (invariant 5
+(release-once, docs/architecture.md)), conflicts, schema versions, input validation, and the
+analysts' read-only SQL entry point that must not reach anything but the releases (invariant 4
+(nothing-pre-noise-leaves) and docs/architecture.md, "Two databases")."""
 
 from __future__ import annotations
 

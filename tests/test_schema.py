@@ -1,4 +1,5 @@
-"""Tests for stream.schema: the indicator-batch schema and its validator (DESIGN.md invariant 7)."""
+"""Tests for stream.schema: the indicator-batch schema and its validator (invariant 7
+(rows-counted-not-lost, docs/architecture.md))."""
 
 from __future__ import annotations
 

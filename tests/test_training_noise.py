@@ -1,5 +1,6 @@
-"""The noise of a training run is keyed (issue 18, item 4; DESIGN.md invariant 5): a function of the
-curator's key, the ledger, the run id it commits as and the stream, never a live draw."""
+"""The noise of a training run is keyed (issue 18, item 4; invariant 5 (release-once,
+docs/architecture.md)): a function of the curator's key, the ledger, the run id it commits as
+and the stream, never a live draw."""
 
 from __future__ import annotations
 

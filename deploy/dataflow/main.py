@@ -11,5 +11,5 @@ if not any(a.startswith("--runner") for a in argv):
 if any(a.startswith("--sdk_container_image") for a in argv) and not any(a.startswith("--sdk_location") for a in argv):
     argv.append("--sdk_location=container")  # the image has Beam and the project: stage nothing
 if "--quiet" not in argv:  # the launcher's output goes to Cloud Logging, not to the curator alone
-    argv.append("--quiet")  # so it prints no exact count (DESIGN.md invariant 4)
+    argv.append("--quiet")  # so it prints no exact count: invariant 4 (nothing-pre-noise-leaves, docs/architecture.md)
 sys.exit(main(argv))  # returns once the job is submitted (a Flex Template must not wait)

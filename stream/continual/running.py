@@ -135,8 +135,9 @@ class RunningQuery:
         """``y_t = total + z_t``: ``total`` the ``(rows_at, d)`` sum of every shard's
         :attr:`RunningStep.total`; ``z_t`` the keyed noise of ``(query_id, window_id)`` at
         :attr:`noise_std` for ``binding``'s ledger (:func:`stream.noise.gaussian_noise`, dim
-        ``rows * d``, row-major), so a re-run releases the identical ``y_t`` (DESIGN invariant
-        5) and another ledger under the same key an independent one."""
+        ``rows * d``, row-major), so a re-run releases the identical ``y_t`` (invariant 5
+        (release-once, docs/architecture.md)) and another ledger under the same key an independent
+        one."""
         rows = self.rows_at(window_id)
         y = np.asarray(total, dtype=np.float64)
         if y.shape != (rows, self.dim):

@@ -1,4 +1,5 @@
-"""The noise of one training run, derived from the curator's noise key (DESIGN.md invariant 5).
+"""The noise of one training run, derived from the curator's noise key (invariant 5 (release-once,
+docs/architecture.md)).
 
 A training run releases noisy gradient sums (every iterate is a post-processing of them), a
 noisy count of its users (the update's normaliser, :mod:`stream.training.normaliser`) and noisy
