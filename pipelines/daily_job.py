@@ -135,7 +135,10 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
                         accounting=config.accounting)
         wanted = LedgerParameters(
             epsilon=cal.epsilon, delta=cal.delta, norm_budget=cal.norm_budget, accounting=cal.accounting,
-            rho=cal.rho, noise_std=cal.noise_std, tracker_step=cal.rho / 32.0, id_type=_id_type(config.inputs),
+            rho=cal.rho, noise_std=cal.noise_std, tracker_step=cal.rho / 32.0,
+            # A ledger's id type is its own for life; the validator parses each row's id as it, so
+            # a later file typed otherwise (a CSV with one text id) costs its bad rows, not the day.
+            id_type=existing.id_type if (existing := curator.parameters()) else _id_type(config.inputs),
             n_shards=config.n_shards, key_fingerprint=key.fingerprint,
             window_seconds=config.window.length_seconds, origin_seconds=config.window.origin_seconds,
         )

@@ -475,6 +475,10 @@ def prepare(args: argparse.Namespace) -> RunPlan:
         manifest = read_json(committed)
         if manifest.get("version") != MANIFEST_VERSION:
             raise RunRefused(f"{committed}: manifest version {manifest.get('version')!r}, expected {MANIFEST_VERSION}")
+        if manifest["parameters"].get("id_type") in ("int64", "string"):
+            # The ledger's id type for life: each row's id is parsed as it (stream.schema), so an
+            # input typed otherwise (a CSV with one text id) costs its bad rows, not the day.
+            parameters["id_type"] = manifest["parameters"]["id_type"]
         changed = [k for k in FIXED if k not in DERIVED and manifest["parameters"].get(k) != parameters[k]]
         if not changed:
             cal, parameters = continue_budget(cal, parameters, manifest["parameters"].get("rho"),
@@ -752,7 +756,7 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
     query_plan = plan.query_plan()
     read = p | "ReadIndicators" >> tx.ReadIndicators(
         plan.input_paths, window=plan.window, start_window=plan.start_window, end_window=plan.end_window,
-        released=list(plan.released), indicator_columns=list(plan.columns))
+        released=list(plan.released), indicator_columns=list(plan.columns), id_type=params["id_type"])
     previous = p | "PreviousLedger" >> ReadLedgerSnapshot(plan.previous_ledger_files, n_shards=plan.n_shards,
                                                           schema=template.schema)
     previous_users = (previous | "PreviousUsers" >> beam.Map(_part_rows)

@@ -117,9 +117,10 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
     Outputs: ``(window_id, (shard, {query_id: partial sum vector}))`` (main: one report per
     window of the schedule, ``{}`` when nothing was charged), dead letters (tag ``dead``:
     late, out-of-range and duplicate rows), ``(window, counts)`` (tag ``counts``, windows with
-    rows), ``(window, books)`` (tag ``books``, every charged window: the shard's books since its
-    previous charge, ``received``, ``late``, ``out_of_range``, ``duplicate``, ``admitted``,
-    ``clipped``, ``dropped``, the rows ``buffered`` for later windows and ``balanced``, 1 or 0), ``(shard, window, ledger snapshot)`` (tag ``ledger``: after ``end_window``, or every
+    rows), ``(window, books)`` (tag ``books``, every charged window: the ``shard`` and its books
+    since its previous charge, ``received``, ``late``, ``out_of_range``, ``duplicate``,
+    ``admitted``, ``clipped``, ``dropped``, ``nonfinite``, the rows ``buffered`` for later windows
+    and ``balanced``, 1 or 0), ``(shard, window, ledger snapshot)`` (tag ``ledger``: after ``end_window``, or every
     window with ``snapshot_every_window``) and ``(query_id, snapshot)`` (tag ``running``,
     with the final ledger).
     """
@@ -210,7 +211,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         if duplicates is not None and duplicates.num_rows:
             yield beam.pvalue.TaggedOutput("dead", duplicates)
         counts = yield from self._charge(key, shard, window, data)
-        yield from self._close_books(window, books, counts, duplicates,
+        yield from self._close_books(key, window, books, counts, duplicates,
                                      later=unpacked(part for w, part in buffered if w != window))
         # Persist before anything else can observe the shard: the ledger is replaced, not cleared.
         state.clear()
@@ -252,8 +253,8 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         yield window, (int(key), sums)
         return counts
 
-    def _close_books(self, window: int, books: Any, counts: dict[str, int], duplicates: pa.Table | None,
-                     later: list[pa.Table]) -> Iterator[Any]:
+    def _close_books(self, key: int, window: int, books: Any, counts: dict[str, int],
+                     duplicates: pa.Table | None, later: list[pa.Table]) -> Iterator[Any]:
         """Add the window's charged and duplicate rows to the shard's books, check them against the
         rows still buffered for later windows, and record both (tag ``books``, every window)."""
         now, before = books.read() or (ShardBooks(), ShardBooks())
@@ -265,7 +266,10 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             logging.getLogger(__name__).error("window %d: a shard's row books do not balance (curator "
                                               "counts record the details)", window)
         books.write((after, after))
-        record = {**after.since(before), "buffered": buffered, "balanced": int(balanced)}
+        # The shard is part of the record: two shards' records are otherwise equal whenever their
+        # counts are, and the curator's files are named by their content.
+        record = {"shard": int(key), **after.since(before), "nonfinite": int(counts.get("nonfinite", 0)),
+                  "buffered": buffered, "balanced": int(balanced)}
         yield beam.pvalue.TaggedOutput("books", (window, record))
 
 

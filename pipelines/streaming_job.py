@@ -142,10 +142,10 @@ try:
     from pipelines.streaming import StreamingReleases
 finally:
     _root.setLevel(_level)
-from pipelines.shard_state import PlannedQuery, QueryPlan
+from pipelines.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
 from queries.linear import default_queries
 from stream.accounting import calibrate
-from stream.ledger import Ledger, Policy
+from stream.ledger import STATUS_NAMES, Ledger, Policy
 from stream.noise import check_ledger_id, new_ledger_id
 from stream.private_files import PrivateFileError, private_dir
 from stream.schema import WINDOW_ID, SchemaError, WindowSpec, validate_batch
@@ -312,8 +312,9 @@ class DecodeAndValidate(beam.DoFn):
     carry no event time of their own); otherwise it keeps the source's timestamp."""
 
     def __init__(self, *, window: WindowSpec, end_window: int, indicator_columns: Sequence[str],
-                 stamp: bool = False) -> None:
+                 stamp: bool = False, id_type: str = ID_TYPE) -> None:
         self._window = window
+        self._id_type = id_type  # the ledger's: a message's ids are parsed as it, row by row
         self._end = end_window
         self._columns = list(indicator_columns)
         self._stamp = stamp
@@ -323,7 +324,7 @@ class DecodeAndValidate(beam.DoFn):
         try:
             table = decode_message(payload)
             checked = validate_batch(table, window=self._window, end_window=self._end,
-                                     indicator_columns=self._columns)
+                                     indicator_columns=self._columns, id_type=self._id_type)
         except (ValueError, SchemaError) as exc:
             # One dead letter stands for the whole message, so the message counts as one row read.
             yield beam.pvalue.TaggedOutput("read", _read_row(name, 1))
@@ -451,9 +452,22 @@ def _ledger_file(item: tuple[int, int, pa.Table], *, n_shards: int,
     return f"window_id={int(window)}/shard={int(shard)}", table.replace_schema_metadata(metadata)
 
 
+def _books_file(item: tuple[int, dict]) -> tuple[str, pa.Table]:
+    window, record = item
+    row = {"window_id": int(window), **{k: int(v) for k, v in dict(record).items()}}
+    return f"window_id={int(window)}", pa.Table.from_pylist([row])
+
+
+def _charged_rows(item: tuple[int, dict]) -> bool:
+    _, record = item
+    return any(record[name] for name in STATUS_NAMES)
+
+
 def _counts_file(item: tuple[int, dict]) -> tuple[str, pa.Table]:
-    window, counts = item
-    row = {"window_id": int(window), **{k: int(v) for k, v in dict(counts).items()}}
+    """A shard's counts of one window, as the batch jobs record them, with the shard."""
+    window, record = item
+    row = {"window_id": int(window), "shard": int(record["shard"]),
+           **{name: int(record[name]) for name in WINDOW_COUNT_NAMES}}
     return f"window_id={int(window)}", pa.Table.from_pylist([row])
 
 
@@ -919,11 +933,13 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     ledger_files = graph["ledger"] | "WriteLedger" >> beam.ParDo(WriteTable(
         dist.join(curator, "ledger"), functools.partial(_ledger_file, n_shards=args.shards,
                                                         parameters=_as_text(parameters))))
-    count_files = graph["counts"] | "WriteCounts" >> beam.ParDo(WriteTable(dist.join(curator, "counts"),
-                                                                            _counts_file))
+    # Per (window, shard) from the shards' books, which carry the shard: files are named by their
+    # content, so two shards' equal counts of one window must not be one file.
+    count_files = (graph["books"] | "ChargedWindows" >> beam.Filter(_charged_rows)
+                   | "WriteCounts" >> beam.ParDo(WriteTable(dist.join(curator, "counts"), _counts_file)))
     read_files = decoded.read | "WriteRead" >> beam.ParDo(WriteTable(dist.join(curator, "read")))
     book_files = graph["books"] | "WriteBooks" >> beam.ParDo(WriteTable(dist.join(curator, "books"),
-                                                                         _counts_file))
+                                                                         _books_file))
     return {"releases": graph["releases"], "release_files": release_files, "dead_files": dead_files,
             "ledger_files": ledger_files, "count_files": count_files, "read_files": read_files,
             "book_files": book_files, "dead": dead}

@@ -71,8 +71,9 @@ class ReadAndValidate(beam.DoFn):
 
     def __init__(self, *, window: WindowSpec, start_window: int, end_window: int,
                  released: Sequence[int], indicator_columns: Sequence[str], batch_rows: int = 262_144,
-                 category_columns: Sequence[str] = ()) -> None:
+                 category_columns: Sequence[str] = (), id_type: str | None = None) -> None:
         self._window = window
+        self._id_type = id_type  # the ledger's: every valid row's id is parsed as it
         self._start, self._end = start_window, end_window
         self._released = np.array(sorted(released), dtype=np.int64)
         self._columns = list(indicator_columns)
@@ -88,7 +89,7 @@ class ReadAndValidate(beam.DoFn):
             # and "out of range" otherwise, which the validator alone cannot tell apart.
             checked = validate_batch(batch, window=self._window, start_window=None,
                                      end_window=self._end, indicator_columns=self._columns,
-                                     category_columns=self._categories)
+                                     category_columns=self._categories, id_type=self._id_type)
             if checked.rejected.num_rows:
                 yield beam.pvalue.TaggedOutput("dead", dead_letters(path, offset, checked.rejected))
             valid = checked.valid
@@ -569,12 +570,12 @@ class ReadIndicators(beam.PTransform):
 
     def __init__(self, inputs: Sequence[str], *, window: WindowSpec, start_window: int, end_window: int,
                  released: Sequence[int], indicator_columns: Sequence[str], batch_rows: int = 262_144,
-                 category_columns: Sequence[str] = ()) -> None:
+                 category_columns: Sequence[str] = (), id_type: str | None = None) -> None:
         super().__init__()
         self._inputs = [str(path) for path in inputs]
         self._read = ReadAndValidate(window=window, start_window=start_window, end_window=end_window,
                                      released=released, indicator_columns=indicator_columns, batch_rows=batch_rows,
-                                     category_columns=category_columns)
+                                     category_columns=category_columns, id_type=id_type)
 
     def expand(self, pbegin: Any) -> Any:
         return (pbegin
@@ -727,7 +728,7 @@ class DailyReleases(beam.PTransform):
         super().__init__()
         self._read = ReadIndicators(inputs, window=window, start_window=start_window, end_window=end_window,
                                     released=released, indicator_columns=indicator_columns,
-                                    category_columns=category_columns)
+                                    category_columns=category_columns, id_type=id_type)
         self._filter = IndividualFilter(plan=plan, indicator_columns=indicator_columns, noise_std=noise_std,
                                         policy=policy, budget=budget, id_type=id_type, tracker_step=tracker_step,
                                         n_shards=n_shards, previous_ledger=previous_ledger,

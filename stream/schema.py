@@ -620,6 +620,34 @@ def _user_ids(arr: pa.Array, rej: _Rejections) -> pa.Array:
     return ids
 
 
+# Up to 18 digits always fit in int64 (9.2e18); a 19-digit id is checked against the bounds as text.
+_INT_TEXT = r"^[+-]?[0-9]{1,19}$"
+_INT64_MAX_TEXT = str(2**63 - 1)
+
+
+def _as_id_type(users: pa.Array, id_type: str | None, rej: _Rejections) -> pa.Array:
+    """``users`` (int64 or utf8, from :func:`_user_ids`) as ``id_type``; adds ``wrong_type`` for
+    text ids that are not int64 integers when ``id_type`` is ``"int64"``."""
+    if id_type is None or len(users) == 0:
+        return users
+    if id_type == "string":
+        return users if pa.types.is_string(users.type) else pc.cast(users, pa.string())
+    if pa.types.is_integer(users.type):
+        return users
+    text = pc.utf8_trim_whitespace(users)
+    digits = pc.utf8_ltrim(text, characters="+-")
+    fits = _mask(pc.match_substring_regex(text, _INT_TEXT)) & (
+        _mask(pc.less(pc.utf8_length(digits), 19))
+        | (_mask(pc.equal(pc.utf8_length(digits), 19)) & _mask(pc.less_equal(digits, _INT64_MAX_TEXT))))
+    ids = pc.if_else(pa.array(fits), pc.replace_substring_regex(text, r"^\+", ""), pa.scalar("0"))
+    parsed = pc.cast(ids, pa.int64())
+    rej.add(_mask(users.is_valid()) & ~fits, RejectReason.WRONG_TYPE,
+            lambda: _join(f"{USER_ID}: cannot parse ", _snippet(users), " as an int64 user id (the ledger's id type)"))
+    rej.add(fits & _mask(pc.equal(parsed, pa.scalar(RESERVED_USER_ID, pa.int64()))), RejectReason.WRONG_TYPE,
+            f"{USER_ID} {RESERVED_USER_ID} is reserved (the int64 minimum) and cannot be a user id")
+    return parsed
+
+
 def _time_seconds(name: str, arr: pa.Array, rej: _Rejections) -> np.ndarray:
     """UTC Unix seconds of each row's time (0 where rejected); adds time rejections."""
     t = arr.type
@@ -708,11 +736,19 @@ def validate_batch(
     end_window: int | None = None,
     indicator_columns: Sequence[str] | None = None,
     category_columns: Sequence[str] = (),
+    id_type: str | None = None,
 ) -> ValidatedBatch:
     """Split ``batch`` into valid rows and rejected rows with reasons (see the module docstring).
 
     ``category_columns`` names string columns passed through unparsed (utf8, nulls kept: a
     missing category counts in no bucket of a histogram); they are never indicator columns.
+
+    ``id_type`` is the ledger's user id type (``"int64"`` or ``"string"``; None: as the batch has
+    it). Valid rows then always carry it, whatever type the batch declares: text ids are parsed
+    row by row for an ``int64`` ledger (a text id that is not an integer in int64's range is a
+    ``wrong_type`` dead letter), integer ids are written as text for a ``string`` ledger. So a
+    file or message whose ids are typed otherwise (a CSV with one text id, a producer sending
+    text) costs its bad rows, never the day.
 
     ``start_window``/``end_window`` bound the accepted window ids, inclusive; rows outside are
     rejected as ``out_of_range_time``. Raises :class:`SchemaError` for whole-batch problems,
@@ -727,12 +763,15 @@ def validate_batch(
         raise ValueError(
             f"start_window must be <= end_window, got start_window={start}, end_window={end}"
         )
+    if id_type not in (None, "int64", "string"):
+        raise ValueError(f"id_type must be 'int64', 'string' or None, got id_type={id_type!r}")
     layout = _resolve_columns(table.schema, indicator_columns, category_columns)
-    return _validate(table, layout, window, start, end)
+    return _validate(table, layout, window, start, end, id_type)
 
 
 def _validate(
-    table: pa.Table, layout: _Layout, window: WindowSpec, start: int | None, end: int | None
+    table: pa.Table, layout: _Layout, window: WindowSpec, start: int | None, end: int | None,
+    id_type: str | None = None,
 ) -> ValidatedBatch:
     n = table.num_rows
     rej = _Rejections(n)
@@ -741,7 +780,7 @@ def _validate(
     ind_raw = [_normalise(table.column(name)) for name in layout.indicators]
     cat_raw = [_normalise(table.column(name)) for name in layout.categories]
 
-    users = _user_ids(user_raw, rej)
+    users = _as_id_type(_user_ids(user_raw, rej), id_type, rej)
     seconds = _time_seconds(layout.time_column, time_raw, rej)
 
     parsed = [_indicator(arr) for arr in ind_raw]

@@ -174,6 +174,25 @@ def test_rows_read_that_reach_no_outcome_unbalance_the_books(tmp_path, days):
     assert not sj.books(str(tmp_path / "curator"))["balanced"]
 
 
+def test_two_shards_with_equal_counts_in_a_window_both_have_their_counts_recorded(tmp_path):
+    from pipelines.sharding import shard_of
+
+    # One row in each of two shards: their counts of the window are equal, and the curator's
+    # files are named by their content, so the records must differ by their shard.
+    candidates = np.arange(50)
+    shards = shard_of(candidates, 2)
+    users = [int(candidates[shards == 0][0]), int(candidates[shards == 1][0])]
+    path = tmp_path / "messages" / "day-0.arrows"
+    path.parent.mkdir()
+    path.write_bytes(sj.encode_message(_rows(0, users, seed=1)))
+    args = _args(tmp_path, ["--replay", str(path)])
+    args[args.index("--shards") + 1] = "2"
+    assert sj.main(args) == 0
+    counts = pa.concat_tables([pq.read_table(f) for f in (tmp_path / "curator" / "counts").rglob("*.parquet")])
+    assert sorted(counts.column("shard").to_pylist()) == [0, 1]
+    assert sum(counts.column("admitted").to_pylist()) + sum(counts.column("dropped").to_pylist()) == 2
+
+
 def test_shard_books_balance_only_when_the_buffer_holds_what_they_say():
     from pipelines.shard_state import ShardBooks
 

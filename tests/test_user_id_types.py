@@ -1,0 +1,132 @@
+"""A user id typed otherwise than the ledger's ids costs its row, never the day (issue 18, edges).
+
+The ledger's id type is public and fixed for life; each row's id is parsed as it by the validator
+(``stream.schema.validate_batch(id_type=...)``). Before, a producer sending text ids stopped the
+streaming job (its int64 ledger raised in a shard's timer, so that window and every later one
+went unreleased), and a CSV day with one text id among integers was refused by the daily and
+distributed jobs ("parameters differ"): one row decided whether a day was released.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines import distributed as dist
+from pipelines import streaming_job as sj
+from pipelines.daily_job import JobConfig, run_job
+from stream.noise import NoiseKey
+from stream.schema import RejectReason, validate_batch
+
+DAY0 = dt.date(2026, 3, 1)
+W0 = (DAY0 - dt.date(1970, 1, 1)).days
+
+
+def _batch(ids, day=DAY0) -> pa.Table:
+    return pa.table({"user_id": ids, "day": [day] * len(ids), "opened": [1.0] * len(ids)})
+
+
+# --- the rule, in the validator --------------------------------------------------------------
+
+
+def test_text_ids_are_parsed_row_by_row_for_an_int64_ledger():
+    checked = validate_batch(_batch(["12", " +7", "-5", "x7", "9223372036854775808", "9223372036854775807"]),
+                             indicator_columns=["opened"], id_type="int64")
+    assert checked.valid.column("user_id").to_pylist() == [12, 7, -5, 2**63 - 1]
+    assert checked.valid.schema.field("user_id").type == pa.int64()
+    rejected = checked.rejected.to_pylist()
+    assert [(r["row_index"], r["reason"]) for r in rejected] == [(3, RejectReason.WRONG_TYPE.value),
+                                                                (4, RejectReason.WRONG_TYPE.value)]
+    assert "x7" in rejected[0]["detail"] and "int64" in rejected[0]["detail"]
+
+
+def test_integer_ids_are_text_for_a_string_ledger():
+    checked = validate_batch(_batch(pa.array([1, 2], type=pa.int64())), indicator_columns=["opened"],
+                             id_type="string")
+    assert checked.valid.column("user_id").to_pylist() == ["1", "2"]
+
+
+def test_an_unknown_id_type_is_refused_naming_it():
+    with pytest.raises(ValueError, match="id_type must be"):
+        validate_batch(_batch([1]), indicator_columns=["opened"], id_type="uuid")
+
+
+# --- every job ---------------------------------------------------------------------------------
+
+
+def _parquet_day(path: Path, offset: int, users) -> str:
+    pq.write_table(pa.table({"user_id": pa.array(users, type=pa.int64()),
+                             "day": pa.array([DAY0 + dt.timedelta(days=offset)] * len(users), type=pa.date32()),
+                             "opened": pa.array([1.0] * len(users))}), path)
+    return str(path)
+
+
+def _csv_day_with_one_text_id(path: Path, offset: int) -> str:
+    day = (DAY0 + dt.timedelta(days=offset)).isoformat()
+    path.write_text(f"user_id,day,opened\n1,{day},1\nabc,{day},1\n2,{day},0\n")
+    return str(path)
+
+
+def test_a_csv_day_with_one_text_id_is_released_with_that_row_dead_lettered_by_renyi_stream_run(tmp_path):
+    def job(inputs, day):
+        return JobConfig(inputs=tuple(inputs), store=str(tmp_path / "s.duckdb"), ledger=str(tmp_path / "l.duckdb"),
+                         epsilon=1.0, delta=1e-6, norm_budget=10.0, start_window=W0 + day, end_window=W0 + day,
+                         key_path=str(tmp_path / "k.key"), n_shards=2)
+
+    run_job(job([_parquet_day(tmp_path / "d0.parquet", 0, [1, 2, 3])], 0))
+    summary = run_job(job([_csv_day_with_one_text_id(tmp_path / "d1.csv", 1)], 1))
+    assert (summary.rows_read, summary.rejected) == (3, 1) and summary.balanced
+    db = duckdb.connect(str(tmp_path / "l.duckdb"), read_only=True)
+    try:
+        assert db.execute("SELECT reason FROM dead_letters WHERE raw LIKE '%abc%'").fetchall() == [("wrong_type",)]
+    finally:
+        db.close()
+    store = duckdb.connect(str(tmp_path / "s.duckdb"), read_only=True)
+    try:
+        assert store.execute(f"SELECT count(*) FROM releases WHERE window_id = {W0 + 1}").fetchone() == (1,)
+    finally:
+        store.close()
+
+
+def test_a_csv_day_with_one_text_id_is_released_by_the_distributed_job(tmp_path):
+    key = tmp_path / "key" / "noise.key"
+    NoiseKey.load_or_create(key)
+
+    def args(inputs, day, previous, output):
+        when = (DAY0 + dt.timedelta(days=day)).isoformat()
+        return ["--input", *inputs, "--start", when, "--end", when, "--epsilon", "1", "--delta", "1e-6",
+                "--norm-budget", "10", "--previous-ledger", previous, "--output", str(output),
+                "--releases-parquet", str(tmp_path / "public"), "--noise-key", str(key), "--quiet"]
+
+    run1, run2 = tmp_path / "curator" / "run1", tmp_path / "curator" / "run2"
+    assert dist.main(args([_parquet_day(tmp_path / "d0.parquet", 0, [1, 2, 3])], 0, "none", run1)) == 0
+    assert dist.main(args([_csv_day_with_one_text_id(tmp_path / "d1.csv", 1)], 1, str(run1), run2)) == 0
+    manifest = json.loads((run2 / dist.COMMITTED).read_text())
+    assert manifest["balanced"] and manifest["dead_reasons"] == {"wrong_type": 1}
+    assert (tmp_path / "public" / f"window_id={W0 + 1}" / "releases.parquet").exists()
+
+
+def test_a_streamed_message_with_text_ids_costs_its_bad_rows_never_the_window(tmp_path):
+    key = tmp_path / "key" / "noise.key"
+    NoiseKey.load_or_create(key)
+    messages = []
+    for day, ids in ((0, pa.array([1, 2, 3], type=pa.int64())), (1, pa.array(["1", "x", "3"]))):
+        path = tmp_path / f"m{day}.arrows"
+        path.write_bytes(sj.encode_message(_batch(ids, DAY0 + dt.timedelta(days=day))))
+        messages.append(str(path))
+    code = sj.main(["--replay", *messages, "--columns", "opened", "--start", "2026-03-01", "--end", "2026-03-02",
+                    "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "10", "--releases-parquet",
+                    str(tmp_path / "public"), "--output", str(tmp_path / "curator"), "--noise-key", str(key),
+                    "--shards", "2"])
+    assert code == 0
+    assert {p.parent.name for p in (tmp_path / "public").rglob("releases.parquet")} == {
+        f"window_id={W0}", f"window_id={W0 + 1}"}
+    books = sj.books(str(tmp_path / "curator"))
+    assert books["balanced"] and (books["rows_read"], books["rejected"], books["admitted"]) == (6, 1, 5)
