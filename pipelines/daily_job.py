@@ -115,12 +115,12 @@ class JobSummary:
 def _first_input(paths: Sequence[str]) -> tuple[str, pa.Schema, bool]:
     """The first input's path, its columns and whether their types are declared (Parquet, Arrow;
     a CSV declares none): what :mod:`stream.columns` decides the numeric columns from."""
-    first = next(read_batches(paths[0], batch_rows=16))
+    first = next(read_batches(paths[0], batch_rows=16, malformed=[]))
     return paths[0], first.schema, declares_types(paths[0])
 
 
 def _id_type(paths: Sequence[str]) -> str:
-    first = next(read_batches(paths[0], batch_rows=16))
+    first = next(read_batches(paths[0], batch_rows=16, malformed=[]))
     return "string" if pa.types.is_string(first.schema.field(USER_ID).type) or \
         pa.types.is_large_string(first.schema.field(USER_ID).type) else "int64"
 

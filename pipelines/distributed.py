@@ -372,7 +372,7 @@ def window_seconds(text: str) -> int:
 
 
 def _first_input_schema(path: str) -> pa.Schema:
-    first = next(read_batches(path, batch_rows=16))
+    first = next(read_batches(path, batch_rows=16, malformed=[]))  # the job dead-letters bad lines
     return first.schema
 
 

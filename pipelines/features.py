@@ -100,7 +100,7 @@ def materialise_features(
     if not (le < fs or ls > fe):
         raise ValueError(f"the label window [{label_start}, {label_end}] must not overlap the feature window "
                          f"[{start}, {end}]: the label would be part of the features")
-    first = next(read_batches(inputs[0], batch_rows=16), None)
+    first = next(read_batches(inputs[0], batch_rows=16, malformed=[]), None)
     if first is None:
         raise ValueError(f"input file {inputs[0]} has no rows to take indicator columns from")
     columns = list(indicator_columns) if indicator_columns else _indicators(first.schema)
@@ -110,13 +110,16 @@ def materialise_features(
     valid: list[pa.Table] = []
     rows_read = rejected = 0
     for path in inputs:
-        for batch in read_batches(path):
+        malformed: list[tuple[int, str]] = []  # CSV lines that do not split: read and rejected
+        for batch in read_batches(path, malformed=malformed):
             result = validate_batch(batch, window=WindowSpec(), start_window=lo, end_window=hi,
                                     indicator_columns=columns)
             rows_read += batch.num_rows
             rejected += result.rejected.num_rows
             if result.valid.num_rows:
                 valid.append(result.valid)
+        rows_read += len(malformed)
+        rejected += len(malformed)
     if not valid:
         raise ValueError(f"no valid rows between {min(start, label_start)} and {max(end, label_end)} in the inputs")
     rows = pa.concat_tables(valid, promote_options="default")

@@ -48,9 +48,15 @@ def file_format(path: str | Path) -> str:
     return FORMATS[suffix]
 
 
-def read_batches(path: str | Path, *, batch_rows: int = 65_536) -> Iterator[pa.RecordBatch]:
+def read_batches(path: str | Path, *, batch_rows: int = 65_536,
+                 malformed: list[tuple[int, str]] | None = None) -> Iterator[pa.RecordBatch]:
     """Yield the file's rows as record batches of at most ``batch_rows`` rows (at least one
-    batch, empty when the file has no rows)."""
+    batch, empty when the file has no rows).
+
+    A CSV line with another number of fields than its header is one bad row, not a bad file:
+    with ``malformed`` (a list the caller owns) each such line is skipped and appended to it as
+    ``(line number or -1, its text)`` by the time the batches are exhausted, for the caller to
+    dead-letter; without it, such a line raises :class:`InputFileError` as any unreadable file."""
     kind = file_format(path)
     remote = _remote(path)
     if not (_remote_is_file(path, remote) if remote else Path(path).is_file()):
@@ -68,7 +74,8 @@ def read_batches(path: str | Path, *, batch_rows: int = 65_536) -> Iterator[pa.R
         else:
             text = {name: pa.string() for name in _csv_header(path, remote) if name != "user_id"}
             source = remote[0].open_input_stream(remote[1]) if remote else path
-            table = pacsv.read_csv(source, convert_options=pacsv.ConvertOptions(column_types=text))
+            table = pacsv.read_csv(source, convert_options=pacsv.ConvertOptions(column_types=text),
+                                   parse_options=_csv_parse_options(malformed))
             _check_header(path, table.schema)
             schema, batches = table.schema, iter(table.to_batches(max_chunksize=batch_rows))
         empty = True
@@ -81,6 +88,17 @@ def read_batches(path: str | Path, *, batch_rows: int = 65_536) -> Iterator[pa.R
         raise InputFileError(f"input file {path} is not a readable {kind} file: {_short(exc)}") from exc
 
 
+def _csv_parse_options(malformed: list[tuple[int, str]] | None) -> pacsv.ParseOptions:
+    if malformed is None:
+        return pacsv.ParseOptions()
+
+    def skip(row: pacsv.InvalidRow) -> str:
+        malformed.append((int(row.number) if row.number is not None else -1, str(row.text)))
+        return "skip"
+
+    return pacsv.ParseOptions(invalid_row_handler=skip)
+
+
 def declares_types(path: str | Path) -> bool:
     """Whether a file of this kind declares its column types (Parquet and Arrow do, in their
     schema; a CSV does not: :func:`read_batches` reads its values as text)."""
@@ -91,7 +109,7 @@ def _csv_header(path: str | Path, remote: tuple[pafs.FileSystem, str] | None) ->
     """The column names of a CSV file (its first block is read, not the whole file)."""
     source = remote[0].open_input_stream(remote[1]) if remote else path
     reader = pacsv.open_csv(source, convert_options=pacsv.ConvertOptions(
-        column_types={"day": pa.string(), "event_time": pa.string()}))
+        column_types={"day": pa.string(), "event_time": pa.string()}), parse_options=_csv_parse_options([]))
     try:
         return reader.schema.names
     finally:

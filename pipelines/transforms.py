@@ -39,7 +39,7 @@ from stream.continual.running import RunningState
 from stream.faults import crash_point
 from stream.ledger import Ledger
 from stream.noise import NoiseBinding, NoiseKey, check_ledger_id, gaussian_noise
-from stream.schema import USER_ID, WINDOW_ID, WindowSpec, may_repeat, validate_batch
+from stream.schema import USER_ID, WINDOW_ID, RejectReason, WindowSpec, may_repeat, validate_batch
 
 SOURCE = "_source"  # (file index, row index) of each row: a deterministic tie-break
 ROW = "_row"
@@ -83,7 +83,8 @@ class ReadAndValidate(beam.DoFn):
     def process(self, element: tuple[int, str]) -> Iterator[Any]:
         file_index, path = element
         offset = 0
-        for batch in read_batches(path, batch_rows=self._batch_rows):
+        malformed: list[tuple[int, str]] = []
+        for batch in read_batches(path, batch_rows=self._batch_rows, malformed=malformed):
             yield beam.pvalue.TaggedOutput("read", (path, batch.num_rows))
             # No lower bound here: a row before the schedule is "late" if its window was released
             # and "out of range" otherwise, which the validator alone cannot tell apart.
@@ -111,6 +112,23 @@ class ReadAndValidate(beam.DoFn):
                 yield valid
             offset += batch.num_rows
             crash_point("while_reading")  # test-only: input read, nothing committed
+        if malformed:  # CSV lines the parser skipped: rows read, each a dead letter
+            yield beam.pvalue.TaggedOutput("read", (path, len(malformed)))
+            yield beam.pvalue.TaggedOutput("dead", malformed_letters(path, malformed))
+
+
+def malformed_letters(path: str, lines: Sequence[tuple[int, str]]) -> pa.Table:
+    """Dead letters for CSV lines that do not split into the header's fields (reason
+    ``malformed_row``; ``row_index`` -1, the line number in the detail, the line as ``raw``)."""
+    return pa.table({
+        "source": pa.array([path] * len(lines), type=pa.string()),
+        "row_index": pa.array([-1] * len(lines), type=pa.int64()),
+        "reason": pa.array([RejectReason.MALFORMED_ROW.value] * len(lines), type=pa.string()),
+        "detail": pa.array([f"line {n}: not the header's number of fields" if n >= 0 else
+                            "a line with another number of fields than the header" for n, _ in lines],
+                           type=pa.string()),
+        "raw": pa.array([text[:256] for _, text in lines], type=pa.string()),
+    }, schema=DEAD_LETTER_SCHEMA)
 
 
 def valid_mask(n: int, rejected: pa.Table) -> np.ndarray:

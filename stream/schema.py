@@ -151,6 +151,7 @@ class RejectReason(str, enum.Enum):
     NON_FINITE = "non_finite_value"
     OUT_OF_RANGE_TIME = "out_of_range_time"
     DUPLICATE = "duplicate_user_window"
+    MALFORMED_ROW = "malformed_row"  # set by a reader (a CSV line that does not split), never here
 
     def __str__(self) -> str:
         return self.value

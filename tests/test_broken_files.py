@@ -223,3 +223,54 @@ def test_run_on_an_input_with_a_header_and_no_rows_releases_noise_only(tmp_path,
     assert main(argv) == 0  # the default summary: --quiet prints no exact count (issue 18)
     out = capsys.readouterr().out
     assert "released 1 window(s)" in out and "rows read 0" in out
+
+
+# --------------------------------------------------------------------------- one bad line, not a bad file
+
+_RAGGED = (b"user_id,day,opened\n1,2026-03-02,1\n2,2026-03-02\n3,2026-03-02,1,extra\n4,2026-03-02,0\n")
+
+
+def test_a_reader_given_a_list_skips_a_csv_line_that_does_not_split_and_hands_it_over(tmp_path):
+    path = tmp_path / "ragged.csv"
+    path.write_bytes(_RAGGED)
+    malformed: list = []
+    assert sum(b.num_rows for b in read_batches(path, malformed=malformed)) == 2
+    assert [text for _, text in malformed] == ["2,2026-03-02", "3,2026-03-02,1,extra"]
+
+
+def test_a_csv_line_that_does_not_split_is_a_dead_letter_and_the_day_is_released(tmp_path):
+    from pipelines.daily_job import JobConfig, run_job
+
+    path = tmp_path / "ragged.csv"
+    path.write_bytes(_RAGGED)
+    w = (DAY2 - dt.date(1970, 1, 1)).days
+    summary = run_job(JobConfig(inputs=(str(path),), store=str(tmp_path / "s.duckdb"), ledger=str(tmp_path / "l.duckdb"),
+                                epsilon=1.0, delta=1e-6, norm_budget=4.0, start_window=w, end_window=w, n_shards=2))
+    assert (summary.rows_read, summary.admitted + summary.dropped, summary.rejected) == (4, 2, 2)
+    assert summary.balanced and summary.windows_released == [w]
+    db = duckdb.connect(str(tmp_path / "l.duckdb"), read_only=True)
+    try:
+        letters = db.execute("SELECT reason, raw FROM dead_letters ORDER BY raw").fetchall()
+    finally:
+        db.close()
+    assert letters == [("malformed_row", "2,2026-03-02"), ("malformed_row", "3,2026-03-02,1,extra")]
+
+
+def test_the_distributed_job_dead_letters_a_csv_line_that_does_not_split(tmp_path):
+    import json
+
+    from pipelines import distributed as dist
+    from stream.noise import NoiseKey
+
+    path = tmp_path / "ragged.csv"
+    path.write_bytes(_RAGGED)
+    key = tmp_path / "key" / "noise.key"
+    NoiseKey.load_or_create(key)
+    day = DAY2.isoformat()
+    out = tmp_path / "curator" / "run1"
+    assert dist.main(["--input", str(path), "--start", day, "--end", day, "--epsilon", "1", "--delta", "1e-6",
+                      "--norm-budget", "4", "--previous-ledger", "none", "--output", str(out),
+                      "--releases-parquet", str(tmp_path / "public"), "--noise-key", str(key), "--quiet"]) == 0
+    manifest = json.loads((out / dist.COMMITTED).read_text())
+    assert manifest["balanced"] and manifest["totals"]["rows_read"] == 4
+    assert manifest["dead_reasons"] == {"malformed_row": 2}

@@ -277,7 +277,8 @@ def test_nothing_noisy_is_printed_before_the_ledger_commit(tmp_path):
     assert f"{meta['privacy']['normaliser']:.1f}" not in printed  # nor the noisy user count
     rerun = _train_in_a_child(args)  # after the commit, the re-run prints what it released
     assert rerun.returncode == 0, rerun.stderr[-2000:]
-    assert len(re.findall(r"\[train\] step \d+: noisy train accuracy -?\d\.\d{4}", rerun.stderr)) == 3
+    # Any magnitude: a noisy count divided into a noisy count of correct rows can pass 1 on a small set.
+    assert len(re.findall(r"\[train\] step \d+: noisy train accuracy -?\d+\.\d{4}", rerun.stderr)) == 3
     assert f"normaliser {meta['privacy']['normaliser']:.1f} (noisy user count" in rerun.stderr
 
 
