@@ -148,7 +148,7 @@ def run_demo(config: DemoConfig, progress: TextIO | None = None) -> DemoSummary:
             inputs=(path,), store=str(out / "releases.duckdb"), ledger=str(out / "curator" / "ledger.duckdb"),
             epsilon=config.epsilon, delta=config.delta, norm_budget=config.budget,
             start_window=first_window + d, end_window=first_window + d, policy=config.policy,
-            accounting=config.accounting, key_path=str(out / "curator" / "noise.key"),
+            accounting=config.accounting, key_path=str(out / "curator" / "ledger.noise.key"),
         ))
         for name in ("rows_read", "admitted", "clipped", "dropped", "rejected", "late"):
             setattr(summary, name, getattr(summary, name) + getattr(job, name))
@@ -247,7 +247,7 @@ def _print_summary(config: DemoConfig, s: DemoSummary, cal, out: Path, chart: Pa
           f"{config.days} days)")
     print()
     print(f"public releases: {out / 'releases.duckdb'}  (SELECT * FROM releases)")
-    print(f"curator files:   {out / 'curator'}  (ledger.duckdb, noise.key)")
+    print(f"curator files:   {out / 'curator'}  (ledger.duckdb, ledger.noise.key)")
     if chart is not None:
         print(f"chart:           {chart}")
     print(f"done in {s.seconds:.0f} s")

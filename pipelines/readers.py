@@ -24,6 +24,7 @@ storage); a plain path is a local file.
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from typing import Iterator
 
@@ -106,14 +107,19 @@ def declares_types(path: str | Path) -> bool:
 
 
 def _csv_header(path: str | Path, remote: tuple[pafs.FileSystem, str] | None) -> list[str]:
-    """The column names of a CSV file (its first block is read, not the whole file)."""
-    source = remote[0].open_input_stream(remote[1]) if remote else path
-    reader = pacsv.open_csv(source, convert_options=pacsv.ConvertOptions(
-        column_types={"day": pa.string(), "event_time": pa.string()}), parse_options=_csv_parse_options([]))
+    """The column names of a CSV file, from its first line alone (so that no later line, however
+    malformed, decides anything about the file's columns)."""
+    with (remote[0].open_input_stream(remote[1]) if remote else open(path, "rb")) as handle:
+        first = handle.read(_MAX_HEADER_BYTES).split(b"\n", 1)[0].rstrip(b"\r")
     try:
-        return reader.schema.names
-    finally:
-        reader.close()
+        line = first.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputFileError(f"input file {path} is not a readable csv file: its header is not UTF-8 ({_short(exc)})") \
+            from exc
+    return next(csv.reader([line]), [])
+
+
+_MAX_HEADER_BYTES = 1 << 20
 
 
 def _remote(path: str | Path) -> tuple[pafs.FileSystem, str] | None:

@@ -98,8 +98,25 @@ def test_demo_runs_the_daily_job_each_day_and_balances_its_row_totals(tmp_path, 
 
 def test_demo_key_file_is_private(tmp_path, capsys):
     _run_demo(tmp_path / "demo", capsys)
-    mode = stat.S_IMODE(os.stat(tmp_path / "demo" / "curator" / "noise.key").st_mode)
+    mode = stat.S_IMODE(os.stat(tmp_path / "demo" / "curator" / "ledger.noise.key").st_mode)
     assert mode == 0o600
+
+
+def test_the_demos_ledger_trains_with_no_key_option_as_the_readme_shows(tmp_path, capsys):
+    # The demo keeps its key where run and train look for a ledger's key by default
+    # (<ledger>.noise.key): train loads the ledger's own key and never makes another.
+    demo = tmp_path / "demo"
+    _run_demo(demo, capsys, "--days", "6")
+    days = sorted((demo / "input").glob("*.parquet"))
+    first, last = (p.stem[-10:] for p in (days[0], days[-1]))
+    label_start = days[4].stem[-10:]
+    assert main(["features", "--input", *map(str, days[:4]), "--out", str(tmp_path / "f.parquet"), "--start", first,
+                 "--end", days[3].stem[-10:], "--label-column", "filed_complaint", "--label-start", label_start,
+                 "--label-end", last, "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--features", str(tmp_path / "f.parquet"), "--ledger", str(demo / "curator" / "ledger.duckdb"),
+                 "--epsilon", "1", "--delta", "1e-6", "--out", str(tmp_path / "m.npz"), "--steps", "4",
+                 "--quiet"]) == 0, capsys.readouterr().err
 
 
 def test_demo_rerun_starts_a_new_ledger_that_draws_its_own_noise_for_the_same_schedule(tmp_path, capsys):
