@@ -28,15 +28,6 @@ DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
 
 
-@pytest.fixture
-def umask_022():
-    old = os.umask(0o022)
-    try:
-        yield
-    finally:
-        os.umask(old)
-
-
 def _mode(path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 

@@ -743,29 +743,14 @@ def test_local_parquet_releases_left_pending_by_a_crash_are_written_by_the_next_
 # --- curator files are private; exact counts stay with the curator (issue 18, items 5 and 6) ----------
 
 
-@pytest.fixture
-def umask_022():
-    old = os.umask(0o022)
-    try:
-        yield
-    finally:
-        os.umask(old)
-
-
-def _not_private(root: Path) -> dict[str, str]:
-    """What under ``root`` (itself included) is not 0700 (folders) or 0600 (files), with its mode."""
-    paths = [root, *root.rglob("*")]
-    return {str(p.relative_to(root)): f"{stat.S_IMODE(p.stat().st_mode):04o}" for p in paths
-            if stat.S_IMODE(p.stat().st_mode) != (0o700 if p.is_dir() else 0o600)}
-
-
-def test_the_distributed_jobs_local_output_is_0600_in_0700_folders_under_umask_022(tmp_path, two_days, umask_022):
+def test_the_distributed_jobs_local_output_is_0600_in_0700_folders_under_umask_022(tmp_path, two_days, umask_022,
+                                                                                   not_private):
     run1, run2 = tmp_path / "curator" / "run1", tmp_path / "curator" / "run2"
     assert dist.main(_args(tmp_path, two_days[:1], "2026-03-01", "2026-03-01", "none", run1)) == 0
     assert dist.main(_args(tmp_path, two_days[1:2], "2026-03-02", "2026-03-02", str(run1), run2)) == 0
     written = {p.relative_to(run2).parts[0] for p in run2.rglob("*") if p.is_file()}
     assert {dist.INTENT, dist.COMMITTED, "ledger", "counts", "dead", "read", "staged-releases"} <= written
-    assert _not_private(tmp_path / "curator") == {}
+    assert not_private(tmp_path / "curator") == {}
     public = list((tmp_path / "public").rglob("*.parquet"))
     assert public and {stat.S_IMODE(p.stat().st_mode) for p in public} == {0o644}  # not curator files
 

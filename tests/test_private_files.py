@@ -12,15 +12,6 @@ from stream.private_files import (PrivateFileError, make_private_dirs, private_d
                                   tighten_tree, write_private, write_private_bytes)
 
 
-@pytest.fixture
-def umask_022():
-    old = os.umask(0o022)
-    try:
-        yield
-    finally:
-        os.umask(old)
-
-
 def _mode(path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 

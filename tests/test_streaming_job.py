@@ -597,28 +597,8 @@ def test_recording_parameters_is_refused_for_contradicting_arguments_or_over_the
 # --- curator files are private whatever the umask (issue 18, item 5) ---------------------------------
 
 
-@pytest.fixture
-def umask_022():
-    import os
-
-    old = os.umask(0o022)
-    try:
-        yield
-    finally:
-        os.umask(old)
-
-
-def _not_private(root: Path) -> dict[str, str]:
-    """What under ``root`` (itself included) is not 0700 (folders) or 0600 (files), with its mode."""
-    import stat
-
-    paths = [root, *root.rglob("*")]
-    return {str(p.relative_to(root)): f"{stat.S_IMODE(p.stat().st_mode):04o}" for p in paths
-            if stat.S_IMODE(p.stat().st_mode) != (0o700 if p.is_dir() else 0o600)}
-
-
 def test_the_streaming_jobs_snapshots_counts_and_dead_letters_are_0600_in_0700_folders_under_umask_022(
-        tmp_path, days, umask_022):
+        tmp_path, days, umask_022, not_private):
     messages, _ = days
     garbage = tmp_path / "messages" / "garbage.arrows"
     garbage.write_bytes(b"not arrow at all")  # one dead letter, so that its file is written too
@@ -628,7 +608,7 @@ def test_the_streaming_jobs_snapshots_counts_and_dead_letters_are_0600_in_0700_f
     assert sj.main(_args(tmp_path, ["--replay", *messages, str(garbage)])) == 0
     assert {p.relative_to(curator).parts[0] for p in curator.rglob("*.parquet")} == {
         "ledger", "counts", "dead", "read", "books"}
-    assert _not_private(curator) == {}
+    assert not_private(curator) == {}
 
 
 def test_a_previous_snapshot_readable_by_others_is_refused_naming_it(tmp_path, days, capsys):
