@@ -70,7 +70,7 @@ def generate(folder: Path, users: int, days: int, rate: float, seed: int = 0) ->
 
 
 def run_ours(paths: list[str], scratch: Path, days: int) -> None:
-    from pipelines.daily_job import JobConfig, run_job
+    from pipelines.daily.job import JobConfig, run_job
 
     w0 = (DAY0 - dt.date(1970, 1, 1)).days
     summary = run_job(JobConfig(

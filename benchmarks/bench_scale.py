@@ -94,7 +94,7 @@ def _run_args(paths: list[str], folder: str, first: dt.date, last: dt.date, norm
                 "--previous-ledger", f"{folder}/runs/{run - 1}" if run else "none",
                 "--output", f"{folder}/runs/{run}", "--releases-parquet", f"{folder}/releases",
                 "--noise-key", f"{folder}/noise.key", "--shards", str(shards)]
-    return [sys.executable, "-m", "pipelines.cli", "run", "--input", *paths,
+    return [sys.executable, "-m", "pipelines.cli.main", "run", "--input", *paths,
             "--store", f"{folder}/releases.duckdb", "--ledger", f"{folder}/ledger.duckdb",
             "--epsilon", str(EPSILON), "--delta", str(DELTA), "--norm-budget", str(norm_budget),
             "--start", first.isoformat(), "--end", last.isoformat(), "--shards", str(shards), "--quiet"]

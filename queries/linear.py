@@ -180,7 +180,7 @@ class LinearQuery:
 
         Finite for finite input (no NaN), except that a weighted sum can overflow to infinity
         (or NaN) when ``|w * x|`` exceeds float64's range: the engine then treats that user's
-        vector as an infinite charge and drops them at that window (:mod:`pipelines.shard_state`). Raises
+        vector as an infinite charge and drops them at that window (:mod:`stream.engine.shard_state`). Raises
         ValueError naming the column when a column is absent, of the wrong kind, or (numeric
         columns) has nulls: validate rows with :func:`stream.schema.validate_batch` first.
         """

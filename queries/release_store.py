@@ -19,7 +19,7 @@ Schema (version 1):
 * ``store_meta(key, value)``: ``schema_version`` and, from the first publish on, the
   ``key_fingerprint`` of the noise key (:attr:`stream.noise.NoiseKey.fingerprint`, public) and
   the ``ledger_id`` of the ledger that charged for the releases (when the publisher names it:
-  :attr:`pipelines.curator_store.CuratorStore.ledger_id`, a public random identifier). A store
+  :attr:`pipelines.curator.store.CuratorStore.ledger_id`, a public random identifier). A store
   holds one ledger's answers: a publish naming another ledger is refused.
 
 Version 2 adds the query registry and the analysts' views:

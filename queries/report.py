@@ -17,14 +17,12 @@ drawn with matplotlib's Agg backend (no display needed).
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import html
 import io
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,13 +38,15 @@ _STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 
 
 
 def render_report(store: str | os.PathLike, out: str | os.PathLike, *,
-                  ledger: str | os.PathLike | None = None) -> Path:
+                  curator_part: Callable[[Any], str] | None = None) -> Path:
     """Write the HTML report of ``store`` to ``out`` and return its path.
 
-    Public variant (``ledger`` None): reads only the release store (opened read-only), one
-    chart per released query, in query id order. With ``ledger``, the curator variant: the
-    same, then the budget and filtering charts from the ledger (opened read-only), written
-    ``0600`` whatever the umask (:mod:`stream.private_files`).
+    Public variant (``curator_part`` None): reads only the release store (opened read-only), one
+    chart per released query, in query id order. With ``curator_part`` (a function of pyplot
+    returning HTML, :func:`pipelines.curator.ledger_report.render_curator_report` passes the
+    ledger's), the curator variant: the same, then that part, written ``0600`` whatever the umask
+    (:mod:`stream.private_files`). This module reads no ledger: the analysts' side imports nothing
+    from the curator's.
     """
     with ReleaseStore(store, read_only=True) as release_store:
         releases = release_store.read()
@@ -54,8 +54,8 @@ def render_report(store: str | os.PathLike, out: str | os.PathLike, *,
     plt = _pyplot()
     query_ids = sorted(set(releases.column("query_id").to_pylist()))
     sections = [_query_section(plt, releases.filter(pc.equal(releases.column("query_id"), q)), q) for q in query_ids]
-    curator = _curator_sections(plt, Path(ledger)) if ledger is not None else ""
-    title = "renyi-stream releases" + (" (curator report: contains sensitive counts)" if ledger is not None else "")
+    curator = curator_part(plt) if curator_part is not None else ""
+    title = "renyi-stream releases" + (" (curator report: contains sensitive counts)" if curator_part is not None else "")
     count = f"{len(query_ids)} quer{'y' if len(query_ids) == 1 else 'ies'}"
     page = (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
             f"<style>{_STYLE}</style></head><body>"
@@ -63,7 +63,7 @@ def render_report(store: str | os.PathLike, out: str | os.PathLike, *,
             f"<p>{releases.num_rows:,} released numbers for {count}.</p>"
             + "".join(sections) + curator + "</body></html>")
     path = Path(out)
-    if ledger is not None:  # the curator variant is a curator file: 0600 whatever the umask
+    if curator_part is not None:  # the curator variant is a curator file: 0600 whatever the umask
         write_private_bytes(path, page.encode("utf-8"), make_parents=False)
     else:
         path.write_text(page, encoding="utf-8")
@@ -82,14 +82,14 @@ def _pyplot() -> Any:
     return plt
 
 
-def _png(plt: Any, fig: Any) -> str:
+def chart_png(plt: Any, fig: Any) -> str:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
-def _img(alt: str, png: str) -> str:
+def image_html(alt: str, png: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{png}">'
 
 
@@ -120,7 +120,7 @@ def _query_section(plt: Any, table: pa.Table, query_id: str) -> str:
              f"{'running total since the query began' if kind == 'running' else 'sum over the window'} plus "
              f"Gaussian noise of standard deviation {noise}: the true value is inside the shaded band "
              "(value ± 1.96 × std) with probability 95%.")
-    return f"<h2>{html.escape(query_id)}</h2><p class='note'>{html.escape(words)}</p>{_img(query_id, _png(plt, fig))}"
+    return f"<h2>{html.escape(query_id)}</h2><p class='note'>{html.escape(words)}</p>{image_html(query_id, chart_png(plt, fig))}"
 
 
 def _promise_words(promise: dict[str, str]) -> str:
@@ -135,44 +135,3 @@ def _promise_words(promise: dict[str, str]) -> str:
             f"{html.escape(promise['accounting'])} accounting); a user whose budget would be exceeded is left out "
             "of a release instead. Every number below carries Gaussian noise whose standard deviation is shown "
             "as a 95% band.</p>")
-
-
-# --- curator part ----------------------------------------------------------------------------------
-
-
-def _curator_sections(plt: Any, ledger: Path) -> str:
-    from queries.privacy_report import load_ledger
-
-    params, book = load_ledger(ledger)
-    used = book.to_arrow().column("used").to_numpy() / params.rho if len(book) else np.zeros(0)
-    fig, ax = plt.subplots(figsize=(8, 3))
-    ax.hist(used, bins=np.linspace(0, 1, 41), color="tab:purple")
-    ax.set_xlabel("share of the personal budget used")
-    ax.set_ylabel("users")
-    ax.set_title(f"budget used, {len(book):,} users")
-    budget_png = _png(plt, fig)
-
-    db = duckdb.connect(str(ledger), read_only=True)
-    try:
-        rows = db.execute("SELECT window_id, sum(admitted), sum(clipped), sum(dropped) FROM window_counts "
-                          "GROUP BY window_id ORDER BY window_id").fetchall()
-    finally:
-        db.close()
-    fig, ax = plt.subplots(figsize=(8, 3))
-    if rows:
-        starts = [dt.datetime.fromtimestamp(params.origin_seconds + int(r[0]) * params.window_seconds, dt.timezone.utc)
-                  for r in rows]
-        ax.plot(starts, [(r[2] + r[3]) / max(r[1] + r[2] + r[3], 1) for r in rows], marker="o", markersize=2.5,
-                label="dropped or clipped")
-        ax.plot(starts, [r[3] / max(r[1] + r[2] + r[3], 1) for r in rows], linestyle="--", label="dropped")
-        ax.legend(loc="best", fontsize=8)
-        fig.autofmt_xdate()
-    ax.set_xlabel("window start (UTC)")
-    ax.set_ylabel("share of active users")
-    ax.set_title("users filtered by the individual filter, per window")
-    filtered_png = _png(plt, fig)
-    exhausted = int(np.count_nonzero(used >= 1 - 1e-6))
-    return ("<div class='curator'><h2>Curator only: budgets and filtering</h2><p>These charts are computed from "
-            "users' data without noise: keep them with the ledger, never publish them. "
-            f"{exhausted:,} of {len(book):,} users have used their whole budget.</p>"
-            f"{_img('budget used', budget_png)}{_img('share filtered', filtered_png)}</div>")

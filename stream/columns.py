@@ -13,7 +13,7 @@ refused, and what the public store records about the input: each of those is pub
   floating, bool and decimal columns are numeric, string columns are text, a ``null`` column
   (every value missing) takes the kind a query gives it, any other type is no indicator. A CSV
   declares no types: its columns are *undeclared* (read as text, see
-  :func:`pipelines.readers.read_batches`);
+  :func:`stream.engine.readers.read_batches`);
 * the **registered queries** (the public catalogue): a column a numeric query reads is numeric,
   a column a histogram over string categories reads is a category.
 

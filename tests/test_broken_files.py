@@ -23,8 +23,8 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli import main
-from pipelines.readers import InputFileError, read_batches
+from pipelines.cli.main import main
+from stream.engine.readers import InputFileError, read_batches
 
 DAY1, DAY2 = dt.date(2026, 3, 1), dt.date(2026, 3, 2)
 
@@ -239,7 +239,7 @@ def test_a_reader_given_a_list_skips_a_csv_line_that_does_not_split_and_hands_it
 
 
 def test_a_csv_line_that_does_not_split_is_a_dead_letter_and_the_day_is_released(tmp_path):
-    from pipelines.daily_job import JobConfig, run_job
+    from pipelines.daily.job import JobConfig, run_job
 
     path = tmp_path / "ragged.csv"
     path.write_bytes(_RAGGED)
@@ -259,7 +259,7 @@ def test_a_csv_line_that_does_not_split_is_a_dead_letter_and_the_day_is_released
 def test_the_distributed_job_dead_letters_a_csv_line_that_does_not_split(tmp_path):
     import json
 
-    from pipelines import distributed as dist
+    from pipelines.distributed import job as dist
     from stream.noise import NoiseKey
 
     path = tmp_path / "ragged.csv"

@@ -11,7 +11,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli import main
+from pipelines.cli.main import main
 from stream.accounting import ACCOUNTINGS, calibrate
 
 
@@ -57,7 +57,7 @@ def test_calibrate_out_of_range_exits_non_zero_naming_the_parameter(args, name, 
 
 def test_console_script_entry_point_runs():
     result = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "calibrate", "--epsilon", "1", "--delta", "1e-6",
+        [sys.executable, "-m", "pipelines.cli.main", "calibrate", "--epsilon", "1", "--delta", "1e-6",
          "--norm-budget", "4", "--json"],
         capture_output=True, text=True, check=True,
     )

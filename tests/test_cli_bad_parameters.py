@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli import _build_parser, main
-from pipelines.daily_job import JobConfig, run_job
-from pipelines.features import materialise_features
+from pipelines.cli.main import _build_parser, main
+from pipelines.daily.job import JobConfig, run_job
+from pipelines.curator.features import materialise_features
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -235,7 +235,7 @@ def _console_script() -> list[str]:
     if script.exists():
         return [str(script)]
     found = shutil.which("renyi-stream")
-    return [found] if found else [sys.executable, "-m", "pipelines.cli"]
+    return [found] if found else [sys.executable, "-m", "pipelines.cli.main"]
 
 
 @pytest.mark.parametrize("argv, option", [

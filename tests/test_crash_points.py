@@ -30,8 +30,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.curator_store import CuratorStore
-from pipelines.daily_job import JobConfig, run_job
+from pipelines.curator.store import CuratorStore
+from pipelines.daily.job import JobConfig, run_job
 from queries.release_store import ReleaseStore
 from stream.faults import CRASH_ENV
 
@@ -118,7 +118,7 @@ def _fresh(config: JobConfig, tmp_path) -> JobConfig:
 
 _CRASHING_RUN = textwrap.dedent("""
     import json, sys
-    from pipelines.daily_job import JobConfig, run_job
+    from pipelines.daily.job import JobConfig, run_job
     fields = json.loads(sys.argv[1])
     fields["inputs"] = tuple(fields["inputs"])
     run_job(JobConfig(**fields))

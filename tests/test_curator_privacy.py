@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli import main
-from pipelines.curator_store import CuratorStore, CuratorStoreError
-from pipelines.features import load_features, materialise_features
+from pipelines.cli.main import main
+from pipelines.curator.store import CuratorStore, CuratorStoreError
+from pipelines.curator.features import load_features, materialise_features
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days

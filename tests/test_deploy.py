@@ -1,7 +1,7 @@
 """The daily graph is ready for distributed runners (issue 5), checked without a cluster.
 
 * Both graphs (``DailyReleases``, as ``renyi-stream run`` builds it, and the distributed entry
-  point's, :mod:`pipelines.distributed`) construct under FlinkRunner and DataflowRunner options
+  point's, :mod:`pipelines.distributed.job`) construct under FlinkRunner and DataflowRunner options
   and round-trip through the Beam runner API (the portable proto those runners receive).
 * Every key of a shuffle (GroupByKey, CombinePerKey) and of keyed state has a deterministic coder,
   read from the portable proto itself: the coders the runner will use.
@@ -37,11 +37,11 @@ from apache_beam.pipeline import PipelineVisitor
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners import pipeline_context
 
-from pipelines import distributed as dist
-from pipelines import transforms as tx
-from pipelines import worker_key
-from pipelines.readers import read_batches
-from pipelines.shard_state import QueryPlan
+from pipelines.distributed import job as dist
+from pipelines.beam import transforms as tx
+from pipelines.beam import worker_key
+from stream.engine.readers import read_batches
+from stream.engine.shard_state import QueryPlan
 from queries.linear import default_queries
 from stream.ledger import Ledger
 from stream.noise import NoiseBinding, NoiseKey, gaussian_noise, new_ledger_id
@@ -208,7 +208,7 @@ def test_every_transform_and_dofn_pickles_and_unpickles(tmp_path, graph, library
 def _local_run(tmp_path: Path, inputs: list[str], start: str, end: str) -> None:
     key_path, _ = _key(tmp_path)
     out = subprocess.run(
-        ["python", "-m", "pipelines.cli", "run", "--input", *inputs, "--store", str(tmp_path / "local" / "s.duckdb"),
+        ["python", "-m", "pipelines.cli.main", "run", "--input", *inputs, "--store", str(tmp_path / "local" / "s.duckdb"),
          "--ledger", str(tmp_path / "local" / "l.duckdb"), "--epsilon", str(EPSILON), "--delta", str(DELTA),
          "--norm-budget", str(NORM_BUDGET), "--start", start, "--end", end, "--key", key_path, "--quiet"],
         cwd=ROOT, capture_output=True, text=True)
@@ -322,7 +322,7 @@ def test_a_rerun_of_a_committed_day_charges_nobody_and_releases_nothing(tmp_path
 
 def _crashed_main(tmp_path, args, point) -> subprocess.CompletedProcess:
     """``dist.main(args)`` in a child process killed with SIGKILL at crash point ``point``."""
-    code = f"import sys; from pipelines import distributed as d; sys.exit(d.main({[str(a) for a in args]!r}))"
+    code = f"import sys; from pipelines.distributed import job as d; sys.exit(d.main({[str(a) for a in args]!r}))"
     return subprocess.run(["python", "-c", code], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "RENYI_STREAM_CRASH_AT": point})
 
@@ -449,7 +449,7 @@ def test_of_two_runs_launched_from_one_ledger_only_the_first_to_publish_does(tmp
     """Two runs of day 2 from day 1's ledger pass their launch checks before either publishes (two
     launches at once). The one that publishes first becomes the public lineage; the other
     commits but publishes nothing, fails naming the winner, and nothing can continue from it."""
-    from pipelines.local_runner import batch_runner
+    from pipelines.beam.local_runner import batch_runner
 
     curator = tmp_path / "curator"
     run1, late, early = curator / "run1", curator / "run2-late", curator / "run2-early"
@@ -700,7 +700,7 @@ def test_the_scripts_are_valid_bash_with_their_variables_on_top(script):
     assert os.access(path, os.X_OK)
     lines = path.read_text().splitlines()
     assert lines[0] == "#!/usr/bin/env bash" and any(line.startswith("set -euo pipefail") for line in lines[:20])
-    assert "pipelines.distributed" in path.read_text() or "flex-template" in path.read_text()
+    assert "pipelines.distributed.job" in path.read_text() or "flex-template" in path.read_text()
 
 
 # --- the local job's Parquet release path publishes only what the ledger committed -------------
@@ -711,7 +711,7 @@ def test_local_parquet_releases_appear_only_after_the_ledger_commit(tmp_path, tw
     parquet = tmp_path / "public-parquet"
     env = {**os.environ, "RENYI_STREAM_CRASH_AT": "after_ledger_write"}
     out = subprocess.run(
-        ["python", "-m", "pipelines.cli", "run", "--input", *two_days[:1], "--store", str(tmp_path / "s.duckdb"),
+        ["python", "-m", "pipelines.cli.main", "run", "--input", *two_days[:1], "--store", str(tmp_path / "s.duckdb"),
          "--ledger", str(tmp_path / "l.duckdb"), "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "2",
          "--start", "2026-03-01", "--end", "2026-03-01", "--key", key_path, "--releases-parquet", str(parquet),
          "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True)
@@ -722,7 +722,7 @@ def test_local_parquet_releases_appear_only_after_the_ledger_commit(tmp_path, tw
 def test_local_parquet_releases_left_pending_by_a_crash_are_written_by_the_next_run(tmp_path, two_days):
     key_path, _ = _key(tmp_path)
     parquet, store = tmp_path / "public-parquet", tmp_path / "s.duckdb"
-    argv = ["python", "-m", "pipelines.cli", "run", "--input", *two_days[:1], "--store", str(store),
+    argv = ["python", "-m", "pipelines.cli.main", "run", "--input", *two_days[:1], "--store", str(store),
             "--ledger", str(tmp_path / "l.duckdb"), "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "2",
             "--start", "2026-03-01", "--end", "2026-03-01", "--key", key_path, "--releases-parquet", str(parquet),
             "--quiet"]

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.daily_job import JobConfig, run_job
-from pipelines.shard_state import QueryPlan, ShardState
+from pipelines.daily.job import JobConfig, run_job
+from stream.engine.shard_state import QueryPlan, ShardState
 from queries.linear import LinearQuery
 from queries.registry import QueryRegistry
 from queries.release_store import ReleaseStore

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.daily_job import JobConfig, run_job
+from pipelines.daily.job import JobConfig, run_job
 from queries.linear import LinearQuery
 from queries.registry import QueryRegistry
 from queries.release_store import ReleaseStore

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.curator_store import CuratorStoreError
-from pipelines.daily_job import JobConfig, run_job
+from pipelines.curator.store import CuratorStoreError
+from pipelines.daily.job import JobConfig, run_job
 from queries.release_store import ReleaseConflictError, ReleaseStore
 from stream.noise import NoiseKey, NoiseKeyError
 
@@ -85,7 +85,7 @@ def _cli_run(tmp_path, offset, *, store="s.duckdb", ledger="l.duckdb", key="k.ke
 
 
 def _cli(argv, capsys) -> tuple[int, str]:
-    from pipelines.cli import main
+    from pipelines.cli.main import main
 
     try:
         status = main(argv)

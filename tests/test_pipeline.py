@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.curator_store import CuratorStore, CuratorStoreError, RunLock
-from pipelines.daily_job import JobConfig, run_job
+from pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock
+from pipelines.daily.job import JobConfig, run_job
 from queries.release_store import ReleaseConflictError, ReleaseStore
 
 DAY0 = dt.date(2026, 3, 1)
@@ -250,7 +250,7 @@ def test_a_ledger_whose_noise_or_tracker_does_not_follow_from_its_budget_is_refu
 
 _CRASHING_RUN = textwrap.dedent("""
     import sys
-    from pipelines.daily_job import JobConfig, run_job
+    from pipelines.daily.job import JobConfig, run_job
     from stream.schema import WindowSpec
     inputs, store, ledger, key, start, end = sys.argv[1:7]
     run_job(JobConfig(inputs=(inputs,), store=store, ledger=ledger, epsilon=1.0, delta=1e-6,
@@ -319,7 +319,7 @@ def test_releases_are_also_written_as_parquet_files_that_duckdb_reads(tmp_path):
 
 
 def test_a_release_file_is_never_rewritten_first_write_wins(tmp_path):
-    from pipelines.transforms import WriteReleaseFiles
+    from pipelines.beam.transforms import WriteReleaseFiles
 
     start = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
     row = {"query_id": "sum:a", "window_id": 5, "window_start": start, "window_end": start + dt.timedelta(days=1),

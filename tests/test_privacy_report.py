@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 from scipy.stats import norm
 
-from pipelines.cli import main
-from pipelines.curator_store import CuratorStore, LedgerParameters
-from pipelines.daily_job import JobConfig, run_job
-from queries.privacy_report import privacy_report
+from pipelines.cli.main import main
+from pipelines.curator.store import CuratorStore, LedgerParameters
+from pipelines.daily.job import JobConfig, run_job
+from pipelines.curator.privacy_report import privacy_report
 from queries.release_store import RELEASE_SCHEMA
 from stream.accounting import calibrate, epsilon_for_budget
 from stream.ledger import Ledger

@@ -10,7 +10,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.readers import InputFileError, read_batches
+from stream.engine.readers import InputFileError, read_batches
 
 TABLE = pa.table({
     "user_id": pa.array([1, 2, 3], type=pa.int64()),

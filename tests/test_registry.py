@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli import main
-from pipelines.daily_job import JobConfig, run_job
+from pipelines.cli.main import main
+from pipelines.daily.job import JobConfig, run_job
 from queries.linear import LinearQuery
 from queries.registry import QueryRegistry
 from queries.release_store import _MIGRATIONS, RELEASE_SCHEMA, ReleaseStore, ReleaseStoreError, connect_read_only

@@ -15,9 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli import main
-from pipelines.daily_job import JobConfig, run_job
+from pipelines.cli.main import main
+from pipelines.daily.job import JobConfig, run_job
 from queries.release_store import RELEASE_SCHEMA, ReleaseStore
+from pipelines.curator.ledger_report import render_curator_report
 from queries.report import render_report
 
 DAY0 = dt.date(2026, 3, 1)
@@ -145,7 +146,7 @@ def test_the_public_report_reads_nothing_but_the_release_store(stores, tmp_path,
     monkeypatch.setattr(duckdb, "connect", spy)
     render_report(config.store, tmp_path / "public.html")
     assert opened and set(opened) == {config.store}
-    render_report(config.store, tmp_path / "curator.html", ledger=config.ledger)
+    render_curator_report(config.store, tmp_path / "curator.html", config.ledger)
     assert config.ledger in opened
 
 

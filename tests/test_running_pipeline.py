@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.curator_store import CuratorStore
-from pipelines.daily_job import JobConfig, run_job
+from pipelines.curator.store import CuratorStore
+from pipelines.daily.job import JobConfig, run_job
 from queries.release_store import ReleaseStore
 from stream.accounting import calibrate
 from stream.continual.running import RunningState
@@ -174,7 +174,7 @@ def test_running_history_survives_between_runs_in_the_ledger_database(thirty_day
 
 
 def test_running_state_round_trips_through_the_ledger_store(tmp_path):
-    from pipelines.curator_store import CuratorStore
+    from pipelines.curator.store import CuratorStore
 
     state = RunningState(strategy=SquareRootFactorization(), dim=1, start_window=W0)
     ledger = Ledger(budget=10.0)
@@ -198,6 +198,6 @@ def _empty_releases() -> pa.Table:
 
 
 def _empty_dead() -> pa.Table:
-    from pipelines.transforms import DEAD_LETTER_SCHEMA
+    from pipelines.beam.transforms import DEAD_LETTER_SCHEMA
 
     return DEAD_LETTER_SCHEMA.empty_table()

@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli import main
-from pipelines.curator_store import CuratorStore
-from pipelines.shard_state import PlannedQuery, QueryPlan, ShardState
+from pipelines.cli.main import main
+from pipelines.curator.store import CuratorStore
+from stream.engine.shard_state import QueryPlan, ShardState
 from queries.linear import LinearQuery, default_queries
 from queries.registry import QueryRegistry
 from queries.release_store import ReleaseStore

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli import main
+from pipelines.cli.main import main
 from queries.release_store import RELEASE_SCHEMA, ReleaseStore
 from queries.sql import SqlRefused, run_sql
 

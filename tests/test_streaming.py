@@ -1,6 +1,6 @@
-"""The streaming individual filter (pipelines.streaming) under Beam's TestStream, on the
+"""The streaming individual filter (pipelines.streaming.releases) under Beam's TestStream, on the
 DirectRunner in streaming mode, with explicit watermark advances: one test per behaviour, each
-checked against the batch path (pipelines.transforms.DailyReleases) on the same files."""
+checked against the batch path (pipelines.beam.transforms.DailyReleases) on the same files."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from apache_beam.testing import test_stream as beam_test_stream
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import MAX_TIMESTAMP
 
-from pipelines import transforms as tx
-from pipelines.shard_state import QueryPlan
-from pipelines.streaming import ReleaseCompletedWindow, StreamingIndividualFilterDoFn, StreamingReleases
+from pipelines.beam import transforms as tx
+from stream.engine.shard_state import QueryPlan
+from pipelines.streaming.releases import ReleaseCompletedWindow, StreamingIndividualFilterDoFn, StreamingReleases
 from queries.linear import default_queries
 from stream.ledger import Ledger
 from stream.noise import NoiseBinding, NoiseKey, gaussian_noise

@@ -27,8 +27,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners import pipeline_context
 
-from pipelines import streaming_job as sj
-from pipelines.daily_job import JobConfig, run_job
+from pipelines.streaming import job as sj
+from pipelines.daily.job import JobConfig, run_job
 from stream.accounting import calibrate
 from stream.noise import NoiseBinding, NoiseKey, gaussian_noise
 from stream.schema import WindowSpec
@@ -175,7 +175,7 @@ def test_rows_read_that_reach_no_outcome_unbalance_the_books(tmp_path, days):
 
 
 def test_two_shards_with_equal_counts_in_a_window_both_have_their_counts_recorded(tmp_path):
-    from pipelines.sharding import shard_of
+    from stream.engine.sharding import shard_of
 
     # One row in each of two shards: their counts of the window are equal, and the curator's
     # files are named by their content, so the records must differ by their shard.
@@ -194,7 +194,7 @@ def test_two_shards_with_equal_counts_in_a_window_both_have_their_counts_recorde
 
 
 def test_shard_books_balance_only_when_the_buffer_holds_what_they_say():
-    from pipelines.shard_state import ShardBooks
+    from stream.engine.shard_state import ShardBooks
 
     books = ShardBooks().plus(received=10, late=1, out_of_range=2).plus(duplicate=1, admitted=3, dropped=1)
     assert books.held == 2
@@ -405,10 +405,10 @@ def test_a_snapshot_without_a_recorded_shard_count_is_checked_against_the_shard_
     ledger = _earlier_job(tmp_path, messages)
     shutil.rmtree(ledger / f"window_id={W0 + 1}" / "shard=1")
     root = str(ledger.resolve())
-    with pytest.raises(sj.dist.RunRefused, match=r"matches 2 of the 3 shards .*shard folders under .*missing shard"
+    with pytest.raises(sj.launch.RunRefused, match=r"matches 2 of the 3 shards .*shard folders under .*missing shard"
                                                  r"\(s\) \[1\]"):
         sj._check_every_shard("glob", root, W0 + 1, {0, 2}, recorded=None)
-    with pytest.raises(sj.dist.RunRefused, match=r"matches 1 of the 3 shards .*missing shard\(s\) \[0, 1\]"):
+    with pytest.raises(sj.launch.RunRefused, match=r"matches 1 of the 3 shards .*missing shard\(s\) \[0, 1\]"):
         sj._check_every_shard("glob", root, W0 + 1, {2}, recorded=None)  # shard 0's folder is there, not matched
     # Without the recorded count, a lost highest shard cannot be told from a job with fewer shards.
     shutil.rmtree(ledger / f"window_id={W0 + 1}" / "shard=2")
@@ -528,7 +528,7 @@ def test_release_roots_are_compared_normalised_so_a_trailing_slash_names_the_sam
     parameters, metadata = _recorded_parameters("gs://acme-public/releases/")
     sj._check_parameters("glob", {0: "a.parquet"}, {0: metadata}, parameters)
     parameters, metadata = _recorded_parameters("gs://acme-staging/releases/")
-    with pytest.raises(sj.dist.RunRefused, match=r"'releases': 'gs://acme-staging/releases'\} before, "
+    with pytest.raises(sj.launch.RunRefused, match=r"'releases': 'gs://acme-staging/releases'\} before, "
                                                  r"\{'releases': 'gs://acme-public/releases'\} now"):
         sj._check_parameters("glob", {0: "a.parquet"}, {0: metadata}, parameters)
 
@@ -589,7 +589,7 @@ def test_recording_parameters_is_refused_for_contradicting_arguments_or_over_the
     else:
         copy, argv = ledger, _earlier_args(tmp_path, messages)
         match = r"is the snapshots' own: give a new ledger root"
-    with pytest.raises(sj.dist.RunRefused, match=match):
+    with pytest.raises(sj.launch.RunRefused, match=match):
         sj.record_snapshot_parameters(f"{ledger}/window_id={W0 + 1}/*/*.parquet", str(copy), argv)
     assert sorted(tmp_path.rglob("*.parquet")) == before
 

@@ -19,11 +19,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli import main
-from pipelines.curator_store import CuratorStore
-from pipelines.daily_job import JobConfig, run_job
-from pipelines.features import load_features, materialise_features
-from pipelines.train import TrainConfig, TrainRefused, run_train
+from pipelines.cli.main import main
+from pipelines.curator.store import CuratorStore
+from pipelines.daily.job import JobConfig, run_job
+from pipelines.curator.features import load_features, materialise_features
+from pipelines.curator.train import TrainConfig, TrainRefused, run_train
 from stream.faults import CRASH_ENV
 from stream.ledger import Ledger
 from stream.noise import NoiseKey
@@ -228,7 +228,7 @@ def _train_in_a_child(args: list[str], crash_at: str | None = None) -> subproces
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     if crash_at is not None:
         env[CRASH_ENV] = crash_at
-    return subprocess.run([sys.executable, "-m", "pipelines.cli", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pipelines.cli.main", *args], env=env, capture_output=True, text=True,
                           timeout=300)
 
 

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipelines import transforms as tx
-from pipelines.shard_state import QueryPlan
+from pipelines.beam import transforms as tx
+from stream.engine.shard_state import QueryPlan
 from queries.linear import default_queries
 from stream.ledger import Ledger
 from stream.noise import NoiseKey, new_ledger_id
@@ -55,7 +55,7 @@ def test_the_daily_graph_composes_inside_a_users_own_pipeline(tmp_path):
 def test_packed_rows_pickle_compressed_and_come_back_identical():
     import pickle
 
-    from pipelines.transforms import PackedRows, unpacked
+    from pipelines.beam.transforms import PackedRows, unpacked
 
     rng = np.random.default_rng(3)
     n = 20_000
@@ -72,7 +72,7 @@ def test_packed_rows_pickle_compressed_and_come_back_identical():
 def test_packed_rows_passed_through_a_second_pickle_are_not_recompressed():
     import pickle
 
-    from pipelines.transforms import PackedRows
+    from pipelines.beam.transforms import PackedRows
 
     table = pa.table({"user_id": pa.array(np.arange(5_000)), "opened": pa.array(np.ones(5_000))})
     first = pickle.dumps(PackedRows(table))
@@ -83,8 +83,8 @@ def test_packed_rows_passed_through_a_second_pickle_are_not_recompressed():
 
 
 def test_split_by_shard_keeps_every_row_once_in_its_shard_for_any_shard_count():
-    from pipelines.sharding import shard_of
-    from pipelines.transforms import split_by_shard
+    from stream.engine.sharding import shard_of
+    from pipelines.beam.transforms import split_by_shard
 
     ids = np.random.default_rng(5).integers(-2**62, 2**62, size=3_000)
     table = pa.table({"user_id": pa.array(ids), "_row": pa.array(np.arange(ids.size))})
@@ -100,7 +100,7 @@ def test_split_by_shard_keeps_every_row_once_in_its_shard_for_any_shard_count():
 def test_each_shards_part_pickles_to_its_own_rows_not_the_whole_table():
     import pickle
 
-    from pipelines.transforms import split_by_shard
+    from pipelines.beam.transforms import split_by_shard
 
     n = 200_000
     table = pa.table({"user_id": pa.array(np.arange(n)), "used": pa.array(np.random.default_rng(0).random(n))})

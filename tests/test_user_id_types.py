@@ -14,14 +14,13 @@ import json
 from pathlib import Path
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import distributed as dist
-from pipelines import streaming_job as sj
-from pipelines.daily_job import JobConfig, run_job
+from pipelines.distributed import job as dist
+from pipelines.streaming import job as sj
+from pipelines.daily.job import JobConfig, run_job
 from stream.noise import NoiseKey
 from stream.schema import RejectReason, validate_batch
 

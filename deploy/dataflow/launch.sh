@@ -97,9 +97,9 @@ stream() {
   local start=${1:?usage: launch.sh stream START END [PREVIOUS_LEDGER_GLOB|none]}
   local end=${2:?usage: launch.sh stream START END [PREVIOUS_LEDGER_GLOB|none]}
   local previous=${3:-none}
-  # Launched from here (not a Flex Template): python -m pipelines.streaming_job needs this
+  # Launched from here (not a Flex Template): python -m pipelines.streaming needs this
   # repository installed with the same apache-beam as the harness image.
-  python -m pipelines.streaming_job --subscription "$SUBSCRIPTION" --timestamp-attribute event_time \
+  python -m pipelines.streaming --subscription "$SUBSCRIPTION" --timestamp-attribute event_time \
     --columns "$COLUMNS" --start "$start" --end "$end" \
     --epsilon "$EPSILON" --delta "$DELTA" --norm-budget "$NORM_BUDGET" --shards "$SHARDS" \
     --releases-parquet "$RELEASES" --output "${CURATOR_BUCKET}/stream/${start}" --previous-ledger "$previous" \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Submit the streaming job of renyi-stream (pipelines/streaming_job.py) to an Apache Flink cluster
+# Submit the streaming job of renyi-stream (pipelines/streaming/job.py) to an Apache Flink cluster
 # through Beam's FlinkRunner, reading Arrow IPC batches from a Kafka topic. Edit the variables,
 # then, from the repository root, with this project installed (pip install -e .):
 #
@@ -83,7 +83,7 @@ for setting in ${KAFKA_CONSUMER_CONFIG[@]+"${KAFKA_CONSUMER_CONFIG[@]}"}; do
   KAFKA_OPTIONS+=(--kafka-consumer-config "$setting")
 done
 
-python -m pipelines.streaming_job "${KAFKA_OPTIONS[@]}" \
+python -m pipelines.streaming "${KAFKA_OPTIONS[@]}" \
   --columns "$COLUMNS" --start "$START" --end "$END" \
   --epsilon "$EPSILON" --delta "$DELTA" --norm-budget "$NORM_BUDGET" --shards "$SHARDS" \
   --releases-parquet "$RELEASES" --output "$OUTPUT" --previous-ledger "$PREVIOUS" \

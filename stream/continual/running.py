@@ -428,7 +428,7 @@ class RunningState:
         known = positions >= 0
         with np.errstate(over="ignore", invalid="ignore"):
             # A user's finite values can sum past float64's range: their query is then not
-            # finite, which the caller treats as an infinite charge (pipelines.shard_state).
+            # finite, which the caller treats as an infinite charge (stream.engine.shard_state).
             current[known] += history[positions[known]]
         covered = np.zeros(self._n_users, dtype=bool)
         covered[positions[known]] = True

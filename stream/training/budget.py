@@ -19,7 +19,7 @@ Same rules as the streaming ledger, so one budget ``kappa`` covers streaming and
   step of Algorithm 7), under ``drop`` it is left out (Algorithm 3);
 * the decision for user ``i`` reads only user ``i``'s state and contribution.
 
-The run must hold the ledger exclusively (``pipelines.curator_store.RunLock``) from the snapshot
+The run must hold the ledger exclusively (``pipelines.curator.store.RunLock``) from the snapshot
 to the write-back, as the daily job does.
 """
 

@@ -24,7 +24,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from pipelines.curator_store import CuratorStoreError, LedgerParameters, _parameters_from_meta, refuse_a_shared_ledger
+from pipelines.curator.store import CuratorStoreError, LedgerParameters, parameters_from_meta, refuse_a_shared_ledger
 from stream.accounting import epsilon_for_budget
 from stream.ledger import Ledger
 
@@ -63,7 +63,7 @@ def load_ledger(path: str | os.PathLike, *, user: Any = None) -> tuple[LedgerPar
         meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
         if "rho" not in meta:
             raise CuratorStoreError(f"the ledger {path} has no parameters: no daily run has used it")
-        params = _parameters_from_meta(meta)
+        params = parameters_from_meta(meta)
         template = Ledger(budget=params.rho, id_type=params.id_type, tracker_step=params.tracker_step).to_arrow()
         if "ledger" not in tables:
             return params, Ledger.from_arrow(template)

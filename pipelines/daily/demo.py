@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.daily_job import JobConfig, run_job
+from pipelines.daily.job import JobConfig, run_job
 from stream.accounting import ACCOUNTINGS, calibrate
 from stream.ledger import Policy
 from stream.private_files import private_dir

@@ -31,9 +31,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipelines.curator_store import CuratorStore, CuratorStoreError, LedgerParameters, RunLock, crash_point
-from pipelines.readers import declares_types, read_batches
-from pipelines.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
+from pipelines.curator.store import CuratorStore, CuratorStoreError, LedgerParameters, RunLock, crash_point
+from stream.engine.readers import declares_types, read_batches
+from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
 from queries.release_files import write_release_file
 from queries.release_store import RELEASE_SCHEMA, ReleaseStore
 from stream.accounting import calibrate
@@ -380,8 +380,8 @@ def _run_pipeline(config: JobConfig, params: LedgerParameters, plan: QueryPlan, 
                   previous_running: dict[str, pa.Table], previous_raw: dict, scratch: str,
                   say, categories: Sequence[str] = (), *, ledger_id: str) -> dict[str, pa.Table]:
     beam, PipelineOptions = _beam()
-    from pipelines import transforms as tx
-    from pipelines.local_runner import batch_runner
+    from pipelines.beam import transforms as tx
+    from pipelines.beam.local_runner import batch_runner
 
     options = PipelineOptions(list(config.beam_args) or ["--runner=DirectRunner", "--direct_running_mode=in_memory"])
     out = Path(scratch)
@@ -488,7 +488,7 @@ def _counts_table(items: list[tuple[int, dict]]) -> pa.Table:
 
 
 def _dead_table(tables: list[pa.Table]) -> pa.Table:
-    from pipelines.transforms import DEAD_LETTER_SCHEMA
+    from pipelines.beam.transforms import DEAD_LETTER_SCHEMA
 
     if not tables:
         return DEAD_LETTER_SCHEMA.empty_table()

@@ -160,7 +160,7 @@ _DERIVED = ("rho", "noise_std", "tracker_step")
 _INTS = ("n_shards", "window_seconds", "origin_seconds")
 
 
-def _parameters_from_meta(meta: Mapping[str, str]) -> LedgerParameters:
+def parameters_from_meta(meta: Mapping[str, str]) -> LedgerParameters:
     values: dict[str, Any] = {}
     for name in LedgerParameters.__dataclass_fields__:
         raw = meta[name]
@@ -287,7 +287,7 @@ class CuratorStore:
         rows = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
         if "rho" not in rows:
             return None
-        return _parameters_from_meta(rows)
+        return parameters_from_meta(rows)
 
     @under_private_umask  # may create the write-ahead log
     def check_or_record_parameters(self, wanted: LedgerParameters) -> LedgerParameters:

@@ -1,7 +1,7 @@
 """The batch training stage: filtered DP gradient descent charged to the curator's ledger.
 
 ``renyi-stream train --features F --ledger L --epsilon E --delta D ...`` trains a model on one row
-per user (:mod:`pipelines.features`) with private gradient descent (Feldman & Zrnic,
+per user (:mod:`pipelines.curator.features`) with private gradient descent (Feldman & Zrnic,
 Algorithm 6) or private gradient descent with individual filtering (Algorithm 7, the default),
 charging every user's gradient steps and accuracy queries to the **same** per-user zCDP ledger
 that the daily job charges. A user's guarantee therefore covers the daily releases and the
@@ -36,10 +36,8 @@ is sensitive and must stay with the ledger.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -63,7 +61,7 @@ class TrainConfig:
     """One training run. Privacy numbers are keyword-only in spirit: every field is named.
 
     Attributes:
-        features: Parquet file of :func:`pipelines.features.materialise_features` (or any Parquet
+        features: Parquet file of :func:`pipelines.curator.features.materialise_features` (or any Parquet
             with ``user_id``, numeric features and an integer ``label``).
         ledger: the curator's ledger database (DuckDB); created when missing.
         epsilon, delta: the per-user promise; must equal the ledger's.
@@ -235,8 +233,8 @@ def _ledger_parameters(curator: Any, config: TrainConfig, id_type: str) -> tuple
     ``renyi-stream run``) and the new key created beside the ledger (``NoiseKey.load_or_create``,
     as the daily job does). An existing ledger's key is loaded later (:func:`_existing_key`),
     after the parameter checks, so a bad parameter is reported as such."""
-    from pipelines.curator_store import LedgerParameters
-    from pipelines.daily_job import DEFAULT_SHARDS
+    from pipelines.curator.store import LedgerParameters
+    from pipelines.daily.job import DEFAULT_SHARDS
     from stream.noise import NoiseKey
     from stream.schema import WindowSpec
 
@@ -321,8 +319,8 @@ def _release_normaliser(config: TrainConfig, view: Any, train_rho: float, rng: A
 
 def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSummary:
     """Run one training stage end to end; see the module docstring for the order of steps."""
-    from pipelines.curator_store import CuratorStore, CuratorStoreError, RunLock
-    from pipelines.features import load_features
+    from pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock
+    from pipelines.curator.features import load_features
     from stream.ledger import Ledger
     from stream.training.budget import TrainingLedger
     from stream.training.dpgd import GDConfig, noise_multiplier_for, prepare_data, private_gd
@@ -458,131 +456,3 @@ def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSumma
                         steps_run=result.steps_run, chosen_step=result.chosen_step, ledger_rho=kappa,
                         run_rho=run_rho, noise_multiplier=sigma, accuracy_queries=result.accuracy_queries,
                         seconds=seconds, normaliser=normaliser.value, normaliser_kind=normaliser.kind)
-
-
-# -- command line ---------------------------------------------------------------------------------
-
-
-def _features_command(args: argparse.Namespace) -> int:
-    from pipelines.features import materialise_features
-    from pipelines.readers import InputFileError
-
-    try:
-        summary = materialise_features(
-            args.input, args.out, start=args.start, end=args.end, label_column=args.label_column,
-            label_start=args.label_start, label_end=args.label_end)
-    except (ValueError, InputFileError) as exc:
-        from pipelines.cli import name_the_option
-
-        print(f"renyi-stream features: error: {name_the_option('features', str(exc), args)}", file=sys.stderr)
-        return 2 if not isinstance(exc, InputFileError) else 1
-    if args.quiet:  # nothing printed carries an exact count
-        print(f"wrote {len(summary.feature_columns)} features per user to {summary.path}")
-        return 0
-    print(f"wrote {summary.users:,} users x {len(summary.feature_columns)} features to {summary.path} "
-          f"({summary.rows_read:,} rows read, {summary.rows_rejected:,} rejected; exact counts, for the curator only)")
-    return 0
-
-
-def _train_command(args: argparse.Namespace) -> int:
-    try:
-        config = TrainConfig(
-            features=args.features, ledger=args.ledger, epsilon=args.epsilon, delta=args.delta, out=args.out,
-            report=args.report, model=args.model, hidden=args.hidden, clip=args.clip, steps=args.steps,
-            learning_rate=args.learning_rate, noise_multiplier=args.noise_multiplier,
-            filtering=args.filtering, stopping=args.stopping and args.filtering,
-            stop_queries=args.stop_queries, stop_every=args.stop_every, stop_fraction=args.stop_fraction,
-            train_rho=args.train_rho, accounting=args.accounting, norm_budget=args.norm_budget,
-            key_path=args.key, normaliser=args.normaliser, count_fraction=args.count_fraction,
-            seed=args.seed, device=args.device, dtype=args.dtype,
-        )
-        summary = run_train(config, progress=None if args.quiet else sys.stderr)
-    except ValueError as exc:
-        from pipelines.cli import name_the_option
-
-        print(f"renyi-stream train: error: {name_the_option('train', str(exc), args)}", file=sys.stderr)
-        return 2
-    except (TrainRefused, ImportError) as exc:
-        from pipelines.cli import name_the_option
-
-        print(f"renyi-stream train: error: {name_the_option('train', str(exc), args)}", file=sys.stderr)
-        return 1
-    # No exact count here (not even the number of users): this summary is printed with --quiet too.
-    best = ""
-    if summary.accuracy_queries:
-        best = f"; kept step {summary.chosen_step} (best of {len(summary.accuracy_queries)} noisy accuracy queries)"
-    divided = f"a noisy user count, {summary.normaliser:.1f}" if summary.normaliser_kind == "noisy count" \
-        else f"the public normaliser {summary.normaliser:g}"
-    print(f"trained in {summary.steps_run} steps{best}, dividing by {divided}; run zCDP <= {summary.run_rho:.6g} "
-          f"of the ledger's {summary.ledger_rho:.6g} per user")
-    print(f"model: {summary.model_path}; report: {summary.report_path}; ledger run {summary.run_id}; "
-          f"{summary.seconds:.1f} s")
-    return 0
-
-
-def add_train_subcommand(subparsers: Any) -> None:
-    """Register ``features`` and ``train`` on the ``renyi-stream`` command's subparsers."""
-    feat = subparsers.add_parser(
-        "features",
-        help="curator side: one training row per user (features + label) from the daily indicator files",
-        description="Aggregate the daily indicator files per user: per indicator the mean per day and the share "
-        "of active days over [--start, --end], and label = 1 if --label-column is non-zero in "
-        "[--label-start, --label-end]. Writes Parquet (sensitive: keep it with the ledger).",
-    )
-    feat.add_argument("--input", nargs="+", required=True, help="daily indicator files (Parquet, Arrow IPC, CSV)")
-    feat.add_argument("--out", required=True, help="features Parquet file to write")
-    feat.add_argument("--start", required=True, help="first day of the feature window (YYYY-MM-DD)")
-    feat.add_argument("--end", required=True, help="last day of the feature window (YYYY-MM-DD)")
-    feat.add_argument("--label-column", required=True, help="indicator whose later presence is the label")
-    feat.add_argument("--label-start", required=True, help="first day of the label window (YYYY-MM-DD)")
-    feat.add_argument("--label-end", required=True, help="last day of the label window (YYYY-MM-DD)")
-    feat.add_argument("--quiet", action="store_true",
-                      help="print no exact count (users, rows read, rejected), only where the features went")
-    feat.set_defaults(handler=_features_command)
-
-    train = subparsers.add_parser(
-        "train",
-        help="private gradient descent (Feldman & Zrnic Alg. 6/7) charged to the ledger's per-user budgets",
-        description="Train logistic regression or a one-hidden-layer MLP with private full-batch gradient "
-        "descent. Algorithm 7 (default) clips each user's gradient to what is left of their own budget in the "
-        "ledger shared with the daily job, so a user's promise covers daily releases and the model together.",
-    )
-    train.add_argument("--features", required=True, help="features Parquet (user_id, features, integer label)")
-    train.add_argument("--ledger", required=True, help="the curator's ledger (DuckDB); created when missing")
-    train.add_argument("--epsilon", type=float, required=True, help="per-user epsilon (> 0); must equal the ledger's")
-    train.add_argument("--delta", type=float, required=True, help="per-user delta in (0, 1); must equal the ledger's")
-    train.add_argument("--out", required=True, help="model file to write (.npz)")
-    train.add_argument("--report", default=None, help="training report (JSON; default: --out with .json)")
-    train.add_argument("--model", choices=("logreg", "mlp"), default="logreg", help="default logreg")
-    train.add_argument("--hidden", type=int, default=64, help="MLP hidden units (default 64)")
-    train.add_argument("--clip", type=float, default=1.0, help="C: per-user gradient clip, L2 (default 1)")
-    train.add_argument("--steps", type=int, default=50, help="k: full-clip steps, B_norm = k C^2 (default 50)")
-    train.add_argument("--learning-rate", type=float, default=1.0, help="eta (default 1)")
-    train.add_argument("--noise-multiplier", type=float, default=None,
-                       help="sigma (noise std sigma*C on the summed gradient); default: calibrated to the budget")
-    train.add_argument("--no-filtering", dest="filtering", action="store_false",
-                       help="Algorithm 6 (plain private GD) instead of Algorithm 7")
-    train.add_argument("--no-stopping", dest="stopping", action="store_false",
-                       help="no Appendix A accuracy queries: stop after k steps")
-    train.add_argument("--stop-queries", type=int, default=8, help="Appendix A: accuracy queries (default 8)")
-    train.add_argument("--stop-every", type=int, default=5, help="Appendix A: steps between queries (default 5)")
-    train.add_argument("--stop-fraction", type=float, default=DEFAULT_STOP_FRACTION,
-                       help=f"share of the training budget for the queries (default {DEFAULT_STOP_FRACTION})")
-    train.add_argument("--train-rho", type=float, default=None,
-                       help="zCDP per user this run may use (default: the ledger's whole budget)")
-    train.add_argument("--accounting", choices=ACCOUNTINGS, default=None,
-                       help="default: the ledger's (gdp on a new ledger)")
-    train.add_argument("--norm-budget", type=float, default=1.0,
-                       help="new ledger only: the B later daily jobs on it must use (default 1)")
-    train.add_argument("--key", default=None, help="the ledger's noise key file (default: beside the ledger)")
-    train.add_argument("--normaliser", type=float, default=None,
-                       help="a public number of users to divide the update by, declared by the curator (not "
-                       "computed from the data); default: a noisy user count charged to the ledger")
-    train.add_argument("--count-fraction", type=float, default=DEFAULT_COUNT_FRACTION,
-                       help=f"share of the training budget for that noisy count (default {DEFAULT_COUNT_FRACTION})")
-    train.add_argument("--seed", type=int, default=None, help="reproducible noise: NOT private (warns)")
-    train.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="gpu needs CuPy")
-    train.add_argument("--dtype", choices=("float64", "float32"), default="float64", help="default float64")
-    train.add_argument("--quiet", action="store_true", help="no progress lines (nothing printed carries an exact "
-                       "count, with or without --quiet)")
-    train.set_defaults(handler=_train_command)

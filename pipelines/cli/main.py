@@ -6,8 +6,8 @@ Subcommands:
 * ``run``: the daily job (Beam pipeline, DuckDB release store and curator ledger).
 * ``demo``: the daily job run day by day on a generated stream, compared with worst-case
   accounting, with a chart.
-* ``features`` and ``train``: the batch training stage (:mod:`pipelines.train`).
-* ``query add|list|retire`` and ``privacy-report`` (:mod:`pipelines.cli_queries`).
+* ``features`` and ``train``: the batch training stage (:mod:`pipelines.curator.train`).
+* ``query add|list|retire`` and ``privacy-report`` (:mod:`pipelines.cli.queries`).
 
 Errors in parameters exit with status 2 and a message that names the parameter.
 """
@@ -17,66 +17,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from typing import Any, Sequence
 
-from pipelines.cli_queries import add_query_subcommands
-from pipelines.train import add_train_subcommand
+from pipelines.cli.errors import PROG, name_the_option, record_option_names
+from pipelines.cli.queries import add_query_subcommands
+from pipelines.cli.training import add_train_subcommand
 from stream.accounting import ACCOUNTINGS, calibrate, describe_accounting
 from stream.private_files import CURATOR_ONLY_NOTICE
 
-PROG = "renyi-stream"
 
 
 class _UsageError(Exception):
     """A parameter out of range: reported like argparse's own errors (exit status 2)."""
-
-
-# How messages from the library open, and the option they are about (when the command has it).
-_MESSAGE_OPTIONS = (
-    ("cannot open release store", "--store"), ("release store", "--store"),
-    ("cannot open the ledger", "--ledger"), ("the ledger", "--ledger"),
-    ("cannot open noise key file", "--key"), ("noise key file", "--key"),
-    ("input file", "--input"), ("inputs", "--input"), ("features file", "--features"),
-    ("n_shards", "--shards"), ("query_id", "--id"), ("effective_from", "--from"),
-    ("the schedule", "--end"), ("unexpected pipeline runner", "--runner"), ("weight of", "--weighted"),
-    ("the label window", "--label-start"),
-)
-
-
-def name_the_option(command: str, message: str, args: Any = None) -> str:
-    """``message`` opened with ``argument --option:``, as argparse words its own errors, when it
-    is about one of ``command``'s options (``epsilon must be > 0`` -> ``argument --epsilon:
-    epsilon must be > 0``; a message opening with a path given to ``--store`` names ``--store``).
-    ``command`` is a subcommand as typed: ``run``, ``query add``."""
-    if message.startswith(("argument ", "--")):
-        return message
-    options = _options_of(command)
-    for dest, option in options.items():
-        value = getattr(args, dest, None)  # a file given to this option
-        if isinstance(value, str) and ("/" in value or "." in value) and message.startswith(value):
-            return f"argument {option}: {message}"
-    lowered = message.lower()
-    for phrase, option in _MESSAGE_OPTIONS:
-        if lowered.startswith(phrase) and option in options.values():
-            return f"argument {option}: {message}"
-    word = re.match(r"[a-z_]+", message)
-    if word and word.group(0) in options:
-        return f"argument {options[word.group(0)]}: {message}"
-    return message
-
-
-def _options_of(command: str) -> dict[str, str]:
-    """``dest -> --option`` for the options of a subcommand (``run``, ``query add``)."""
-    parser: argparse.ArgumentParser = _build_parser()
-    for name in command.split():
-        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
-        if sub is None or name not in sub.choices:
-            return {}
-        parser = sub.choices[name]
-    return {a.dest: a.option_strings[-1] for a in parser._actions
-            if a.option_strings and a.option_strings[-1].startswith("--") and a.dest != "help"}
 
 
 def _calibrate_command(args: argparse.Namespace) -> int:
@@ -125,7 +78,7 @@ def _calibrate_command(args: argparse.Namespace) -> int:
 
 
 def _demo_command(args: argparse.Namespace) -> int:
-    from pipelines.demo import DemoConfig, run_demo  # heavy imports only when needed
+    from pipelines.daily.demo import DemoConfig, run_demo  # heavy imports only when needed
 
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise _UsageError(f"--out must be a folder (it is created when missing), got the file {args.out}")
@@ -165,9 +118,9 @@ def _window_of_day(name: str, text: str, spec) -> int:
 
 
 def _run_command(args: argparse.Namespace) -> int:
-    from pipelines.curator_store import CuratorStoreError
-    from pipelines.daily_job import JobConfig, run_job
-    from pipelines.readers import InputFileError
+    from pipelines.curator.store import CuratorStoreError
+    from pipelines.daily.job import JobConfig, run_job
+    from stream.engine.readers import InputFileError
     from queries.release_store import ReleaseStoreError
 
     spec = _window_spec(args.window)
@@ -181,7 +134,7 @@ def _run_command(args: argparse.Namespace) -> int:
         raise _UsageError(f"--strategy applies only to --release running, got --strategy {args.strategy} "
                           f"with --release {args.release}")
     beam_args = list(args.beam_args)
-    _refuse_unknown_beam_options(beam_args)
+    _refuse_unknown_beam_options(beam_args, args.option_names)
     if not any(a.startswith("--runner") for a in beam_args):
         beam_args.append(f"--runner={args.runner}")
         if args.runner == "DirectRunner" and not any(a.startswith("--direct_running_mode") for a in beam_args):
@@ -201,7 +154,7 @@ def _run_command(args: argparse.Namespace) -> int:
     except (CuratorStoreError, InputFileError, ReleaseStoreError, ValueError) as exc:
         # ValueError: a loose or changed noise key (NoiseKeyError), an input without indicator
         # columns, a registered query the input cannot answer, an unknown Beam runner.
-        print(f"{PROG} run: error: {name_the_option('run', str(exc), args)}", file=sys.stderr)
+        print(f"{PROG} run: error: {name_the_option(str(exc), args)}", file=sys.stderr)
         return 1
     print(f"run {summary.run_id}: released {len(summary.windows_released)} window(s), "
           f"{len(summary.windows_skipped)} already released; {summary.releases_published} new release rows")
@@ -228,7 +181,7 @@ def _sql_command(args: argparse.Namespace) -> int:
     try:
         table = run_sql(args.store, args.query)
     except (SqlRefused, ReleaseStoreError) as exc:
-        print(f"{PROG} sql: error: {name_the_option('sql', str(exc), args)}", file=sys.stderr)
+        print(f"{PROG} sql: error: {name_the_option(str(exc), args)}", file=sys.stderr)
         return 1
     except Exception as exc:  # DuckDB's own syntax and binder errors, shown as they are
         print(f"{PROG} sql: error: {str(exc).splitlines()[0]}", file=sys.stderr)
@@ -247,7 +200,7 @@ def _sql_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refuse_unknown_beam_options(beam_args: Sequence[str]) -> None:
+def _refuse_unknown_beam_options(beam_args: Sequence[str], run_options: dict[str, str]) -> None:
     """Options ``run`` does not know go to Beam; one Beam does not know either is a typo
     (``--polcy clip``) that Beam would only warn about while the run went on without it."""
     import logging
@@ -260,7 +213,7 @@ def _refuse_unknown_beam_options(beam_args: Sequence[str]) -> None:
         known = set(PipelineOptions([]).get_all_options())
     finally:
         root.setLevel(level)
-    ours = set(_options_of("run").values())
+    ours = set(run_options.values())
     for token in beam_args:
         if not token.startswith("--"):
             continue
@@ -366,6 +319,7 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_demo_command)
     add_train_subcommand(sub)
     add_query_subcommands(sub)
+    record_option_names(parser)
     return parser
 
 
@@ -379,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args)
     except _UsageError as exc:
         command = f"{args.command} {getattr(args, 'action', '')}".strip()
-        parser.exit(2, f"{PROG} {command}: error: {name_the_option(command, str(exc), args)}\n")
+        parser.exit(2, f"{PROG} {command}: error: {name_the_option(str(exc), args)}\n")
     return 0  # unreachable: parser.exit raises SystemExit
 
 

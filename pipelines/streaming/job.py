@@ -2,7 +2,7 @@
 
 ::
 
-    python -m pipelines.streaming_job \\
+    python -m pipelines.streaming \\
         --subscription projects/acme/subscriptions/indicators --timestamp-attribute event_time \\
         --columns opened,bought --start 2026-03-01 --end 2026-12-31 \\
         --epsilon 1 --delta 1e-6 --norm-budget 30 \\
@@ -10,7 +10,7 @@
         --noise-key-secret projects/acme/secrets/renyi-noise-key/versions/1 --key-fingerprint 0123abcd... \\
         --runner DataflowRunner --streaming --enable_streaming_engine --project acme --region europe-west1 ...
 
-    python -m pipelines.streaming_job \\
+    python -m pipelines.streaming \\
         --kafka-topic indicators --bootstrap-servers kafka-0:9092,kafka-1:9092 \\
         --kafka-consumer-config group.id=renyi-stream --kafka-consumer-config auto.offset.reset=earliest \\
         --kafka-expansion-service localhost:8097 \\
@@ -52,7 +52,7 @@ twice. Where the timestamp comes from:
 
 The graph: decode and validate each message (:class:`DecodeAndValidate`; an undecodable message
 is one dead letter, rows that fail validation are dead letters with reasons) ->
-:class:`pipelines.streaming.StreamingReleases` (the individual filter per user shard in keyed
+:class:`pipelines.streaming.releases.StreamingReleases` (the individual filter per user shard in keyed
 state, a chained event-time timer per window end, a release once every shard has charged the
 window, keyed noise) -> public Parquet release files per window (first write wins) and, in the
 curator's ``--output``, a ledger snapshot per (window, shard), dead letters and counts. The three
@@ -64,7 +64,7 @@ The schedule is finite (``--start..--end``); to go on, start a new job after ``-
 ``--previous-ledger`` pointing at the last released window's snapshots, every shard's:
 ``<earlier --output>/ledger/window_id=<W>/*/*.parquet``. Each snapshot records its window, its
 shard and the job's ``--shards`` in its Parquet schema metadata. Before anything is built,
-:func:`_previous_ledger` refuses (:class:`pipelines.distributed.RunRefused`, naming
+:func:`_previous_ledger` refuses (:class:`pipelines.distributed.job.RunRefused`, naming
 ``--previous-ledger``, the glob and what is wrong) a glob that matches a file not written as
 ``.../window_id=<W>/shard=<S>/...``, snapshots of more than one window (or of one window under
 two roots), two files of one shard, a window other than the last one released under
@@ -78,12 +78,12 @@ latest against: give the root the earlier job released to). This run's ``--shard
 from the earlier job's: the snapshot is read whole and split again by ``hash(user) % --shards``.
 
 A ledger keeps for life the parameters it was started with, as the batch job's does
-(:data:`pipelines.distributed.FIXED`): each snapshot records in its schema metadata
+(:data:`pipelines.distributed.job.FIXED`): each snapshot records in its schema metadata
 (``renyi_stream.<name>``, :data:`SNAPSHOT_FIXED`) ``epsilon``, ``delta``, ``norm_budget``,
 ``accounting``, ``rho``, ``noise_std``, ``tracker_step``, ``id_type``, ``key_fingerprint``,
 ``window_seconds``, ``origin_seconds`` and ``releases`` (the ``--releases-parquet`` root), floats
 as their ``repr``. Before anything is built, :func:`_check_parameters` compares them exactly with
-this run's (release roots normalised as :func:`pipelines.distributed.absolute` does, so
+this run's (release roots normalised as :func:`pipelines.distributed.job.absolute` does, so
 ``gs://b/r/`` is ``gs://b/r``) and refuses, naming every differing parameter with the ledger's
 value and this run's: another ``--epsilon``, ``--delta``, ``--norm-budget``, ``--accounting``,
 noise key or ``--window`` would change every user's promise mid-stream, their used budgets
@@ -136,13 +136,14 @@ try:
     from apache_beam.transforms.window import TimestampedValue
     from apache_beam.utils.timestamp import Timestamp
 
-    from pipelines import distributed as dist
-    from pipelines import transforms as tx
-    from pipelines import worker_key
-    from pipelines.streaming import StreamingReleases
+    from pipelines.beam import job_options as launch
+    from pipelines.beam import object_store as store
+    from pipelines.beam import transforms as tx
+    from pipelines.beam import worker_key
+    from pipelines.streaming.releases import StreamingReleases
 finally:
     _root.setLevel(_level)
-from pipelines.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
+from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
 from queries.linear import default_queries
 from stream.accounting import calibrate
 from stream.ledger import STATUS_NAMES, Ledger, Policy
@@ -372,8 +373,8 @@ class WriteTable(beam.DoFn):
 def _write_named(root: str, sub: str, table: pa.Table) -> str:
     """Write ``table`` as ``<root>/<sub>/<content digest>.parquet``; returns the path."""
     digest = hashlib.sha256(encode_message(table)).hexdigest()[:24]
-    path = dist.join(root, *([sub] if sub else []), f"{digest}.parquet")
-    dist.write_parquet(path, table)
+    path = store.join(root, *([sub] if sub else []), f"{digest}.parquet")
+    store.write_parquet(path, table)
     return path
 
 
@@ -412,10 +413,10 @@ SNAPSHOT_WINDOW, SNAPSHOT_SHARD, SNAPSHOT_SHARDS = (
     "renyi_stream.window_id", "renyi_stream.shard", "renyi_stream.n_shards")
 #: What a ledger keeps for its whole life, recorded in every snapshot's schema metadata as
 #: ``renyi_stream.<name>`` (:func:`_parameter_key`) and compared exactly (floats as their ``repr``)
-#: by a job that continues it: the batch job's :data:`pipelines.distributed.FIXED` (the promise,
+#: by a job that continues it: the batch job's :data:`pipelines.distributed.job.FIXED` (the promise,
 #: its accounting and calibration, the noise key's fingerprint, the windows) and ``releases``, the
 #: public release root the ledger's windows were released under.
-SNAPSHOT_FIXED = (*dist.FIXED, "releases")
+SNAPSHOT_FIXED = (*launch.FIXED, "releases")
 #: The ledger's identity (:func:`stream.noise.new_ledger_id`), recorded in every snapshot beside
 #: :data:`SNAPSHOT_FIXED` and carried by a job that continues it: the noise is bound to it.
 SNAPSHOT_LEDGER_ID = "renyi_stream.ledger_id"
@@ -431,7 +432,7 @@ def _parameters(*, cal: Any, id_type: str, fingerprint: str, spec: WindowSpec, r
             "accounting": cal.accounting, "rho": cal.rho, "noise_std": cal.noise_std,
             "tracker_step": cal.rho / 32.0, "id_type": id_type, "key_fingerprint": fingerprint,
             "window_seconds": spec.length_seconds, "origin_seconds": spec.origin_seconds,
-            "releases": dist.absolute(releases)}
+            "releases": store.absolute(releases)}
 
 
 def _as_text(parameters: dict[str, Any]) -> dict[str, str]:
@@ -476,7 +477,7 @@ def _counts_file(item: tuple[int, dict]) -> tuple[str, pa.Table]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m pipelines.streaming_job", allow_abbrev=False,
+        prog="python -m pipelines.streaming", allow_abbrev=False,
         description="The individual filter on an unbounded stream: Pub/Sub messages or Kafka records (Arrow IPC "
                     "batches) in, Parquet releases per window out. Unknown options go to Beam (--runner, "
                     "--streaming, ...).")
@@ -506,7 +507,7 @@ def _parser() -> argparse.ArgumentParser:
                             "beam-sdks-java-io-expansion-service-2.77.0.jar); default: Beam starts that jar "
                             "itself, which needs java and Maven Central here")
     arg("--columns", required=True, help="indicator columns, comma-separated (one window-sum query each)")
-    dist.add_promise_options(parser)
+    launch.add_promise_options(parser)
     arg("--output", required=True, help="curator-only root: ledger snapshots per window, dead letters, counts")
     arg("--previous-ledger", "--previous_ledger", dest="previous_ledger", default="none",
         help="the ledger to continue from: a glob of every shard's snapshot of the last window released under "
@@ -556,13 +557,13 @@ def _snapshot_place(path: str) -> tuple[str, int, int] | None:
 
 
 def _snapshot_glob(root: str, window: int) -> str:
-    return dist.join(root, f"window_id={int(window)}", "*", "*.parquet")
+    return store.join(root, f"window_id={int(window)}", "*", "*.parquet")
 
 
 def _check_snapshot_paths(pattern: str, paths: Sequence[str], *, releases: str,
                           released: Sequence[int]) -> tuple[str, int, dict[int, str]]:
     """``(ledger root, window, {shard: path})`` of the files ``--previous-ledger`` matched, refused
-    (:class:`pipelines.distributed.RunRefused`) unless they are this job's snapshots of one window,
+    (:class:`pipelines.distributed.job.RunRefused`) unless they are this job's snapshots of one window,
     at most one file per shard, and that window is the last one released under ``releases``."""
     option = f"--previous-ledger {pattern!r}"
     last = max(released) if released else None
@@ -571,31 +572,31 @@ def _check_snapshot_paths(pattern: str, paths: Sequence[str], *, releases: str,
     if foreign:
         hint = (f"; give the last released window's, e.g. --previous-ledger "
                 f"'<earlier --output>/ledger/window_id={last}/*/*.parquet'" if last is not None else "")
-        raise dist.RunRefused(
+        raise launch.RunRefused(
             f"{option} matches {len(foreign)} file(s) that are not ledger snapshots of this job, e.g. {foreign[0]}: "
             f"the job writes them as <output>/ledger/window_id=<W>/shard=<S>/<name>.parquet{hint}")
     windows = sorted({window for _, window, _ in places.values()})
     roots = sorted({root for root, _, _ in places.values()})
     if len(windows) > 1:
         suggest = f": give the last released window's, '{_snapshot_glob(roots[0], last)}'" if last is not None else ""
-        raise dist.RunRefused(
+        raise launch.RunRefused(
             f"{option} matches the snapshots of {len(windows)} windows ({windows[:5]}): a ledger to continue is one "
             f"window's snapshot, every shard of it, and read together these would count users twice or mix "
             f"budgets of different days{suggest}")
     (window,) = windows
     if len(roots) > 1:
-        raise dist.RunRefused(f"{option} matches snapshots of window {window} under {len(roots)} ledger roots "
+        raise launch.RunRefused(f"{option} matches snapshots of window {window} under {len(roots)} ledger roots "
                               f"({roots[:3]}): give the snapshot of one job, '{_snapshot_glob(roots[0], window)}'")
     (root,) = roots
     if last is None:
-        raise dist.RunRefused(
+        raise launch.RunRefused(
             f"{option} is the snapshot of window {window}, but no window is released under --releases-parquet "
             f"{releases}: only the releases tell whether it is the snapshot of the last released window (an "
             f"older one would restart users from an older, smaller budget), so give the --releases-parquet root "
             f"the earlier job released to")
     if window != last:
         state = "an earlier window" if window < last else "a window that is not released"
-        raise dist.RunRefused(
+        raise launch.RunRefused(
             f"{option} is the snapshot of window {window} ({state}), but the last window released under {releases} "
             f"is {last}: users would go on from the budget they had after window {window}, not after {last}, and be "
             f"under-charged; give window {last}'s snapshots, e.g. --previous-ledger '{_snapshot_glob(root, last)}'")
@@ -605,7 +606,7 @@ def _check_snapshot_paths(pattern: str, paths: Sequence[str], *, releases: str,
     repeated = {shard: sorted(found) for shard, found in by_shard.items() if len(found) > 1}
     if repeated:
         shard, found = min(repeated.items())
-        raise dist.RunRefused(
+        raise launch.RunRefused(
             f"{option} matches {len(found)} files of shard {shard} of window {window} ({found[:2]}): a shard writes "
             f"one snapshot per window, two are diverging replays of it and neither is known to be the one charged")
     return root, window, {shard: found[0] for shard, found in by_shard.items()}
@@ -620,12 +621,12 @@ def _recorded_shards(files: dict[int, str], tables: dict[int, pa.Table], window:
         meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
         said = (meta.get(SNAPSHOT_WINDOW), meta.get(SNAPSHOT_SHARD))
         if said != (None, None) and said != (str(window), str(shard)):
-            raise dist.RunRefused(f"--previous-ledger {pattern!r}: {files[shard]} records window {said[0]}, shard "
+            raise launch.RunRefused(f"--previous-ledger {pattern!r}: {files[shard]} records window {said[0]}, shard "
                                   f"{said[1]} but lies in window_id={window}/shard={shard}: a snapshot moved by hand")
         if SNAPSHOT_SHARDS in meta:
             counts.add(int(meta[SNAPSHOT_SHARDS]))
     if len(counts) > 1:
-        raise dist.RunRefused(f"--previous-ledger {pattern!r}: the snapshots of window {window} record different "
+        raise launch.RunRefused(f"--previous-ledger {pattern!r}: the snapshots of window {window} record different "
                               f"shard counts {sorted(counts)}: they are not one job's")
     return counts.pop() if counts else None
 
@@ -634,8 +635,8 @@ def _check_every_shard(pattern: str, root: str, window: int, present: set[int], 
     """RunRefused unless ``present`` is exactly shards 0..N-1 of the job that wrote window
     ``window``'s snapshot: N as the snapshots record it, else one more than the highest shard
     folder there is; and every shard folder under ``root/window_id=<window>`` is matched."""
-    folder = dist.join(root, f"window_id={int(window)}")
-    (result,) = FileSystems.match([dist.join(folder, "shard=*", "*.parquet")])
+    folder = store.join(root, f"window_id={int(window)}")
+    (result,) = FileSystems.match([store.join(folder, "shard=*", "*.parquet")])
     on_disk = {place[2] for place in (_snapshot_place(m.path) for m in result.metadata_list) if place is not None}
     if recorded is not None:
         n_shards, source = recorded, "as its snapshots record"
@@ -646,12 +647,12 @@ def _check_every_shard(pattern: str, root: str, window: int, present: set[int], 
     if not missing and not beyond:
         return
     if beyond:
-        raise dist.RunRefused(f"--previous-ledger {pattern!r}: window {window} has snapshots of shard(s) {beyond[:10]} "
+        raise launch.RunRefused(f"--previous-ledger {pattern!r}: window {window} has snapshots of shard(s) {beyond[:10]} "
                               f"beyond the {n_shards} shards of the job that wrote it ({source}): not one job's")
     absent = [s for s in missing if s not in on_disk]
     lost = (f"; shard(s) {absent[:10]} have no snapshot under {folder} at all: the earlier job stopped before "
             f"writing them or they were lost, and that ledger cannot be continued without them" if absent else "")
-    raise dist.RunRefused(
+    raise launch.RunRefused(
         f"--previous-ledger {pattern!r} matches {len(present)} of the {n_shards} shards of window {window} "
         f"({source}): missing shard(s) {missing[:10]}{' ...' if len(missing) > 10 else ''}, whose users would "
         f"restart from zero budget; give every shard's snapshot, '{_snapshot_glob(root, window)}'{lost}")
@@ -669,9 +670,9 @@ def _float_or_none(text: str) -> float | None:
 
 
 def _compared(name: str, text: str) -> str:
-    """A recorded value as compared: a release root normalised as :func:`pipelines.distributed.absolute`
+    """A recorded value as compared: a release root normalised as :func:`pipelines.distributed.job.absolute`
     does (``gs://b/r/`` is ``gs://b/r``), anything else as it is."""
-    return dist.absolute(text) if name == "releases" else text
+    return store.absolute(text) if name == "releases" else text
 
 
 def _shown(text: str, like: Any) -> Any:
@@ -691,13 +692,13 @@ def _check_parameters(pattern: str, files: dict[int, str], metadata: dict[int, d
     for shard, meta in sorted(metadata.items()):
         absent = [name for name in SNAPSHOT_FIXED if _parameter_key(name) not in meta]
         if absent:
-            raise dist.RunRefused(
+            raise launch.RunRefused(
                 f"{option}: {files[shard]} does not record the parameters its ledger keeps for life ({absent}; "
                 f"written before the streaming job recorded them), so this run cannot check that it keeps the "
                 f"promise the earlier job made to every user (a larger epsilon or norm budget, another accounting, "
                 f"delta, key, window length or release root would silently break it). If this run's parameters "
                 f"are exactly the earlier job's, record them in a copy of the snapshots with "
-                f"pipelines.streaming_job.record_snapshot_parameters(<this glob>, <a new ledger root>, <the earlier "
+                f"pipelines.streaming.job.record_snapshot_parameters(<this glob>, <a new ledger root>, <the earlier "
                 f"job's arguments>) (deploy/README.md, 'Streaming mode') and give the copy as --previous-ledger")
     now = _as_text(parameters)
     said = {name: sorted({_compared(name, meta[_parameter_key(name)]) for meta in metadata.values()})
@@ -710,7 +711,7 @@ def _check_parameters(pattern: str, files: dict[int, str], metadata: dict[int, d
     this = {name: parameters[name] for name in changed}
     elsewhere = (" (the snapshot of a job that released under another root, e.g. a staging job's, charged its "
                  "users for other releases)" if "releases" in changed else "")
-    raise dist.RunRefused(
+    raise launch.RunRefused(
         f"{option}: this run's parameters differ from the ledger's ({was} before, {this} now): a ledger keeps the "
         f"promise, accounting, key, windows and release root it was started with{elsewhere}; a change mid-stream "
         f"would change every user's promise (the budgets they have used were charged under the old parameters). "
@@ -721,15 +722,15 @@ def _read_snapshots(pattern: str, *, releases: str,
                     released: Sequence[int]) -> tuple[str, int, dict[int, str], dict[int, pa.Table]]:
     """``(ledger root, window, {shard: path}, {shard: table})``: every shard's snapshot of the last
     window released under ``releases`` that ``pattern`` matches, checked as :func:`_previous_ledger` says."""
-    (result,) = FileSystems.match([dist.absolute(pattern)])
+    (result,) = FileSystems.match([store.absolute(pattern)])
     if not result.metadata_list:
-        raise dist.RunRefused(f"--previous-ledger {pattern!r} matches no file")
+        raise launch.RunRefused(f"--previous-ledger {pattern!r} matches no file")
     root, window, files = _check_snapshot_paths(pattern, [m.path for m in result.metadata_list],
                                                 releases=releases, released=released)
     try:
-        tables = {shard: dist.read_parquet(path) for shard, path in sorted(files.items())}
+        tables = {shard: store.read_parquet(path) for shard, path in sorted(files.items())}
     except PrivateFileError as exc:  # a snapshot others may read: the curator decides what leaked
-        raise dist.RunRefused(f"--previous-ledger {pattern!r}: {exc}") from None
+        raise launch.RunRefused(f"--previous-ledger {pattern!r}: {exc}") from None
     _check_every_shard(pattern, root, window, set(files), _recorded_shards(files, tables, window, pattern))
     return root, window, files, tables
 
@@ -743,11 +744,11 @@ def _resume_recorded_budget(pattern: str, metadata: dict[int, dict[str, str]], c
                             parameters: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """This run's calibration and parameters, continuing the budget the snapshots record when
     they record this run's promise (every :data:`SNAPSHOT_FIXED` value but the derived ones) and
-    one budget: the ledger keeps its budget for life (:func:`pipelines.distributed.continue_budget`,
+    one budget: the ledger keeps its budget for life (:func:`pipelines.distributed.job.continue_budget`,
     RunRefused when it is above the promise). Otherwise unchanged, for :func:`_check_parameters`
     to name what differs."""
     now = _as_text(parameters)
-    promise = [name for name in SNAPSHOT_FIXED if name not in dist.DERIVED]
+    promise = [name for name in SNAPSHOT_FIXED if name not in launch.DERIVED]
     same = all(_parameter_key(name) in meta and _compared(name, meta[_parameter_key(name)]) == _compared(name, now[name])
                for meta in metadata.values() for name in promise)
     recorded = {meta.get(_parameter_key("rho")) for meta in metadata.values()}
@@ -755,7 +756,7 @@ def _resume_recorded_budget(pattern: str, metadata: dict[int, dict[str, str]], c
         return cal, parameters
     (text,) = recorded
     value = _float_or_none(text)
-    return dist.continue_budget(cal, parameters, text if value is None else value,
+    return launch.continue_budget(cal, parameters, text if value is None else value,
                                 where=f"--previous-ledger {pattern!r}")
 
 
@@ -770,13 +771,13 @@ def _snapshot_ledger_id(pattern: str, files: dict[int, str], metadata: dict[int,
         return new_ledger_id()
     if len(ids) > 1:
         shown = {shard: recorded[shard] for shard in sorted(recorded)[:6]}
-        raise dist.RunRefused(f"--previous-ledger {pattern!r}: the snapshots record different ledger ids "
+        raise launch.RunRefused(f"--previous-ledger {pattern!r}: the snapshots record different ledger ids "
                               f"(by shard: {shown}): they are not one ledger's")
     (ledger_id,) = ids
     try:
         return check_ledger_id(ledger_id, name=SNAPSHOT_LEDGER_ID)
     except ValueError as exc:
-        raise dist.RunRefused(f"--previous-ledger {pattern!r}: {files[min(files)]}: {exc}; it was edited") from None
+        raise launch.RunRefused(f"--previous-ledger {pattern!r}: {files[min(files)]}: {exc}; it was edited") from None
 
 
 def _previous_ledger(pattern: str, cal: Any, *, releases: str, released: Sequence[int],
@@ -798,7 +799,7 @@ def _previous_ledger(pattern: str, cal: Any, *, releases: str, released: Sequenc
     is inconsistent (:meth:`stream.ledger.Ledger.from_arrow`)."""
     if pattern.lower() == "none":
         if released:
-            raise dist.RunRefused(f"the releases under {releases} include window(s) {list(released)[:5]} but no "
+            raise launch.RunRefused(f"the releases under {releases} include window(s) {list(released)[:5]} but no "
                                   "--previous-ledger was given: users would restart from zero budget")
         return _template(cal).slice(0, 0), cal, new_ledger_id()
     _, _, files, tables = _read_snapshots(pattern, releases=releases, released=released)
@@ -822,7 +823,7 @@ def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[st
     (``<destination>/window_id=<W>/*/*.parquet``) as the next job's ``--previous-ledger``.
 
     ``argv`` must be **the earlier job's arguments**, as it was launched (the options of
-    ``python -m pipelines.streaming_job``): what is recorded is what every later job is checked
+    ``python -m pipelines.streaming``): what is recorded is what every later job is checked
     against, and the snapshots can confirm only part of it. Checked, RunRefused otherwise: the
     snapshots are every shard's of the last window released under ``argv``'s
     ``--releases-parquet`` (as :func:`_previous_ledger` checks them), ``destination`` is not
@@ -832,16 +833,16 @@ def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[st
     record. Not checkable: a delta, epsilon and accounting giving the same rho, the norm budget,
     the key and the window length."""
     args, _ = parse_args(argv)
-    spec = WindowSpec(length_seconds=dist.window_seconds(args.window))
-    _, fingerprint, _ = dist.key_fingerprint(args)
+    spec = WindowSpec(length_seconds=launch.window_seconds(args.window))
+    _, fingerprint, _ = launch.key_fingerprint(args)
     cal = calibrate(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget, accounting=args.accounting)
-    releases = dist.absolute(args.releases_parquet)
+    releases = store.absolute(args.releases_parquet)
     parameters = _parameters(cal=cal, id_type=ID_TYPE, fingerprint=fingerprint, spec=spec, releases=releases)
     text = _as_text(parameters)
     root, window, files, tables = _read_snapshots(pattern, releases=releases,
-                                                  released=sorted(dist.release_windows_present(releases)))
-    if dist.absolute(destination) == root:
-        raise dist.RunRefused(f"the copy's root {destination} is the snapshots' own: give a new ledger root")
+                                                  released=sorted(store.release_windows_present(releases)))
+    if store.absolute(destination) == root:
+        raise launch.RunRefused(f"the copy's root {destination} is the snapshots' own: give a new ledger root")
     budgets = {_metadata(table).get("budget") for table in tables.values()}
     if len(budgets) == 1 and None not in budgets:
         # The budget is the evidence that argv is the earlier job's: it must be argv's calibration up to
@@ -849,7 +850,7 @@ def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[st
         # records the budget the snapshots were charged against, as a continuing job keeps it.
         recorded = _float_or_none(next(iter(budgets)))
         if recorded is not None and cal.rho * (1.0 - 1e-9) <= recorded:
-            cal, parameters = dist.continue_budget(cal, parameters, recorded, where=f"{pattern!r}")
+            cal, parameters = launch.continue_budget(cal, parameters, recorded, where=f"{pattern!r}")
             text = _as_text(parameters)
     own = (("budget", "rho"), ("tracker_step", "tracker_step"), ("id_type", "id_type"))  # Ledger.to_arrow's
     for shard, table in tables.items():
@@ -858,10 +859,10 @@ def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[st
         differ = [(key, name) for key, name in keys
                   if key not in meta or _compared(name, meta[key]) != _compared(name, text[name])]
         if differ:
-            raise dist.RunRefused(
+            raise launch.RunRefused(
                 f"{files[shard]} records {({key: meta.get(key) for key, _ in differ})}, these arguments give "
                 f"{({key: text[name] for key, name in differ})}: they are not the arguments of the job that wrote it")
-    return [_write_named(dist.absolute(destination), *_ledger_file((shard, window, table), n_shards=len(files),
+    return [_write_named(store.absolute(destination), *_ledger_file((shard, window, table), n_shards=len(files),
                                                                      parameters=text))
             for shard, table in sorted(tables.items())]
 
@@ -869,7 +870,7 @@ def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[st
 def build(p: beam.Pipeline, args: argparse.Namespace,
           messages: beam.pvalue.PCollection | None = None) -> dict[str, Any]:
     """Check the arguments and apply the streaming graph to ``p``; returns its PCollections.
-    Raises :class:`pipelines.distributed.RunRefused` (nothing built) when a check fails, and
+    Raises :class:`pipelines.distributed.job.RunRefused` (nothing built) when a check fails, and
     ValueError naming the option when the source options do not fit together.
 
     ``messages``, when given, is a PCollection that replaces the source's read step, and only that
@@ -878,28 +879,28 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     ``--replay``. Everything after the read is built exactly as for the real source, so a test
     can run the Kafka path without a Java expansion service."""
     _check_source(args)
-    spec = WindowSpec(length_seconds=dist.window_seconds(args.window))
-    start, end = dist.parse_day("start", args.start, spec), dist.parse_day("end", args.end, spec)
+    spec = WindowSpec(length_seconds=launch.window_seconds(args.window))
+    start, end = launch.parse_day("start", args.start, spec), launch.parse_day("end", args.end, spec)
     if start > end:
-        raise dist.RunRefused(f"start must not be after end, got {args.start} > {args.end}")
+        raise launch.RunRefused(f"start must not be after end, got {args.start} > {args.end}")
     Policy(args.policy)
     if not 1 <= args.shards <= 65_536:
-        raise dist.RunRefused(f"shards must be in [1, 65536], got {args.shards}")
+        raise launch.RunRefused(f"shards must be in [1, 65536], got {args.shards}")
     columns = [c for c in args.columns.split(",") if c]
     if not columns:
-        raise dist.RunRefused("--columns must name at least one indicator column")
-    key_path, fingerprint, _ = dist.key_fingerprint(args)
+        raise launch.RunRefused("--columns must name at least one indicator column")
+    key_path, fingerprint, _ = launch.key_fingerprint(args)
     cal = calibrate(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget, accounting=args.accounting)
     id_type = ID_TYPE
-    releases = dist.absolute(args.releases_parquet)
-    released = sorted(dist.release_windows_present(releases))
+    releases = store.absolute(args.releases_parquet)
+    released = sorted(store.release_windows_present(releases))
     parameters = _parameters(cal=cal, id_type=id_type, fingerprint=fingerprint, spec=spec, releases=releases)
     previous, cal, ledger_id = _previous_ledger(args.previous_ledger, cal, releases=releases, released=released,
                                                 parameters=parameters)
     parameters = {**_parameters(cal=cal, id_type=id_type, fingerprint=fingerprint, spec=spec, releases=releases),
                   "ledger_id": ledger_id}
     if released and max(released) >= start:
-        raise dist.RunRefused(f"window {max(released)} under {releases} is already released; start after it")
+        raise launch.RunRefused(f"window {max(released)} under {releases} is already released; start after it")
     plan = QueryPlan(tuple(PlannedQuery(q, start) for q in default_queries(columns)))
 
     if args.kafka_topic:
@@ -927,18 +928,18 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
                      | "ByWindow" >> beam.Map(lambda row: (int(row["window_id"]), row)).with_output_types(
                          Tuple[int, Any])
                      | "WriteReleaseFiles" >> beam.ParDo(WriteWindowFile(releases, expected)))
-    curator = dist.absolute(args.output)
+    curator = store.absolute(args.output)
     dead = (decoded.dead, graph["dead"]) | "DeadLetters" >> beam.Flatten()
-    dead_files = dead | "WriteDead" >> beam.ParDo(WriteTable(dist.join(curator, "dead")))
+    dead_files = dead | "WriteDead" >> beam.ParDo(WriteTable(store.join(curator, "dead")))
     ledger_files = graph["ledger"] | "WriteLedger" >> beam.ParDo(WriteTable(
-        dist.join(curator, "ledger"), functools.partial(_ledger_file, n_shards=args.shards,
+        store.join(curator, "ledger"), functools.partial(_ledger_file, n_shards=args.shards,
                                                         parameters=_as_text(parameters))))
     # Per (window, shard) from the shards' books, which carry the shard: files are named by their
     # content, so two shards' equal counts of one window must not be one file.
     count_files = (graph["books"] | "ChargedWindows" >> beam.Filter(_charged_rows)
-                   | "WriteCounts" >> beam.ParDo(WriteTable(dist.join(curator, "counts"), _counts_file)))
-    read_files = decoded.read | "WriteRead" >> beam.ParDo(WriteTable(dist.join(curator, "read")))
-    book_files = graph["books"] | "WriteBooks" >> beam.ParDo(WriteTable(dist.join(curator, "books"),
+                   | "WriteCounts" >> beam.ParDo(WriteTable(store.join(curator, "counts"), _counts_file)))
+    read_files = decoded.read | "WriteRead" >> beam.ParDo(WriteTable(store.join(curator, "read")))
+    book_files = graph["books"] | "WriteBooks" >> beam.ParDo(WriteTable(store.join(curator, "books"),
                                                                          _books_file))
     return {"releases": graph["releases"], "release_files": release_files, "dead_files": dead_files,
             "ledger_files": ledger_files, "count_files": count_files, "read_files": read_files,
@@ -956,8 +957,8 @@ def books(curator: str) -> dict[str, Any]:
     Complete once the job has charged its last window and read its last message (a replay, or a
     drained stream); earlier, rows in flight or buffered for later windows are not yet counted."""
     def tables(folder: str) -> list[pa.Table]:
-        paths = [m.path for r in FileSystems.match([dist.join(curator, folder, "**.parquet")]) for m in r.metadata_list]
-        return [dist.read_parquet(path) for path in sorted(paths)]
+        paths = [m.path for r in FileSystems.match([store.join(curator, folder, "**.parquet")]) for m in r.metadata_list]
+        return [store.read_parquet(path) for path in sorted(paths)]
 
     def total(parts: list[pa.Table], column: str) -> int:
         return int(sum(pc.sum(t.column(column)).as_py() or 0 for t in parts if column in t.column_names))
@@ -984,7 +985,7 @@ def _read_kafka(p: beam.Pipeline, args: argparse.Namespace) -> Any:
     except (grpc.RpcError, RuntimeError, OSError) as exc:
         text = exc.details() if isinstance(exc, grpc.Call) else str(exc)  # an RpcError's str is its repr
         first = (str(text or "").strip().splitlines() or [type(exc).__name__])[0][:300]
-        raise dist.RunRefused(f"ReadFromKafka could not be expanded by {where} (--kafka-expansion-service): "
+        raise launch.RunRefused(f"ReadFromKafka could not be expanded by {where} (--kafka-expansion-service): "
                               f"{first}") from exc
 
 
@@ -996,21 +997,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not any(a.startswith("--runner") for a in flags):
         flags += ["--runner=DirectRunner"]
     try:
-        key_path = dist.key_fingerprint(args)[0]
-        if args.noise_key_secret:  # each worker fetches the key at start-up (pipelines.worker_key)
+        key_path = launch.key_fingerprint(args)[0]
+        if args.noise_key_secret:  # each worker fetches the key at start-up (pipelines.beam.worker_key)
             flags += [f"--{worker_key.SECRET_OPTION}={args.noise_key_secret}",
                       f"--{worker_key.PATH_OPTION}={key_path}", f"--beam_plugins={worker_key.PLUGIN}"]
         options = PipelineOptions(flags)
         direct = "Direct" in str(options.view_as(StandardOptions).runner or "DirectRunner")
         p = beam.Pipeline(options=options)
         build(p, args)
-    except (dist.RunRefused, ValueError) as exc:
+    except (launch.RunRefused, ValueError) as exc:
         print(f"{parser.prog}: refused: {exc}", file=sys.stderr)
         return 2
     if args.noise_key_secret and direct:  # no worker start-up on the DirectRunner: fetch here
         worker_key.materialise(args.noise_key_secret, key_path)
     if "://" not in args.output:  # curator-only: 0700, tightened if it exists (snapshots are 0600)
-        private_dir(dist.absolute(args.output))
+        private_dir(store.absolute(args.output))
     result = p.run()
     if not direct:
         print(f"[streaming] submitted at {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}",
@@ -1019,10 +1020,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     result.wait_until_finish()
     # The replay is finite, so every row is in the books now: check and record the balance as the
     # batch jobs do (exact counts go to the curator's file only, never to the output).
-    balance = books(dist.absolute(args.output))
-    dist.write_json(dist.join(dist.absolute(args.output), BOOKS_FILE), balance)
-    print(f"[streaming] done: releases under {dist.absolute(args.releases_parquet)}, curator files under "
-          f"{dist.absolute(args.output)}; row books {'balanced' if balance['balanced'] else 'MISMATCH'} "
+    balance = books(store.absolute(args.output))
+    store.write_json(store.join(store.absolute(args.output), BOOKS_FILE), balance)
+    print(f"[streaming] done: releases under {store.absolute(args.releases_parquet)}, curator files under "
+          f"{store.absolute(args.output)}; row books {'balanced' if balance['balanced'] else 'MISMATCH'} "
           f"({BOOKS_FILE})", file=sys.stderr)
     return 0 if balance["balanced"] else 1
 

@@ -46,10 +46,10 @@ The ledger's identity, ``parameters.ledger_id`` in every intent and manifest
 the release noise is bound to it (:class:`stream.noise.NoiseBinding`), so another ledger given
 the same key draws independent noise.
 
-The graph is the daily job's: :class:`~pipelines.transforms.ReadIndicators`, the stateful
-:class:`~pipelines.transforms.IndividualFilterDoFn` keyed by user shard in the global window,
-:class:`~pipelines.transforms.ReleaseWindows` (keyed noise) and
-:class:`~pipelines.transforms.WriteReleaseParquet`. Only the previous ledger enters differently:
+The graph is the daily job's: :class:`~pipelines.beam.transforms.ReadIndicators`, the stateful
+:class:`~pipelines.beam.transforms.IndividualFilterDoFn` keyed by user shard in the global window,
+:class:`~pipelines.beam.transforms.ReleaseWindows` (keyed noise) and
+:class:`~pipelines.beam.transforms.WriteReleaseParquet`. Only the previous ledger enters differently:
 ``DailyReleases`` takes it as an in-memory table and embeds it in the job graph (``beam.Create``),
 which a cluster cannot afford; here :class:`ReadLedgerSnapshot` reads it from files in the
 pipeline and hands each shard exactly one part.
@@ -72,136 +72,52 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import logging
-import os
 import sys
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence, Tuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 _root, _level = logging.getLogger(), logging.getLogger().level
 _root.setLevel(logging.ERROR)  # Beam's GCP extras warn at import when their optional clients are absent
 try:
     import apache_beam as beam
-    from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-    from pipelines import transforms as tx
-    from pipelines import worker_key
-    from pipelines.local_runner import batch_runner
+    from pipelines.beam import transforms as tx
+    from pipelines.beam.job_options import (DERIVED, FIXED, RunRefused, add_promise_options, continue_budget,
+                                            key_fingerprint, parse_day, window_seconds)
+    from pipelines.beam.object_store import (absolute, is_uri, join, read_json, read_parquet, refuse_if_shared_file,
+                                             release_windows_present, write_json)
+    from pipelines.beam import worker_key
+    from pipelines.beam.local_runner import batch_runner
 finally:
     _root.setLevel(_level)
-from pipelines.readers import declares_types, read_batches
+from stream.engine.readers import declares_types, read_batches
 from queries import release_lineage as lineage
 from queries.release_files import release_file_path, write_release_file
 from stream.faults import crash_point
-from pipelines.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
+from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
 from queries.linear import default_queries
-from stream.accounting import Calibration, calibrate, resume
+from stream.accounting import calibrate
 from stream.columns import default_columns
 from stream.ledger import STATUS_NAMES, Ledger, Policy
-from stream.noise import NoiseKey, check_ledger_id, new_ledger_id
-from stream.private_files import (CURATOR_ONLY_NOTICE, private_dir, refuse_if_shared, tighten_tree,
-                                  write_private, write_private_bytes)
+from stream.noise import check_ledger_id, new_ledger_id
+from stream.private_files import CURATOR_ONLY_NOTICE, private_dir, tighten_tree
 from stream.schema import USER_ID, WindowSpec
 
 MANIFEST_VERSION = 1
 INTENT = "_INTENT.json"
 COMMITTED = "_COMMITTED.json"
-DEFAULT_SHARDS = 256
-WORKER_KEY_DIR = "/tmp/renyi-stream-key"
 COUNTS_SCHEMA = pa.schema([("window_id", pa.int64()), *((name, pa.int64()) for name in WINDOW_COUNT_NAMES)])
 READ_SCHEMA = pa.schema([("source", pa.string()), ("rows", pa.int64())])
-#: Parameters a ledger is started with; every later run must match them (as the local job's).
-FIXED = ("epsilon", "delta", "norm_budget", "accounting", "rho", "noise_std", "tracker_step", "id_type",
-         "key_fingerprint", "window_seconds", "origin_seconds")
-
-
-#: The part of :data:`FIXED` that calibration derives from the promise: a continued ledger keeps
-#: its recorded values (:func:`continue_budget`), so another version's last-bit difference in the
-#: root finder neither refuses it nor changes its noise.
-DERIVED = ("rho", "noise_std", "tracker_step")
-
-
-class RunRefused(RuntimeError):
-    """A run that would break a promise (or cannot be checked not to) is refused before launch."""
 
 
 # --- files: manifests through Beam's FileSystems, Parquet through pyarrow.fs ----------------------
-
-
-def join(root: str, *parts: str) -> str:
-    return "/".join([root.rstrip("/"), *parts])
-
-
-def _is_uri(path: str) -> bool:
-    return "://" in path
-
-
-def absolute(path: str) -> str:
-    """A URI as it is; a local path made absolute (manifests list files that later runs, started
-    from anywhere, must find)."""
-    return path.rstrip("/") if _is_uri(path) else os.path.abspath(path)
-
-
-def read_json(path: str) -> dict:
-    _refuse_if_shared(path, "the curator manifest")
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        return json.loads(handle.read().decode("utf-8"))
-
-
-def write_json(path: str, value: dict) -> None:
-    """Write ``value`` whole or not at all: a local file is renamed into place (mode ``0600`` from
-    creation: a manifest is a curator file); an object store (GCS, S3) makes an object visible
-    only when its upload completes."""
-    data = json.dumps(value, indent=2, sort_keys=True).encode("utf-8")
-    if _is_uri(path):
-        with FileSystems.create(path, mime_type="application/json",
-                                compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            handle.write(data)
-        return
-    write_private_bytes(path, data)  # 0600 from creation, renamed into place
-
-
-def read_parquet(path: str) -> pa.Table:
-    """A curator Parquet file (ledger snapshot, staged releases); a local one that group/others
-    may read is refused (:class:`stream.private_files.PrivateFileError`)."""
-    _refuse_if_shared(path, "the curator file")
-    if _is_uri(path):
-        import pyarrow.fs as pafs
-
-        fs, inner = pafs.FileSystem.from_uri(path)
-        return pq.read_table(inner, filesystem=fs)
-    return pq.read_table(path)
-
-
-def write_parquet(path: str, table: pa.Table) -> None:
-    """Write ``table`` to ``path`` whole or not at all (a scratch name, then a rename; an object
-    store publishes an object only when its upload completes). A local file is a curator file:
-    ``0600`` from creation, in folders created ``0700``."""
-    import pyarrow.fs as pafs
-
-    if not _is_uri(path):
-        write_private(os.path.abspath(path), lambda handle: pq.write_table(table, handle))
-        return
-    fs, inner = pafs.FileSystem.from_uri(path)
-    folder = inner.rsplit("/", 1)[0]
-    fs.create_dir(folder, recursive=True)
-    scratch = f"{folder}/.{uuid.uuid4().hex}.tmp"
-    pq.write_table(table, scratch, filesystem=fs)
-    fs.move(scratch, inner)
-
-
-def _refuse_if_shared(path: str, what: str) -> None:
-    if not _is_uri(path):  # an object store's permissions are its IAM policy's
-        refuse_if_shared(path, what)
 
 
 def resolve_inputs(patterns: Sequence[str]) -> list[dict]:
@@ -215,16 +131,6 @@ def resolve_inputs(patterns: Sequence[str]) -> list[dict]:
             found[meta.path] = {"path": meta.path, "size": int(meta.size_in_bytes),
                                 "mtime": float(meta.last_updated_in_seconds)}
     return [found[path] for path in sorted(found)]
-
-
-def release_windows_present(root: str) -> set[int]:
-    """Windows with a release file under ``root``."""
-    (result,) = FileSystems.match([join(root, "window_id=*", "releases.parquet")])
-    windows = set()
-    for meta in result.metadata_list:
-        folder = meta.path.replace("\\", "/").rsplit("/", 2)[-2]
-        windows.add(int(folder.split("=", 1)[1]))
-    return windows
 
 
 def promote_releases(staging: str, public: str, *, run: str | None = None) -> list[int]:
@@ -355,48 +261,9 @@ class RunPlan:
                 "start_window": self.start_window, "end_window": self.end_window}
 
 
-def parse_day(name: str, text: str, spec: WindowSpec) -> int:
-    """``--start``/``--end`` (``YYYY-MM-DD``) as a window id; RunRefused naming ``name`` otherwise."""
-    try:
-        return spec.window_of_day(name, text)
-    except ValueError as exc:
-        raise RunRefused(str(exc)) from None
-
-
-def window_seconds(text: str) -> int:
-    """``--window`` (``1d``, ``12h``, ``30m``, ``3600s``) in seconds; RunRefused otherwise."""
-    try:
-        return WindowSpec.from_length(text).length_seconds
-    except ValueError as exc:
-        raise RunRefused(str(exc)) from None
-
-
 def _first_input_schema(path: str) -> pa.Schema:
     first = next(read_batches(path, batch_rows=16, malformed=[]))  # the job dead-letters bad lines
     return first.schema
-
-
-def key_fingerprint(args: argparse.Namespace) -> tuple[str, str, NoiseKey | None]:
-    """(worker key path, fingerprint, the key when the launcher could read it)."""
-    if bool(args.noise_key) == bool(args.noise_key_secret):
-        raise RunRefused("give exactly one of --noise-key (a key file every worker can read at that path, e.g. a "
-                         "mounted secret) and --noise-key-secret (a Secret Manager version the workers fetch)")
-    key = None
-    if args.noise_key_secret:
-        if not args.key_fingerprint:
-            key = NoiseKey(secret=worker_key.fetch_secret(args.noise_key_secret))
-        fingerprint = args.key_fingerprint or key.fingerprint
-        return f"{WORKER_KEY_DIR}/noise-{fingerprint}.key", fingerprint, key
-    if Path(args.noise_key).is_file():
-        key = NoiseKey.load(args.noise_key)
-    elif not args.key_fingerprint:
-        raise RunRefused(f"the noise key {args.noise_key} is not readable here: give --key-fingerprint (the "
-                         "workers check the key they load against it)")
-    fingerprint = key.fingerprint if key else args.key_fingerprint
-    if args.key_fingerprint and key and key.fingerprint != args.key_fingerprint:
-        raise RunRefused(f"the noise key {args.noise_key} has fingerprint {key.fingerprint}, not "
-                         f"--key-fingerprint {args.key_fingerprint}")
-    return args.noise_key, fingerprint, key
 
 
 def ledger_identity(recorded: Any, output: str, *, where: str) -> str:
@@ -424,22 +291,6 @@ def _same_intent(stored: dict, planned: dict) -> bool:
     if "ledger_id" not in stored.get("parameters", {}):
         planned = {**planned, "parameters": {k: v for k, v in planned["parameters"].items() if k != "ledger_id"}}
     return stored == planned
-
-
-def continue_budget(cal: Calibration, parameters: dict[str, Any], recorded_rho: Any,
-                    *, where: str) -> tuple[Calibration, dict[str, Any]]:
-    """This run's calibration and :data:`FIXED` values when it continues a ledger whose budget is
-    ``recorded_rho``: the ledger's budget and the noise std and tracker step it gives
-    (:func:`stream.accounting.calibration.resume`). RunRefused, naming ``where``, when the
-    recorded budget is missing or above what this run's promise allows. The promise itself must
-    already have been checked equal."""
-    if not isinstance(recorded_rho, (int, float)) or isinstance(recorded_rho, bool):
-        raise RunRefused(f"{where} records no zCDP budget (rho={recorded_rho!r}): it cannot be continued")
-    try:
-        kept = resume(cal, float(recorded_rho))
-    except ValueError as exc:
-        raise RunRefused(f"{where}: its ledger's budget does not keep this run's promise: {exc}") from None
-    return kept, {**parameters, "rho": kept.rho, "noise_std": kept.noise_std, "tracker_step": kept.rho / 32.0}
 
 
 def prepare(args: argparse.Namespace) -> RunPlan:
@@ -501,7 +352,7 @@ def prepare(args: argparse.Namespace) -> RunPlan:
         processed = set(manifest["processed_windows"])
         ledger_files = list(manifest["ledger_files"])
         for path in ledger_files:  # read by the workers: refused here, before anything runs
-            _refuse_if_shared(path, "the previous ledger file")
+            refuse_if_shared_file(path, "the previous ledger file")
         users = int(manifest["users"])
         query_first = {q: int(w) for q, w in manifest["queries"].items()}
         columns = list(manifest["columns"])
@@ -572,7 +423,7 @@ def write_intent(plan: RunPlan) -> None:
     """Write the run's ``_INTENT.json``; a local ``--output`` is made a ``0700`` folder first (an
     existing one tightened: it holds only this run's curator files), so that what Beam's sinks
     write under it is private before the commit step tightens each file."""
-    if not _is_uri(plan.output):
+    if not is_uri(plan.output):
         private_dir(plan.output)
     path = join(plan.output, INTENT)
     if not FileSystems.exists(path):
@@ -621,7 +472,7 @@ class ReadLedgerSnapshot(beam.PTransform):
 
 class SnapshotFilter(beam.PTransform):
     """``(valid tables, previous ledger parts)`` -> the individual filter per user shard, in the
-    global window: :class:`pipelines.transforms.IndividualFilter` with the previous ledger as a
+    global window: :class:`pipelines.beam.transforms.IndividualFilter` with the previous ledger as a
     PCollection (from :class:`ReadLedgerSnapshot`) instead of an in-memory table."""
 
     def __init__(self, *, plan: QueryPlan, indicator_columns: Sequence[str], noise_std: float, policy: str,
@@ -737,7 +588,7 @@ class CommitRun(beam.DoFn):
                 raise RuntimeError(f"{target} was committed by attempt {existing.get('attempt')}, not this one "
                                    f"({manifest['attempt']}): two jobs wrote one --output")
         else:
-            if not _is_uri(self._output):  # Beam's sinks wrote with the worker's umask
+            if not is_uri(self._output):  # Beam's sinks wrote with the worker's umask
                 tighten_tree(self._output)
             crash_point("distributed_before_commit")  # test-only: everything written but the manifest
             write_json(target, manifest)
@@ -813,29 +664,6 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
 
 
 # --- the command -------------------------------------------------------------------------------------
-
-
-def add_promise_options(parser: argparse.ArgumentParser) -> None:
-    """The options every entry point shares: the public schedule, the promise, the public
-    release root, the noise key, and how the filter runs."""
-    arg = parser.add_argument
-    arg("--start", required=True, help="first window of the public schedule (YYYY-MM-DD)")
-    arg("--end", required=True, help="last window of the public schedule (YYYY-MM-DD)")
-    arg("--epsilon", type=float, required=True, help="per-user epsilon (> 0)")
-    arg("--delta", type=float, required=True, help="per-user delta, in (0, 1)")
-    arg("--norm-budget", "--norm_budget", dest="norm_budget", type=float, required=True,
-        help="B, squared-norm budget per user (> 0)")
-    arg("--releases-parquet", "--releases_parquet", dest="releases_parquet", required=True,
-        help="public release root: <root>/window_id=<id>/releases.parquet")
-    arg("--noise-key", "--noise_key", dest="noise_key", help="noise key file, at this path on every worker")
-    arg("--noise-key-secret", "--noise_key_secret", dest="noise_key_secret",
-        help="Secret Manager version of the noise key (projects/P/secrets/S/versions/V), fetched by each worker")
-    arg("--key-fingerprint", "--key_fingerprint", dest="key_fingerprint",
-        help="the key's public fingerprint, when the launcher cannot (or should not) read the key")
-    arg("--window", default="1d", help="window length: 1d (default), 12h, 30m, 3600s")
-    arg("--policy", choices=["drop", "clip"], default="drop")
-    arg("--accounting", choices=["gdp", "zcdp-cks", "zcdp-thm49"], default="gdp")
-    arg("--shards", type=int, default=DEFAULT_SHARDS, help=f"user shards of the filter (default {DEFAULT_SHARDS})")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -32,9 +32,9 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, TimerSpec, on_timer
 from apache_beam.transforms.window import GlobalWindow
 
-from pipelines.readers import read_batches
-from pipelines.sharding import shard_of
-from pipelines.shard_state import QueryPlan, ShardState
+from stream.engine.readers import read_batches
+from stream.engine.sharding import shard_of
+from stream.engine.shard_state import QueryPlan, ShardState
 from stream.continual.running import RunningState
 from stream.faults import crash_point
 from stream.ledger import Ledger
@@ -242,7 +242,7 @@ class IndividualFilterDoFn(beam.DoFn):
     Timer:
       FLUSH  -- event-time timer at the end of the global window: fires once all input has been
                 read (batch) and charges the buffered rows window by window, in window order,
-                through :class:`pipelines.shard_state.ShardState` (every active query of a
+                through :class:`stream.engine.shard_state.ShardState` (every active query of a
                 window charged together, running queries stepped through every window).
     Outputs: ``((query_id, window_id), partial sum vector)`` (main), the shard's new ledger
     snapshot (tag ``ledger``), ``(query_id, running-state snapshot)`` (tag ``running``),
@@ -297,7 +297,7 @@ class IndividualFilterDoFn(beam.DoFn):
 
     def restore_shard(self, snapshots: list[tuple[str, Any]]) -> ShardState:
         """The shard's state from its previous snapshots (a fresh ledger when it has none); also
-        used by :mod:`pipelines.streaming`, whose filter keeps the same state."""
+        used by :mod:`pipelines.streaming.releases`, whose filter keeps the same state."""
         ledgers = [payload for kind, payload in snapshots if kind == "ledger"]
         shard_ledger = (Ledger.from_arrow(ledgers[0]) if ledgers
                         else Ledger(budget=self._budget, id_type=self._id_type, tracker_step=self._tracker_step))

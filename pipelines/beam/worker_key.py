@@ -1,6 +1,6 @@
 """Bring the curator's noise key to a distributed worker, as a private local file.
 
-The release step (:class:`pipelines.transforms.ReleaseWindow`) loads the noise key from a local
+The release step (:class:`pipelines.beam.transforms.ReleaseWindow`) loads the noise key from a local
 path in ``setup`` (:meth:`stream.noise.NoiseKey.load`: mode 0600, 32 bytes). On a cluster that
 file must come from a secret store, never from the container image or the job graph:
 
@@ -10,7 +10,7 @@ file must come from a secret store, never from the container image or the job gr
 * **Google Secret Manager** (Dataflow, or any worker with Google credentials): the launcher
   passes ``--renyi_noise_key_secret=projects/P/secrets/S/versions/V`` and
   ``--renyi_noise_key_path=/tmp/...`` as pipeline options and ``--beam_plugins=
-  pipelines.worker_key``. Beam imports every plugin when an SDK harness starts, after it has
+  pipelines.beam.worker_key``. Beam imports every plugin when an SDK harness starts, after it has
   read the pipeline options and before it runs any bundle; importing this module then fetches
   the secret (the worker's service account needs ``roles/secretmanager.secretAccessor``) and
   writes it to the path with mode 0600 (write to a private temporary file, then rename, so
@@ -35,12 +35,12 @@ from stream.noise import write_durably
 
 SECRET_OPTION = "renyi_noise_key_secret"
 PATH_OPTION = "renyi_noise_key_path"
-PLUGIN = "pipelines.worker_key"
+PLUGIN = "pipelines.beam.worker_key"
 _PORTABLE_KEY = re.compile(r"^beam:option:(?P<key>.*):v1$")
 
 
 class NoiseKeyOptions(PipelineOptions):
-    """The two options the worker start-up reads (set by :mod:`pipelines.distributed`)."""
+    """The two options the worker start-up reads (set by :mod:`pipelines.distributed.job`)."""
 
     @classmethod
     def _add_argparse_args(cls, parser) -> None:

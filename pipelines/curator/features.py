@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.readers import read_batches
+from stream.engine.readers import read_batches
 from stream.private_files import refuse_if_shared, write_private
 from stream.schema import DAY, EVENT_TIME, USER_ID, WINDOW_ID, WindowSpec, validate_batch
 

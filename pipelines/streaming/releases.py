@@ -1,6 +1,6 @@
 """The individual filter and its releases on an unbounded stream, window by window on the watermark.
 
-The batch path (:class:`pipelines.transforms.IndividualFilterDoFn`) charges a whole run on one
+The batch path (:class:`pipelines.beam.transforms.IndividualFilterDoFn`) charges a whole run on one
 timer at the end of the global window. Here the same per-window work runs as the watermark
 passes each window's end, so a long-running pipeline releases every day as it closes:
 
@@ -10,11 +10,11 @@ passes each window's end, so a long-running pipeline releases every day as it cl
   window; on the event-time timer at the window's end the window's rows are charged in
   event-time order, ties by input position, with duplicates of a (user, window) dead-lettered by
   the batch rule (invariant 2), through the same
-  :meth:`pipelines.shard_state.ShardState.charge_window`. A row for a window the shard has
+  :meth:`stream.engine.shard_state.ShardState.charge_window`. A row for a window the shard has
   already charged is dead-lettered ``late_window`` and charges nobody (invariants 5-7).
 * :class:`ReleaseCompletedWindow`, keyed by window: every shard reports once per window of the
   public schedule, rows or not, with its partial sums inside; when all shards have reported, it
-  releases every active query through :class:`pipelines.transforms.ReleaseWindow` (the same
+  releases every active query through :class:`pipelines.beam.transforms.ReleaseWindow` (the same
   keyed noise: invariants 3, 5), once.
 * :class:`RunningTotalsOnRelease` turns running queries' releases into running totals, in order.
 * :class:`StreamingReleases` wires them together.
@@ -47,8 +47,8 @@ from apache_beam.coders import PickleCoder
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
-from pipelines.shard_state import QueryPlan, ShardBooks, ShardState
-from pipelines.transforms import (
+from stream.engine.shard_state import QueryPlan, ShardBooks, ShardState
+from pipelines.beam.transforms import (
     DEAD_LETTER_SCHEMA,
     LATE_WINDOW,
     ROW,
@@ -81,7 +81,7 @@ def split_by_window(table: pa.Table) -> list[tuple[int, pa.Table]]:
 
 
 def window_letters(rows: pa.Table, columns: Sequence[str], reason: str, detail: str) -> pa.Table:
-    """Dead letters (:data:`pipelines.transforms.DEAD_LETTER_SCHEMA`) for validated ``rows``;
+    """Dead letters (:data:`pipelines.beam.transforms.DEAD_LETTER_SCHEMA`) for validated ``rows``;
     ``source`` is the row's input index, as for the filter's duplicate rows."""
     n = rows.num_rows
     return pa.table({
@@ -107,7 +107,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
                  the persistent ledger, replaced after every charged window, never cleared.
       CHARGED -- the last window this shard charged (``start_window - 1`` before the first).
       BOOKS   -- ``(now, at the last charge)``: the shard's cumulative
-                 :class:`pipelines.shard_state.ShardBooks` (rows received, dead, charged), checked
+                 :class:`stream.engine.shard_state.ShardBooks` (rows received, dead, charged), checked
                  against the buffer at every charged window, and as they were at the last one.
     Timer:
       WINDOW_END -- event-time timer at the end of the next uncharged window. A firing charges
@@ -279,7 +279,7 @@ class ReleaseCompletedWindow(beam.DoFn):
     Input ``(window_id, (shard, {query_id: partial sum}))``: every shard sends exactly one per
     window of the schedule, rows or not, when the watermark passes the window's end (its
     chained timer). When all ``n_shards`` have reported, the window is complete: release every
-    active query through :class:`pipelines.transforms.ReleaseWindow` (sum of partials, 0 when
+    active query through :class:`pipelines.beam.transforms.ReleaseWindow` (sum of partials, 0 when
     none, plus noise keyed by (query, window)), so every scheduled window is released
     (invariant 3), once (invariant 5: a RELEASED flag ignores any later or repeated report).
 
@@ -331,7 +331,7 @@ class RunningTotalsOnRelease(beam.DoFn):
     Input ``(query_id, (window_id, y flat))`` from :class:`ReleaseCompletedWindow` (tag ``raw``).
     The estimate at ``t`` is ``(B y)_t`` over the releases from the query's first window
     (post-processing, no privacy cost), computed by
-    :class:`pipelines.transforms.RunningEstimates` as in the batch path. Releases may arrive in
+    :class:`pipelines.beam.transforms.RunningEstimates` as in the batch path. Releases may arrive in
     any order; each window's estimate is emitted once, when every earlier window's ``y`` is in.
     State: SERIES (bag of ``(window, y)``), EMITTED (last window whose estimate was emitted).
     ``previous`` holds earlier runs' ``y`` (``query_id -> [(window, y flat)]``).
@@ -373,7 +373,7 @@ class StreamingReleases(beam.PTransform):
     """Validated tables (unbounded) -> releases as the watermark passes each window's end.
 
     Input: Arrow tables of validated rows with their input position (as
-    :class:`pipelines.transforms.ReadIndicators` emits them), timestamped at or before their
+    :class:`pipelines.beam.transforms.ReadIndicators` emits them), timestamped at or before their
     rows' event times so that the watermark means "this window's rows are in". The schedule is
     ``start_window..end_window``; every window of it is released for every query active in it
     (invariant 3), running queries as running totals too. ``previous_ledger`` /

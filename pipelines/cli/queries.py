@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-PROG = "renyi-stream"
+from pipelines.cli.errors import PROG, name_the_option
 
 
 class _Usage(Exception):
@@ -20,9 +20,7 @@ class _Usage(Exception):
 
 
 def _fail(command: str, message: str, status: int, args: argparse.Namespace | None = None) -> int:
-    from pipelines.cli import name_the_option
-
-    print(f"{PROG} {command}: error: {name_the_option(command, message, args)}", file=sys.stderr)
+    print(f"{PROG} {command}: error: {name_the_option(message, args)}", file=sys.stderr)
     if status == 2:
         raise SystemExit(2)
     return status
@@ -101,7 +99,7 @@ def _query_command(args: argparse.Namespace) -> int:
     try:
         if args.action == "list":
             if not Path(args.store).exists():
-                return _fail(command, f"release store {args.store} does not exist", 1)
+                return _fail(command, f"release store {args.store} does not exist", 1, args)
             with ReleaseStore(args.store, read_only=True) as store:
                 table = QueryRegistry(store).list()
             rows = table.drop_columns(["spec_json"]).to_pylist()
@@ -116,7 +114,7 @@ def _query_command(args: argparse.Namespace) -> int:
         first = _window("--from", args.start, args.window)
         existed = Path(args.store).exists()
         if args.action == "retire" and not existed:
-            return _fail(command, f"release store {args.store} does not exist", 1)
+            return _fail(command, f"release store {args.store} does not exist", 1, args)
         query = _query_from_args(args) if args.action == "add" else None  # bad specs fail before the store opens
         with ReleaseStore(args.store) as store:
             registry = QueryRegistry(store)
@@ -133,7 +131,7 @@ def _query_command(args: argparse.Namespace) -> int:
                 print(f"retired {args.id} from window {first}")
         return 0
     except _Usage as exc:
-        return _fail(command, str(exc), 2)
+        return _fail(command, str(exc), 2, args)
     except ValueError as exc:
         return _fail(command, str(exc), 2, args)
     except ReleaseStoreError as exc:
@@ -141,23 +139,23 @@ def _query_command(args: argparse.Namespace) -> int:
 
 
 def _privacy_report_command(args: argparse.Namespace) -> int:
-    from pipelines.curator_store import CuratorStoreError
-    from queries.privacy_report import privacy_report
+    from pipelines.curator.store import CuratorStoreError
+    from pipelines.curator.privacy_report import privacy_report
 
     if (args.user is None) == (not args.all):
-        return _fail("privacy-report", "give exactly one of --user ID or --all (with --out FILE.parquet)", 2)
+        return _fail("privacy-report", "give exactly one of --user ID or --all (with --out FILE.parquet)", 2, args)
     if args.all and not args.out:
-        return _fail("privacy-report", "--all needs --out FILE.parquet (reports never go to stdout or the public store)", 2)
+        return _fail("privacy-report", "--all needs --out FILE.parquet (reports never go to stdout or the public store)", 2, args)
     if args.out is not None and (not args.all or not args.out.endswith(".parquet")):
-        return _fail("privacy-report", f"--out takes a FILE.parquet with --all, got --out {args.out!r}", 2)
+        return _fail("privacy-report", f"--out takes a FILE.parquet with --all, got --out {args.out!r}", 2, args)
     if args.delta is not None and not 0 < args.delta < 1:
-        return _fail("privacy-report", f"--delta must be in (0, 1), got --delta {args.delta}", 2)
+        return _fail("privacy-report", f"--delta must be in (0, 1, args), got --delta {args.delta}", 2)
     if not Path(args.ledger).exists():
-        return _fail("privacy-report", f"ledger {args.ledger} does not exist", 1)
+        return _fail("privacy-report", f"ledger {args.ledger} does not exist", 1, args)
     try:
         table = privacy_report(args.ledger, user=args.user, delta=args.delta)
     except ValueError as exc:  # a --user that cannot be an id of this ledger
-        return _fail("privacy-report", f"--user: {exc}", 2)
+        return _fail("privacy-report", f"--user: {exc}", 2, args)
     except CuratorStoreError as exc:
         return _fail("privacy-report", str(exc), 1, args)
     if args.all:
@@ -168,7 +166,7 @@ def _privacy_report_command(args: argparse.Namespace) -> int:
         try:  # every user's spent budget: a curator file, 0600 whatever the umask
             write_private(args.out, lambda handle: pq.write_table(table, handle), make_parents=False)
         except OSError as exc:  # --out in a missing folder, or a folder itself
-            return _fail("privacy-report", f"--out: cannot write {args.out}: {exc}", 1)
+            return _fail("privacy-report", f"--out: cannot write {args.out}: {exc}", 1, args)
         print(f"wrote {table.num_rows:,} users' privacy reports to {args.out} (curator only: never publish it)")
         return 0
     if table.num_rows == 0:
@@ -186,24 +184,26 @@ def _privacy_report_command(args: argparse.Namespace) -> int:
 
 
 def _report_command(args: argparse.Namespace) -> int:
-    from pipelines.curator_store import CuratorStoreError
+    from pipelines.curator.store import CuratorStoreError
     from queries.release_store import ReleaseStoreError
+    from pipelines.curator.ledger_report import render_curator_report
     from queries.report import render_report
 
     if Path(args.out).suffix.lower() not in (".html", ".htm"):
-        return _fail("report", f"--out must be an .html file, got --out {args.out!r}", 2)
+        return _fail("report", f"--out must be an .html file, got --out {args.out!r}", 2, args)
     for name, path in (("--store", args.store), ("--ledger", args.ledger)):
         if path is not None and not Path(path).exists():
-            return _fail("report", f"{name} {path} does not exist", 1)
+            return _fail("report", f"{name} {path} does not exist", 1, args)
     if args.ledger is not None and Path(args.ledger).resolve() == Path(args.store).resolve():
         return _fail("report", f"--ledger takes the curator's ledger, not the release store given to --store "
                      f"({args.store})", 2)
     try:
-        path = render_report(args.store, args.out, ledger=args.ledger)
+        path = (render_report(args.store, args.out) if args.ledger is None
+                else render_curator_report(args.store, args.out, args.ledger))
     except (ReleaseStoreError, CuratorStoreError) as exc:
         return _fail("report", str(exc), 1, args)
     except OSError as exc:  # --out in a missing folder, or a folder itself
-        return _fail("report", f"--out: cannot write {args.out}: {exc.strerror or exc}", 1)
+        return _fail("report", f"--out: cannot write {args.out}: {exc.strerror or exc}", 1, args)
     print(f"wrote {path}" + (" (curator variant: sensitive, keep it with the ledger)" if args.ledger else ""))
     return 0
 

@@ -1,0 +1,64 @@
+"""The curator variant of the HTML report: the public report of the release store
+(:func:`queries.report.render_report`) followed by the ledger's budget and filtering charts.
+
+Those charts are computed from users' data without noise (invariant 4, nothing-pre-noise-leaves,
+docs/architecture.md): the page says so, and it is written ``0600`` to stay with the curator.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+
+from pipelines.curator.privacy_report import load_ledger
+from queries.report import chart_png, image_html, render_report
+
+
+def render_curator_report(store: str | os.PathLike, out: str | os.PathLike, ledger: str | os.PathLike) -> Path:
+    """Write the curator report of ``store`` and ``ledger`` (both opened read-only) to ``out``, ``0600``."""
+    return render_report(store, out, curator_part=partial(curator_sections, ledger=Path(ledger)))
+
+
+def curator_sections(plt: Any, ledger: Path) -> str:
+    """The curator-only HTML: the distribution of the budget used and the share of active users
+    filtered per window, computed from the ledger without noise (invariant 4,
+    nothing-pre-noise-leaves: the page says so and stays with the curator)."""
+    params, book = load_ledger(ledger)
+    used = book.to_arrow().column("used").to_numpy() / params.rho if len(book) else np.zeros(0)
+    fig, ax = plt.subplots(figsize=(8, 3))
+    ax.hist(used, bins=np.linspace(0, 1, 41), color="tab:purple")
+    ax.set_xlabel("share of the personal budget used")
+    ax.set_ylabel("users")
+    ax.set_title(f"budget used, {len(book):,} users")
+    budget_png = chart_png(plt, fig)
+
+    db = duckdb.connect(str(ledger), read_only=True)
+    try:
+        rows = db.execute("SELECT window_id, sum(admitted), sum(clipped), sum(dropped) FROM window_counts "
+                          "GROUP BY window_id ORDER BY window_id").fetchall()
+    finally:
+        db.close()
+    fig, ax = plt.subplots(figsize=(8, 3))
+    if rows:
+        starts = [dt.datetime.fromtimestamp(params.origin_seconds + int(r[0]) * params.window_seconds, dt.timezone.utc)
+                  for r in rows]
+        ax.plot(starts, [(r[2] + r[3]) / max(r[1] + r[2] + r[3], 1) for r in rows], marker="o", markersize=2.5,
+                label="dropped or clipped")
+        ax.plot(starts, [r[3] / max(r[1] + r[2] + r[3], 1) for r in rows], linestyle="--", label="dropped")
+        ax.legend(loc="best", fontsize=8)
+        fig.autofmt_xdate()
+    ax.set_xlabel("window start (UTC)")
+    ax.set_ylabel("share of active users")
+    ax.set_title("users filtered by the individual filter, per window")
+    filtered_png = chart_png(plt, fig)
+    exhausted = int(np.count_nonzero(used >= 1 - 1e-6))
+    return ("<div class='curator'><h2>Curator only: budgets and filtering</h2><p>These charts are computed from "
+            "users' data without noise: keep them with the ledger, never publish them. "
+            f"{exhausted:,} of {len(book):,} users have used their whole budget.</p>"
+            f"{image_html('budget used', budget_png)}{image_html('share filtered', filtered_png)}</div>")

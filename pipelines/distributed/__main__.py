@@ -1,0 +1,5 @@
+import sys
+
+from pipelines.distributed.job import main
+
+sys.exit(main())

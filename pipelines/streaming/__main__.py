@@ -1,0 +1,5 @@
+import sys
+
+from pipelines.streaming.job import main
+
+sys.exit(main())
