@@ -700,7 +700,7 @@ def test_the_scripts_are_valid_bash_with_their_variables_on_top(script):
     assert os.access(path, os.X_OK)
     lines = path.read_text().splitlines()
     assert lines[0] == "#!/usr/bin/env bash" and any(line.startswith("set -euo pipefail") for line in lines[:20])
-    assert "pipelines.distributed.job" in path.read_text() or "flex-template" in path.read_text()
+    assert "-m pipelines.distributed" in path.read_text() or "flex-template" in path.read_text()
 
 
 # --- the local job's Parquet release path publishes only what the ledger committed -------------
