@@ -3,6 +3,14 @@
 Kernels call :func:`array_module` on their inputs and use the returned module (``numpy`` or
 ``cupy``) for every operation, so the same body runs on both. CuPy is an optional extra
 (``pip install 'renyi-stream[gpu]'``); it is never imported unless it is installed.
+
+A kernel never moves data from the device to the host implicitly. Where it must (a released
+value, a check that raises), it says so with :func:`to_host` or :func:`host_all`, and its
+docstring counts those transfers. Where a data-dependent branch only skips work that would not
+change the result (a rare-case pass over flagged rows), it asks :func:`maybe_any`, which on a
+device answers without waiting for the device. ``stream.testing.strict_xp`` is an array module
+that refuses every implicit conversion and counts the explicit ones; the CI runs the kernels
+through it (``tests/test_device_path.py``), registered here by :func:`register_array_module`.
 """
 
 from __future__ import annotations
@@ -17,12 +25,64 @@ try:  # optional GPU backend: absent in CI and on most developer machines
 except ImportError:  # pragma: no cover - exercised only where CuPy is installed
     _cupy = None
 
+# Array types of other modules (the test module stream.testing.strict_xp) and their modules.
+_REGISTERED: dict[type, ModuleType] = {}
+
+
+def register_array_module(array_type: type, module: ModuleType) -> None:
+    """Make :func:`array_module` return ``module`` for arguments of ``array_type``.
+
+    For array modules that mimic a device (``stream.testing.strict_xp``): ``module`` must offer
+    the NumPy functions the kernels call, plus ``asnumpy``. NumPy's own types cannot be
+    registered, so registering never changes what a NumPy array gets.
+    """
+    if not isinstance(array_type, type) or issubclass(array_type, (np.ndarray, np.generic)):
+        raise ValueError(f"array_type must be a class other than NumPy's, got array_type={array_type!r}")
+    if not isinstance(module, ModuleType) or not hasattr(module, "asnumpy"):
+        raise ValueError(f"module must be a module with an asnumpy function, got module={module!r}")
+    _REGISTERED[array_type] = module
+
 
 def array_module(*arrays: Any) -> ModuleType:
-    """Return ``cupy`` if any argument is a CuPy array, else ``numpy``."""
+    """Return ``cupy`` if any argument is a CuPy array, a registered module if any argument is
+    of its array type, else ``numpy``."""
+    if _REGISTERED:
+        for a in arrays:
+            module = _REGISTERED.get(type(a))
+            if module is not None:
+                return module
     if _cupy is not None:
         return _cupy.get_array_module(*arrays)
     return np
+
+
+def to_host(a: Any) -> np.ndarray:
+    """``a`` as a NumPy array: a copy from the device for a device array (one explicit
+    device-to-host transfer), ``np.asarray(a)`` otherwise (no copy for a NumPy array)."""
+    xp = array_module(a)
+    if xp is np:
+        return np.asarray(a)
+    return xp.asnumpy(a)
+
+
+def host_all(condition: Any) -> bool:
+    """Whether every entry of ``condition`` is true: one explicit transfer of one bool from a
+    device (free on NumPy). For checks that raise, which must know the answer."""
+    xp = array_module(condition)
+    return bool(to_host(xp.all(condition)))
+
+
+def maybe_any(mask: Any) -> bool:
+    """``False`` only if ``mask`` is all false *and* that is known without a device round trip.
+
+    On NumPy this is ``mask.any()``; on a device it is always ``True``, so a kernel that skips a
+    rare-case pass when no row needs it runs the pass on a device instead of waiting for the
+    answer. Callers must make the pass a no-op for unflagged rows (``xp.where`` on the mask,
+    never ``a[mask]``, which synchronises), so both answers give the same result.
+    """
+    if array_module(mask) is np:
+        return bool(np.any(mask))
+    return True
 
 
 def gpu_available() -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from stream.accounting import _validate as check
-from stream.xp import array_module
+from stream.xp import array_module, maybe_any
 
 # Relative error of a float64 sum of d squares is below d * 2^-53; with d <= MAX_DIM this factor
 # is an upper bound on the computed-vs-exact ratio of ||q||^2 / (2 s^2).
@@ -32,16 +32,19 @@ _SUBNORMAL_RISK = 2.0**-1000
 
 def squared_norms(contributions: Any) -> Any:
     """Row-wise squared L2 norms of a ``(n, d)`` array (NumPy or CuPy), computed without overflow
-    for any finite input: rows are scaled by their largest magnitude first when needed."""
+    for any finite input: rows whose plain sum of squares overflows are scaled by their largest
+    magnitude first. No host round trip on a device (the rescaling pass is masked, see
+    :func:`stream.xp.maybe_any`)."""
     xp = array_module(contributions)
     sq = xp.einsum("ij,ij->i", contributions, contributions)
+    if contributions.shape[1] <= 1:  # at most one square: rescaling gives the same inf, skip it
+        return sq
     overflow = ~xp.isfinite(sq)
-    if bool(overflow.any()):
-        rows = contributions[overflow]
-        scale = xp.max(xp.abs(rows), axis=1)
-        scaled = rows / scale[:, None]
-        with np.errstate(over="ignore"):
-            sq[overflow] = xp.einsum("ij,ij->i", scaled, scaled) * scale * scale  # may be inf: fine
+    if maybe_any(overflow):
+        scale = xp.where(overflow, xp.max(xp.abs(contributions), axis=1), 1.0)
+        scaled = contributions / scale[:, None]
+        with np.errstate(over="ignore", invalid="ignore"):  # non-finite rows stay non-finite
+            sq = xp.where(overflow, xp.einsum("ij,ij->i", scaled, scaled) * scale * scale, sq)  # may be inf: fine
     return sq
 
 
@@ -59,7 +62,9 @@ def gaussian_charge(*, contributions: Any, noise_std: float) -> Any:
     ``0`` exactly for all-zero rows, ``> 0`` for every other row (never underflowing to 0), and
     ``inf`` where the true charge exceeds float64 range. Never below the exact charge: the
     relative factor covers the rounding of the ``d``-term sum and the division, and adding the
-    smallest subnormal covers results too small for relative bounds.
+    smallest subnormal covers results too small for relative bounds. On a device it makes no
+    host round trip: the rare-case passes (overflowing and subnormal rows) run masked over every
+    row instead of on the rows found by asking the device.
     """
     noise_std = check.positive("noise_std", noise_std)
     xp = array_module(contributions)
@@ -72,8 +77,9 @@ def gaussian_charge(*, contributions: Any, noise_std: float) -> Any:
     with np.errstate(over="ignore", under="ignore"):
         charge = sq * (_ROUND_UP / (2.0 * noise_std * noise_std))
         tiny = nonzero & (sq < _SUBNORMAL_RISK)
-        if bool(tiny.any()):
-            charge[tiny] = _tiny_row_charge(contributions[tiny], noise_std)
+        if contributions.shape[1] and maybe_any(tiny):  # on a device: always, masked (no host round trip)
+            with np.errstate(invalid="ignore"):  # rows that are not tiny are discarded by the mask
+                charge = xp.where(tiny, _tiny_row_charge(contributions, noise_std), charge)
         charge += _TINIEST
     return xp.where(nonzero, charge, 0.0)
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from stream.accounting import _validate as check
 from stream.rounding import round_down, round_up
-from stream.xp import array_module
+from stream.xp import array_module, host_all, maybe_any
 
 # ---------------------------------------------------------------------------------------------
 # Personal tracker (Feldman & Zrnic, Algorithm 5 / Corollary 4.11), vectorised over users
@@ -53,27 +53,42 @@ def tracker_update(segment: Any, bound: Any, charge: Any, *, step: float) -> tup
     filter, then whole filters of ``Delta``, then the rest in a new open filter. Each filter
     then holds at most ``Delta`` and Corollary 4.11 holds as stated: ``O^(i)`` bounds user
     ``i``'s zCDP loss, and ``O^(i) < Delta + sum_t rho_t(i) / (1 - 1e-9)``.
+
+    On a device the input check is one explicit transfer (one bool); the update itself is
+    :func:`advance_trackers`, which makes none.
     """
     step = check.positive("step", step)
     xp = array_module(segment, bound, charge)
     charge = xp.asarray(charge, dtype=xp.float64)
-    if not bool(xp.all(xp.isfinite(charge) & (charge >= 0))):
+    if not host_all(xp.isfinite(charge) & (charge >= 0)):  # one explicit transfer on a device
         raise ValueError("charge must be finite and >= 0 for the personal tracker")
+    return advance_trackers(segment, bound, charge, step=step)
+
+
+def advance_trackers(segment: Any, bound: Any, charge: Any, *, step: float) -> tuple[Any, Any]:
+    """:func:`tracker_update` without its input check, for charges that are finite and ``>= 0``
+    by construction (the filter's recorded charges, :func:`stream.ledger.individual_filter`).
+
+    Pure array arithmetic, element by element: no host round trip on a device (the spill pass
+    runs masked over every row, see :func:`stream.xp.maybe_any`), and each row's result is the
+    same whether it is computed alone or with others.
+    """
+    xp = array_module(segment, bound, charge)
     fill = step * _FILTER_FILL
     room = round_down(fill - segment)
     fits = charge <= room
     new_segment = xp.where(fits, round_up(segment + charge), 0.0)
     new_bound = bound.copy()
-    spill = xp.flatnonzero(~fits)
-    if spill.size:  # the open filter halts: what does not fit goes to new filters
-        rest = xp.maximum(round_up(charge[spill] - room[spill]), 0.0)
+    spill = ~fits
+    if maybe_any(spill):  # the open filter halts: what does not fit goes to new filters
+        rest = xp.maximum(round_up(charge - room), 0.0)
         new_filters = xp.maximum(xp.ceil(rest / fill), 1.0)
         last = round_up(rest - (new_filters - 1.0) * fill)
         over = last > fill  # rounding left a hair too much for the last filter
         new_filters = xp.where(over, new_filters + 1.0, new_filters)
         last = xp.where(over, round_up(rest - (new_filters - 1.0) * fill), last)
-        new_segment[spill] = last
-        new_bound[spill] = bound[spill] + new_filters * step
+        new_segment = xp.where(spill, last, new_segment)
+        new_bound = xp.where(spill, bound + new_filters * step, bound)
     return new_segment, new_bound
 
 

@@ -45,6 +45,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from stream.accounting import _validate as check
+from stream.xp import array_module, host_all, to_host
 
 # Beyond this a dense C or B (tests, planning) would not fit in memory anyway.
 MAX_DENSE_HORIZON = 1 << 14
@@ -90,17 +91,20 @@ def sqrt_coefficients(n: int) -> np.ndarray:
     return _SQRT_CACHE[:n]
 
 
-def _stack_releases(strategy: "Strategy", releases: Sequence[Any]) -> tuple[list[np.ndarray], tuple[int, ...]]:
-    """Validate ``releases[t]`` of shape ``(rows_at(t), *tail)`` (one common tail)."""
-    if isinstance(releases, np.ndarray) and releases.ndim >= 1:
-        releases = list(releases)
+def _stack_releases(strategy: "Strategy", releases: Sequence[Any]) -> tuple[list[Any], tuple[int, ...]]:
+    """Validate ``releases[t]`` of shape ``(rows_at(t), *tail)`` (one common tail), on the
+    releases' device (NumPy arrays and lists are moved there). On a device the finiteness check
+    is one explicit transfer of one bool per window, all at once."""
+    if not isinstance(releases, Sequence) and getattr(releases, "ndim", 0) >= 1:
+        releases = list(releases)  # one array of windows (NumPy or device): its first axis
     if not isinstance(releases, Sequence) or len(releases) == 0:
         raise ValueError(
             f"releases must be a non-empty sequence of arrays (one per window), got {type(releases).__name__}")
-    out: list[np.ndarray] = []
+    xp = array_module(*releases)
+    out: list[Any] = []
     tail: tuple[int, ...] | None = None
     for t, release in enumerate(releases):
-        y = np.asarray(release, dtype=np.float64)
+        y = xp.asarray(release, dtype=xp.float64)
         rows = strategy.rows_at(t)
         if y.ndim == 0 or y.shape[0] != rows:
             raise ValueError(
@@ -111,9 +115,10 @@ def _stack_releases(strategy: "Strategy", releases: Sequence[Any]) -> tuple[list
             tail = y.shape[1:]
         elif y.shape[1:] != tail:
             raise ValueError(f"releases must share their trailing shape, got {tail} and {y.shape[1:]} at window {t}")
-        if not np.isfinite(y).all():
-            raise ValueError(f"releases must be finite, got a NaN/inf at window {t}")
         out.append(y)
+    finite = to_host(xp.stack([xp.all(xp.isfinite(y)) for y in out]))
+    if not finite.all():
+        raise ValueError(f"releases must be finite, got a NaN/inf at window {int(np.argmin(finite))}")
     assert tail is not None
     return out, tail
 
@@ -140,22 +145,26 @@ class Strategy(abc.ABC):
         history older than this may be forgotten."""
 
     @abc.abstractmethod
-    def _lag_weights(self, t: int, lags: np.ndarray) -> np.ndarray:
-        """Unvalidated :meth:`lag_weights`."""
+    def _lag_weights(self, t: int, lags: Any) -> Any:
+        """Unvalidated :meth:`lag_weights`, on the device of ``lags`` (int64)."""
 
-    def lag_weights(self, t: int, lags: Any) -> np.ndarray:
+    def lag_weights(self, t: int, lags: Any) -> Any:
         """Weights ``W[r, e]`` of ``x_{t - lags[e]}`` in row ``r`` of the query at window ``t``.
 
-        ``lags`` are integers in ``[0, t]``. Returns float64 of shape ``(rows_at(t), len(lags))``:
-        row ``r`` of the release at ``t`` is ``sum_e W[r, e] x_{t - lags[e]}`` (rows of ``C``).
+        ``lags`` are integers in ``[0, t]``. Returns float64 of shape ``(rows_at(t), len(lags))``
+        on the lags' device: row ``r`` of the release at ``t`` is ``sum_e W[r, e] x_{t - lags[e]}``
+        (rows of ``C``). On a device the range check is one explicit transfer (one bool); the
+        weights themselves (:meth:`_lag_weights`) make none.
         """
         t = _count("t", t, minimum=0)
-        lag_array = np.asarray(lags)
+        xp = array_module(lags)
+        lag_array = xp.asarray(lags)
         if lag_array.ndim != 1 or (lag_array.size and lag_array.dtype.kind not in "iu"):
             raise ValueError(f"lags must be a 1-d integer array, got dtype={lag_array.dtype} shape={lag_array.shape}")
-        if lag_array.size and (lag_array.min() < 0 or lag_array.max() > t):
-            raise ValueError(f"lags must be in [0, t={t}], got range [{lag_array.min()}, {lag_array.max()}]")
-        return self._lag_weights(t, lag_array.astype(np.int64))
+        if lag_array.size and not host_all((lag_array >= 0) & (lag_array <= t)):
+            low, high = to_host(lag_array.min()), to_host(lag_array.max())
+            raise ValueError(f"lags must be in [0, t={t}], got range [{low}, {high}]")
+        return self._lag_weights(t, lag_array.astype(xp.int64))
 
     def row_times(self, horizon: int) -> np.ndarray:
         """The window offset at which each row of ``C`` (for ``horizon`` windows) is released."""
@@ -175,16 +184,21 @@ class Strategy(abc.ABC):
     # -- the reconstruction ``B`` -----------------------------------------------------------
 
     @abc.abstractmethod
-    def _post_process(self, releases: list[np.ndarray]) -> np.ndarray:
-        """Unvalidated :meth:`post_process`."""
+    def _post_process(self, releases: list[Any]) -> Any:
+        """Unvalidated :meth:`post_process`, on the releases' device; no host round trip."""
 
-    def post_process(self, releases: Sequence[Any]) -> np.ndarray:
+    def post_process(self, releases: Sequence[Any]) -> Any:
         """Running-total estimates ``B y`` from the releases of windows ``0..T-1``.
 
         ``releases[t]`` has shape ``(rows_at(t), *tail)`` (``tail`` is typically ``(d,)``,
         or ``(d, draws)`` in simulations). Returns ``(T, *tail)``: row ``t`` is the estimate of
         the running total through window ``t`` and depends only on ``releases[:t + 1]``, so
         it equals what an online run would have released at ``t``.
+
+        Runs on the releases' device (NumPy or CuPy). There, the finiteness check is the one
+        explicit transfer; the result equals NumPy's bit for bit up to the device's own
+        arithmetic, except past ``_DENSE_CONVOLUTION_LIMIT`` windows under the square-root
+        strategy, where the device convolves with its own FFT (equal to ``1e-12`` relative).
         """
         checked, _ = _stack_releases(self, releases)
         return self._post_process(checked)
@@ -246,11 +260,13 @@ class WindowSums(Strategy):
     def max_lag(self) -> int | None:
         return 0
 
-    def _lag_weights(self, t: int, lags: np.ndarray) -> np.ndarray:
-        return (lags == 0).astype(np.float64)[None, :]
+    def _lag_weights(self, t: int, lags: Any) -> Any:
+        xp = array_module(lags)
+        return (lags == 0).astype(xp.float64)[None, :]
 
-    def _post_process(self, releases: list[np.ndarray]) -> np.ndarray:
-        return np.cumsum(np.concatenate(releases, axis=0), axis=0)
+    def _post_process(self, releases: list[Any]) -> Any:
+        xp = array_module(*releases)
+        return xp.cumsum(xp.concatenate(releases, axis=0), axis=0)
 
     def estimate_variance(self, horizon: int) -> np.ndarray:
         return np.arange(1, _horizon(horizon) + 1, dtype=np.float64)
@@ -284,22 +300,29 @@ class SquareRootFactorization(Strategy):
         """``c_0 .. c_{n-1}`` (see :func:`sqrt_coefficients`)."""
         return sqrt_coefficients(n)
 
-    def _lag_weights(self, t: int, lags: np.ndarray) -> np.ndarray:
-        return sqrt_coefficients(t + 1)[lags][None, :]
+    def _lag_weights(self, t: int, lags: Any) -> Any:
+        xp = array_module(lags)
+        return xp.asarray(sqrt_coefficients(t + 1))[lags][None, :]  # public constants: uploaded
 
-    def _post_process(self, releases: list[np.ndarray]) -> np.ndarray:
-        y = np.concatenate(releases, axis=0)  # (T, *tail)
+    def _post_process(self, releases: list[Any]) -> Any:
+        xp = array_module(*releases)
+        y = xp.concatenate(releases, axis=0)  # (T, *tail)
         horizon = y.shape[0]
         flat = y.reshape(horizon, -1)
-        c = sqrt_coefficients(horizon)
+        c = xp.asarray(sqrt_coefficients(horizon))
         if horizon <= _DENSE_CONVOLUTION_LIMIT:
-            lag = np.subtract.outer(np.arange(horizon), np.arange(horizon))
-            toeplitz = np.where(lag >= 0, c[np.maximum(lag, 0)], 0.0)
+            steps = xp.arange(horizon)
+            lag = steps[:, None] - steps[None, :]
+            toeplitz = xp.where(lag >= 0, c[xp.maximum(lag, 0)], 0.0)
             out = toeplitz @ flat
-        else:
+        elif xp is np:
             from scipy.signal import fftconvolve
 
             out = fftconvolve(flat, c[:, None], axes=0)[:horizon]
+        else:  # a device's own FFT: the causal linear convolution, zero-padded past 2T - 1
+            size = 1 << (2 * horizon - 1).bit_length()
+            spectrum = xp.fft.rfft(flat, n=size, axis=0) * xp.fft.rfft(c, n=size)[:, None]
+            out = xp.fft.irfft(spectrum, n=size, axis=0)[:horizon]
         return out.reshape(y.shape)
 
     def estimate_variance(self, horizon: int) -> np.ndarray:
@@ -369,26 +392,33 @@ class BinaryTree(Strategy):
     def max_lag(self) -> int | None:
         return None if self.height is None else (1 << self.height) - 1
 
-    def _lag_weights(self, t: int, lags: np.ndarray) -> np.ndarray:
-        spans = np.left_shift(1, np.arange(self.rows_at(t), dtype=np.int64))
-        return (lags[None, :] < spans[:, None]).astype(np.float64)
+    def _lag_weights(self, t: int, lags: Any) -> Any:
+        xp = array_module(lags)
+        spans = xp.asarray(np.left_shift(1, np.arange(self.rows_at(t), dtype=np.int64)))  # public: uploaded
+        return (lags[None, :] < spans[:, None]).astype(xp.float64)
 
     def _top_level(self, horizon: int) -> int:
         """The highest level with at least one node in ``horizon`` windows."""
         top = horizon.bit_length() - 1
         return top if self.height is None else min(top, self.height)
 
-    def _post_process(self, releases: list[np.ndarray]) -> np.ndarray:
+    def _post_process(self, releases: list[Any]) -> Any:
+        xp = array_module(*releases)
         horizon = len(releases)
         tail = releases[0].shape[1:]
         top = self._top_level(horizon)
+        # Every release's rows, stacked: node (level, window e) is row first_row[e] + level. The
+        # row numbers are public (they follow from the horizon alone), so each level's nodes are
+        # one gather with a host index, uploaded, on a device.
+        y = xp.concatenate(releases, axis=0)
+        first_row = np.cumsum([0] + [self.rows_at(t) for t in range(horizon - 1)])
         # Bottom-up estimate of every node (Hay et al. 2010 / Honaker 2015, first pass).
-        estimates: list[np.ndarray] = []
+        estimates: list[Any] = []
         for level in range(top + 1):
             span = 1 << level
             count = horizon >> level
             ends = (np.arange(count) + 1) * span - 1
-            own = np.stack([releases[e][level] for e in ends]) if count else np.zeros((0, *tail))
+            own = y[first_row[ends] + level]  # (count, *tail)
             if level == 0:
                 estimates.append(own)
                 continue
@@ -397,16 +427,16 @@ class BinaryTree(Strategy):
             weight = tree_node_variance(level)  # weight on the node's own release: v_h / 1
             estimates.append(weight * own + (1.0 - weight) * children)
         n = np.arange(1, horizon + 1)  # prefix lengths
-        out = np.zeros((horizon, *tail))
+        out = xp.zeros((horizon, *tail))
         capped = self.height is not None and top == self.height
         for level in range(top + 1):
             blocks = n >> level
             if capped and level == top:
-                cumulative = np.cumsum(estimates[level], axis=0)
-                take = blocks >= 1
+                cumulative = xp.cumsum(estimates[level], axis=0)
+                take = np.flatnonzero(blocks >= 1)  # host indices (a mask would make a device wait)
                 out[take] += cumulative[blocks[take] - 1]
             else:
-                take = (blocks & 1) == 1
+                take = np.flatnonzero((blocks & 1) == 1)
                 out[take] += estimates[level][blocks[take] - 1]
         return out
 

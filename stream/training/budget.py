@@ -33,19 +33,15 @@ import pyarrow.compute as pc
 
 from stream.accounting import _validate as check
 from stream.accounting.gaussian import gaussian_charge
-from stream.accounting.odometers import tracker_update
+from stream.accounting.odometers import advance_trackers
 from stream.ledger import BUDGET_SAFETY, Ledger, Policy, individual_filter
-from stream.xp import array_module
+from stream.xp import array_module, host_all, maybe_any, to_host
 
 
 def ledger_cap(budget: float) -> float:
     """The largest used budget the ledger allows, ``kappa * (1 - BUDGET_SAFETY)`` rounded down
     (the same number ``stream.ledger.Ledger`` compares against)."""
     return float(np.nextafter(budget * (1.0 - BUDGET_SAFETY), 0.0))
-
-
-def _to_numpy(a: Any) -> np.ndarray:
-    return a.get() if hasattr(a, "get") else np.asarray(a)
 
 
 class TrainingLedger:
@@ -134,13 +130,13 @@ class TrainingLedger:
     def personal_odometer(self) -> np.ndarray:
         """Each row's user's personal zCDP bound ``min(O^(i), kappa)`` (Corollary 4.11); 0 for a
         user never charged. Curator-side: user ``i``'s value may be shown to user ``i`` only."""
-        used, tracker = _to_numpy(self.used), _to_numpy(self._tracker)
+        used, tracker = to_host(self.used), to_host(self._tracker)
         return np.where(used > 0, np.minimum(tracker, self.budget), 0.0)
 
     # -- charging ---------------------------------------------------------------------------------
 
     def charge(self, contributions: Any, *, noise_std: float, policy: Policy | str = Policy.CLIP,
-               rows: slice | None = None) -> Any:
+               rows: slice | None = None, validate: bool = True) -> Any:
         """Filter and charge one Gaussian release's contributions, one per row's user.
 
         Args:
@@ -149,10 +145,17 @@ class TrainingLedger:
             noise_std: ``s``, the release's Gaussian noise std per coordinate (> 0).
             policy: ``clip`` (Algorithm 7's clip) or ``drop`` (Algorithm 3).
             rows: which training rows (default all).
+            validate: check that every contribution is finite and ``>= 0`` and raise
+                ``ValueError`` if not (on a device: one explicit transfer of one bool). With
+                ``False`` (for norms computed by the caller, as a gradient step's) nothing is
+                checked and nothing crosses to the host; a non-finite contribution is then
+                dropped under either policy (its charge is not finite, so it never fits and
+                clipping scales it to 0): its user is charged nothing and its factor is 0.
 
         Returns ``(m,)`` float64 factors in ``[0, 1]`` to apply to each contribution: 1 admitted,
         below 1 clipped to the user's remaining budget, 0 dropped. The users are charged
-        ``(factor * ||v_i||)^2 / (2 s^2)`` at most, rounded up; ``used <= cap`` always.
+        ``(factor * ||v_i||)^2 / (2 s^2)`` at most, rounded up; ``used <= cap`` always. Apart
+        from the check, pure array arithmetic on the ledger's device: no host round trip.
         """
         noise_std = check.positive("noise_std", noise_std)
         xp = array_module(self.used, contributions)
@@ -163,20 +166,20 @@ class TrainingLedger:
         used = self.used[sel]
         if c.shape[0] != used.shape[0]:
             raise ValueError(f"contributions must have one value per row, got {c.shape[0]} for {used.shape[0]} rows")
-        if not bool(xp.all(xp.isfinite(c) & (c >= 0))):
+        if validate and not host_all(xp.isfinite(c) & (c >= 0)):
             raise ValueError("contributions must be finite norms >= 0")
         charge = gaussian_charge(contributions=c[:, None], noise_std=noise_std)
         decision = individual_filter(used, charge, cap=self.cap, policy=policy)
         self.used[sel] = decision.new_used
-        charged = xp.flatnonzero(decision.charge > 0)
-        if charged.size:
-            seg, trk = self._segment[sel], self._tracker[sel]
-            new_seg, new_trk = tracker_update(seg[charged], trk[charged], decision.charge[charged],
-                                              step=self.tracker_step)
-            seg[charged] = new_seg
-            trk[charged] = new_trk
-            self._segment[sel] = seg
-            self._tracker[sel] = trk
+        charged = decision.charge > 0
+        if maybe_any(charged):
+            # The filter's recorded charges are finite and >= 0 (a charge that is not finite never
+            # fits, and a clipped one is the finite remaining budget), so the unchecked update
+            # applies; rows charged nothing keep their tracker.
+            segment, tracker = self._segment[sel], self._tracker[sel]
+            new_segment, new_tracker = advance_trackers(segment, tracker, decision.charge, step=self.tracker_step)
+            self._segment[sel] = xp.where(charged, new_segment, segment)
+            self._tracker[sel] = xp.where(charged, new_tracker, tracker)
         return decision.scale
 
     # -- write-back -------------------------------------------------------------------------------
@@ -189,9 +192,9 @@ class TrainingLedger:
         id_array = ids if isinstance(ids, pa.Array) else pa.array(np.asarray(ids, dtype=np.int64))
         return pa.table({
             "user_id": id_array,
-            "used": pa.array(_to_numpy(self.used)),
-            "tracker_segment": pa.array(_to_numpy(self._segment)),
-            "tracker_bound": pa.array(_to_numpy(self._tracker)),
+            "used": pa.array(to_host(self.used)),
+            "tracker_segment": pa.array(to_host(self._segment)),
+            "tracker_bound": pa.array(to_host(self._tracker)),
         })
 
     def merged_ledger(self) -> Ledger:

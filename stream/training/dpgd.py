@@ -55,7 +55,7 @@ from stream.training.budget import TrainingLedger
 from stream.training.models import Model, Params, augmented_sq_norms
 from stream.training.normaliser import check_normaliser
 from stream.training.stopping import AccuracyStopping, private_accuracy
-from stream.xp import array_module
+from stream.xp import array_module, to_host
 
 # The per-user run budget derived from the ledger is shrunk by this relative amount, so that the
 # ledger's rounded-up charges (each up by ~1e-12 relative) still fit what is left.
@@ -190,8 +190,8 @@ def prepare_data(x: Any, labels: Any, *, n_classes: int | None = None, xp: Any =
                  dtype: Any = np.float64) -> TrainingData:
     """Move ``x`` (``(n, d)`` finite) and ``labels`` (``(n,)`` integers in ``[0, K)``) to ``xp``
     (``numpy`` or ``cupy``) in ``dtype``. ``n_classes`` defaults to ``max(labels) + 1``."""
-    x_host = np.asarray(x.get() if hasattr(x, "get") else x)
-    y_host = np.asarray(labels.get() if hasattr(labels, "get") else labels)
+    x_host = to_host(x)
+    y_host = to_host(labels)
     if x_host.ndim != 2 or x_host.shape[0] < 1 or x_host.shape[1] < 1:
         raise ValueError(f"x must be a non-empty 2-d array (n, d), got shape={x_host.shape}")
     if y_host.shape != (x_host.shape[0],):
@@ -327,7 +327,15 @@ def private_gd(
         progress: called after every step with a :class:`StepReport`.
 
     Raises ``ValueError`` before any charge when the run cannot fit: sizes differ, or the
-    run's zCDP (``config.rho`` plus the stopping rule's reserve) exceeds the ledger budget.
+    run's zCDP (``config.rho`` plus the stopping rule's reserve) exceeds the ledger budget; and
+    after the run, returning nothing, when it diverged (a NaN gradient norm: that row was
+    dropped and charged nothing, but the iterate is lost).
+
+    Host traffic on a device (tested with ``stream.testing.strict_xp``): a gradient step moves
+    nothing from the device to the host; it uploads its noise, one array per parameter, drawn
+    on the host from ``rng`` so that a seeded run draws the same noise on NumPy and CuPy. Each
+    accuracy query makes two transfers (its input check and the count it releases), and the
+    run reads its curator counts once, at the end.
     """
     if data.n != len(ledger):
         raise ValueError(f"data and ledger must have the same rows, got n={data.n} rows and {len(ledger)} ledger rows")
@@ -362,10 +370,13 @@ def private_gd(
     best: tuple[float, int, Params] | None = None
     started = time.perf_counter()
 
+    # Per step: clipped, budget_bound, exhausted, ledger_scaled (the curator counts) and rows whose
+    # clipped norm is not finite (NaN: the model diverged). Kept on the device and read once, after the run,
+    # so that a step makes no host round trip.
+    tallies = xp.zeros((total, len(counts) + 1), dtype=xp.int64)
     for step in range(1, total + 1):
         grads: Params | None = None
         weights = xp.empty(n)
-        tallies = np.zeros(4, dtype=np.int64)
         for rows in slices:
             pe = model.per_example(params, data.x[rows], data.onehot_t[:, rows], data.x_sq_norms[rows])
             norm = xp.sqrt(pe.sq_norms) / clip  # ||g_i|| / C
@@ -375,7 +386,10 @@ def private_gd(
                 bound = xp.minimum(xp.sqrt(xp.maximum(budget[rows] - spent[rows], 0.0)), 1.0)
             over = norm > bound
             contribution = xp.where(over, bound, norm)  # ||g~_t(x_i)|| / C
-            scale = ledger.charge(contribution, noise_std=sigma, policy=Policy.CLIP, rows=rows)
+            # validate=False: the norms are >= 0 by construction, and a NaN one (a diverged model;
+            # an infinite norm is clipped to the bound) is dropped by the ledger, counted below and
+            # reported after the run.
+            scale = ledger.charge(contribution, noise_std=sigma, policy=Policy.CLIP, rows=rows, validate=False)
             safe_norm = xp.where(norm > 0, norm, 1.0)
             w = xp.where(over, bound / safe_norm, 1.0) * scale
             contributed = contribution * scale
@@ -387,10 +401,8 @@ def private_gd(
             else:
                 for k in grads:
                     grads[k] += part[k]
-            tallies += np.array([int(over.sum()), int((bound < 1.0).sum()), int((bound == 0.0).sum()),
-                                 int((scale < 1.0).sum())])
-        for key, value in zip(counts, tallies):
-            counts[key].append(int(value))
+            tallies[step - 1] += xp.stack([over.sum(), (bound < 1.0).sum(), (bound == 0.0).sum(),
+                                           (scale < 1.0).sum(), (~xp.isfinite(contribution)).sum()])
         assert grads is not None
         for k, p in params.items():
             noise = xp.asarray(rng.standard_normal(p.shape) * noise_std, dtype=p.dtype)
@@ -411,6 +423,14 @@ def private_gd(
                                 rho_bound=min(step, config.budget_steps) / (2.0 * sigma**2),
                                 noisy_accuracy=noisy_acc, params=params, weights=weights))
 
+    table = to_host(tallies)  # the run's one transfer of its counts
+    not_finite = np.flatnonzero(table[:, -1])
+    if not_finite.size:
+        raise ValueError(
+            f"the run diverged: per-example gradient norms were NaN at {not_finite.size} step(s), first "
+            f"at step {int(not_finite[0]) + 1} (their rows were dropped and charged nothing); lower learning_rate")
+    for i, key in enumerate(counts):
+        counts[key] = [int(v) for v in table[:, i]]
     chosen_params, chosen_step = (best[2], best[1]) if best is not None else (params, total)
     return TrainResult(params=chosen_params, final_params=params, steps_run=total, chosen_step=chosen_step,
                        accuracy_queries=queries, rho=config.rho + reserve, curator=counts)
@@ -421,4 +441,4 @@ def accuracy(model: Model, params: Params, x: Any, labels: Any) -> float:
     xp = array_module(params[next(iter(params))])
     xd = xp.asarray(x, dtype=params[next(iter(params))].dtype)
     pred = xp.argmax(model.logits(params, xd), axis=1)
-    return float((pred == xp.asarray(labels)).mean())
+    return float(to_host((pred == xp.asarray(labels)).mean()))

@@ -32,7 +32,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from stream.xp import array_module
+from stream.xp import array_module, to_host
 
 Params = dict[str, Any]
 
@@ -305,7 +305,7 @@ def save_model(path: str | Any, model: LogisticRegression | MLP, params: Params,
     import json
     from pathlib import Path
 
-    arrays = {name: (v.get() if hasattr(v, "get") else np.asarray(v)) for name, v in params.items()}
+    arrays = {name: to_host(v) for name, v in params.items()}
     meta = {"format": MODEL_FORMAT, **model.config(), **(metadata or {})}
     with open(Path(path), "wb") as handle:
         np.savez(handle, __meta__=np.array(json.dumps(meta)), **arrays)

@@ -31,7 +31,7 @@ import numpy as np
 from stream.accounting import _validate as check
 from stream.ledger import Policy
 from stream.training.budget import TrainingLedger
-from stream.xp import array_module
+from stream.xp import array_module, to_host
 
 # Noise is raised by this relative amount above sqrt(1 / (2 rho)), as in
 # stream.accounting.calibration.NOISE_HEADROOM, so the rounded-up charge fits the reserve.
@@ -53,11 +53,12 @@ def private_count(ledger: TrainingLedger, *, noise_std: float, rng: np.random.Ge
     Each row's user contributes ``1`` and is charged ``1 / (2 s^2)`` zCDP in ``ledger`` under the
     ``drop`` policy (Algorithm 3): a user with less than that left contributes ``0`` and is
     charged nothing. The result is a released (public) value; it may be fractional or negative.
+    On a device: two explicit transfers (the ledger's input check, the count).
     """
     noise_std = check.positive("noise_std", noise_std)
     xp = array_module(ledger.used)
     admitted = ledger.charge(xp.ones(len(ledger)), noise_std=noise_std, policy=Policy.DROP)
-    return float(admitted.sum()) + float(rng.normal(0.0, noise_std))
+    return float(to_host(admitted.sum())) + float(rng.normal(0.0, noise_std))
 
 
 def normaliser_from_count(noisy_count: float) -> float:

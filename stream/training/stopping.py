@@ -27,7 +27,7 @@ import numpy as np
 from stream.accounting import _validate as check
 from stream.ledger import Policy
 from stream.training.budget import TrainingLedger
-from stream.xp import array_module
+from stream.xp import array_module, to_host
 
 # Noise is raised by this relative amount above sqrt(queries / (2 rho)), as in
 # stream.accounting.calibration.NOISE_HEADROOM, so rounded-up charges fit the reserve.
@@ -106,12 +106,12 @@ def private_accuracy(correct: Any, ledger: TrainingLedger, *, noise_std: float,
     without that much budget left contributes 0. ``N`` (``normaliser``, > 0) is the run's public
     normaliser (:mod:`stream.training.normaliser`), not the exact number of rows, which is
     private under add/remove-one-user neighbours. The result is a noisy fraction and may fall
-    outside [0, 1].
+    outside [0, 1]. On a device: two explicit transfers (the ledger's input check, the count).
     """
     noise_std = check.positive("noise_std", noise_std)
     normaliser = check.positive("normaliser", normaliser)
     xp = array_module(correct)
     q = xp.asarray(correct, dtype=xp.float64)
     admitted = ledger.charge(q, noise_std=noise_std, policy=Policy.DROP)
-    count = float((q * admitted).sum())
+    count = float(to_host((q * admitted).sum()))  # the released count, before its (host) noise
     return (count + float(rng.normal(0.0, noise_std))) / normaliser
