@@ -4,8 +4,9 @@ in a network namespace of their own where the machine allows it, on loopback whe
 Flink and Dataflow run Python DoFns in SDK harness processes that talk to the runner over the Fn
 API: control, data, state and timers, each a gRPC stream. :func:`worker_pool` starts Beam's own
 worker pool (``python -m apache_beam.runners.worker.worker_pool_main``), which starts one harness
-process per worker the runner asks for; a job given :meth:`WorkerPool.beam_options` runs every
-DoFn there (``pipelines/local_runner.py``, ``batch_runner``).
+process per worker the runner asks for; a job given :meth:`WorkerPool.beam_options` (the
+FnApiRunner, ``pipelines/local_runner.py``) or :meth:`WorkerPool.portable_runner_options` (Beam's
+job service) runs every DoFn there.
 
 Two modes, one interface:
 
@@ -14,13 +15,14 @@ Two modes, one interface:
   tells each harness to dial it at ``socket.getfqdn()``, so the namespace gets a hosts file
   (``/etc/netns/<name>/hosts``, which ``ip netns exec`` mounts over ``/etc/hosts``) that maps
   that name to the runner's end of the pair: every byte between runner and harness crosses the
-  pair, none takes the shared loopback. Needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN).
+  pair, none takes the shared loopback. Needs root with CAP_SYS_ADMIN and CAP_NET_ADMIN.
 * ``loopback``: the pool is a plain local subprocess (non-root CI).
 
 ``RENYI_PORTABLE_WORKERS=netns`` or ``=loopback`` forces a mode (``netns`` fails when namespaces
 are not allowed); unset, ``netns`` is tried and ``loopback`` taken, with the reason, when it
 cannot be set up. Everything started is stopped by process group id and every namespace, veth
-and hosts file created is removed when the context exits, also when the test fails.
+and hosts file created is removed when the context exits, also when the test fails; what a
+session killed outright left behind is removed by the next one (:func:`_remove_stale_namespaces`).
 """
 
 from __future__ import annotations
@@ -229,6 +231,7 @@ def _namespace(name: str) -> Iterator[Namespace]:
         raise NamespaceRefused("the ip command (iproute2) is not installed")
     if os.geteuid() != 0:
         raise NamespaceRefused(f"not root (uid {os.geteuid()}): ip netns add needs CAP_SYS_ADMIN and CAP_NET_ADMIN")
+    _remove_stale_namespaces(ip)
     host_end, pool_end = f"{name}h", f"{name}n"
     etc = Path("/etc/netns")
     created_etc = not etc.exists()
@@ -258,6 +261,28 @@ def _namespace(name: str) -> Iterator[Namespace]:
         hosts.write_text("\n".join(lines) + "\n")
         _ip(ip, "netns", "exec", name, "true")  # ip netns exec needs a mount namespace too
         yield Namespace(name, host_end, runner_ip, pool_ip, runner_name)
+
+
+def _remove_stale_namespaces(ip: str) -> None:
+    """Remove what this helper left behind in a session that died without its cleanup (a test
+    process killed with SIGKILL): namespaces named ``rpw<pid>-<n>`` whose process ``pid`` is gone,
+    with the processes still in them (its pools and their harnesses), their pair and hosts file."""
+    for match in re.finditer(r"^(rpw(\d+)-\d+)\b", _ip(ip, "netns", "list"), flags=re.MULTILINE):
+        name, pid = match.group(1), int(match.group(2))
+        try:
+            os.kill(pid, 0)
+            continue  # that session is still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue  # a live process of another user
+        for stale in re.findall(r"\d+", subprocess.run([ip, "netns", "pids", name], capture_output=True,
+                                                        text=True).stdout):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(stale), signal.SIGKILL)
+        _quiet(ip, "netns", "delete", name)
+        _quiet(ip, "link", "delete", f"{name}h")
+        shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
 
 
 def _free_block(ip: str) -> ipaddress.IPv4Network:
