@@ -259,8 +259,36 @@ def _namespace(name: str) -> Iterator[Namespace]:
         # that name must lead to the runner's end of the pair, even when it is "localhost".
         lines = [f"{runner_ip} {runner_name}"] + (["127.0.0.1 localhost"] if runner_name != "localhost" else [])
         hosts.write_text("\n".join(lines) + "\n")
-        _ip(ip, "netns", "exec", name, "true")  # ip netns exec needs a mount namespace too
+        _reach_runner(ip, name, runner_name, runner_ip)
         yield Namespace(name, host_end, runner_ip, pool_ip, runner_name)
+
+
+def _reach_runner(ip: str, name: str, runner_name: str, runner_ip: str) -> None:
+    """NamespaceRefused unless a process in namespace ``name`` (``ip netns exec``, which needs a
+    mount namespace too) opens a TCP connection to ``runner_name`` and arrives at ``runner_ip``:
+    the hosts file, the pair and the routes work, and no firewall drops the pair's traffic (a
+    pool that cannot reach the runner would hang the jobs instead)."""
+    with socket.create_server((runner_ip, 0)) as server:
+        server.settimeout(0.1)
+        dial = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5).close()"
+        with subprocess.Popen([ip, "netns", "exec", name, sys.executable, "-c", dial, runner_name,
+                               str(server.getsockname()[1])], stderr=subprocess.PIPE, text=True) as probe:
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline:
+                gone = probe.poll() is not None  # before accept: a connection it made before exiting is queued
+                try:
+                    server.accept()[0].close()
+                except socket.timeout:
+                    if gone:  # it gave up (or never ran): nothing will arrive
+                        break
+                    continue
+                if probe.wait(timeout=10.0) == 0:
+                    return
+                break
+            probe.kill()
+            said = probe.communicate()[1].strip().splitlines()
+            raise NamespaceRefused(f"a process in {name} (ip netns exec) cannot reach {runner_name} at {runner_ip}: "
+                                   f"{said[-1] if said else 'no connection in 10 s'}")
 
 
 def _remove_stale_namespaces(ip: str) -> None:
