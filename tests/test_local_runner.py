@@ -7,6 +7,7 @@ import datetime as dt
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability import prism_runner
 from apache_beam.runners.portability.fn_api_runner import fn_runner
@@ -84,3 +85,30 @@ def test_inside_an_ipython_session_beams_own_check_still_answers():
             del sys.modules["IPython"]
         else:
             sys.modules["IPython"] = saved
+
+
+def test_an_external_environment_runs_on_the_fn_api_runner():
+    # It runs there on the pool's harnesses: tests/test_portable_workers.py.
+    options = PipelineOptions(["--environment_type=EXTERNAL", "--environment_config=pool.example:50000",
+                               "--direct_num_workers=2"])
+    assert isinstance(batch_runner(options), fn_runner.FnApiRunner)
+
+
+def test_an_environment_the_direct_runner_would_run_in_process_instead_is_refused_naming_it():
+    # Before, the FnApiRunner ignored --environment_type: a run meant for a worker pool (or a
+    # container) ran in the launching process without a word.
+    for kind in ("DOCKER", "PROCESS", "LOOPBACK"):
+        with pytest.raises(ValueError, match=f"--environment_type must be EXTERNAL .* got --environment_type={kind}"):
+            batch_runner(PipelineOptions([f"--environment_type={kind}", "--environment_config=x"]))
+
+
+def test_an_external_environment_without_the_pools_address_is_refused():
+    with pytest.raises(ValueError, match="--environment_config must name the worker pool"):
+        batch_runner(PipelineOptions(["--environment_type=EXTERNAL"]))
+
+
+def test_an_external_environment_with_a_running_mode_that_would_replace_it_is_refused():
+    for mode in ("multi_threading", "multi_processing"):
+        with pytest.raises(ValueError, match=f"got --direct_running_mode={mode}"):
+            batch_runner(PipelineOptions(["--environment_type=EXTERNAL", "--environment_config=localhost:50000",
+                                          f"--direct_running_mode={mode}"]))

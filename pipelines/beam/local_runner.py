@@ -9,16 +9,27 @@ of graph walks on every run. The batch graphs use only what the FnApiRunner supp
 (stateful DoFns with event-time timers in the global window), which is where the DirectRunner
 ends up anyway when Prism is unavailable; choosing it directly makes every local run execute
 on the same runner, offline, with the requested ``direct_running_mode``.
+
+The same FnApiRunner also runs the graph on Beam's portable workers when the options name an
+external environment (``--environment_type=EXTERNAL --environment_config=HOST:PORT``, a worker
+pool such as ``python -m apache_beam.runners.worker.worker_pool_main``): the SDK harnesses, as
+Flink and Dataflow run Python, then execute every DoFn in their own processes and reach the
+runner over the Fn API (control, data, state and timers over gRPC); ``--direct_num_workers``
+says how many harnesses the pool starts (``tests/test_portable_workers.py``).
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, PortableOptions, StandardOptions
 
 DIRECT_NAMES = ("directrunner", "direct", "switchingdirectrunner")
+# The FnApiRunner logs this when several workers run in memory; with an external environment the
+# workers are the pool's harnesses, so the advice it gives (another running mode) is wrong.
+_IN_MEMORY_WORKERS_ADVICE = "direct_running_mode should be `multi_processing` or `multi_threading`"
 
 
 def is_direct(options: PipelineOptions) -> bool:
@@ -53,10 +64,16 @@ def skip_ipython_probe() -> None:
 
 def batch_runner(options: PipelineOptions) -> Any | None:
     """The runner for a batch graph under ``options``: an FnApiRunner when the DirectRunner is
-    asked for (it honours ``--direct_running_mode`` and ``--direct_num_workers``), else ``None``
-    so that ``beam.Pipeline`` builds the named runner (Flink, Dataflow, ...) itself."""
+    asked for (it honours ``--direct_running_mode`` and ``--direct_num_workers``, and runs the
+    DoFns on an external worker pool with ``--environment_type=EXTERNAL``), else ``None`` so that
+    ``beam.Pipeline`` builds the named runner (Flink, Dataflow, ...) itself.
+
+    ValueError, naming the options, for an environment the DirectRunner would silently run in
+    process instead (any but EXTERNAL) or one a running mode other than ``in_memory`` would
+    replace."""
     if not is_direct(options):
         return None
+    environment = _worker_environment(options)
     skip_ipython_probe()
     # Imported here: the portable runner's modules are only needed for a local run.
     from apache_beam.portability.api import beam_provision_api_pb2
@@ -65,4 +82,37 @@ def batch_runner(options: PipelineOptions) -> Any | None:
 
     encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
     provision = fn_runner.ExtendedProvisionInfo(beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded))
-    return fn_runner.FnApiRunner(provision_info=provision)
+    if environment is not None and _not_in_memory_workers_advice not in fn_runner._LOGGER.filters:
+        fn_runner._LOGGER.addFilter(_not_in_memory_workers_advice)
+    return fn_runner.FnApiRunner(default_environment=environment, provision_info=provision)
+
+
+def _worker_environment(options: PipelineOptions) -> Any | None:
+    """The SDK harness environment ``--environment_type`` names for the DirectRunner: an external
+    worker pool (EXTERNAL, at ``--environment_config``), or None (none named: the harness runs in
+    this process). Beam 2.77 reads an EXTERNAL address only from ``--environment_config`` (its
+    ``--environment_options external_service_address=`` path fails on the missing config)."""
+    portable = options.view_as(PortableOptions)
+    kind = portable.environment_type
+    if not kind:
+        return None
+    if kind != "EXTERNAL":
+        raise ValueError(f"--environment_type must be EXTERNAL (a Beam worker pool) or left out with the "
+                         f"DirectRunner, got --environment_type={kind}: name a portable runner "
+                         f"(--runner=PortableRunner, FlinkRunner, ...) for other environments")
+    if not portable.environment_config:
+        raise ValueError("--environment_config must name the worker pool (HOST:PORT) with --environment_type=EXTERNAL, "
+                         "got none")
+    mode = options.view_as(DirectOptions).direct_running_mode
+    if mode != "in_memory":
+        raise ValueError(f"--direct_running_mode must be in_memory (the default) with --environment_type=EXTERNAL, "
+                         f"got --direct_running_mode={mode}, which would run the workers here instead of the pool")
+    from apache_beam.transforms import environments
+
+    return environments.Environment.from_options(portable)
+
+
+def _not_in_memory_workers_advice(record: logging.LogRecord) -> bool:
+    """A logging filter: False for the FnApiRunner's advice to pick another running mode for
+    several workers, which is wrong when the workers are an external pool's harnesses."""
+    return _IN_MEMORY_WORKERS_ADVICE not in record.getMessage()
