@@ -16,16 +16,16 @@ then reads it with a plain ``SELECT * FROM releases_wide``.
 
 from __future__ import annotations
 
-import numbers
 import os
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 
+from queries import registration as rules
 from queries.linear import LinearQuery
+from queries.registration import Registration
 from queries.release_store import ReleaseStore, ReleaseStoreError, _to_table
-from stream.accounting.gaussian import MAX_DIM
 
 _WIDE_VIEW = "releases_wide"
 
@@ -86,25 +86,26 @@ class QueryRegistry:
             raise ValueError(f"query_id {query_id!r} is not registered")
         return LinearQuery.from_json(row[0])
 
+    def registrations(self) -> list[Registration]:
+        """Every registered query with its windows (:class:`queries.registration.Registration`), by query id."""
+        rows = self._db.execute("SELECT spec_json, effective_from, retired_from, CAST(registered_at AS VARCHAR) "
+                                "FROM query_registry ORDER BY query_id").fetchall()
+        return [Registration(LinearQuery.from_json(spec), int(first), None if retired is None else int(retired),
+                             registered or "") for spec, first, retired, registered in rows]
+
     def plan(self, start_window: int, end_window: int) -> list[tuple[LinearQuery, int, int | None]]:
         """Each query active in some window of ``[start_window, end_window]`` (inclusive), with
-        its first window and the window it is retired from (None if not retired), by query id.
+        its first window and the window it is retired from (None if not retired), by query id
+        (:func:`queries.registration.active_between`).
 
         A query is active in window ``w`` when ``effective_from <= w < retired_from``.
         """
-        start, end = _window("start_window", start_window), _window("end_window", end_window)
-        if start > end:
-            raise ValueError(f"start_window must be <= end_window, got start_window={start}, end_window={end}")
-        rows = self._db.execute(
-            "SELECT spec_json, effective_from, retired_from FROM query_registry "
-            "WHERE effective_from <= ? AND (retired_from IS NULL OR retired_from > ?) ORDER BY query_id",
-            [end, start]).fetchall()
-        return [(LinearQuery.from_json(spec), int(first), None if retired is None else int(retired))
-                for spec, first, retired in rows]
+        return [(r.query, r.effective_from, r.retired_from)
+                for r in rules.active_between(self.registrations(), start_window, end_window)]
 
     def active(self, window_id: int) -> list[LinearQuery]:
         """The queries answered in ``window_id``, by query id."""
-        window = _window("window_id", window_id)
+        window = rules.window_id("window_id", window_id)
         return [query for query, _, _ in self.plan(window, window)]
 
     # -- changing ---------------------------------------------------------------------------------
@@ -112,52 +113,43 @@ class QueryRegistry:
     def add(self, query: LinearQuery, *, effective_from: int) -> None:
         """Register ``query``, answered in every window from ``effective_from`` on.
 
-        Refused (ValueError, nothing changed) when the id is already registered (a retired id
+        Refused (ValueError, nothing changed) by the catalogue rules of
+        :func:`queries.registration.check_new`: when the id is already registered (a retired id
         stays taken: its releases keep its meaning), when the query reads a column the daily
         input does not have, or of the wrong kind (once a run has recorded them), when
         ``effective_from`` is not after the last window released for any query (a released
-        window never changes), or when the
-        queries active together in some window from ``effective_from`` on would have more than
-        ``MAX_DIM`` coordinates (the ledger charges their concatenation).
+        window never changes), or when the queries active together in some window from
+        ``effective_from`` on would have more than ``MAX_DIM`` coordinates (the ledger charges
+        their concatenation).
         """
         if not isinstance(query, LinearQuery):
             raise ValueError(f"query must be a LinearQuery, got {type(query).__name__}")
-        first = _window("effective_from", effective_from)
-        if self._db.execute("SELECT 1 FROM query_registry WHERE query_id = ?", [query.query_id]).fetchone():
-            raise ValueError(f"query_id {query.query_id!r} is already registered; pick another id "
-                             "(a retired id stays taken: its releases keep its meaning)")
-        self._refuse_released("effective_from", first)
         # A CSV column no query reads yet is undeclared: this query reads it as it needs it.
         schema = self._store.input_schema(undeclared_as=pa.string() if query.categorical else pa.float64())
-        if schema is not None:  # the daily job recorded its input's columns
-            query.validate_against(schema)
-        self._refuse_too_wide(query, first)
+        registration = rules.check_new(self.registrations(), query, effective_from,
+                                       last_released=self.last_released_window(), schema=schema)
         self._in_transaction(
             "INSERT INTO query_registry (query_id, kind, spec_json, labels, description, effective_from) "
             "VALUES (?, ?, ?, ?, ?, ?)",
-            [query.query_id, query.kind, query.to_json(), list(query.labels), query.description, first])
+            [query.query_id, query.kind, query.to_json(), list(query.labels), query.description,
+             registration.effective_from])
 
     def retire(self, query_id: str, *, from_window: int) -> None:
         """Stop answering ``query_id`` from window ``from_window`` on (its releases stay).
 
-        Refused (ValueError, nothing changed) for an unknown or already retired query, a
-        ``from_window`` not after the query's first window, or not after the last released window.
+        Refused (ValueError, nothing changed) by :func:`queries.registration.check_retirement`:
+        an unknown or already retired query, a ``from_window`` not after the query's first
+        window, or not after the last released window.
         """
-        last_active = _window("from_window", from_window)
-        row = self._db.execute("SELECT effective_from, retired_from FROM query_registry WHERE query_id = ?",
-                               [query_id]).fetchone()
-        if row is None:
-            raise ValueError(f"query_id {query_id!r} is not registered")
-        if row[1] is not None:
-            raise ValueError(f"query {query_id!r} is already retired from window {row[1]}")
-        if last_active <= row[0]:
-            raise ValueError(f"from_window must be after the query's first window {row[0]}, got from_window={last_active}")
-        self._refuse_released("from_window", last_active)
-        self._in_transaction("UPDATE query_registry SET retired_from = ? WHERE query_id = ?", [last_active, query_id])
+        retired = rules.check_retirement(self.registrations(), query_id, from_window,
+                                         last_released=self.last_released_window())
+        self._in_transaction("UPDATE query_registry SET retired_from = ? WHERE query_id = ?",
+                             [retired.retired_from, query_id])
 
     def defer_unanswered(self, processed_through: int) -> list[tuple[str, int, int]]:
         """Move the first window of every query that starts in a window the curator has already
-        charged (``<= processed_through``) but was never answered, to ``processed_through + 1``.
+        charged (``<= processed_through``) but was never answered, to ``processed_through + 1``
+        (:func:`queries.registration.deferrals`).
 
         This happens only when a query is registered after a run committed a window and before it
         published it (a crash in between): the store did not yet show that window as released,
@@ -166,41 +158,15 @@ class QueryRegistry:
         running total then starts where it is first answered). Returns ``(query_id, old, new)``
         per query moved; a query whose retirement would come first is retired instead of moved.
         """
-        through = _window("processed_through", processed_through)
-        rows = self._db.execute(
-            "SELECT q.query_id, q.effective_from, q.retired_from FROM query_registry q "
-            "WHERE q.effective_from <= ? AND NOT EXISTS (SELECT 1 FROM release_data r WHERE r.query_id = q.query_id) "
-            "ORDER BY q.query_id", [through]).fetchall()
+        answered = {str(q) for (q,) in self._db.execute("SELECT DISTINCT query_id FROM release_data").fetchall()}
         moved = []
-        for query_id, first, retired in rows:
-            new_first = through + 1
-            if retired is not None and retired <= new_first:
-                self._in_transaction("UPDATE query_registry SET effective_from = ?, retired_from = ? "
-                                     "WHERE query_id = ?", [retired, retired, query_id])
-            else:
-                self._in_transaction("UPDATE query_registry SET effective_from = ? WHERE query_id = ?",
-                                     [new_first, query_id])
-            moved.append((str(query_id), int(first), new_first))
+        for registration, old in rules.deferrals(self.registrations(), processed_through, answered):
+            self._in_transaction("UPDATE query_registry SET effective_from = ?, retired_from = ? WHERE query_id = ?",
+                                 [registration.effective_from, registration.retired_from, registration.query_id])
+            moved.append((registration.query_id, old, int(processed_through) + 1))
         return moved
 
     # -- private ----------------------------------------------------------------------------------
-
-    def _refuse_released(self, name: str, window: int) -> None:
-        last = self.last_released_window()
-        if last is not None and window <= last:
-            raise ValueError(f"{name} must be after the last released window {last}, got {name}={window}: "
-                             "released answers never change, so a change takes effect from a future window")
-
-    def _refuse_too_wide(self, query: LinearQuery, first: int) -> None:
-        rows = self._db.execute(
-            "SELECT len(labels), effective_from, retired_from FROM query_registry "
-            "WHERE retired_from IS NULL OR retired_from > ?", [first]).fetchall()
-        for window in sorted({first} | {int(f) for _, f, _ in rows if f > first}):
-            together = query.dim + sum(int(d) for d, f, r in rows if f <= window and (r is None or r > window))
-            if together > MAX_DIM:
-                raise ValueError(f"query {query.query_id!r} (dim {query.dim}) would make the queries active in "
-                                 f"window {window} {together} coordinates together; at most {MAX_DIM} (MAX_DIM) "
-                                 "are charged in one window: retire some first")
 
     def _in_transaction(self, sql: str, params: list[Any]) -> None:
         """Run ``sql`` and recreate ``releases_wide``, both or neither."""
@@ -244,12 +210,6 @@ class QueryRegistry:
 
 def _quote(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
-
-
-def _window(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer window id, got {name}={value!r}")
-    return int(value)
 
 
 __all__ = ["QueryRegistry"]

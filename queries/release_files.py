@@ -81,6 +81,19 @@ def create_once(root: str, relative: str, write: Callable[[pafs.FileSystem, str]
             fs.delete_file(scratch)
 
 
+def released_windows(root: str) -> set[int]:
+    """The windows with a release file under ``root`` (a local path or a URI); empty when
+    ``root`` does not exist."""
+    fs, base = filesystem(root)
+    windows = []
+    for info in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True)):
+        prefix, _, number = info.base_name.partition("=")
+        if info.type == pafs.FileType.Directory and prefix == "window_id" and number.lstrip("-").isdigit():
+            windows.append(int(number))
+    present = fs.get_file_info([f"{base}/window_id={w}/{FILE_NAME}" for w in windows])
+    return {w for w, info in zip(windows, present) if info.type == pafs.FileType.File}
+
+
 def write_release_file(root: str, window: int, rows: pa.Table | Sequence[dict[str, Any]]) -> str | None:
     """Write window ``window``'s release rows (:data:`RELEASE_SCHEMA`, ``window_id`` implied by the
     folder) under ``root``, sorted by ``(query_id, coordinate)``. Returns the file written, or

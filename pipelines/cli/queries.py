@@ -92,24 +92,23 @@ def _query_from_args(args: argparse.Namespace) -> Any:
 
 
 def _query_command(args: argparse.Namespace) -> int:
+    from queries.catalogue import CatalogueChanged
     from queries.registry import QueryRegistry
     from queries.release_store import ReleaseStore, ReleaseStoreError
 
     command = f"query {args.action}"
+    if (args.store is None) == (args.releases_parquet is None):
+        return _fail(command, "give exactly one of --store (the DuckDB release store renyi-stream run answers) or "
+                     "--releases-parquet (the Parquet release root the distributed and streaming jobs answer)", 2, args)
+    if args.releases_parquet is not None:
+        return _catalogue_command(args, command)
     try:
         if args.action == "list":
             if not Path(args.store).exists():
                 return _fail(command, f"release store {args.store} does not exist", 1, args)
             with ReleaseStore(args.store, read_only=True) as store:
                 table = QueryRegistry(store).list()
-            rows = table.drop_columns(["spec_json"]).to_pylist()
-            if args.format == "json":
-                print(json.dumps(rows, default=str, indent=1))
-            else:
-                for row in rows:
-                    retired = f", retired from {row['retired_from']}" if row["retired_from"] is not None else ""
-                    print(f"{row['query_id']:<24} {row['kind']:<8} dim {row['dim']:<4} from window "
-                          f"{row['effective_from']}{retired}  {row['description']}")
+            _print_catalogue(table, args.format)
             return 0
         first = _window("--from", args.start, args.window)
         existed = Path(args.store).exists()
@@ -118,10 +117,7 @@ def _query_command(args: argparse.Namespace) -> int:
         query = _query_from_args(args) if args.action == "add" else None  # bad specs fail before the store opens
         with ReleaseStore(args.store) as store:
             registry = QueryRegistry(store)
-            last = registry.last_released_window()
-            if last is not None and first <= last:
-                raise _Usage(f"--from must be after the last released window {last}, got --from {args.start} "
-                             f"(window {first}): released answers never change")
+            _refuse_released(args, first, registry.last_released_window())
             if query is not None:
                 registry.add(query, effective_from=first)
                 print(f"registered {query.query_id} ({query.kind}, dim {query.dim}: {', '.join(query.labels)}) "
@@ -134,7 +130,64 @@ def _query_command(args: argparse.Namespace) -> int:
         return _fail(command, str(exc), 2, args)
     except ValueError as exc:
         return _fail(command, str(exc), 2, args)
-    except ReleaseStoreError as exc:
+    except (ReleaseStoreError, CatalogueChanged) as exc:
+        return _fail(command, str(exc), 1, args)
+
+
+def _refuse_released(args: argparse.Namespace, first: int, last: int | None) -> None:
+    """The catalogue rule (:func:`queries.registration.refuse_released`), worded for ``--from``."""
+    if last is not None and first <= last:
+        raise _Usage(f"--from must be after the last released window {last}, got --from {args.start} "
+                     f"(window {first}): released answers never change")
+
+
+def _print_catalogue(table: Any, form: str) -> None:
+    rows = table.drop_columns(["spec_json"]).to_pylist()
+    if form == "json":
+        print(json.dumps(rows, default=str, indent=1))
+        return
+    for row in rows:
+        retired = f", retired from {row['retired_from']}" if row["retired_from"] is not None else ""
+        print(f"{row['query_id']:<24} {row['kind']:<8} dim {row['dim']:<4} from window "
+              f"{row['effective_from']}{retired}  {row['description']}")
+
+
+def _catalogue_command(args: argparse.Namespace, command: str) -> int:
+    """``query add|retire|list --releases-parquet ROOT``: the catalogue beside a Parquet release
+    root (:mod:`queries.catalogue`), which the distributed and streaming jobs answer, under the
+    rules of the DuckDB registry (:mod:`queries.registration`)."""
+    from queries.catalogue import CatalogueChanged, ReleaseCatalogue
+
+    root = args.releases_parquet
+    local = "://" not in root
+    try:
+        if args.action == "list":
+            if local and not Path(root).exists():
+                return _fail(command, f"release root {root} (--releases-parquet) does not exist", 1, args)
+            _print_catalogue(ReleaseCatalogue(root).list(), args.format)
+            return 0
+        first = _window("--from", args.start, args.window)
+        catalogue = ReleaseCatalogue(root)
+        if args.action == "retire" and catalogue.read().revision == 0:
+            return _fail(command, f"release root {root} (--releases-parquet) has no query catalogue", 1, args)
+        query = _query_from_args(args) if args.action == "add" else None
+        if query is not None and query.kind == "running":
+            raise _Usage(f"--kind running: query {query.query_id!r} is a running total, and the jobs that answer a "
+                         "Parquet release root's catalogue (the distributed and streaming jobs) do not offer "
+                         "running totals yet (they keep no per-user running state across runs); running totals "
+                         "are answered by renyi-stream run, registered with --store")
+        _refuse_released(args, first, catalogue.last_released_window())
+        if query is not None:
+            catalogue.add(query, effective_from=first)
+            print(f"registered {query.query_id} ({query.kind}, dim {query.dim}: {', '.join(query.labels)}) "
+                  f"from window {first} in the query catalogue of {catalogue.root}")
+        else:
+            catalogue.retire(args.id, from_window=first)
+            print(f"retired {args.id} from window {first}")
+        return 0
+    except (_Usage, ValueError) as exc:
+        return _fail(command, str(exc), 2, args)
+    except (CatalogueChanged, OSError) as exc:
         return _fail(command, str(exc), 1, args)
 
 
@@ -210,12 +263,14 @@ def _report_command(args: argparse.Namespace) -> int:
 
 def add_query_subcommands(sub: Any) -> None:
     """Register ``query`` and ``privacy-report`` on the ``renyi-stream`` subparsers."""
-    query = sub.add_parser("query", help="register, retire and list the queries the daily job answers",
-                           description="The query registry lives in the release store (public). A query takes "
-                           "effect from a window after the last released one: released answers never change.")
+    query = sub.add_parser("query", help="register, retire and list the queries the jobs answer",
+                           description="The query registry lives beside the public releases: in the release "
+                           "store (--store, a DuckDB file: renyi-stream run answers it) or in the catalogue of a "
+                           "Parquet release root (--releases-parquet: the distributed and streaming jobs answer "
+                           "it). A query takes effect from a window after the last released one: released answers "
+                           "never change.")
     actions = query.add_subparsers(dest="action", required=True, metavar="ACTION")
     add = actions.add_parser("add", help="register a query from a future window on")
-    add.add_argument("--store", required=True, help="the release store (DuckDB file)")
     add.add_argument("--id", required=True, help="query id: 1 to 160 printable characters, no brackets (e.g. tiers)")
     add.add_argument("--columns", help="comma-separated indicator columns: one coordinate each")
     add.add_argument("--histogram", metavar="COLUMN", help="one-hot of this column over --categories "
@@ -227,22 +282,26 @@ def add_query_subcommands(sub: Any) -> None:
     add.add_argument("--hi", type=float, help="with --clamp: upper bound")
     add.add_argument("--weighted", metavar="COL=W,...", help="one coordinate: sum of weight * column")
     add.add_argument("--kind", choices=("window", "running"), default="window",
-                     help="window: each window's own sum (default); running: the total since --from")
+                     help="window: each window's own sum (default); running: the total since --from "
+                     "(renyi-stream run only, --store)")
     add.add_argument("--strategy", choices=("sqrt", "tree"), default=None,
                      help="with --kind running: the factorisation it is released through: sqrt (square-root "
                      "factorisation, default) or tree (binary tree with least squares)")
     add.add_argument("--description", default="", help="public description")
     add.add_argument("--from", dest="start", required=True, help="first window answered (YYYY-MM-DD or window id)")
-    add.add_argument("--window", default="1d", help="window length, as given to renyi-stream run (default 1d)")
+    add.add_argument("--window", default="1d", help="window length, as given to the job (default 1d)")
     retire = actions.add_parser("retire", help="stop answering a query from a future window on")
-    retire.add_argument("--store", required=True, help="the release store (DuckDB file)")
     retire.add_argument("--id", required=True, help="the query id")
     retire.add_argument("--from", dest="start", required=True, help="first window not answered (YYYY-MM-DD or id)")
     retire.add_argument("--window", default="1d", help="window length (default 1d)")
     listing = actions.add_parser("list", help="the query catalogue")
-    listing.add_argument("--store", required=True, help="the release store (DuckDB file)")
     listing.add_argument("--format", choices=("table", "json"), default="table")
     for parser in (add, retire, listing):
+        where = parser.add_argument_group("where the catalogue is (exactly one)")
+        where.add_argument("--store", help="the release store (DuckDB file) renyi-stream run answers")
+        where.add_argument("--releases-parquet", "--releases_parquet", dest="releases_parquet", metavar="ROOT",
+                           help="the Parquet release root (local path, gs://, s3://) the distributed and streaming "
+                           "jobs answer; its catalogue is ROOT/_queries/")
         parser.set_defaults(handler=_query_command)
 
     report = sub.add_parser("privacy-report", help="curator only: a user's spent budget and personal odometer",

@@ -34,10 +34,11 @@ import pyarrow.parquet as pq
 from pipelines.curator.store import CuratorStore, CuratorStoreError, LedgerParameters, RunLock, crash_point
 from stream.engine.readers import declares_types, read_batches
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
+from queries.registration import plan_columns
 from queries.release_files import write_release_file
 from queries.release_store import RELEASE_SCHEMA, ReleaseStore
 from stream.accounting import calibrate
-from stream.columns import KEY_COLUMNS, InputColumns, declared_kind, default_columns, input_columns
+from stream.columns import KEY_COLUMNS, InputColumns, declared_kind, default_columns
 from stream.ledger import Ledger, Policy
 from stream.noise import NoiseKey
 from stream.private_files import CURATOR_ONLY_NOTICE, private_umask
@@ -304,20 +305,8 @@ def _query_plan(store: ReleaseStore, config: JobConfig, first_input: tuple[str, 
     # its schedule did: they are then dead-lettered as late.
     readers = entries or ([] if to_release else
                           [PlannedQuery(q, f, r) for q, f, r in registry.plan(config.start_window, config.end_window)])
-    numeric, categorical = _numeric_reads(readers), _category_reads(readers)
-    both = sorted(numeric & categorical)
-    if both:
-        raise ValueError(f"column(s) {both} are read both as numbers and as categories by the registered "
-                         "queries; retire one of them")
-    kinds = input_columns(header, declared_types=declared, numeric_reads=numeric, category_reads=categorical)
-    for entry in entries:
-        try:
-            entry.query.validate_against(kinds.schema())
-        except ValueError as exc:
-            raise ValueError(f"{exc}. Retire the query or fix the input") from None
-    if not kinds.numeric:
-        raise ValueError(f"input file {path} has no numeric indicator columns (by its declared types and the "
-                         "registered queries)")
+    kinds = plan_columns([e.query for e in readers], [e.query for e in entries], header, declared_types=declared,
+                         where=f"input file {path}")
     return QueryPlan(tuple(entries)), kinds
 
 
@@ -341,16 +330,6 @@ def _register_defaults(registry, config: JobConfig, path: str, header: pa.Schema
     text = [f.name for f in header if f.name not in KEY_COLUMNS and declared_kind(f.type) == "string"]
     if text:
         say(f"[run] text column(s) {text} get no default query: a histogram over their categories can read them")
-
-
-def _numeric_reads(entries) -> set[str]:
-    """Columns that the non-categorical queries among ``entries`` read as numbers."""
-    return {c for e in entries if not getattr(e.query, "categorical", False) for c in e.query.columns_needed}
-
-
-def _category_reads(entries) -> set[str]:
-    """Columns that the histograms over string categories among ``entries`` read."""
-    return {c for e in entries if getattr(e.query, "categorical", False) for c in e.query.columns_needed}
 
 
 def _refuse_gaps_in_running_queries(plan: QueryPlan, previous_running: dict[str, pa.Table],

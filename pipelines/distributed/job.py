@@ -54,9 +54,19 @@ The graph is the daily job's: :class:`~pipelines.beam.transforms.ReadIndicators`
 which a cluster cannot afford; here :class:`ReadLedgerSnapshot` reads it from files in the
 pipeline and hands each shard exactly one part.
 
-Answered here: the default per-column window sums (``sum:<column>``), the columns fixed by the
-first run. Running totals and registry queries need the query registry and the running-state
-snapshots, which live in the curator's DuckDB: use ``renyi-stream run`` for those.
+Answered here: the queries registered in the catalogue beside the public release root,
+``<--releases-parquet>/_queries/`` (:mod:`queries.catalogue`; ``renyi-stream query add
+--releases-parquet ROOT``), under the rules of the daily job's registry
+(:mod:`queries.registration`): every window query active in the run's windows (sums over
+columns, weighted sums, clamps, histograms over numeric and string categories), charged together
+per user as the daily job charges them (the same :class:`~stream.engine.shard_state.QueryPlan`).
+On a root whose catalogue has no query, the first run registers the default per-column sums
+(``--columns``, else every declared numeric column) from its first window, as ``renyi-stream
+run`` does on a store without queries. The intent and the manifest record the run's plan
+(``query_plan``: which queries from which window) and the manifest every query the ledger has
+answered (``queries``). Running totals need per-user running state carried from run to run,
+which this job does not keep yet: a running query active in the run's windows is refused at
+launch, by name (use ``renyi-stream run`` for those).
 
 Recovery, in short (``deploy/README.md`` has the whole story): a failed job leaves no
 ``_COMMITTED.json`` and nothing public, so nothing it charged counts and nothing it computed was
@@ -102,7 +112,9 @@ from queries import release_lineage as lineage
 from queries.release_files import release_file_path, write_release_file
 from stream.faults import crash_point
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
+from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
 from queries.linear import default_queries
+from queries.registration import category_reads, plan_columns, recorded_plan, refuse_running
 from stream.accounting import calibrate
 from stream.columns import default_columns
 from stream.ledger import STATUS_NAMES, Ledger, Policy
@@ -227,6 +239,11 @@ class RunPlan:
     releases: str
     attempt: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     previous_attempt: str | None = None  # the attempt that committed --previous-ledger (lineage)
+    # The registered queries this run answers (active in its schedule), from the catalogue under
+    # --releases-parquet, and the string columns histograms over categories read.
+    queries: tuple[PlannedQuery, ...] = ()
+    category_columns: tuple[str, ...] = ()
+    catalogue: LaunchQueries | None = None  # the catalogue as this run launches with it
 
     @property
     def staging(self) -> str:
@@ -239,8 +256,13 @@ class RunPlan:
         return [item["path"] for item in self.inputs]
 
     def query_plan(self) -> QueryPlan:
-        return QueryPlan(tuple(PlannedQuery(query, self.query_first[query.query_id])
-                               for query in default_queries(list(self.columns))))
+        """The registered queries active in this run's windows (:mod:`queries.catalogue`)."""
+        return QueryPlan(self.queries)
+
+    def planned(self) -> list[dict]:
+        """The query plan as the intent and the manifest record it: which queries this run answers
+        from which window (``first_window``, ``retired_from``), with their public specs."""
+        return recorded_plan(self.query_plan().entries)
 
     def ledger_template(self) -> pa.Table:
         p = self.parameters
@@ -250,10 +272,15 @@ class RunPlan:
         """What identifies the run: a re-run after a crash must match it exactly."""
         return {"version": MANIFEST_VERSION, "inputs": list(self.inputs), "previous": self.previous,
                 "schedule": list(self.schedule), "released": list(self.released), "columns": list(self.columns),
+                "category_columns": list(self.category_columns), "query_plan": self.planned(),
                 "parameters": self.parameters, "policy": self.policy, "releases": self.releases}
 
     def manifest(self) -> dict:
-        """The commit manifest, less what only the pipeline knows (files written, totals)."""
+        """The commit manifest, less what only the pipeline knows (files written, totals).
+        ``query_plan`` (from the intent) lists the queries this run answered and from which window;
+        ``queries`` maps every query the ledger has answered, in this run or an earlier one, to
+        the first window it answered it in (what a later run's :func:`queries.catalogue.queries_at_launch`
+        reads as answered)."""
         return {**self.intent(), "attempt": self.attempt, "processed_windows": sorted({*self.released, *self.schedule}),
                 "queries": dict(sorted(self.query_first.items())), "n_shards": self.n_shards,
                 "previous_users": self.previous_users, "staged_releases": self.staging,
@@ -290,6 +317,8 @@ def _same_intent(stored: dict, planned: dict) -> bool:
     allowed (the attempt's public files keep their values: first write wins)."""
     if "ledger_id" not in stored.get("parameters", {}):
         planned = {**planned, "parameters": {k: v for k, v in planned["parameters"].items() if k != "ledger_id"}}
+    if "query_plan" not in stored:  # written before the catalogue: the default sums of its columns
+        planned = {k: v for k, v in planned.items() if k not in ("query_plan", "category_columns")}
     return stored == planned
 
 
@@ -356,37 +385,85 @@ def prepare(args: argparse.Namespace) -> RunPlan:
         users = int(manifest["users"])
         query_first = {q: int(w) for q, w in manifest["queries"].items()}
         columns = list(manifest["columns"])
-        if requested and requested != columns:
-            raise RunRefused(f"--columns {requested} differ from the ledger's queries' columns {columns}")
     else:
         manifest = None
         check_lineage(absolute(args.releases_parquet), None, None)
-        # Declared types or, for a CSV (which declares none), every non-key column: never values.
-        columns = requested or default_columns(schema, declared_types=declares_types(inputs[0]["path"]))
-        if not columns:
-            raise RunRefused(f"input {inputs[0]['path']} has no numeric indicator columns")
-    missing = [c for c in columns if c not in schema.names]
+    missing = [c for c in requested if c not in schema.names]
     if missing:
-        raise RunRefused(f"input {inputs[0]['path']} lacks the indicator column(s) {missing} this ledger answers")
+        raise RunRefused(f"input {inputs[0]['path']} lacks the indicator column(s) {missing} given to --columns")
 
     schedule = [w for w in range(start, end + 1) if w not in processed]
-    first = min(schedule) if schedule else start
-    for query in default_queries(columns):
-        query_first.setdefault(query.query_id, first)
     releases = absolute(args.releases_parquet)
+    declared = declares_types(inputs[0]["path"])
+    # On a release root whose catalogue has no query (a new ledger; or one started before the
+    # catalogue, whose manifest names its columns): the default sums of --columns, else of the
+    # declared numeric columns or, for a CSV (which declares none), every non-key one: never values.
+    defaults = requested or columns or default_columns(schema, declared_types=declared)
+    launch = launch_queries(releases, defaults=defaults, schedule=schedule, processed=processed,
+                            answered=set(query_first) if manifest is not None else None)
+    entries = launch.plan(min(schedule), max(schedule)) if schedule else []
+    try:
+        refuse_running(entries, "the distributed job (python -m pipelines.distributed)")
+        # A run with nothing to release (a re-run of committed days) parses its rows as the queries
+        # of its schedule did: they are then dead-lettered as late.
+        readers = entries or ([] if schedule else launch.plan(start, end))
+        kinds = plan_columns([r.query for r in readers], [r.query for r in entries], schema, declared_types=declared,
+                             where=f"input {inputs[0]['path']}", parsed=requested)
+    except ValueError as exc:
+        raise RunRefused(str(exc)) from None
+    last = max(schedule) if schedule else None
+    planned = tuple(PlannedQuery(r.query, r.effective_from,
+                                 r.retired_from if r.retired_from is not None and r.retired_from <= last else None)
+                    for r in entries)
+    for entry in planned:  # the first window each query was answered in, for this ledger's later runs
+        query_first.setdefault(entry.query_id, min(w for w in schedule if entry.active_in(w)))
     output = absolute(args.output)
     if previous is not None and output == previous:
         raise RunRefused("--output must be a new location, not --previous-ledger (a snapshot is never rewritten)")
     parameters = {**parameters, "ledger_id": ledger_identity(recorded_ledger, output,
                                                              where=f"--previous-ledger {previous}")}
-    plan = RunPlan(inputs=tuple(inputs), columns=tuple(columns), window=spec, start_window=start, end_window=end,
+    plan = RunPlan(inputs=tuple(inputs), columns=kinds.numeric, window=spec, start_window=start, end_window=end,
                    released=tuple(sorted(processed)), schedule=tuple(schedule), query_first=query_first,
                    parameters=parameters, policy=args.policy, key_path=key_path, n_shards=args.shards,
                    previous=previous, previous_ledger_files=tuple(ledger_files), previous_users=users,
                    output=output, releases=releases,
-                   previous_attempt=manifest["attempt"] if manifest is not None else None)
+                   previous_attempt=manifest["attempt"] if manifest is not None else None,
+                   queries=planned, category_columns=tuple(sorted(category_reads([e.query for e in planned]))),
+                   catalogue=launch)
     _check_releases_and_output(plan, processed)
     return plan
+
+
+def launch_queries(releases: str, *, defaults: Sequence[str], schedule: Sequence[int], processed: Iterable[int],
+                   answered: set[str] | None) -> LaunchQueries:
+    """The query catalogue under ``releases`` as this run launches with it
+    (:func:`queries.catalogue.queries_at_launch`, nothing written): queries registered into
+    windows the ledger charged (``processed``) but never ``answered`` move past them, and on a
+    catalogue with no query the default sums of ``defaults`` are registered from the schedule's
+    first window. RunRefused when the catalogue cannot be read or a default cannot be registered."""
+    catalogue = ReleaseCatalogue(releases)
+    processed = sorted(processed)
+    try:
+        return queries_at_launch(catalogue.read(), defaults=default_queries(list(defaults)),
+                                 first_window=min(schedule) if schedule else None,
+                                 processed_through=processed[-1] if processed else None, answered=answered,
+                                 last_released=catalogue.last_released_window())
+    except ValueError as exc:
+        raise RunRefused(f"the query catalogue under {releases}: {exc}") from None
+
+
+def record_queries(plan: RunPlan) -> list[str]:
+    """Write the catalogue changes ``plan`` launches with (:meth:`queries.catalogue.ReleaseCatalogue.record_launch`)
+    and return what changed, in words. CatalogueChanged when the catalogue changed since
+    :func:`prepare` read it: the plan must be made again."""
+    if plan.catalogue is None:
+        return []
+    ReleaseCatalogue(plan.releases).record_launch(plan.catalogue)
+    first = {r.query_id: r.effective_from for r in plan.catalogue.registrations}
+    return ([f"registered the default query {q} from window {first[q]} (the catalogue had no query)"
+             for q in plan.catalogue.registered]
+            + [f"query {q!r} was registered from window {old}, which this ledger had already charged without it; "
+               f"it now starts at window {new}" for q, old, new in plan.catalogue.moved])
 
 
 def _check_releases_and_output(plan: RunPlan, processed: set[int]) -> None:
@@ -607,7 +684,8 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
     query_plan = plan.query_plan()
     read = p | "ReadIndicators" >> tx.ReadIndicators(
         plan.input_paths, window=plan.window, start_window=plan.start_window, end_window=plan.end_window,
-        released=list(plan.released), indicator_columns=list(plan.columns), id_type=params["id_type"])
+        released=list(plan.released), indicator_columns=list(plan.columns),
+        category_columns=list(plan.category_columns), id_type=params["id_type"])
     previous = p | "PreviousLedger" >> ReadLedgerSnapshot(plan.previous_ledger_files, n_shards=plan.n_shards,
                                                           schema=template.schema)
     previous_users = (previous | "PreviousUsers" >> beam.Map(_part_rows)
@@ -722,6 +800,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         if caught_up:
             print(f"[distributed] published {len(caught_up)} window(s) the previous run committed but had not "
                   f"published: {caught_up[:5]}", file=sys.stderr)
+    for attempt in range(3):  # the catalogue as planned, unless a curator changed it meanwhile
+        try:
+            for change in record_queries(plan):
+                print(f"[distributed] {change}", file=sys.stderr)
+            break
+        except CatalogueChanged:
+            try:
+                plan = prepare(args)
+            except (RunRefused, ValueError) as exc:
+                print(f"{parser.prog}: refused: {exc}", file=sys.stderr)
+                return 2
+    else:
+        print(f"{parser.prog}: refused: the query catalogue under {plan.releases} kept changing while this run "
+              "was launched; launch it again", file=sys.stderr)
+        return 2
     write_intent(plan)
     if not args.quiet:
         print(f"[distributed] {CURATOR_ONLY_NOTICE}", file=sys.stderr)

@@ -60,6 +60,21 @@ sources differ only in the read step: everything from :class:`KafkaRecordToMessa
 :class:`DecodeAndValidate` (the others) on is the same code, and :func:`build` takes the read
 step's output as an argument for tests.
 
+The queries answered are those of the catalogue beside the public release root
+(``<--releases-parquet>/_queries/``, :mod:`queries.catalogue`), read at launch under the rules of
+the daily job's registry (:mod:`queries.registration`): every window query active in the
+schedule, charged together per user through the same
+:class:`~stream.engine.shard_state.QueryPlan` as the batch jobs. On a root whose catalogue has
+no query, ``main`` registers the per-window sums of ``--columns`` from ``--start``; a query
+registered into windows already released but never answered (it was registered while an
+earlier job ran) starts at this job's first window. Running totals need per-user running state
+carried between jobs, which this job does not keep yet: a running query active in the schedule
+is refused at launch, by name (``renyi-stream run`` answers them). ``--columns`` names the
+numeric indicator columns (parsed as numbers, a value that does not parse a dead letter);
+string columns are passed through for the histograms over string categories that read them.
+User ids are ``int64`` or ``string``, the ledger's for life (``--id-type``; else a continuing
+ledger's own, else the first replayed message's ``user_id`` type, else ``int64``).
+
 The schedule is finite (``--start..--end``); to go on, start a new job after ``--end`` with
 ``--previous-ledger`` pointing at the last released window's snapshots, every shard's:
 ``<earlier --output>/ledger/window_id=<W>/*/*.parquet``. Each snapshot records its window, its
@@ -113,6 +128,7 @@ import datetime as dt
 import functools
 import hashlib
 import io
+import json
 import logging
 import re
 import sys
@@ -144,18 +160,22 @@ try:
 finally:
     _root.setLevel(_level)
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
+from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
 from queries.linear import default_queries
+from queries.registration import category_reads, numeric_reads, plan_columns, recorded_plan, refuse_running
 from stream.accounting import calibrate
 from stream.ledger import STATUS_NAMES, Ledger, Policy
 from stream.noise import check_ledger_id, new_ledger_id
 from stream.private_files import PrivateFileError, private_dir
-from stream.schema import WINDOW_ID, SchemaError, WindowSpec, validate_batch
+from stream.schema import USER_ID, WINDOW_ID, SchemaError, WindowSpec, validate_batch
 
 UNDECODABLE = "undecodable_message"
 #: The curator's record of a finished local run's row balance (:func:`books`), under ``--output``.
 BOOKS_FILE = "_BOOKS.json"
-#: The ledger's user id type (string ids: a later option; the validator keeps them, the ledger index takes both).
+#: The user id type of a new ledger when ``--id-type`` does not declare one and no replayed message shows
+#: one (an unbounded source cannot be read at launch). A continuing ledger keeps the type its snapshots record.
 ID_TYPE = "int64"
+ID_TYPES = ("int64", "string")
 
 
 def decode_message(payload: bytes) -> pa.Table:
@@ -313,11 +333,12 @@ class DecodeAndValidate(beam.DoFn):
     carry no event time of their own); otherwise it keeps the source's timestamp."""
 
     def __init__(self, *, window: WindowSpec, end_window: int, indicator_columns: Sequence[str],
-                 stamp: bool = False, id_type: str = ID_TYPE) -> None:
+                 stamp: bool = False, id_type: str = ID_TYPE, category_columns: Sequence[str] = ()) -> None:
         self._window = window
         self._id_type = id_type  # the ledger's: a message's ids are parsed as it, row by row
         self._end = end_window
         self._columns = list(indicator_columns)
+        self._categories = list(category_columns)  # string columns histograms read (passed through as text)
         self._stamp = stamp
 
     def process(self, element: Any) -> Iterator[Any]:
@@ -325,7 +346,8 @@ class DecodeAndValidate(beam.DoFn):
         try:
             table = decode_message(payload)
             checked = validate_batch(table, window=self._window, end_window=self._end,
-                                     indicator_columns=self._columns, id_type=self._id_type)
+                                     indicator_columns=self._columns, category_columns=self._categories,
+                                     id_type=self._id_type)
         except (ValueError, SchemaError) as exc:
             # One dead letter stands for the whole message, so the message counts as one row read.
             yield beam.pvalue.TaggedOutput("read", _read_row(name, 1))
@@ -422,6 +444,16 @@ SNAPSHOT_FIXED = (*launch.FIXED, "releases")
 SNAPSHOT_LEDGER_ID = "renyi_stream.ledger_id"
 
 
+#: The queries a ledger has answered, ``{query_id: first window answered}`` (JSON), recorded in every
+#: snapshot (those answered through its window) and carried by a job that continues it: a query
+#: registered into windows already charged but never answered is moved past them at the next launch
+#: (:func:`queries.catalogue.queries_at_launch`).
+SNAPSHOT_QUERIES = "renyi_stream.queries"
+#: The job's query plan (:func:`queries.registration.recorded_plan`: which queries from which window, their
+#: specs), recorded in every snapshot.
+SNAPSHOT_QUERY_PLAN = "renyi_stream.query_plan"
+
+
 def _parameter_key(name: str) -> str:
     return f"renyi_stream.{name}"
 
@@ -440,15 +472,22 @@ def _as_text(parameters: dict[str, Any]) -> dict[str, str]:
     return {name: repr(float(value)) if isinstance(value, float) else str(value) for name, value in parameters.items()}
 
 
-def _ledger_file(item: tuple[int, int, pa.Table], *, n_shards: int,
-                 parameters: dict[str, str]) -> tuple[str, pa.Table]:
+def _ledger_file(item: tuple[int, int, pa.Table], *, n_shards: int, parameters: dict[str, str],
+                 queries: dict[str, int] | None = None, plan: list[dict] | None = None) -> tuple[str, pa.Table]:
     """``(shard, window, ledger)`` -> ``("window_id=W/shard=S", ledger)``, the snapshot recording
     its window, shard, the job's shard count and the parameters the ledger keeps for life
-    (:data:`SNAPSHOT_FIXED`, as :func:`_as_text` writes them) in its schema metadata."""
+    (:data:`SNAPSHOT_FIXED`, as :func:`_as_text` writes them) in its schema metadata; with
+    ``queries`` (``{query_id: first window}``), those answered through its window
+    (:data:`SNAPSHOT_QUERIES`), and with ``plan`` the job's query plan (:data:`SNAPSHOT_QUERY_PLAN`)."""
     shard, window, table = item
     recorded = {SNAPSHOT_WINDOW: int(window), SNAPSHOT_SHARD: int(shard), SNAPSHOT_SHARDS: int(n_shards),
                 **{_parameter_key(name): parameters[name] for name in SNAPSHOT_FIXED},
                 **({SNAPSHOT_LEDGER_ID: parameters["ledger_id"]} if "ledger_id" in parameters else {})}
+    if queries is not None:
+        recorded[SNAPSHOT_QUERIES] = json.dumps({q: int(f) for q, f in sorted(queries.items()) if f <= int(window)},
+                                                sort_keys=True)
+    if plan is not None:
+        recorded[SNAPSHOT_QUERY_PLAN] = json.dumps(plan, sort_keys=True)
     metadata = {**(table.schema.metadata or {}), **{k.encode(): str(v).encode() for k, v in recorded.items()}}
     return f"window_id={int(window)}/shard={int(shard)}", table.replace_schema_metadata(metadata)
 
@@ -506,7 +545,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="a running Java expansion service for ReadFromKafka (e.g. "
                             "beam-sdks-java-io-expansion-service-2.77.0.jar); default: Beam starts that jar "
                             "itself, which needs java and Maven Central here")
-    arg("--columns", required=True, help="indicator columns, comma-separated (one window-sum query each)")
+    arg("--columns", help="numeric indicator columns of the messages, comma-separated: parsed as numbers (a value "
+        "that does not parse is a dead letter); on a release root whose query catalogue has no query, each gets its "
+        "per-window sum (sum:<column>). The queries answered are those of the catalogue "
+        "(renyi-stream query add --releases-parquet ROOT)")
+    arg("--id-type", "--id_type", dest="id_type", choices=ID_TYPES, default=None,
+        help="user id type of a new ledger (fixed for its life, recorded in its snapshots): int64 or string; "
+             "default: the first replayed message's, else int64. A continuing ledger keeps its own")
     launch.add_promise_options(parser)
     arg("--output", required=True, help="curator-only root: ledger snapshots per window, dead letters, counts")
     arg("--previous-ledger", "--previous_ledger", dest="previous_ledger", default="none",
@@ -735,9 +780,9 @@ def _read_snapshots(pattern: str, *, releases: str,
     return root, window, files, tables
 
 
-def _template(cal: Any) -> pa.Table:
-    """An empty ledger of budget ``cal.rho`` (:meth:`stream.ledger.Ledger.to_arrow` layout)."""
-    return Ledger(budget=cal.rho, id_type=ID_TYPE, tracker_step=cal.rho / 32.0).to_arrow()
+def _template(cal: Any, id_type: str = ID_TYPE) -> pa.Table:
+    """An empty ledger of budget ``cal.rho`` and ids ``id_type`` (:meth:`stream.ledger.Ledger.to_arrow` layout)."""
+    return Ledger(budget=cal.rho, id_type=id_type, tracker_step=cal.rho / 32.0).to_arrow()
 
 
 def _resume_recorded_budget(pattern: str, metadata: dict[int, dict[str, str]], cal: Any,
@@ -781,12 +826,15 @@ def _snapshot_ledger_id(pattern: str, files: dict[int, str], metadata: dict[int,
 
 
 def _previous_ledger(pattern: str, cal: Any, *, releases: str, released: Sequence[int],
-                     parameters: dict[str, Any]) -> tuple[pa.Table, Any, str]:
-    """The ledger to continue from, the calibration it continues under and its id: every shard's
-    snapshot of the last window released under ``releases``, read together (a ``--shards``
-    other than the earlier job's re-shards it by user), ``cal`` with the budget the snapshots
-    record (:func:`_resume_recorded_budget`; ``cal`` itself for a new ledger), and the ledger id
-    they record (:func:`_snapshot_ledger_id`; a new one for a new ledger).
+                     parameters: dict[str, Any]) -> tuple[pa.Table, Any, str, dict[str, int] | None]:
+    """The ledger to continue from, the calibration it continues under, its id and the queries it
+    has answered: every shard's snapshot of the last window released under ``releases``, read
+    together (a ``--shards`` other than the earlier job's re-shards it by user), ``cal`` with the
+    budget the snapshots record (:func:`_resume_recorded_budget`; ``cal`` itself for a new
+    ledger), the ledger id they record (:func:`_snapshot_ledger_id`; a new one for a new ledger)
+    and ``{query_id: first window answered}`` as they record it (:data:`SNAPSHOT_QUERIES`; None
+    for a new ledger, or snapshots written before it was recorded). An ``id_type`` of None in
+    ``parameters`` (not declared) takes the one the snapshots record: a ledger's for life.
 
     RunRefused, before anything is read into the graph, when ``pattern`` is ``none`` but windows
     are released; when it matches no file, a file that is not a snapshot this job wrote
@@ -801,20 +849,41 @@ def _previous_ledger(pattern: str, cal: Any, *, releases: str, released: Sequenc
         if released:
             raise launch.RunRefused(f"the releases under {releases} include window(s) {list(released)[:5]} but no "
                                   "--previous-ledger was given: users would restart from zero budget")
-        return _template(cal).slice(0, 0), cal, new_ledger_id()
+        return _template(cal, parameters["id_type"] or ID_TYPE).slice(0, 0), cal, new_ledger_id(), None
     _, _, files, tables = _read_snapshots(pattern, releases=releases, released=released)
     metadata = {shard: _metadata(t) for shard, t in tables.items()}
+    if parameters["id_type"] is None:  # not declared: the ledger's own, as its snapshots record it
+        recorded = {meta.get(_parameter_key("id_type"), meta.get("id_type")) for meta in metadata.values()}
+        parameters = {**parameters, "id_type": recorded.pop() if len(recorded) == 1 else None}
     cal, parameters = _resume_recorded_budget(pattern, metadata, cal, parameters)
     _check_parameters(pattern, files, metadata, parameters)
     ledger_id = _snapshot_ledger_id(pattern, files, metadata)
-    template = _template(cal)
+    template = _template(cal, parameters["id_type"])
     parts = [table.replace_schema_metadata(None).cast(template.schema.remove_metadata()) for table in tables.values()]
     table = pa.concat_tables(parts).replace_schema_metadata(template.schema.metadata)
     # The rows only: nulls, a user listed twice, used budgets outside [0, this run's rho], trackers below
     # them. The metadata it reads is this run's template's; the snapshots' own parameters were
     # compared with this run's by _check_parameters above.
     Ledger.from_arrow(table)
-    return table, cal, ledger_id
+    return table, cal, ledger_id, _snapshot_queries(pattern, files, metadata)
+
+
+def _snapshot_queries(pattern: str, files: dict[int, str], metadata: dict[int, dict[str, str]]) -> dict[str, int] | None:
+    """``{query_id: first window answered}`` as the snapshots record it (:data:`SNAPSHOT_QUERIES`),
+    None when none does (written before it was recorded). RunRefused for a malformed record."""
+    found: dict[str, int] = {}
+    recorded = False
+    for shard, meta in sorted(metadata.items()):
+        text = meta.get(SNAPSHOT_QUERIES)
+        if text is None:
+            continue
+        recorded = True
+        try:
+            found.update({str(q): int(w) for q, w in json.loads(text).items()})
+        except (ValueError, TypeError, AttributeError):
+            raise launch.RunRefused(f"--previous-ledger {pattern!r}: {files[shard]} records a malformed "
+                                    f"{SNAPSHOT_QUERIES}: it was edited") from None
+    return found if recorded else None
 
 
 def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[str]) -> list[str]:
@@ -837,7 +906,8 @@ def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[st
     _, fingerprint, _ = launch.key_fingerprint(args)
     cal = calibrate(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget, accounting=args.accounting)
     releases = store.absolute(args.releases_parquet)
-    parameters = _parameters(cal=cal, id_type=ID_TYPE, fingerprint=fingerprint, spec=spec, releases=releases)
+    parameters = _parameters(cal=cal, id_type=args.id_type or ID_TYPE, fingerprint=fingerprint, spec=spec,
+                             releases=releases)
     text = _as_text(parameters)
     root, window, files, tables = _read_snapshots(pattern, releases=releases,
                                                   released=sorted(store.release_windows_present(releases)))
@@ -886,22 +956,43 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     Policy(args.policy)
     if not 1 <= args.shards <= 65_536:
         raise launch.RunRefused(f"shards must be in [1, 65536], got {args.shards}")
-    columns = [c for c in args.columns.split(",") if c]
-    if not columns:
-        raise launch.RunRefused("--columns must name at least one indicator column")
+    columns = [c for c in (args.columns or "").split(",") if c]
     key_path, fingerprint, _ = launch.key_fingerprint(args)
     cal = calibrate(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget, accounting=args.accounting)
-    id_type = ID_TYPE
+    # The id type is the ledger's for life: declared, else a continuing ledger's own (its snapshots
+    # record it), else the first replayed message's, as the batch jobs take their first input's.
+    new_ledger = args.previous_ledger.lower() == "none"
+    id_type = args.id_type or (_first_message_id_type(args) if new_ledger else None)
     releases = store.absolute(args.releases_parquet)
     released = sorted(store.release_windows_present(releases))
     parameters = _parameters(cal=cal, id_type=id_type, fingerprint=fingerprint, spec=spec, releases=releases)
-    previous, cal, ledger_id = _previous_ledger(args.previous_ledger, cal, releases=releases, released=released,
-                                                parameters=parameters)
+    previous, cal, ledger_id, answered = _previous_ledger(args.previous_ledger, cal, releases=releases,
+                                                          released=released, parameters=parameters)
+    id_type = previous.schema.metadata[b"id_type"].decode()
     parameters = {**_parameters(cal=cal, id_type=id_type, fingerprint=fingerprint, spec=spec, releases=releases),
                   "ledger_id": ledger_id}
     if released and max(released) >= start:
         raise launch.RunRefused(f"window {max(released)} under {releases} is already released; start after it")
-    plan = QueryPlan(tuple(PlannedQuery(q, start) for q in default_queries(columns)))
+    queries = _launch_queries(releases, columns=columns, start=start, released=released, answered=answered)
+    plan = QueryPlan(tuple(PlannedQuery(r.query, r.effective_from, r.retired_from if r.retired_from is not None
+                                        and r.retired_from <= end else None) for r in queries.plan(start, end)))
+    try:
+        refuse_running(plan.entries, "the streaming job (python -m pipelines.streaming)")
+        # No header to read at launch: the columns are those --columns names (numbers) and those the
+        # queries read, as they read them; a column read both ways is refused.
+        reads = [e.query for e in plan.entries]
+        header = pa.schema([(c, pa.float64()) for c in columns]
+                           + [(c, pa.null()) for c in sorted((numeric_reads(reads) | category_reads(reads)) - set(columns))])
+        kinds = plan_columns(reads, reads, header, declared_types=True, where="the messages (--columns and the "
+                             "registered queries)", parsed=columns)
+    except ValueError as exc:
+        raise launch.RunRefused(str(exc)) from None
+    indicators, categories = list(kinds.numeric), sorted(category_reads(reads))
+    # Every query this ledger has answered, with the first window it answered it in (the snapshots
+    # record those answered through their window).
+    first_answered = dict(answered or {})
+    for entry in plan.entries:
+        first_answered.setdefault(entry.query_id, max(entry.first_window, start))
 
     if args.kafka_topic:
         records = _read_kafka(p, args) if messages is None else messages
@@ -914,10 +1005,11 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         messages = p | "Replay" >> beam.Create(replay)
     stamp = not (args.subscription or args.kafka_topic)  # files carry no event time; the sources do
     decoded = messages | "DecodeAndValidate" >> beam.ParDo(
-        DecodeAndValidate(window=spec, end_window=end, indicator_columns=columns, stamp=stamp)
+        DecodeAndValidate(window=spec, end_window=end, indicator_columns=indicators, stamp=stamp, id_type=id_type,
+                          category_columns=categories)
     ).with_outputs("dead", "read", main="valid")
     out = StreamingReleases(
-        window=spec, start_window=start, end_window=end, plan=plan, indicator_columns=columns,
+        window=spec, start_window=start, end_window=end, plan=plan, indicator_columns=indicators,
         noise_std=cal.noise_std, policy=args.policy, budget=cal.rho, id_type=id_type,
         tracker_step=cal.rho / 32.0, n_shards=args.shards, key_path=key_path, accounting=cal.accounting,
         key_fingerprint=fingerprint, ledger_id=ledger_id, previous_ledger=previous if previous.num_rows else None,
@@ -933,7 +1025,8 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     dead_files = dead | "WriteDead" >> beam.ParDo(WriteTable(store.join(curator, "dead")))
     ledger_files = graph["ledger"] | "WriteLedger" >> beam.ParDo(WriteTable(
         store.join(curator, "ledger"), functools.partial(_ledger_file, n_shards=args.shards,
-                                                        parameters=_as_text(parameters))))
+                                                        parameters=_as_text(parameters), queries=first_answered,
+                                                        plan=recorded_plan(plan.entries))))
     # Per (window, shard) from the shards' books, which carry the shard: files are named by their
     # content, so two shards' equal counts of one window must not be one file.
     count_files = (graph["books"] | "ChargedWindows" >> beam.Filter(_charged_rows)
@@ -943,7 +1036,59 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
                                                                          _books_file))
     return {"releases": graph["releases"], "release_files": release_files, "dead_files": dead_files,
             "ledger_files": ledger_files, "count_files": count_files, "read_files": read_files,
-            "book_files": book_files, "dead": dead}
+            "book_files": book_files, "dead": dead, "queries": queries}
+
+
+def _first_message_id_type(args: argparse.Namespace) -> str:
+    """A new ledger's id type when ``--id-type`` declares none: that of the first replayed message's
+    ``user_id`` column as its Arrow schema declares it (``string`` for text, else ``int64``), as the
+    batch jobs take their first input's; :data:`ID_TYPE` for an unbounded source (nothing to read at
+    launch) or a first message that does not decode (one dead letter, not the ledger's type)."""
+    if not args.replay:
+        return ID_TYPE
+    with FileSystems.open(args.replay[0]) as handle:
+        payload = handle.read()
+    try:
+        schema = decode_message(payload).schema
+    except ValueError:
+        return ID_TYPE
+    if USER_ID not in schema.names:
+        return ID_TYPE
+    t = schema.field(USER_ID).type
+    return "string" if pa.types.is_string(t) or pa.types.is_large_string(t) else ID_TYPE
+
+
+def _launch_queries(releases: str, *, columns: Sequence[str], start: int, released: Sequence[int],
+                    answered: dict[str, int] | None) -> LaunchQueries:
+    """The query catalogue under ``releases`` as this job launches with it
+    (:func:`queries.catalogue.queries_at_launch`, nothing written): queries registered into
+    windows already released (the ledger charged them) but never ``answered`` move to the first
+    window after them, and on a catalogue with no query the per-window sums of ``columns`` are
+    registered from ``start``. RunRefused when there is nothing to answer, the catalogue cannot be
+    read or a default cannot be registered."""
+    catalogue = ReleaseCatalogue(releases)
+    try:
+        state = catalogue.read()
+        if not state.registrations and not columns:
+            raise ValueError("it has no query and --columns names no column to answer: register the queries "
+                             f"(renyi-stream query add --releases-parquet {releases} ...) or give --columns")
+        return queries_at_launch(state, defaults=default_queries(list(columns)), first_window=start,
+                                 processed_through=max(released) if released else None,
+                                 answered=None if answered is None else set(answered),
+                                 last_released=catalogue.last_released_window())
+    except ValueError as exc:
+        raise launch.RunRefused(f"the query catalogue under {releases}: {exc}") from None
+
+
+def _record_queries(releases: str, queries: LaunchQueries) -> list[str]:
+    """Write the catalogue changes the job launches with (:meth:`queries.catalogue.ReleaseCatalogue.record_launch`)
+    and return them in words. CatalogueChanged when the catalogue changed since :func:`build` read it."""
+    ReleaseCatalogue(releases).record_launch(queries)
+    first = {r.query_id: r.effective_from for r in queries.registrations}
+    return ([f"registered the default query {q} from window {first[q]} (the catalogue had no query)"
+             for q in queries.registered]
+            + [f"query {q!r} was registered from window {old}, which this ledger had already released without it; "
+               f"it now starts at window {new}" for q, old, new in queries.moved])
 
 
 def books(curator: str) -> dict[str, Any]:
@@ -1003,8 +1148,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"--{worker_key.PATH_OPTION}={key_path}", f"--beam_plugins={worker_key.PLUGIN}"]
         options = PipelineOptions(flags)
         direct = "Direct" in str(options.view_as(StandardOptions).runner or "DirectRunner")
-        p = beam.Pipeline(options=options)
-        build(p, args)
+        for attempt in range(3):  # the catalogue as planned, unless a curator changed it meanwhile
+            p = beam.Pipeline(options=options)
+            graph = build(p, args)
+            try:
+                for change in _record_queries(store.absolute(args.releases_parquet), graph["queries"]):
+                    print(f"[streaming] {change}", file=sys.stderr)
+                break
+            except CatalogueChanged:
+                continue
+        else:
+            raise launch.RunRefused(f"the query catalogue under {store.absolute(args.releases_parquet)} kept "
+                                    "changing while this job was launched; launch it again")
     except (launch.RunRefused, ValueError) as exc:
         print(f"{parser.prog}: refused: {exc}", file=sys.stderr)
         return 2

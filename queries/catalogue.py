@@ -1,0 +1,287 @@
+"""The query catalogue beside a public Parquet release root, for the jobs without a DuckDB store.
+
+The distributed and streaming jobs release into ``<root>/window_id=<W>/releases.parquet``
+(:mod:`queries.release_files`) and keep no DuckDB release store, so the registry of their
+queries lives beside those files, as public as they are (query specs are public)::
+
+    <root>/_queries/revision-00000001.json
+    <root>/_queries/revision-00000002.json    (the catalogue after each change, whole)
+
+Each revision is the whole catalogue after one change (``queries``: every registration, with
+its spec, ``effective_from`` and ``retired_from``; ``change``: what changed); the highest
+revision is the catalogue. Revisions are created once and never rewritten
+(:func:`queries.release_files.create_once`), so the folder is also the catalogue's public
+history, and a change is a compare-and-set: of two writers that read revision ``n`` only one
+creates ``n + 1``; the other is told (:class:`CatalogueChanged`) and re-reads. That is
+guaranteed on local and network filesystems; for ``gs://`` and ``s3://`` roots
+``pyarrow.fs`` has no conditional create, so it is check-then-write there (the caveat of
+:mod:`queries.release_lineage`).
+
+Changes follow the rules of :mod:`queries.registration`, the very functions the DuckDB registry
+(:class:`queries.registry.QueryRegistry`) applies: an id is registered once, a registration or
+retirement takes effect after the last window released under the root, a window's queries
+have at most ``MAX_DIM`` coordinates together. "Released" here means a window with a release
+file under the root. A job changes the catalogue in two ways only, at launch
+(:func:`queries_at_launch`, :meth:`ReleaseCatalogue.record_launch`): it registers the default
+per-column sums on a root whose catalogue has no query (as ``renyi-stream run`` does on a store
+with none), and it moves a query registered into windows an earlier run charged but had not yet
+published (:func:`queries.registration.deferrals`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from typing import Collection, Sequence
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from queries import registration as rules
+from queries.linear import LinearQuery
+from queries.registration import Registration
+from queries.release_files import create_once, filesystem, released_windows
+
+#: The catalogue's folder under a release root.
+FOLDER = "_queries"
+CATALOGUE_VERSION = 1
+_PREFIX, _SUFFIX = "revision-", ".json"
+#: How many times a curator's change is re-applied when another writer changed the catalogue first.
+_ATTEMPTS = 5
+
+
+class CatalogueChanged(RuntimeError):
+    """Another writer changed the catalogue since it was read: nothing was written."""
+
+
+@dataclass(frozen=True)
+class CatalogueState:
+    """One revision of a catalogue: ``revision`` (0 before the first change) and its
+    registrations, by query id."""
+
+    revision: int
+    registrations: tuple[Registration, ...]
+
+    def plan(self, start_window: int, end_window: int) -> list[Registration]:
+        """The registrations active in some window of ``[start_window, end_window]``."""
+        return rules.active_between(self.registrations, start_window, end_window)
+
+
+@dataclass(frozen=True)
+class LaunchQueries:
+    """What a job answers, decided at launch from one catalogue revision
+    (:func:`queries_at_launch`): ``registrations`` after the job's own changes (``registered``:
+    default sums registered on an empty catalogue; ``moved``: ``(query_id, old, new)`` first
+    windows deferred) and the ``revision`` they were decided from."""
+
+    revision: int
+    registrations: tuple[Registration, ...]
+    registered: tuple[str, ...] = ()
+    moved: tuple[tuple[str, int, int], ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.registered or self.moved)
+
+    def plan(self, start_window: int, end_window: int) -> list[Registration]:
+        """The registrations active in some window of ``[start_window, end_window]``, by query id."""
+        return rules.active_between(self.registrations, start_window, end_window)
+
+
+def queries_at_launch(state: CatalogueState, *, defaults: Sequence[LinearQuery], first_window: int | None,
+                      processed_through: int | None, answered: Collection[str] | None,
+                      last_released: int | None) -> LaunchQueries:
+    """The catalogue a job launches with, from ``state`` (pure: nothing is written).
+
+    1. Queries registered into windows the ledger already charged (``<= processed_through``) but
+       never answered (not in ``answered``, the query ids its earlier runs answered; None when
+       unknown: nothing moved) start at ``processed_through + 1``
+       (:func:`queries.registration.deferrals`, as :meth:`queries.registry.QueryRegistry.defer_unanswered`).
+    2. On a catalogue with no query, ``defaults`` are registered from ``first_window`` (None: the
+       run releases nothing, so nothing is registered), checked by the registration rules
+       against ``last_released``.
+    """
+    registrations = {r.query_id: r for r in state.registrations}
+    moved: list[tuple[str, int, int]] = []
+    if processed_through is not None and answered is not None:
+        for registration, old in rules.deferrals(state.registrations, processed_through, answered):
+            registrations[registration.query_id] = registration
+            moved.append((registration.query_id, old, registration.effective_from))
+    registered: list[str] = []
+    if not registrations and first_window is not None:
+        now = _now()
+        for query in defaults:
+            registration = rules.check_new(list(registrations.values()), query, first_window,
+                                           last_released=last_released, registered_at=now)
+            registrations[query.query_id] = registration
+            registered.append(query.query_id)
+    return LaunchQueries(state.revision, tuple(sorted(registrations.values(), key=lambda r: r.query_id)),
+                         tuple(registered), tuple(moved))
+
+
+class ReleaseCatalogue:
+    """The query catalogue of the release root ``root`` (a local path or a ``pyarrow.fs`` URI).
+
+    Reading needs nothing but the root; a change writes one new revision (module docstring).
+    """
+
+    def __init__(self, root: str) -> None:
+        if not isinstance(root, str) or not root.strip():
+            raise ValueError(f"root must be a release root (a path or a URI), got root={root!r}")
+        self._root = root.rstrip("/") if "://" in root else filesystem(root)[1]
+
+    @property
+    def root(self) -> str:
+        return self._root
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def read(self) -> CatalogueState:
+        """The latest revision (revision 0, no query, when none was written)."""
+        revisions = self._revisions()
+        if not revisions:
+            return CatalogueState(0, ())
+        revision = revisions[-1]
+        fs, base = filesystem(self._root)
+        path = f"{base}/{_relative(revision)}"
+        with fs.open_input_stream(path) as handle:
+            data = json.loads(handle.read().decode("utf-8"))
+        if data.get("version") != CATALOGUE_VERSION or data.get("revision") != revision:
+            raise ValueError(f"{path} is not a query catalogue revision {revision} of version {CATALOGUE_VERSION} "
+                             f"(version {data.get('version')!r}, revision {data.get('revision')!r})")
+        try:
+            registrations = tuple(
+                Registration(LinearQuery.from_json(json.dumps(item["query"])), item["effective_from"],
+                             item.get("retired_from"), str(item.get("registered_at", "")))
+                for item in data["queries"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path} holds a malformed registration: {exc}") from None
+        ids = [r.query_id for r in registrations]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"{path} registers a query id twice: it was edited")
+        return CatalogueState(revision, tuple(sorted(registrations, key=lambda r: r.query_id)))
+
+    def registrations(self) -> tuple[Registration, ...]:
+        return self.read().registrations
+
+    def last_released_window(self) -> int | None:
+        """The latest window with a release file under the root (None before the first)."""
+        windows = released_windows(self._root)
+        return max(windows) if windows else None
+
+    def plan(self, start_window: int, end_window: int) -> list[tuple[LinearQuery, int, int | None]]:
+        """Each query active in some window of ``[start_window, end_window]``, with its first
+        window and its retirement, by query id (as :meth:`queries.registry.QueryRegistry.plan`)."""
+        return [(r.query, r.effective_from, r.retired_from) for r in self.read().plan(start_window, end_window)]
+
+    def list(self) -> pa.Table:
+        """The catalogue, one row per registered query by query id, with the columns of the DuckDB
+        store's ``query_catalogue`` view: ``query_id, kind, description, labels, dim,
+        effective_from, retired_from, registered_at, spec_json`` (``registered_at`` as text)."""
+        rows = [{"query_id": r.query_id, "kind": r.query.kind, "description": r.query.description,
+                 "labels": list(r.query.labels), "dim": r.query.dim, "effective_from": r.effective_from,
+                 "retired_from": r.retired_from, "registered_at": r.registered_at, "spec_json": r.query.to_json()}
+                for r in self.registrations()]
+        schema = pa.schema([("query_id", pa.string()), ("kind", pa.string()), ("description", pa.string()),
+                            ("labels", pa.list_(pa.string())), ("dim", pa.int64()), ("effective_from", pa.int64()),
+                            ("retired_from", pa.int64()), ("registered_at", pa.string()), ("spec_json", pa.string())])
+        return pa.Table.from_pylist(rows, schema=schema)
+
+    # -- changing (the curator) -------------------------------------------------------------------
+
+    def add(self, query: LinearQuery, *, effective_from: int) -> None:
+        """Register ``query`` from ``effective_from`` (:func:`queries.registration.check_new`:
+        ValueError, nothing written, for a taken id, a window not after the last released one,
+        or too many coordinates together). Re-applied on a newer revision when another writer
+        changed the catalogue first."""
+        def change(state: CatalogueState) -> tuple[list[Registration], str]:
+            new = rules.check_new(state.registrations, query, effective_from,
+                                  last_released=self.last_released_window(), registered_at=_now())
+            return [*state.registrations, new], f"add {query.query_id} from window {new.effective_from}"
+
+        self._change(change)
+
+    def retire(self, query_id: str, *, from_window: int) -> None:
+        """Stop answering ``query_id`` from ``from_window`` on
+        (:func:`queries.registration.check_retirement`: ValueError, nothing written, otherwise)."""
+        def change(state: CatalogueState) -> tuple[list[Registration], str]:
+            retired = rules.check_retirement(state.registrations, query_id, from_window,
+                                             last_released=self.last_released_window())
+            return ([retired if r.query_id == query_id else r for r in state.registrations],
+                    f"retire {query_id} from window {retired.retired_from}")
+
+        self._change(change)
+
+    # -- changing (a job, at launch) ----------------------------------------------------------------
+
+    def record_launch(self, launch: LaunchQueries) -> int:
+        """Write the changes a job decided at launch (:func:`queries_at_launch`) as the next
+        revision; returns the revision written (``launch.revision`` when nothing changed).
+        CatalogueChanged, nothing written, when the catalogue is no longer at ``launch.revision``:
+        the job's plan was made from a catalogue that changed since, and must be made again."""
+        if self.read().revision != launch.revision:
+            raise CatalogueChanged(f"the query catalogue under {self._root} changed since revision {launch.revision} "
+                                   "was read")
+        if not launch.changed:
+            return launch.revision
+        what = [f"register {q} from window {next(r.effective_from for r in launch.registrations if r.query_id == q)}"
+                for q in launch.registered]
+        what += [f"move {q} from window {old} to {new} (never answered in the windows already charged)"
+                 for q, old, new in launch.moved]
+        self._write(launch.revision + 1, launch.registrations, "; ".join(what))
+        return launch.revision + 1
+
+    # -- private ----------------------------------------------------------------------------------
+
+    def _revisions(self) -> list[int]:
+        fs, base = filesystem(self._root)
+        infos = fs.get_file_info(pafs.FileSelector(f"{base}/{FOLDER}", allow_not_found=True))
+        found = []
+        for info in infos:
+            name = info.base_name
+            if info.type == pafs.FileType.File and name.startswith(_PREFIX) and name.endswith(_SUFFIX):
+                number = name[len(_PREFIX):-len(_SUFFIX)]
+                if number.isdigit():
+                    found.append(int(number))
+        return sorted(found)
+
+    def _change(self, change) -> None:
+        for _ in range(_ATTEMPTS):
+            state = self.read()
+            registrations, what = change(state)  # ValueError: refused, nothing written
+            try:
+                self._write(state.revision + 1, registrations, what)
+                return
+            except CatalogueChanged:
+                continue  # another writer took this revision: apply the change to theirs
+        raise CatalogueChanged(f"the query catalogue under {self._root} kept changing while this change was "
+                               f"written ({_ATTEMPTS} attempts); nothing was written by this one")
+
+    def _write(self, revision: int, registrations: Sequence[Registration], change: str) -> None:
+        data = json.dumps({
+            "version": CATALOGUE_VERSION, "revision": revision, "written_at": _now(), "change": change,
+            "queries": [{"query": json.loads(r.query.to_json()), "effective_from": r.effective_from,
+                         "retired_from": r.retired_from, "registered_at": r.registered_at}
+                        for r in sorted(registrations, key=lambda r: r.query_id)],
+        }, indent=1, sort_keys=True).encode("utf-8")
+
+        def write(fs: pafs.FileSystem, scratch: str) -> None:
+            with fs.open_output_stream(scratch) as handle:
+                handle.write(data)
+
+        if not create_once(self._root, _relative(revision), write):
+            raise CatalogueChanged(f"revision {revision} of the query catalogue under {self._root} was written by "
+                                   "another writer first")
+
+
+def _relative(revision: int) -> str:
+    return f"{FOLDER}/{_PREFIX}{int(revision):08d}{_SUFFIX}"
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+__all__ = ["CATALOGUE_VERSION", "FOLDER", "CatalogueChanged", "CatalogueState", "LaunchQueries", "ReleaseCatalogue",
+           "queries_at_launch"]
