@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from stream.accounting import _validate as check
 from stream.accounting.calibration import epsilon_for_budget
 from stream.accounting.gaussian import gaussian_charge
-from stream.accounting.odometers import tracker_update
+from stream.accounting.odometers import tracker_step_for, tracker_update
 from stream.id_index import Int64Index, StringCodes
 from stream.rounding import round_down, round_up
 from stream.xp import array_module
@@ -175,7 +175,7 @@ class Ledger:
         budget: ``kappa``, each user's zCDP budget (see ``stream.accounting.calibrate``).
         id_type: ``"int64"`` or ``"string"``: the kind of user id this ledger holds.
         tracker_step: ``Delta`` of the personal tracker (Algorithm 5), zCDP; default
-            ``budget / 32``.
+            :func:`stream.accounting.odometers.tracker_step_for` of ``budget``.
     """
 
     def __init__(self, *, budget: float, id_type: str = "int64", tracker_step: float | None = None) -> None:
@@ -184,7 +184,7 @@ class Ledger:
             raise ValueError(f"id_type must be 'int64' or 'string', got id_type={id_type!r}")
         self.id_type = id_type
         self.tracker_step = (
-            self.budget / 32.0 if tracker_step is None else check.positive("tracker_step", tracker_step)
+            tracker_step_for(self.budget) if tracker_step is None else check.positive("tracker_step", tracker_step)
         )
         self._cap = float(np.nextafter(self.budget * (1.0 - BUDGET_SAFETY), 0.0))
         self._index = Int64Index() if id_type == "int64" else None

@@ -106,8 +106,9 @@ CASES: list[tuple[str, list[str], str]] = [
     ("run", _set(RUN, "--ledger", "{t}"), "--ledger"),
     ("run", _set(RUN, "--ledger", "{w}/store.duckdb"), "--ledger"),  # the public store as the ledger
     ("run", _set(RUN, "--store", "{w}/ledger.duckdb"), "--store"),  # the ledger as the public store
-    ("run", RUN + ["--key", "{t}"], "--key"),
-    ("run", RUN + ["--key", "{w}/loose.key"], "--key"),  # readable by others
+    ("run", RUN + ["--noise-key", "{t}"], "--noise-key"),
+    ("run", RUN + ["--noise-key", "{w}/loose.key"], "--noise-key"),  # readable by others
+    ("run", RUN + ["--key", "{w}/loose.key"], "--noise-key"),  # --key, its former name: named as it is now
     ("run", RUN + ["--polcy", "clip"], "--polcy"),  # a typo, neither run's option nor Beam's
     ("run", RUN + ["--direct_num_worker=2"], "--direct_num_worker"),
     # sql

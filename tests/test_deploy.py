@@ -40,6 +40,7 @@ from apache_beam.runners import pipeline_context
 from pipelines.distributed import job as dist
 from pipelines.beam import transforms as tx
 from pipelines.beam import worker_key
+from stream.engine.ledger_config import DERIVED, LedgerConfig, LedgerConfigError
 from stream.engine.readers import read_batches
 from stream.engine.shard_state import QueryPlan
 from queries.linear import default_queries
@@ -558,7 +559,7 @@ def test_a_ledger_whose_budget_differs_in_its_last_bits_is_continued_with_its_ow
     recorded = _recorded_as_another_version(run1, 1 - 3e-14)
     assert dist.main(_args(tmp_path, two_days[1:2], "2026-03-02", "2026-03-02", str(run1), run2)) == 0
     kept = json.loads((run2 / dist.COMMITTED).read_text())["parameters"]
-    assert {k: kept[k] for k in dist.DERIVED} == {k: recorded[k] for k in dist.DERIVED}
+    assert {k: kept[k] for k in DERIVED} == {k: recorded[k] for k in DERIVED}
     day2 = pq.read_table(tmp_path / "public" / "releases" / f"window_id={W0 + 1}")
     assert set(day2.column("noise_std").to_pylist()) == {recorded["noise_std"]}
 
@@ -574,11 +575,12 @@ def test_a_ledger_whose_budget_is_above_the_promise_is_refused(tmp_path, two_day
 
 @pytest.mark.parametrize("recorded", [None, "0.1", True])
 def test_a_manifest_without_a_numeric_budget_cannot_be_continued(recorded):
-    from stream.accounting import calibrate
-
-    cal = calibrate(epsilon=1.0, delta=1e-6, norm_budget=30.0)
-    with pytest.raises(dist.RunRefused, match=r"run1 records no zCDP budget"):
-        dist.continue_budget(cal, {"rho": cal.rho}, recorded, where="run1")
+    config = LedgerConfig.from_promise(epsilon=1.0, delta=1e-6, norm_budget=30.0, id_type="int64",
+                                       key_fingerprint="0" * 16, ledger_id=new_ledger_id())
+    manifest = config.to_manifest()
+    manifest["parameters"]["rho"] = recorded
+    with pytest.raises(LedgerConfigError, match=r"run1 records no zCDP budget"):
+        LedgerConfig.from_manifest(manifest, where="run1")
 
 
 def test_a_run_with_other_parameters_than_the_ledger_is_refused(tmp_path, two_days, capsys):

@@ -341,7 +341,7 @@ def test_a_streaming_ledger_refuses_another_declared_id_type_naming_both(jobs, c
             str(tmp_path / "stream-public"), "--shards", "2", "--id-type", "int64", *_promise(tmp_path)]
     assert sj.main(argv) == 2
     err = capsys.readouterr().err
-    assert "'id_type': 'string'" in err and "'id_type': 'int64'" in err
+    assert "id_type: ledger has 'string', this run asks 'int64'" in err
     assert not (tmp_path / "stream" / "job3").exists()
 
 

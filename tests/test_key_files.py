@@ -80,7 +80,7 @@ def test_a_corrupted_ledger_file_is_refused_with_a_clear_message(tmp_path):
 def _cli_run(tmp_path, offset, *, store="s.duckdb", ledger="l.duckdb", key="k.key") -> list[str]:
     day = (DAY0 + dt.timedelta(days=offset)).isoformat()
     return ["run", "--input", _day(tmp_path, offset), "--store", str(tmp_path / store), "--ledger",
-            str(tmp_path / ledger), "--key", str(tmp_path / key), "--epsilon", "1", "--delta", "1e-6",
+            str(tmp_path / ledger), "--noise-key", str(tmp_path / key), "--epsilon", "1", "--delta", "1e-6",
             "--norm-budget", "5", "--start", day, "--end", day, "--shards", "2", "--quiet"]
 
 
@@ -100,7 +100,7 @@ def test_renyi_stream_run_refuses_a_key_file_readable_by_others_and_commits_noth
     before = _digest(tmp_path / "s.duckdb", tmp_path / "l.duckdb")
     status, err = _cli(_cli_run(tmp_path, 1), capsys)
     assert status != 0 and "Traceback" not in err
-    assert "--key" in err and str(tmp_path / "k.key") in err and "mode 0644" in err and "chmod 600" in err, err
+    assert "--noise-key" in err and str(tmp_path / "k.key") in err and "mode 0644" in err and "chmod 600" in err, err
     assert _digest(tmp_path / "s.duckdb", tmp_path / "l.duckdb") == before
     assert not (tmp_path / "l.duckdb.lock").exists()
 

@@ -100,6 +100,29 @@ def test_budgets_accumulate_across_daily_runs(tmp_path):
     assert statuses == [(1, 0), (1, 0), (0, 1)]
 
 
+def test_a_ledger_continued_with_another_shard_count_gives_the_ledger_and_releases_of_the_same_count(tmp_path):
+    # Invariant 1 (ledger-never-window-scoped) across a change of --shards: the ledger is restored
+    # whole and split again by user (stream.engine.sharding.shard_of), so every user finds their
+    # own budget, as in the distributed and streaming jobs (stream.engine.ledger_config, "per run").
+    from dataclasses import replace
+
+    rng = np.random.default_rng(11)
+    users = np.arange(200)
+    days = [_write_day(tmp_path / f"d{d}.parquet", d, users, (rng.random(200) < 0.8).astype(float),
+                       (rng.random(200) < 0.5).astype(float)) for d in range(3)]
+    kept, resharded = (_config(tmp_path, days[:2], start=0, end=1, norm_budget=2.5, name=n) for n in ("kept", "re"))
+    _same_ledger(kept, resharded)
+    run_job(kept)
+    run_job(resharded)
+    run_job(_config(tmp_path, days[2:], start=2, end=2, norm_budget=2.5, name="kept"))
+    run_job(replace(_config(tmp_path, days[2:], start=2, end=2, norm_budget=2.5, name="re"), n_shards=7))
+    assert _ledger(resharded) == _ledger(kept) and len(_ledger(kept)) == 200
+    ours, theirs = _releases(resharded).to_pylist(), _releases(kept).to_pylist()
+    assert [r["query_id"] for r in ours] == [r["query_id"] for r in theirs] and len(ours) == 6
+    # Equal but for the order in which the shards' partial sums are added (last bits).
+    assert [r["value"] for r in ours] == pytest.approx([r["value"] for r in theirs], rel=1e-12, abs=1e-9)
+
+
 def test_budgets_accumulate_across_windows_within_one_run(tmp_path):
     paths = [_write_day(tmp_path / f"d{d}.parquet", d, [7], [1.0], [0.0]) for d in range(3)]
     summary = run_job(_config(tmp_path, paths, start=0, end=2))

@@ -12,11 +12,12 @@ import pytest
 from scipy.stats import norm
 
 from pipelines.cli.main import main
-from pipelines.curator.store import CuratorStore, LedgerParameters
+from pipelines.curator.store import CuratorStore
 from pipelines.daily.job import JobConfig, run_job
 from pipelines.curator.privacy_report import privacy_report
 from queries.release_store import RELEASE_SCHEMA
 from stream.accounting import calibrate, epsilon_for_budget
+from stream.engine.ledger_config import LedgerConfig
 from stream.ledger import Ledger
 from stream.schema import REJECTED_SCHEMA
 
@@ -69,9 +70,9 @@ def hand_ledger(tmp_path_factory):
         users = [u for u, charges in CHARGES.items() if charges[window] is not None]
         x = np.sqrt([2 * CHARGES[u][window] for u in users])
         book.admit(np.array(users, dtype=np.int64), x, noise_std=1.0, policy="drop")
-    params = LedgerParameters(epsilon=_thm49(KAPPA, DELTA), delta=DELTA, norm_budget=2 * KAPPA, accounting="zcdp-thm49",
-                              rho=KAPPA, noise_std=1.0, tracker_step=STEP, id_type="int64", n_shards=1,
-                              key_fingerprint="0" * 16, window_seconds=86400, origin_seconds=0)
+    params = LedgerConfig(epsilon=_thm49(KAPPA, DELTA), delta=DELTA, norm_budget=2 * KAPPA, accounting="zcdp-thm49",
+                          rho=KAPPA, noise_std=1.0, tracker_step=STEP, id_type="int64", n_shards=1,
+                          key_fingerprint="0" * 16, window_seconds=86400, origin_seconds=0)
     path = tmp_path_factory.mktemp("hand") / "ledger.duckdb"
     with CuratorStore(path) as store:
         store.check_or_record_parameters(params)

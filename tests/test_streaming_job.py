@@ -29,9 +29,8 @@ from apache_beam.runners import pipeline_context
 
 from pipelines.streaming import job as sj
 from pipelines.daily.job import JobConfig, run_job
-from stream.accounting import calibrate
+from stream.engine.ledger_config import DERIVED, FIXED, LedgerConfig, snapshot_key
 from stream.noise import NoiseBinding, NoiseKey, gaussian_noise
-from stream.schema import WindowSpec
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -420,8 +419,8 @@ def test_a_snapshot_without_a_recorded_shard_count_is_checked_against_the_shard_
 
 def _differ(err: str, parameter: str, before, now) -> bool:
     """Whether ``err`` is the refusal naming ``parameter`` with the ledger's value and this run's."""
-    return re.search(rf"\(\{{[^}}]*'{parameter}': {re.escape(repr(before))}[^}}]*\}} before, "
-                     rf"\{{[^}}]*'{parameter}': {re.escape(repr(now))}[^}}]*\}} now\)", err) is not None
+    return re.search(rf"{parameter}: ledger has {re.escape(repr(before))}, this run asks {re.escape(repr(now))}",
+                     err) is not None
 
 
 @pytest.mark.parametrize("option, value, parameter, before, now", [
@@ -514,28 +513,28 @@ def test_a_snapshot_of_a_job_releasing_under_another_root_is_refused_though_its_
     assert "another root" in err
 
 
-def _recorded_parameters(releases: str) -> tuple[dict, dict]:
-    """``(parameters, metadata)``: a run's parameters, and a snapshot's metadata recording them with
+def _recorded_parameters(releases: str) -> tuple[LedgerConfig, dict]:
+    """``(config, metadata)``: a run's configuration, and a snapshot's metadata recording it with
     the release root written as ``releases``."""
-    cal = calibrate(epsilon=EPSILON, delta=DELTA, norm_budget=NORM_BUDGET, accounting="gdp")
-    parameters = sj._parameters(cal=cal, id_type="int64", fingerprint="0123abcd", spec=WindowSpec(),
-                                releases="gs://acme-public/releases")
-    recorded = {sj._parameter_key(k): v for k, v in sj._as_text(parameters).items()}
-    return parameters, {**recorded, sj._parameter_key("releases"): releases}
+    config = LedgerConfig.from_promise(epsilon=EPSILON, delta=DELTA, norm_budget=NORM_BUDGET, accounting="gdp",
+                                       id_type="int64", key_fingerprint="0123abcd", n_shards=1,
+                                       releases="gs://acme-public/releases")
+    recorded = {k.decode(): v.decode() for k, v in config.to_snapshot_metadata().items()}
+    return config, {**recorded, snapshot_key("releases"): releases}
 
 
 def test_release_roots_are_compared_normalised_so_a_trailing_slash_names_the_same_root():
-    parameters, metadata = _recorded_parameters("gs://acme-public/releases/")
-    sj._check_parameters("glob", {0: "a.parquet"}, {0: metadata}, parameters)
-    parameters, metadata = _recorded_parameters("gs://acme-staging/releases/")
-    with pytest.raises(sj.launch.RunRefused, match=r"'releases': 'gs://acme-staging/releases'\} before, "
-                                                 r"\{'releases': 'gs://acme-public/releases'\} now"):
-        sj._check_parameters("glob", {0: "a.parquet"}, {0: metadata}, parameters)
+    config, metadata = _recorded_parameters("gs://acme-public/releases/")
+    sj._continued("glob", {0: "a.parquet"}, {0: metadata}, config)
+    config, metadata = _recorded_parameters("gs://acme-staging/releases/")
+    with pytest.raises(sj.launch.RunRefused, match=r"releases: ledger has 'gs://acme-staging/releases', "
+                                                 r"this run asks 'gs://acme-public/releases'"):
+        sj._continued("glob", {0: "a.parquet"}, {0: metadata}, config)
 
 
 def _forget_parameters(folder: Path) -> None:
     """Rewrite every snapshot under ``folder`` as the job wrote it before it recorded its parameters."""
-    keys = {sj._parameter_key(name).encode() for name in sj.SNAPSHOT_FIXED}
+    keys = {snapshot_key(name).encode() for name in (*FIXED, *DERIVED)}
     for path in folder.glob("shard=*/*.parquet"):
         table = pq.read_table(path)
         pq.write_table(table.replace_schema_metadata(

@@ -412,7 +412,7 @@ def test_training_on_a_ledger_refuses_another_noise_key_and_never_creates_one(tm
     key.rename(tmp_path / "elsewhere.key")
     capsys.readouterr()
     assert main(args) == 1
-    assert "argument --key: noise key file" in capsys.readouterr().err and not key.exists()
+    assert "argument --noise-key: noise key file" in capsys.readouterr().err and not key.exists()
     NoiseKey.load_or_create(key)  # another curator's key in its place
     assert main(args) == 1
     assert "the ledger's own key" in capsys.readouterr().err

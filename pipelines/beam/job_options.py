@@ -1,37 +1,31 @@
-"""What the distributed and streaming jobs share at launch: the one option group for the promise,
-the schedule, the key, the shards and the window (:func:`add_promise_options`), parsing those
-options, the worker noise key's fingerprint, and continuing a recorded ledger budget. Anything
-that would break a promise, or cannot be checked not to, is refused before launch
-(:class:`RunRefused`)."""
+"""What the jobs share at launch: the one option group for the promise, the schedule, the key,
+the shards and the window (:func:`add_ledger_options`, the same in ``renyi-stream run``,
+``python -m pipelines.distributed`` and ``python -m pipelines.streaming``), the Beam jobs' further
+launch options (:func:`add_promise_options`), parsing them, and the worker noise key's
+fingerprint. What a ledger keeps for life and how a run continues it is
+:class:`stream.engine.ledger_config.LedgerConfig`. Anything that would break a promise, or cannot
+be checked not to, is refused before launch (:class:`RunRefused`). Imports no Beam (the
+``renyi-stream`` command line parses with it)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
-from pipelines.beam import worker_key
-from stream.accounting import Calibration, resume
+from stream.accounting import ACCOUNTINGS, DEFAULT_ACCOUNTING
+from stream.engine.ledger_config import DEFAULT_SHARDS
+from stream.ledger import Policy
 from stream.noise import NoiseKey
 from stream.schema import WindowSpec
 
-DEFAULT_SHARDS = 256
+#: The option group's defaults (:func:`add_ledger_options`): one place for every job.
+DEFAULT_WINDOW = "1d"
+DEFAULT_POLICY = Policy.DROP.value
 WORKER_KEY_DIR = "/tmp/renyi-stream-key"
 
 
 class RunRefused(RuntimeError):
     """A run that would break a promise (or cannot be checked not to) is refused before launch."""
-
-
-#: Parameters a ledger is started with; every later run must match them (as the local job's).
-FIXED = ("epsilon", "delta", "norm_budget", "accounting", "rho", "noise_std", "tracker_step", "id_type",
-         "key_fingerprint", "window_seconds", "origin_seconds")
-
-
-#: The part of :data:`FIXED` that calibration derives from the promise: a continued ledger keeps
-#: its recorded values (:func:`continue_budget`), so another version's last-bit difference in the
-#: root finder neither refuses it nor changes its noise.
-DERIVED = ("rho", "noise_std", "tracker_step")
 
 
 def parse_day(name: str, text: str, spec: WindowSpec) -> int:
@@ -57,6 +51,8 @@ def key_fingerprint(args: argparse.Namespace) -> tuple[str, str, NoiseKey | None
                          "mounted secret) and --noise-key-secret (a Secret Manager version the workers fetch)")
     key = None
     if args.noise_key_secret:
+        from pipelines.beam import worker_key  # imports Beam: only where a secret is fetched
+
         if not args.key_fingerprint:
             key = NoiseKey(secret=worker_key.fetch_secret(args.noise_key_secret))
         fingerprint = args.key_fingerprint or key.fingerprint
@@ -73,40 +69,42 @@ def key_fingerprint(args: argparse.Namespace) -> tuple[str, str, NoiseKey | None
     return args.noise_key, fingerprint, key
 
 
-def continue_budget(cal: Calibration, parameters: dict[str, Any], recorded_rho: Any,
-                    *, where: str) -> tuple[Calibration, dict[str, Any]]:
-    """This run's calibration and :data:`FIXED` values when it continues a ledger whose budget is
-    ``recorded_rho``: the ledger's budget and the noise std and tracker step it gives
-    (:func:`stream.accounting.calibration.resume`). RunRefused, naming ``where``, when the
-    recorded budget is missing or above what this run's promise allows. The promise itself must
-    already have been checked equal."""
-    if not isinstance(recorded_rho, (int, float)) or isinstance(recorded_rho, bool):
-        raise RunRefused(f"{where} records no zCDP budget (rho={recorded_rho!r}): it cannot be continued")
-    try:
-        kept = resume(cal, float(recorded_rho))
-    except ValueError as exc:
-        raise RunRefused(f"{where}: its ledger's budget does not keep this run's promise: {exc}") from None
-    return kept, {**parameters, "rho": kept.rho, "noise_std": kept.noise_std, "tracker_step": kept.rho / 32.0}
-
-
-def add_promise_options(parser: argparse.ArgumentParser) -> None:
-    """The options every entry point shares: the public schedule, the promise, the public
-    release root, the noise key, and how the filter runs."""
-    arg = parser.add_argument
+def add_ledger_options(parser: argparse.ArgumentParser, *, key_help: str, key_alias: bool = False) -> None:
+    """The option group every job that charges a ledger shares, with the same names, defaults and
+    choices in each (``tests/test_ledger_config.py`` fails when one drifts): the public schedule
+    (``--start``, ``--end``), the promise (``--epsilon``, ``--delta``, ``--norm-budget``,
+    ``--accounting``), the windows (``--window``), the noise key file (``--noise-key``), and how
+    the filter runs (``--policy``, ``--shards``). ``key_help`` says where the job looks for the
+    key; ``key_alias`` also accepts ``--key``, the name ``renyi-stream run`` and ``train`` gave
+    ``--noise-key`` before, so that existing commands keep working."""
+    group = parser.add_argument_group("the ledger: schedule, promise, noise key, windows and shards")
+    arg = group.add_argument
     arg("--start", required=True, help="first window of the public schedule (YYYY-MM-DD)")
     arg("--end", required=True, help="last window of the public schedule (YYYY-MM-DD)")
     arg("--epsilon", type=float, required=True, help="per-user epsilon (> 0)")
     arg("--delta", type=float, required=True, help="per-user delta, in (0, 1)")
     arg("--norm-budget", "--norm_budget", dest="norm_budget", type=float, required=True,
         help="B, squared-norm budget per user (> 0)")
+    arg("--accounting", choices=ACCOUNTINGS, default=DEFAULT_ACCOUNTING,
+        help=f"how (epsilon, delta) maps to the zCDP budget (default {DEFAULT_ACCOUNTING})")
+    arg("--window", default=DEFAULT_WINDOW, help=f"window length: {DEFAULT_WINDOW} (default), 12h, 30m, 3600s")
+    arg("--noise-key", "--noise_key", *(("--key",) if key_alias else ()), dest="noise_key", default=None,
+        help=key_help + ("; --key is the same option (its former name)" if key_alias else ""))
+    arg("--policy", choices=[p.value for p in Policy], default=DEFAULT_POLICY,
+        help=f"what happens to a contribution past a user's budget (default {DEFAULT_POLICY})")
+    arg("--shards", type=int, default=DEFAULT_SHARDS,
+        help=f"user shards of the stateful filter (default {DEFAULT_SHARDS}; a later run may use another count: "
+             "the ledger is split again by user)")
+
+
+def add_promise_options(parser: argparse.ArgumentParser) -> None:
+    """The launch options the distributed and streaming jobs share: :func:`add_ledger_options`,
+    the public release root, and the noise key as the workers get it."""
+    add_ledger_options(parser, key_help="noise key file, at this path on every worker")
+    arg = parser.add_argument
     arg("--releases-parquet", "--releases_parquet", dest="releases_parquet", required=True,
         help="public release root: <root>/window_id=<id>/releases.parquet")
-    arg("--noise-key", "--noise_key", dest="noise_key", help="noise key file, at this path on every worker")
     arg("--noise-key-secret", "--noise_key_secret", dest="noise_key_secret",
         help="Secret Manager version of the noise key (projects/P/secrets/S/versions/V), fetched by each worker")
     arg("--key-fingerprint", "--key_fingerprint", dest="key_fingerprint",
         help="the key's public fingerprint, when the launcher cannot (or should not) read the key")
-    arg("--window", default="1d", help="window length: 1d (default), 12h, 30m, 3600s")
-    arg("--policy", choices=["drop", "clip"], default="drop")
-    arg("--accounting", choices=["gdp", "zcdp-cks", "zcdp-thm49"], default="gdp")
-    arg("--shards", type=int, default=DEFAULT_SHARDS, help=f"user shards of the filter (default {DEFAULT_SHARDS})")

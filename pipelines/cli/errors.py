@@ -16,7 +16,7 @@ PROG = "renyi-stream"
 _MESSAGE_OPTIONS = (
     ("cannot open release store", "--store"), ("release store", "--store"),
     ("cannot open the ledger", "--ledger"), ("the ledger", "--ledger"),
-    ("cannot open noise key file", "--key"), ("noise key file", "--key"),
+    ("cannot open noise key file", "--noise-key"), ("noise key file", "--noise-key"),
     ("input file", "--input"), ("inputs", "--input"), ("features file", "--features"),
     ("n_shards", "--shards"), ("query_id", "--id"), ("effective_from", "--from"),
     ("the schedule", "--end"), ("unexpected pipeline runner", "--runner"), ("weight of", "--weighted"),
@@ -25,9 +25,10 @@ _MESSAGE_OPTIONS = (
 
 
 def options_of(parser: argparse.ArgumentParser) -> dict[str, str]:
-    """``dest -> --option`` for the long options of one (sub)command's parser."""
-    return {a.dest: a.option_strings[-1] for a in parser._actions
-            if a.option_strings and a.option_strings[-1].startswith("--") and a.dest != "help"}
+    """``dest -> --option`` for the long options of one (sub)command's parser, each by its first
+    long name (``--noise-key``, not its aliases ``--noise_key`` and ``--key``)."""
+    return {a.dest: long[0] for a in parser._actions
+            if (long := [s for s in a.option_strings if s.startswith("--")]) and a.dest != "help"}
 
 
 def record_option_names(parser: argparse.ArgumentParser) -> None:

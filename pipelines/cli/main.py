@@ -20,6 +20,7 @@ import os
 import sys
 from typing import Any, Sequence
 
+from pipelines.beam.job_options import add_ledger_options
 from pipelines.cli.errors import PROG, name_the_option, record_option_names
 from pipelines.cli.queries import add_query_subcommands
 from pipelines.cli.training import add_train_subcommand
@@ -143,7 +144,7 @@ def _run_command(args: argparse.Namespace) -> int:
         config = JobConfig(
             inputs=tuple(args.input), store=args.store, ledger=args.ledger, epsilon=args.epsilon,
             delta=args.delta, norm_budget=args.norm_budget, start_window=start, end_window=end, window=spec,
-            policy=args.policy, accounting=args.accounting, key_path=args.key, n_shards=args.shards,
+            policy=args.policy, accounting=args.accounting, key_path=args.noise_key, n_shards=args.shards,
             beam_args=tuple(beam_args), releases_parquet=args.releases_parquet, release=args.release,
             strategy=args.strategy,
         )
@@ -258,16 +259,8 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--input", nargs="+", required=True, help="Parquet, Arrow IPC or CSV files")
     run.add_argument("--store", required=True, help="the public release store (DuckDB file)")
     run.add_argument("--ledger", required=True, help="the curator's ledger (DuckDB file)")
-    run.add_argument("--epsilon", type=float, required=True, help="per-user epsilon (> 0)")
-    run.add_argument("--delta", type=float, required=True, help="per-user delta, in (0, 1)")
-    run.add_argument("--norm-budget", type=float, required=True, help="B, squared-norm budget per user (> 0)")
-    run.add_argument("--start", required=True, help="first window of the public schedule (YYYY-MM-DD)")
-    run.add_argument("--end", required=True, help="last window of the public schedule (YYYY-MM-DD)")
-    run.add_argument("--window", default="1d", help="window length: 1d (default), 12h, 30m, 3600s")
-    run.add_argument("--policy", choices=("drop", "clip"), default="drop", help="default drop")
-    run.add_argument("--accounting", choices=ACCOUNTINGS, default="gdp", help="default gdp")
-    run.add_argument("--key", default=None, help="noise key file (default: beside the ledger)")
-    run.add_argument("--shards", type=int, default=16, help="user shards of the stateful filter (default 16)")
+    add_ledger_options(run, key_alias=True,
+                       key_help="noise key file (default: beside the ledger, <ledger>.noise.key)")
     run.add_argument("--releases-parquet", default=None, metavar="DIR",
                      help="also write each window's releases as DIR/window_id=N/releases.parquet")
     run.add_argument("--release", choices=("window", "running"), default="window",

@@ -118,7 +118,9 @@ def add_train_subcommand(subparsers: Any) -> None:
                        help="default: the ledger's (gdp on a new ledger)")
     train.add_argument("--norm-budget", type=float, default=1.0,
                        help="new ledger only: the B later daily jobs on it must use (default 1)")
-    train.add_argument("--key", default=None, help="the ledger's noise key file (default: beside the ledger)")
+    train.add_argument("--noise-key", "--key", dest="key", default=None,
+                       help="the ledger's noise key file (default: beside the ledger, <ledger>.noise.key); --key is "
+                       "the same option (its former name), as in renyi-stream run")
     train.add_argument("--normaliser", type=float, default=None,
                        help="a public number of users to divide the update by, declared by the curator (not "
                        "computed from the data); default: a noisy user count charged to the ledger")

@@ -24,7 +24,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from pipelines.curator.store import CuratorStoreError, LedgerParameters, parameters_from_meta, refuse_a_shared_ledger
+from pipelines.curator.store import CuratorStoreError, refuse_a_shared_ledger
+from stream.engine.ledger_config import LedgerConfig, LedgerConfigError
 from stream.accounting import epsilon_for_budget
 from stream.ledger import Ledger
 
@@ -40,7 +41,7 @@ REPORT_SCHEMA = pa.schema([
 ])
 
 
-def load_ledger(path: str | os.PathLike, *, user: Any = None) -> tuple[LedgerParameters, Ledger]:
+def load_ledger(path: str | os.PathLike, *, user: Any = None) -> tuple[LedgerConfig, Ledger]:
     """The ledger's parameters and its users (only ``user``, when given), opened read-only.
 
     Raises :class:`CuratorStoreError` for a missing file, a database that is not a ledger, or
@@ -60,11 +61,14 @@ def load_ledger(path: str | os.PathLike, *, user: Any = None) -> tuple[LedgerPar
         if "meta" not in tables:
             raise CuratorStoreError(f"{path} is not a renyi-stream ledger (no meta table)"
                                     + ("; it is a public release store" if "store_meta" in tables else ""))
-        meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
-        if "rho" not in meta:
+        try:
+            params = LedgerConfig.from_meta(dict(db.execute("SELECT key, value FROM meta").fetchall()),
+                                            where=f"the ledger {path}")
+        except LedgerConfigError as exc:
+            raise CuratorStoreError(str(exc)) from None
+        if params is None:
             raise CuratorStoreError(f"the ledger {path} has no parameters: no daily run has used it")
-        params = parameters_from_meta(meta)
-        template = Ledger(budget=params.rho, id_type=params.id_type, tracker_step=params.tracker_step).to_arrow()
+        template = params.empty_ledger().to_arrow()
         if "ledger" not in tables:
             return params, Ledger.from_arrow(template)
         sql = "SELECT user_id, used, tracker_segment, tracker_bound FROM ledger"

@@ -4,8 +4,9 @@ Everything here is sensitive (used budgets, row counts, dead-letter rows): it ne
 public release store: invariant 4 (nothing-pre-noise-leaves, docs/architecture.md). One DuckDB
 file holds:
 
-* ``meta``: the parameters the ledger was started with (a daily job must not change the
-  promise half-way: a run with different parameters is refused) and the ledger's random
+* ``meta``: the configuration the ledger was started with, as
+  :meth:`stream.engine.ledger_config.LedgerConfig.to_meta` writes it (a daily job must not change
+  the promise half-way: a run with other parameters is refused), and the ledger's random
   identifier ``ledger_id`` (:attr:`CuratorStore.ledger_id`), which its releases' noise is bound to;
 * ``ledger``: per user, the used zCDP budget and the personal tracker;
 * ``processed_windows``: windows already charged and released (invariant 6: never twice);
@@ -26,7 +27,7 @@ from __future__ import annotations
 import errno
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -36,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from queries.release_store import RELEASE_SCHEMA
-from stream.accounting.calibration import calibrate, resume
+from stream.engine.ledger_config import LedgerConfig, LedgerConfigError
 from stream.faults import crash_point
 from stream.ledger import Ledger
 from stream.noise import check_ledger_id, new_ledger_id
@@ -130,56 +131,6 @@ def _alive(pid: int) -> bool:
     except OSError as exc:
         return exc.errno == errno.EPERM
     return True
-
-
-@dataclass(frozen=True)
-class LedgerParameters:
-    """What a ledger was started with; every later run must match."""
-
-    epsilon: float
-    delta: float
-    norm_budget: float
-    accounting: str
-    rho: float
-    noise_std: float
-    tracker_step: float
-    id_type: str
-    n_shards: int
-    key_fingerprint: str
-    window_seconds: int
-    origin_seconds: int
-
-    def as_meta(self) -> dict[str, str]:
-        return {name: repr(value) if isinstance(value, float) else str(value)
-                for name, value in self.__dict__.items()}
-
-
-_FLOATS = ("epsilon", "delta", "norm_budget", "rho", "noise_std", "tracker_step")
-# Derived from the promise by calibration, and then the ledger's own for life (see resume).
-_DERIVED = ("rho", "noise_std", "tracker_step")
-_INTS = ("n_shards", "window_seconds", "origin_seconds")
-
-
-def parameters_from_meta(meta: Mapping[str, str]) -> LedgerParameters:
-    values: dict[str, Any] = {}
-    for name in LedgerParameters.__dataclass_fields__:
-        raw = meta[name]
-        values[name] = float(raw) if name in _FLOATS else int(raw) if name in _INTS else raw
-    return LedgerParameters(**values)
-
-
-def _derived_differences(existing: LedgerParameters, wanted: LedgerParameters) -> list[str]:
-    """Why ``existing``'s budget cannot continue ``wanted``'s promise (the promise itself equal);
-    empty when it can."""
-    calibration = calibrate(epsilon=wanted.epsilon, delta=wanted.delta, norm_budget=wanted.norm_budget,
-                            accounting=wanted.accounting)
-    try:
-        kept = resume(calibration, existing.rho)
-    except ValueError as exc:
-        return [f"rho: ledger has {existing.rho!r}, this promise allows {calibration.rho!r} ({exc})"]
-    expected = {"noise_std": kept.noise_std, "tracker_step": kept.rho / 32.0}
-    return [f"{name}: ledger has {getattr(existing, name)!r}, its rho={existing.rho!r} gives {value!r} "
-            "(the ledger was edited)" for name, value in expected.items() if getattr(existing, name) != value]
 
 
 class CuratorStore:
@@ -283,41 +234,37 @@ class CuratorStore:
             raise CuratorStoreError(f"the ledger {self.path} records a malformed ledger id ({exc}): it was edited; "
                                     "restore it from its backup") from None
 
-    def parameters(self) -> LedgerParameters | None:
+    def parameters(self) -> LedgerConfig | None:
+        """The configuration the ledger records in ``meta`` (:meth:`LedgerConfig.from_meta`);
+        None for a ledger no run has used yet. CuratorStoreError for a record that cannot be read."""
         rows = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
-        if "rho" not in rows:
-            return None
-        return parameters_from_meta(rows)
+        try:
+            return LedgerConfig.from_meta(rows, where=f"the ledger {self.path}")
+        except LedgerConfigError as exc:
+            raise CuratorStoreError(str(exc)) from None
 
     @under_private_umask  # may create the write-ahead log
-    def check_or_record_parameters(self, wanted: LedgerParameters) -> LedgerParameters:
-        """Record ``wanted`` on a new ledger. On an existing one, refuse any difference in the
-        promise, key, id type, shards or windows, and return the ledger's own parameters.
-
-        The budget and what follows from it (``rho``, ``noise_std``, ``tracker_step``) are the
-        ledger's: they are kept as recorded when ``rho`` keeps ``wanted``'s promise
-        (:func:`stream.accounting.calibration.resume`: at most ``wanted.rho`` up to float
-        rounding), so another version's last-bit difference in calibration neither refuses the
-        ledger nor changes its noise, and ``noise_std`` and ``tracker_step`` must be exactly what
-        that ``rho`` gives (anything else is an edited ledger).
+    def check_or_record_parameters(self, wanted: LedgerConfig) -> LedgerConfig:
+        """Record ``wanted`` on a new ledger, with this ledger's :attr:`ledger_id` (``wanted``'s
+        must be None or the same). On an existing one, return ``wanted`` continuing the recorded
+        configuration (:meth:`LedgerConfig.continued_from`: another promise, key, id type or
+        windows is refused, as CuratorStoreError naming the ledger and each field; the budget
+        and the noise std and tracker step it gives are the ledger's own, kept as recorded).
         """
+        if wanted.ledger_id not in (None, self.ledger_id):
+            raise CuratorStoreError(f"the ledger {self.path} has ledger id {self.ledger_id}, this run was configured "
+                                    f"for {wanted.ledger_id}")
+        wanted = replace(wanted, ledger_id=self.ledger_id)
         existing = self.parameters()
         if existing is None:
-            self._db.executemany("INSERT INTO meta VALUES (?, ?)", list(wanted.as_meta().items()))
+            # ledger_id is there since the file was created (_create): the same value, kept.
+            self._db.executemany("INSERT INTO meta VALUES (?, ?) ON CONFLICT DO NOTHING",
+                                 list(wanted.to_meta().items()))
             return wanted
-        different = [
-            f"{name}: ledger has {getattr(existing, name)!r}, this run asks {getattr(wanted, name)!r}"
-            for name in LedgerParameters.__dataclass_fields__
-            if name not in _DERIVED and getattr(existing, name) != getattr(wanted, name)
-        ]
-        if not different:
-            different = _derived_differences(existing, wanted)
-        if different:
-            raise CuratorStoreError(
-                f"this run's parameters differ from those the ledger {self.path} was started with "
-                "(changing them mid-stream would change every user's promise): " + "; ".join(different)
-            )
-        return existing
+        try:
+            return wanted.continued_from(existing, where=f"the ledger {self.path}")
+        except LedgerConfigError as exc:
+            raise CuratorStoreError(str(exc)) from None
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -332,15 +279,15 @@ class CuratorStore:
     def processed_windows(self) -> set[int]:
         return {int(w) for (w,) in self._db.execute("SELECT DISTINCT window_id FROM processed_windows").fetchall()}
 
-    def load_ledger(self, params: LedgerParameters) -> pa.Table:
+    def load_ledger(self, params: LedgerConfig) -> pa.Table:
         """The ledger snapshot (``Ledger.to_arrow`` layout), empty on a new ledger."""
         if not self._has_ledger_table():
-            return Ledger(budget=params.rho, id_type=params.id_type, tracker_step=params.tracker_step).to_arrow()
+            return params.empty_ledger().to_arrow()
         table = self._db.execute(
             "SELECT user_id, used, tracker_segment, tracker_bound FROM ledger ORDER BY user_id").arrow()
         if hasattr(table, "read_all"):
             table = table.read_all()
-        template = Ledger(budget=params.rho, id_type=params.id_type, tracker_step=params.tracker_step).to_arrow()
+        template = params.empty_ledger().to_arrow()
         table = table.cast(template.schema.remove_metadata()).replace_schema_metadata(template.schema.metadata)
         Ledger.from_arrow(table)  # refuses a corrupted ledger (nulls, repeats, budgets out of range)
         return table

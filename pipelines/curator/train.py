@@ -46,7 +46,7 @@ from typing import Any, Callable, TextIO
 import numpy as np
 import pyarrow as pa
 
-from stream.accounting import ACCOUNTINGS, calibrate, describe_accounting, epsilon_for_budget
+from stream.accounting import ACCOUNTINGS, DEFAULT_ACCOUNTING, describe_accounting, epsilon_for_budget
 from stream.accounting import _validate as check
 from stream.private_files import write_private_bytes
 
@@ -228,41 +228,34 @@ def _existing_key(config: TrainConfig, params: Any) -> Any:
 
 
 def _ledger_parameters(curator: Any, config: TrainConfig, id_type: str) -> tuple[Any, Any]:
-    """The ledger's recorded parameters, after checking this run's promise against them, and
-    ``None``; on a new ledger, the parameters to record (compatible with a later
-    ``renyi-stream run``) and the new key created beside the ledger (``NoiseKey.load_or_create``,
-    as the daily job does). An existing ledger's key is loaded later (:func:`_existing_key`),
-    after the parameter checks, so a bad parameter is reported as such."""
-    from pipelines.curator.store import LedgerParameters
-    from pipelines.daily.job import DEFAULT_SHARDS
+    """The ledger's configuration (:class:`stream.engine.ledger_config.LedgerConfig`), after
+    checking this run's promise against it (:meth:`LedgerConfig.continued_from`: the epsilon,
+    delta, accounting and id type a training run gives; the rest is the ledger's), and ``None``;
+    on a new ledger, the configuration to record (compatible with a later ``renyi-stream run``)
+    and the new key created beside the ledger (``NoiseKey.load_or_create``, as the daily job
+    does). An existing ledger's key is loaded later (:func:`_existing_key`), after the parameter
+    checks, so a bad parameter is reported as such."""
+    from dataclasses import replace
+
+    from stream.engine.ledger_config import LedgerConfig, LedgerConfigError
     from stream.noise import NoiseKey
-    from stream.schema import WindowSpec
 
     existing = curator.parameters()
     if existing is not None:
-        different = [
-            f"{name}: ledger has {getattr(existing, name)!r}, this training asks {wanted!r}"
-            for name, wanted in (("epsilon", config.epsilon), ("delta", config.delta),
-                                 ("accounting", config.accounting or existing.accounting),
-                                 ("id_type", id_type))
-            if getattr(existing, name) != wanted
-        ]
-        if different:
+        asked = replace(existing, epsilon=config.epsilon, delta=config.delta,
+                        accounting=config.accounting or existing.accounting, id_type=id_type)
+        try:
+            return asked.continued_from(existing, where=f"the ledger {config.ledger}", by="this training"), None
+        except LedgerConfigError as exc:
             raise TrainRefused(
-                f"the ledger {config.ledger} was started with another promise; a training run must use "
-                "the ledger's own (it shares every user's budget with the daily releases): " + "; ".join(different))
-        return existing, None
-    accounting = config.accounting or "gdp"
-    cal = calibrate(epsilon=config.epsilon, delta=config.delta, norm_budget=config.norm_budget,
-                    accounting=accounting)
+                f"the ledger {config.ledger} was started with another promise; a training run must use the "
+                "ledger's own (it shares every user's budget with the daily releases): " + "; ".join(exc.details)
+            ) from None
     key = NoiseKey.load_or_create(config.key_file)
-    window = WindowSpec()
-    wanted = LedgerParameters(
-        epsilon=cal.epsilon, delta=cal.delta, norm_budget=cal.norm_budget, accounting=cal.accounting,
-        rho=cal.rho, noise_std=cal.noise_std, tracker_step=cal.rho / 32.0, id_type=id_type,
-        n_shards=DEFAULT_SHARDS, key_fingerprint=key.fingerprint,
-        window_seconds=window.length_seconds, origin_seconds=window.origin_seconds,
-    )
+    wanted = LedgerConfig.from_promise(
+        epsilon=config.epsilon, delta=config.delta, norm_budget=config.norm_budget,
+        accounting=config.accounting or DEFAULT_ACCOUNTING, id_type=id_type, key_fingerprint=key.fingerprint,
+        ledger_id=curator.ledger_id)
     return curator.check_or_record_parameters(wanted), key
 
 

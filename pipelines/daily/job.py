@@ -31,21 +31,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipelines.curator.store import CuratorStore, CuratorStoreError, LedgerParameters, RunLock, crash_point
+from pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock, crash_point
 from stream.engine.readers import declares_types, read_batches
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
 from queries.registration import plan_columns
 from queries.release_files import write_release_file
 from queries.release_store import RELEASE_SCHEMA, ReleaseStore
-from stream.accounting import calibrate
+from stream.accounting import DEFAULT_ACCOUNTING, calibrate
+from stream.engine.ledger_config import DEFAULT_SHARDS, LedgerConfig
 from stream.columns import KEY_COLUMNS, InputColumns, declared_kind, default_columns
-from stream.ledger import Ledger, Policy
+from stream.ledger import Policy
 from stream.noise import NoiseKey
 from stream.private_files import CURATOR_ONLY_NOTICE, private_umask
 from stream.schema import USER_ID, WindowSpec
-
-DEFAULT_SHARDS = 16
-
 
 @dataclass(frozen=True)
 class JobConfig:
@@ -61,7 +59,7 @@ class JobConfig:
     end_window: int
     window: WindowSpec = field(default_factory=WindowSpec)
     policy: str = "drop"
-    accounting: str = "gdp"
+    accounting: str = DEFAULT_ACCOUNTING
     key_path: str | None = None
     n_shards: int = DEFAULT_SHARDS
     beam_args: tuple[str, ...] = ()
@@ -82,6 +80,8 @@ class JobConfig:
         if self.strategy is not None and (self.release != "running" or self.strategy not in ("sqrt", "tree")):
             raise ValueError(f"strategy must be 'sqrt' or 'tree', and only with release='running', got "
                              f"strategy={self.strategy!r} with release={self.release!r}")
+        # The in-process runner's limit (every shard is a keyed state cell in this process); the
+        # distributed and streaming jobs take up to stream.engine.ledger_config.MAX_SHARDS.
         if not 1 <= self.n_shards <= 4096:
             raise ValueError(f"n_shards must be in [1, 4096], got n_shards={self.n_shards}")
         calibrate(epsilon=self.epsilon, delta=self.delta, norm_budget=self.norm_budget, accounting=self.accounting)
@@ -132,17 +132,14 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
     say = (lambda msg: (progress.write(msg + "\n"), progress.flush())) if progress else (lambda msg: None)
     with RunLock(config.ledger), CuratorStore(config.ledger) as curator:
         key = NoiseKey.load_or_create(config.resolved_key_path)
-        cal = calibrate(epsilon=config.epsilon, delta=config.delta, norm_budget=config.norm_budget,
-                        accounting=config.accounting)
-        wanted = LedgerParameters(
-            epsilon=cal.epsilon, delta=cal.delta, norm_budget=cal.norm_budget, accounting=cal.accounting,
-            rho=cal.rho, noise_std=cal.noise_std, tracker_step=cal.rho / 32.0,
+        existing = curator.parameters()
+        wanted = LedgerConfig.from_promise(
+            epsilon=config.epsilon, delta=config.delta, norm_budget=config.norm_budget, accounting=config.accounting,
             # A ledger's id type is its own for life; the validator parses each row's id as it, so
             # a later file typed otherwise (a CSV with one text id) costs its bad rows, not the day.
-            id_type=existing.id_type if (existing := curator.parameters()) else _id_type(config.inputs),
-            n_shards=config.n_shards, key_fingerprint=key.fingerprint,
-            window_seconds=config.window.length_seconds, origin_seconds=config.window.origin_seconds,
-        )
+            id_type=existing.id_type if existing else _id_type(config.inputs),
+            key_fingerprint=key.fingerprint, window=config.window, n_shards=config.n_shards,
+            ledger_id=curator.ledger_id)
         # One short session on the public store before the pipeline (analysts' readers are locked
         # out while a writer holds it; the pipeline itself runs with the store closed).
         with ReleaseStore(config.store) as store:
@@ -354,7 +351,7 @@ def _refuse_gaps_in_running_queries(plan: QueryPlan, previous_running: dict[str,
             )
 
 
-def _run_pipeline(config: JobConfig, params: LedgerParameters, plan: QueryPlan, columns: list[str],
+def _run_pipeline(config: JobConfig, params: LedgerConfig, plan: QueryPlan, columns: list[str],
                   released: set[int], to_release: list[int], previous: pa.Table,
                   previous_running: dict[str, pa.Table], previous_raw: dict, scratch: str,
                   say, categories: Sequence[str] = (), *, ledger_id: str) -> dict[str, pa.Table]:
@@ -389,7 +386,7 @@ def _run_pipeline(config: JobConfig, params: LedgerParameters, plan: QueryPlan, 
              | "Gather" >> beam.GroupByKey()
              | "WriteOutputs" >> beam.Map(_write_outputs, str(out)))
     outputs = {name: _read_output(out, name) for name in _OUTPUT_TABLES}
-    template = Ledger(budget=params.rho, id_type=params.id_type, tracker_step=params.tracker_step).to_arrow()
+    template = params.empty_ledger().to_arrow()
     ledger = outputs["ledger"]
     ledger = ledger.cast(template.schema.remove_metadata()).replace_schema_metadata(template.schema.metadata)
     return {

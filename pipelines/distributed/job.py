@@ -85,7 +85,7 @@ import datetime as dt
 import logging
 import sys
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Sequence, Tuple
 
 import pyarrow as pa
@@ -99,8 +99,8 @@ try:
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
     from pipelines.beam import transforms as tx
-    from pipelines.beam.job_options import (DERIVED, FIXED, RunRefused, add_promise_options, continue_budget,
-                                            key_fingerprint, parse_day, window_seconds)
+    from pipelines.beam.job_options import (RunRefused, add_promise_options, key_fingerprint, parse_day,
+                                            window_seconds)
     from pipelines.beam.object_store import (absolute, is_uri, join, read_json, read_parquet, refuse_if_shared_file,
                                              release_windows_present, write_json)
     from pipelines.beam import worker_key
@@ -115,9 +115,9 @@ from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPla
 from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
 from queries.linear import default_queries
 from queries.registration import category_reads, plan_columns, recorded_plan, refuse_running
-from stream.accounting import calibrate
 from stream.columns import default_columns
-from stream.ledger import STATUS_NAMES, Ledger, Policy
+from stream.engine.ledger_config import LedgerConfig, LedgerConfigError
+from stream.ledger import STATUS_NAMES, Policy
 from stream.noise import check_ledger_id, new_ledger_id
 from stream.private_files import CURATOR_ONLY_NOTICE, private_dir, tighten_tree
 from stream.schema import USER_ID, WindowSpec
@@ -228,15 +228,13 @@ class RunPlan:
     released: tuple[int, ...]  # windows committed by earlier runs: their rows are late
     schedule: tuple[int, ...]  # windows this run releases
     query_first: dict[str, int]
-    parameters: dict[str, Any]
+    config: LedgerConfig  # with the release root, this run's shards and the ledger's id
     policy: str
     key_path: str
-    n_shards: int
     previous: str | None
     previous_ledger_files: tuple[str, ...]
     previous_users: int
     output: str
-    releases: str
     attempt: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     previous_attempt: str | None = None  # the attempt that committed --previous-ledger (lineage)
     # The registered queries this run answers (active in its schedule), from the catalogue under
@@ -252,6 +250,20 @@ class RunPlan:
         return join(self.output, "staged-releases", self.attempt)
 
     @property
+    def releases(self) -> str:
+        """The public release root (normalised, :func:`pipelines.beam.object_store.absolute`)."""
+        return self.config.releases
+
+    @property
+    def n_shards(self) -> int:
+        return self.config.n_shards
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """The ``parameters`` the intent and manifest record (:meth:`LedgerConfig.to_manifest`)."""
+        return self.config.to_manifest()["parameters"]
+
+    @property
     def input_paths(self) -> list[str]:
         return [item["path"] for item in self.inputs]
 
@@ -265,24 +277,27 @@ class RunPlan:
         return recorded_plan(self.query_plan().entries)
 
     def ledger_template(self) -> pa.Table:
-        p = self.parameters
-        return Ledger(budget=p["rho"], id_type=p["id_type"], tracker_step=p["tracker_step"]).to_arrow()
+        return self.config.empty_ledger().to_arrow()
 
     def intent(self) -> dict:
-        """What identifies the run: a re-run after a crash must match it exactly."""
+        """What identifies the run: a re-run after a crash must match it exactly (the shard count
+        aside: it changes no answer)."""
+        recorded = self.config.to_manifest()
         return {"version": MANIFEST_VERSION, "inputs": list(self.inputs), "previous": self.previous,
                 "schedule": list(self.schedule), "released": list(self.released), "columns": list(self.columns),
                 "category_columns": list(self.category_columns), "query_plan": self.planned(),
-                "parameters": self.parameters, "policy": self.policy, "releases": self.releases}
+                "parameters": recorded["parameters"], "policy": self.policy, "releases": recorded["releases"]}
 
     def manifest(self) -> dict:
-        """The commit manifest, less what only the pipeline knows (files written, totals).
-        ``query_plan`` (from the intent) lists the queries this run answered and from which window;
-        ``queries`` maps every query the ledger has answered, in this run or an earlier one, to
-        the first window it answered it in (what a later run's :func:`queries.catalogue.queries_at_launch`
+        """The commit manifest, less what only the pipeline knows (files written, totals); the
+        ledger's configuration as :meth:`LedgerConfig.to_manifest` records it. ``query_plan``
+        (from the intent) lists the queries this run answered and from which window; ``queries``
+        maps every query the ledger has answered, in this run or an earlier one, to the first
+        window it answered it in (what a later run's :func:`queries.catalogue.queries_at_launch`
         reads as answered)."""
-        return {**self.intent(), "attempt": self.attempt, "processed_windows": sorted({*self.released, *self.schedule}),
-                "queries": dict(sorted(self.query_first.items())), "n_shards": self.n_shards,
+        return {**self.intent(), **self.config.to_manifest(), "attempt": self.attempt,
+                "processed_windows": sorted({*self.released, *self.schedule}),
+                "queries": dict(sorted(self.query_first.items())),
                 "previous_users": self.previous_users, "staged_releases": self.staging,
                 "previous_attempt": self.previous_attempt,
                 "start_window": self.start_window, "end_window": self.end_window}
@@ -329,23 +344,19 @@ def prepare(args: argparse.Namespace) -> RunPlan:
     if start > end:
         raise RunRefused(f"start must not be after end, got {args.start} > {args.end}")
     Policy(args.policy)
-    if not 1 <= args.shards <= 65_536:
-        raise RunRefused(f"shards must be in [1, 65536], got {args.shards}")
     patterns = [absolute(p) for item in args.input for p in item.split(",") if p]
     inputs = resolve_inputs(patterns)
     key_path, fingerprint, _ = key_fingerprint(args)
-    cal = calibrate(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget, accounting=args.accounting)
     schema = _first_input_schema(inputs[0]["path"])
     id_type = "string" if pa.types.is_string(schema.field(USER_ID).type) or \
         pa.types.is_large_string(schema.field(USER_ID).type) else "int64"
-    parameters = {"epsilon": cal.epsilon, "delta": cal.delta, "norm_budget": cal.norm_budget,
-                  "accounting": cal.accounting, "rho": cal.rho, "noise_std": cal.noise_std,
-                  "tracker_step": cal.rho / 32.0, "id_type": id_type, "key_fingerprint": fingerprint,
-                  "window_seconds": spec.length_seconds, "origin_seconds": spec.origin_seconds}
+    releases, output = absolute(args.releases_parquet), absolute(args.output)
+    config = LedgerConfig.from_promise(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget,
+                                       accounting=args.accounting, id_type=id_type, key_fingerprint=fingerprint,
+                                       window=spec, n_shards=args.shards, releases=releases)
     requested = [c for c in (args.columns or "").split(",") if c]
 
     previous, processed, ledger_files, users, query_first, columns = None, set(), [], 0, {}, []
-    recorded_ledger = None
     if args.previous_ledger.lower() != "none":
         previous = absolute(args.previous_ledger)
         committed = join(previous, COMMITTED)
@@ -355,29 +366,17 @@ def prepare(args: argparse.Namespace) -> RunPlan:
         manifest = read_json(committed)
         if manifest.get("version") != MANIFEST_VERSION:
             raise RunRefused(f"{committed}: manifest version {manifest.get('version')!r}, expected {MANIFEST_VERSION}")
-        if manifest["parameters"].get("id_type") in ("int64", "string"):
+        where = f"--previous-ledger {previous}"
+        try:
+            recorded = LedgerConfig.from_manifest(manifest, where=where)
+            if recorded.releases is not None:  # compared normalised: gs://b/r/ is gs://b/r
+                recorded = replace(recorded, releases=absolute(recorded.releases))
             # The ledger's id type for life: each row's id is parsed as it (stream.schema), so an
             # input typed otherwise (a CSV with one text id) costs its bad rows, not the day.
-            parameters["id_type"] = manifest["parameters"]["id_type"]
-        changed = [k for k in FIXED if k not in DERIVED and manifest["parameters"].get(k) != parameters[k]]
-        if not changed:
-            cal, parameters = continue_budget(cal, parameters, manifest["parameters"].get("rho"),
-                                              where=f"--previous-ledger {previous}")
-            changed = [k for k in DERIVED if manifest["parameters"].get(k) != parameters[k]]
-        if changed:
-            was = {k: manifest["parameters"].get(k) for k in changed}
-            now = {k: parameters[k] for k in changed}
-            raise RunRefused(f"this run's parameters differ from the ledger's ({was} before, {now} now): a ledger "
-                             "keeps the promise, accounting, key and windows it was started with")
-        releases_before = manifest.get("releases")
-        if releases_before is not None and absolute(releases_before) != absolute(args.releases_parquet):
-            raise RunRefused(
-                f"--previous-ledger {previous} released under {absolute(releases_before)}, this run releases under "
-                f"{absolute(args.releases_parquet)} (--releases-parquet): a ledger answers into the release root it "
-                "was started with (a staging run's ledger must not continue into production's releases, nor the "
-                "other way round)")
-        check_lineage(absolute(args.releases_parquet), previous, manifest)
-        recorded_ledger = manifest["parameters"].get("ledger_id")
+            config = replace(config, id_type=recorded.id_type).continued_from(recorded, where=where)
+        except LedgerConfigError as exc:
+            raise RunRefused(str(exc)) from None
+        check_lineage(releases, previous, manifest)
         processed = set(manifest["processed_windows"])
         ledger_files = list(manifest["ledger_files"])
         for path in ledger_files:  # read by the workers: refused here, before anything runs
@@ -387,13 +386,12 @@ def prepare(args: argparse.Namespace) -> RunPlan:
         columns = list(manifest["columns"])
     else:
         manifest = None
-        check_lineage(absolute(args.releases_parquet), None, None)
+        check_lineage(releases, None, None)
     missing = [c for c in requested if c not in schema.names]
     if missing:
         raise RunRefused(f"input {inputs[0]['path']} lacks the indicator column(s) {missing} given to --columns")
 
     schedule = [w for w in range(start, end + 1) if w not in processed]
-    releases = absolute(args.releases_parquet)
     declared = declares_types(inputs[0]["path"])
     # On a release root whose catalogue has no query (a new ledger; or one started before the
     # catalogue, whose manifest names its columns): the default sums of --columns, else of the
@@ -417,16 +415,13 @@ def prepare(args: argparse.Namespace) -> RunPlan:
                     for r in entries)
     for entry in planned:  # the first window each query was answered in, for this ledger's later runs
         query_first.setdefault(entry.query_id, min(w for w in schedule if entry.active_in(w)))
-    output = absolute(args.output)
     if previous is not None and output == previous:
         raise RunRefused("--output must be a new location, not --previous-ledger (a snapshot is never rewritten)")
-    parameters = {**parameters, "ledger_id": ledger_identity(recorded_ledger, output,
-                                                             where=f"--previous-ledger {previous}")}
+    config = replace(config, ledger_id=ledger_identity(config.ledger_id, output, where=f"--previous-ledger {previous}"))
     plan = RunPlan(inputs=tuple(inputs), columns=kinds.numeric, window=spec, start_window=start, end_window=end,
                    released=tuple(sorted(processed)), schedule=tuple(schedule), query_first=query_first,
-                   parameters=parameters, policy=args.policy, key_path=key_path, n_shards=args.shards,
-                   previous=previous, previous_ledger_files=tuple(ledger_files), previous_users=users,
-                   output=output, releases=releases,
+                   config=config, policy=args.policy, key_path=key_path, previous=previous,
+                   previous_ledger_files=tuple(ledger_files), previous_users=users, output=output,
                    previous_attempt=manifest["attempt"] if manifest is not None else None,
                    queries=planned, category_columns=tuple(sorted(category_reads([e.query for e in planned]))),
                    catalogue=launch)
@@ -679,25 +674,25 @@ class CommitRun(beam.DoFn):
 
 def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
     """Apply the whole distributed daily graph to ``p``; returns its PCollections."""
-    params = plan.parameters
+    config = plan.config
     template = plan.ledger_template()
     query_plan = plan.query_plan()
     read = p | "ReadIndicators" >> tx.ReadIndicators(
         plan.input_paths, window=plan.window, start_window=plan.start_window, end_window=plan.end_window,
         released=list(plan.released), indicator_columns=list(plan.columns),
-        category_columns=list(plan.category_columns), id_type=params["id_type"])
+        category_columns=list(plan.category_columns), id_type=config.id_type)
     previous = p | "PreviousLedger" >> ReadLedgerSnapshot(plan.previous_ledger_files, n_shards=plan.n_shards,
                                                           schema=template.schema)
     previous_users = (previous | "PreviousUsers" >> beam.Map(_part_rows)
                       | "SumPreviousUsers" >> beam.CombineGlobally(sum))
     filtered = (read.valid, previous) | "IndividualFilter" >> SnapshotFilter(
-        plan=query_plan, indicator_columns=list(plan.columns), noise_std=params["noise_std"], policy=plan.policy,
-        budget=params["rho"], id_type=params["id_type"], tracker_step=params["tracker_step"],
-        n_shards=plan.n_shards, last_window=max(plan.schedule) if plan.schedule else None)
+        plan=query_plan, indicator_columns=list(plan.columns), noise_std=config.noise_std, policy=plan.policy,
+        budget=config.rho, id_type=config.id_type, tracker_step=config.tracker_step,
+        n_shards=config.n_shards, last_window=max(plan.schedule) if plan.schedule else None)
     released = filtered.sums | "ReleaseWindows" >> tx.ReleaseWindows(
-        list(plan.schedule), key_path=plan.key_path, plan=query_plan, noise_std=params["noise_std"],
-        window=plan.window, accounting=params["accounting"], key_fingerprint=params["key_fingerprint"],
-        ledger_id=params["ledger_id"])
+        list(plan.schedule), key_path=plan.key_path, plan=query_plan, noise_std=config.noise_std,
+        window=plan.window, accounting=config.accounting, key_fingerprint=config.key_fingerprint,
+        ledger_id=config.ledger_id)
     # Staged in the curator's output, per attempt; public only once the commit step has run.
     release_files = released["releases"] | "WriteReleaseParquet" >> tx.WriteReleaseParquet(plan.staging)
 

@@ -92,29 +92,31 @@ snapshot when no window is released under ``--releases-parquet`` (nothing to che
 latest against: give the root the earlier job released to). This run's ``--shards`` may differ
 from the earlier job's: the snapshot is read whole and split again by ``hash(user) % --shards``.
 
-A ledger keeps for life the parameters it was started with, as the batch job's does
-(:data:`pipelines.distributed.job.FIXED`): each snapshot records in its schema metadata
-(``renyi_stream.<name>``, :data:`SNAPSHOT_FIXED`) ``epsilon``, ``delta``, ``norm_budget``,
-``accounting``, ``rho``, ``noise_std``, ``tracker_step``, ``id_type``, ``key_fingerprint``,
-``window_seconds``, ``origin_seconds`` and ``releases`` (the ``--releases-parquet`` root), floats
-as their ``repr``. Before anything is built, :func:`_check_parameters` compares them exactly with
-this run's (release roots normalised as :func:`pipelines.distributed.job.absolute` does, so
-``gs://b/r/`` is ``gs://b/r``) and refuses, naming every differing parameter with the ledger's
-value and this run's: another ``--epsilon``, ``--delta``, ``--norm-budget``, ``--accounting``,
-noise key or ``--window`` would change every user's promise mid-stream, their used budgets
-having been charged under the old one, and a snapshot of a job releasing under another root (a
-staging job's, of the right window id) charged its users for other releases. Snapshots that do
-not record the parameters (written before the job recorded them) are refused too: they cannot be
-checked. :func:`record_snapshot_parameters` copies them to a new ledger root recording the
-earlier job's arguments, after checking what the snapshots can confirm (the ledger's budget,
-tracker step and id type); give it the earlier job's own arguments.
+A ledger keeps for life the configuration it was started with, as every job's does
+(:class:`stream.engine.ledger_config.LedgerConfig`): each snapshot records it in its schema
+metadata (``renyi_stream.<field>``, :meth:`LedgerConfig.to_snapshot_metadata`): the promise
+``epsilon``, ``delta``, ``norm_budget``, ``accounting``; its calibration ``rho``, ``noise_std``,
+``tracker_step``; ``id_type``, ``key_fingerprint``, ``window_seconds``, ``origin_seconds``,
+``releases`` (the ``--releases-parquet`` root), the ledger's id and the job's ``--shards``, floats
+as their ``repr``. Before anything is built, :func:`_continued` reads them back and checks this
+run against them (:meth:`LedgerConfig.continued_from`; release roots normalised as
+:func:`pipelines.beam.object_store.absolute` does, so ``gs://b/r/`` is ``gs://b/r``), refusing
+and naming every differing parameter with the ledger's value and this run's: another
+``--epsilon``, ``--delta``, ``--norm-budget``, ``--accounting``, noise key or ``--window`` would
+change every user's promise mid-stream, their used budgets having been charged under the old
+one, and a snapshot of a job releasing under another root (a staging job's, of the right window
+id) charged its users for other releases. The budget and the noise std and tracker step it gives
+are kept as recorded. Snapshots that do not record the parameters (written before the job
+recorded them) are refused too: they cannot be checked. :func:`record_snapshot_parameters`
+copies them to a new ledger root recording the earlier job's arguments, after checking what the
+snapshots can confirm (the ledger's budget, tracker step and id type); give it the earlier job's
+own arguments.
 
-Each snapshot also records the ledger's identity, ``renyi_stream.ledger_id``
-(:data:`SNAPSHOT_LEDGER_ID`): a new job draws one, a continuing job keeps the snapshots' (refused
-when its shards record different ones), and the release noise is bound to it
-(:class:`stream.noise.NoiseBinding`), so another ledger given the same key draws independent
-noise. Snapshots written before ledger ids existed record none: the job continuing them draws a
-new one (their released windows keep their values).
+The ledger's identity, ``renyi_stream.ledger_id`` (:data:`SNAPSHOT_LEDGER_ID`): a new job draws
+one, a continuing job keeps the snapshots' (refused when its shards record different ones), and
+the release noise is bound to it (:class:`stream.noise.NoiseBinding`), so another ledger given
+the same key draws independent noise. Snapshots written before ledger ids existed record none:
+the job continuing them draws a new one (their released windows keep their values).
 
 The ledger lives in the runner's keyed state between (checkpointed by Flink together with the
 Kafka offsets, committed with each bundle by Dataflow's streaming engine); ``deploy/README.md``
@@ -132,6 +134,7 @@ import json
 import logging
 import re
 import sys
+from dataclasses import fields, replace
 from typing import Any, Iterator, Sequence, Tuple
 
 import numpy as np
@@ -163,9 +166,9 @@ from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPla
 from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
 from queries.linear import default_queries
 from queries.registration import category_reads, numeric_reads, plan_columns, recorded_plan, refuse_running
-from stream.accounting import calibrate
+from stream.engine.ledger_config import SNAPSHOT_PREFIX, LedgerConfig, LedgerConfigError, snapshot_key
 from stream.ledger import STATUS_NAMES, Ledger, Policy
-from stream.noise import check_ledger_id, new_ledger_id
+from stream.noise import new_ledger_id
 from stream.private_files import PrivateFileError, private_dir
 from stream.schema import USER_ID, WINDOW_ID, SchemaError, WindowSpec, validate_batch
 
@@ -428,20 +431,13 @@ class WriteWindowFile(beam.DoFn):
             yield written
 
 
-#: Schema metadata of every ledger snapshot the job writes, beside the ledger's own: the window
-#: and shard it is of and the job's ``--shards``, so that a later job given it as
+#: Schema metadata of every ledger snapshot the job writes, beside the ledger's own and the
+#: ledger's configuration (:meth:`stream.engine.ledger_config.LedgerConfig.to_snapshot_metadata`,
+#: ``renyi_stream.<field>``): the window and shard it is of, so that a later job given it as
 #: ``--previous-ledger`` can tell whether it holds every shard of one window (:func:`_previous_ledger`).
-SNAPSHOT_WINDOW, SNAPSHOT_SHARD, SNAPSHOT_SHARDS = (
-    "renyi_stream.window_id", "renyi_stream.shard", "renyi_stream.n_shards")
-#: What a ledger keeps for its whole life, recorded in every snapshot's schema metadata as
-#: ``renyi_stream.<name>`` (:func:`_parameter_key`) and compared exactly (floats as their ``repr``)
-#: by a job that continues it: the batch job's :data:`pipelines.distributed.job.FIXED` (the promise,
-#: its accounting and calibration, the noise key's fingerprint, the windows) and ``releases``, the
-#: public release root the ledger's windows were released under.
-SNAPSHOT_FIXED = (*launch.FIXED, "releases")
-#: The ledger's identity (:func:`stream.noise.new_ledger_id`), recorded in every snapshot beside
-#: :data:`SNAPSHOT_FIXED` and carried by a job that continues it: the noise is bound to it.
-SNAPSHOT_LEDGER_ID = "renyi_stream.ledger_id"
+SNAPSHOT_WINDOW, SNAPSHOT_SHARD = snapshot_key("window_id"), snapshot_key("shard")
+#: The job's ``--shards`` and the ledger's identity, as the configuration records them.
+SNAPSHOT_SHARDS, SNAPSHOT_LEDGER_ID = snapshot_key("n_shards"), snapshot_key("ledger_id")
 
 
 #: The queries a ledger has answered, ``{query_id: first window answered}`` (JSON), recorded in every
@@ -454,41 +450,21 @@ SNAPSHOT_QUERIES = "renyi_stream.queries"
 SNAPSHOT_QUERY_PLAN = "renyi_stream.query_plan"
 
 
-def _parameter_key(name: str) -> str:
-    return f"renyi_stream.{name}"
-
-
-def _parameters(*, cal: Any, id_type: str, fingerprint: str, spec: WindowSpec, releases: str) -> dict[str, Any]:
-    """This job's :data:`SNAPSHOT_FIXED` values (the batch job's ``parameters``, plus the release root)."""
-    return {"epsilon": cal.epsilon, "delta": cal.delta, "norm_budget": cal.norm_budget,
-            "accounting": cal.accounting, "rho": cal.rho, "noise_std": cal.noise_std,
-            "tracker_step": cal.rho / 32.0, "id_type": id_type, "key_fingerprint": fingerprint,
-            "window_seconds": spec.length_seconds, "origin_seconds": spec.origin_seconds,
-            "releases": store.absolute(releases)}
-
-
-def _as_text(parameters: dict[str, Any]) -> dict[str, str]:
-    """The values as recorded: a float as its ``repr`` (exact round trip), anything else as ``str``."""
-    return {name: repr(float(value)) if isinstance(value, float) else str(value) for name, value in parameters.items()}
-
-
-def _ledger_file(item: tuple[int, int, pa.Table], *, n_shards: int, parameters: dict[str, str],
+def _ledger_file(item: tuple[int, int, pa.Table], *, recorded: dict[bytes, bytes],
                  queries: dict[str, int] | None = None, plan: list[dict] | None = None) -> tuple[str, pa.Table]:
     """``(shard, window, ledger)`` -> ``("window_id=W/shard=S", ledger)``, the snapshot recording
-    its window, shard, the job's shard count and the parameters the ledger keeps for life
-    (:data:`SNAPSHOT_FIXED`, as :func:`_as_text` writes them) in its schema metadata; with
-    ``queries`` (``{query_id: first window}``), those answered through its window
+    the ledger's configuration ``recorded`` (:meth:`LedgerConfig.to_snapshot_metadata`: what it
+    keeps for life, its id and the job's shard count) and its window and shard in its schema
+    metadata; with ``queries`` (``{query_id: first window}``), those answered through its window
     (:data:`SNAPSHOT_QUERIES`), and with ``plan`` the job's query plan (:data:`SNAPSHOT_QUERY_PLAN`)."""
     shard, window, table = item
-    recorded = {SNAPSHOT_WINDOW: int(window), SNAPSHOT_SHARD: int(shard), SNAPSHOT_SHARDS: int(n_shards),
-                **{_parameter_key(name): parameters[name] for name in SNAPSHOT_FIXED},
-                **({SNAPSHOT_LEDGER_ID: parameters["ledger_id"]} if "ledger_id" in parameters else {})}
+    extra = {SNAPSHOT_WINDOW: str(int(window)), SNAPSHOT_SHARD: str(int(shard))}
     if queries is not None:
-        recorded[SNAPSHOT_QUERIES] = json.dumps({q: int(f) for q, f in sorted(queries.items()) if f <= int(window)},
-                                                sort_keys=True)
+        extra[SNAPSHOT_QUERIES] = json.dumps({q: int(f) for q, f in sorted(queries.items()) if f <= int(window)},
+                                             sort_keys=True)
     if plan is not None:
-        recorded[SNAPSHOT_QUERY_PLAN] = json.dumps(plan, sort_keys=True)
-    metadata = {**(table.schema.metadata or {}), **{k.encode(): str(v).encode() for k, v in recorded.items()}}
+        extra[SNAPSHOT_QUERY_PLAN] = json.dumps(plan, sort_keys=True)
+    metadata = {**(table.schema.metadata or {}), **recorded, **{k.encode(): v.encode() for k, v in extra.items()}}
     return f"window_id={int(window)}/shard={int(shard)}", table.replace_schema_metadata(metadata)
 
 
@@ -715,52 +691,58 @@ def _float_or_none(text: str) -> float | None:
 
 
 def _compared(name: str, text: str) -> str:
-    """A recorded value as compared: a release root normalised as :func:`pipelines.distributed.job.absolute`
+    """A recorded value as compared: a release root normalised as :func:`pipelines.beam.object_store.absolute`
     does (``gs://b/r/`` is ``gs://b/r``), anything else as it is."""
     return store.absolute(text) if name == "releases" else text
 
 
-def _shown(text: str, like: Any) -> Any:
-    """A recorded value as a message shows it: of the type of this run's value where it parses."""
-    try:
-        return type(like)(text) if isinstance(like, (int, float)) else text
-    except ValueError:
-        return text
-
-
-def _check_parameters(pattern: str, files: dict[int, str], metadata: dict[int, dict[str, str]],
-                      parameters: dict[str, Any]) -> None:
-    """RunRefused unless every snapshot records :data:`SNAPSHOT_FIXED` and its values are this
-    run's (``parameters``, :func:`_parameters`), exactly; the message names every differing
-    parameter with the value the snapshots record and this run's, as the batch job's does."""
+def _recorded_config(pattern: str, files: dict[int, str], metadata: dict[int, dict[str, str]]) -> LedgerConfig:
+    """The ledger configuration every shard's snapshot records
+    (:meth:`LedgerConfig.from_snapshot_metadata`, the release root normalised as
+    :func:`pipelines.beam.object_store.absolute` does). RunRefused when a snapshot does not record
+    it (written before the job recorded it: it cannot be checked; the message says how to go on),
+    records a malformed value, or the shards record different values (not one ledger's)."""
     option = f"--previous-ledger {pattern!r}"
+    configs: dict[int, LedgerConfig] = {}
     for shard, meta in sorted(metadata.items()):
-        absent = [name for name in SNAPSHOT_FIXED if _parameter_key(name) not in meta]
-        if absent:
+        try:
+            config = LedgerConfig.from_snapshot_metadata(meta, where=f"{option}: {files[shard]}", n_shards=len(files))
+        except LedgerConfigError as exc:
+            if not exc.missing:
+                raise launch.RunRefused(str(exc)) from None
             raise launch.RunRefused(
-                f"{option}: {files[shard]} does not record the parameters its ledger keeps for life ({absent}; "
-                f"written before the streaming job recorded them), so this run cannot check that it keeps the "
-                f"promise the earlier job made to every user (a larger epsilon or norm budget, another accounting, "
-                f"delta, key, window length or release root would silently break it). If this run's parameters "
-                f"are exactly the earlier job's, record them in a copy of the snapshots with "
+                f"{option}: {files[shard]} does not record the parameters its ledger keeps for life "
+                f"({list(exc.missing)}; written before the streaming job recorded them), so this run cannot check "
+                f"that it keeps the promise the earlier job made to every user (a larger epsilon or norm budget, "
+                f"another accounting, delta, key, window length or release root would silently break it). If this "
+                f"run's parameters are exactly the earlier job's, record them in a copy of the snapshots with "
                 f"pipelines.streaming.job.record_snapshot_parameters(<this glob>, <a new ledger root>, <the earlier "
-                f"job's arguments>) (deploy/README.md, 'Streaming mode') and give the copy as --previous-ledger")
-    now = _as_text(parameters)
-    said = {name: sorted({_compared(name, meta[_parameter_key(name)]) for meta in metadata.values()})
-            for name in SNAPSHOT_FIXED}
-    changed = [name for name in SNAPSHOT_FIXED if said[name] != [_compared(name, now[name])]]
-    if not changed:
-        return
-    was = {name: [_shown(v, parameters[name]) for v in said[name]] if len(said[name]) > 1
-           else _shown(said[name][0], parameters[name]) for name in changed}
-    this = {name: parameters[name] for name in changed}
-    elsewhere = (" (the snapshot of a job that released under another root, e.g. a staging job's, charged its "
-                 "users for other releases)" if "releases" in changed else "")
-    raise launch.RunRefused(
-        f"{option}: this run's parameters differ from the ledger's ({was} before, {this} now): a ledger keeps the "
-        f"promise, accounting, key, windows and release root it was started with{elsewhere}; a change mid-stream "
-        f"would change every user's promise (the budgets they have used were charged under the old parameters). "
-        f"Give this run the earlier job's values")
+                f"job's arguments>) (deploy/README.md, 'Streaming mode') and give the copy as --previous-ledger"
+            ) from None
+        configs[shard] = replace(config, releases=store.absolute(config.releases))
+    for name in (f.name for f in fields(LedgerConfig)):
+        values = {shard: getattr(config, name) for shard, config in configs.items()}
+        if len(set(values.values())) > 1:
+            shown = {shard: values[shard] for shard in sorted(values)[:6]}
+            what = "ledger ids" if name == "ledger_id" else f"values of {name}"
+            raise launch.RunRefused(f"{option}: the snapshots record different {what} (by shard: {shown}): they are "
+                                    "not one ledger's")
+    return configs[min(configs)]
+
+
+def _continued(pattern: str, files: dict[int, str], metadata: dict[int, dict[str, str]],
+               wanted: LedgerConfig) -> LedgerConfig:
+    """This run's configuration ``wanted`` continuing the ledger the snapshots record
+    (:func:`_recorded_config`, :meth:`LedgerConfig.continued_from`: RunRefused naming every field
+    whose value differs, with the ledger's value and this run's; the ledger's budget, noise std,
+    tracker step and id kept), with a new ledger id for snapshots from before ledger ids (their
+    released windows keep their values, later ones are drawn for the new id)."""
+    option = f"--previous-ledger {pattern!r}"
+    try:
+        config = wanted.continued_from(_recorded_config(pattern, files, metadata), where=option)
+    except LedgerConfigError as exc:
+        raise launch.RunRefused(str(exc)) from None
+    return config if config.ledger_id is not None else replace(config, ledger_id=new_ledger_id())
 
 
 def _read_snapshots(pattern: str, *, releases: str,
@@ -780,61 +762,16 @@ def _read_snapshots(pattern: str, *, releases: str,
     return root, window, files, tables
 
 
-def _template(cal: Any, id_type: str = ID_TYPE) -> pa.Table:
-    """An empty ledger of budget ``cal.rho`` and ids ``id_type`` (:meth:`stream.ledger.Ledger.to_arrow` layout)."""
-    return Ledger(budget=cal.rho, id_type=id_type, tracker_step=cal.rho / 32.0).to_arrow()
-
-
-def _resume_recorded_budget(pattern: str, metadata: dict[int, dict[str, str]], cal: Any,
-                            parameters: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """This run's calibration and parameters, continuing the budget the snapshots record when
-    they record this run's promise (every :data:`SNAPSHOT_FIXED` value but the derived ones) and
-    one budget: the ledger keeps its budget for life (:func:`pipelines.distributed.job.continue_budget`,
-    RunRefused when it is above the promise). Otherwise unchanged, for :func:`_check_parameters`
-    to name what differs."""
-    now = _as_text(parameters)
-    promise = [name for name in SNAPSHOT_FIXED if name not in launch.DERIVED]
-    same = all(_parameter_key(name) in meta and _compared(name, meta[_parameter_key(name)]) == _compared(name, now[name])
-               for meta in metadata.values() for name in promise)
-    recorded = {meta.get(_parameter_key("rho")) for meta in metadata.values()}
-    if not same or len(recorded) != 1 or None in recorded:
-        return cal, parameters
-    (text,) = recorded
-    value = _float_or_none(text)
-    return launch.continue_budget(cal, parameters, text if value is None else value,
-                                where=f"--previous-ledger {pattern!r}")
-
-
-def _snapshot_ledger_id(pattern: str, files: dict[int, str], metadata: dict[int, dict[str, str]]) -> str:
-    """The ledger id the snapshots record (:data:`SNAPSHOT_LEDGER_ID`), which a continuing job
-    keeps; a new one for snapshots written before ledger ids existed (none records one: their
-    released windows keep their values, later ones are drawn for the new id). RunRefused when
-    some record one and others none or another, or one is malformed: not one ledger's."""
-    recorded = {shard: meta.get(SNAPSHOT_LEDGER_ID) for shard, meta in metadata.items()}
-    ids = set(recorded.values())
-    if ids == {None}:
-        return new_ledger_id()
-    if len(ids) > 1:
-        shown = {shard: recorded[shard] for shard in sorted(recorded)[:6]}
-        raise launch.RunRefused(f"--previous-ledger {pattern!r}: the snapshots record different ledger ids "
-                              f"(by shard: {shown}): they are not one ledger's")
-    (ledger_id,) = ids
-    try:
-        return check_ledger_id(ledger_id, name=SNAPSHOT_LEDGER_ID)
-    except ValueError as exc:
-        raise launch.RunRefused(f"--previous-ledger {pattern!r}: {files[min(files)]}: {exc}; it was edited") from None
-
-
-def _previous_ledger(pattern: str, cal: Any, *, releases: str, released: Sequence[int],
-                     parameters: dict[str, Any]) -> tuple[pa.Table, Any, str, dict[str, int] | None]:
-    """The ledger to continue from, the calibration it continues under, its id and the queries it
-    has answered: every shard's snapshot of the last window released under ``releases``, read
-    together (a ``--shards`` other than the earlier job's re-shards it by user), ``cal`` with the
-    budget the snapshots record (:func:`_resume_recorded_budget`; ``cal`` itself for a new
-    ledger), the ledger id they record (:func:`_snapshot_ledger_id`; a new one for a new ledger)
-    and ``{query_id: first window answered}`` as they record it (:data:`SNAPSHOT_QUERIES`; None
-    for a new ledger, or snapshots written before it was recorded). An ``id_type`` of None in
-    ``parameters`` (not declared) takes the one the snapshots record: a ledger's for life.
+def _previous_ledger(pattern: str, wanted: LedgerConfig, *, released: Sequence[int],
+                     id_type_declared: bool = True) -> tuple[pa.Table, LedgerConfig, dict[str, int] | None]:
+    """The ledger to continue from, this run's configuration continuing it and the queries it has
+    answered: every shard's snapshot of the last window released under ``wanted.releases``, read
+    together (a ``--shards`` other than the earlier job's re-shards it by user), ``wanted`` with
+    the budget, noise std, tracker step and ledger id the snapshots record (:func:`_continued`),
+    and ``{query_id: first window answered}`` as they record it (:data:`SNAPSHOT_QUERIES`; None for
+    snapshots written before it was recorded); for a new ledger, an empty one, ``wanted`` with a
+    new ledger id, and None. Without ``id_type_declared``, the id type is the one the snapshots
+    record (a ledger's for life) rather than ``wanted``'s.
 
     RunRefused, before anything is read into the graph, when ``pattern`` is ``none`` but windows
     are released; when it matches no file, a file that is not a snapshot this job wrote
@@ -842,30 +779,30 @@ def _previous_ledger(pattern: str, cal: Any, *, releases: str, released: Sequenc
     of one shard; when no window is released (nothing to check the snapshot against), or its
     window is not the last released one; when it misses a shard of the job that wrote it (the
     count its snapshots record, or else the shard folders there); when the snapshots do not
-    record the parameters the ledger keeps for life (:data:`SNAPSHOT_FIXED`) or record values
-    other than this run's ``parameters`` (:func:`_check_parameters`); and when the ledger itself
-    is inconsistent (:meth:`stream.ledger.Ledger.from_arrow`)."""
+    record the ledger's configuration or record values other than ``wanted``'s
+    (:func:`_continued`); and when the ledger itself is inconsistent
+    (:meth:`stream.ledger.Ledger.from_arrow`)."""
+    releases = wanted.releases
     if pattern.lower() == "none":
         if released:
             raise launch.RunRefused(f"the releases under {releases} include window(s) {list(released)[:5]} but no "
                                   "--previous-ledger was given: users would restart from zero budget")
-        return _template(cal, parameters["id_type"] or ID_TYPE).slice(0, 0), cal, new_ledger_id(), None
+        return wanted.empty_ledger().to_arrow(), replace(wanted, ledger_id=new_ledger_id()), None
     _, _, files, tables = _read_snapshots(pattern, releases=releases, released=released)
     metadata = {shard: _metadata(t) for shard, t in tables.items()}
-    if parameters["id_type"] is None:  # not declared: the ledger's own, as its snapshots record it
-        recorded = {meta.get(_parameter_key("id_type"), meta.get("id_type")) for meta in metadata.values()}
-        parameters = {**parameters, "id_type": recorded.pop() if len(recorded) == 1 else None}
-    cal, parameters = _resume_recorded_budget(pattern, metadata, cal, parameters)
-    _check_parameters(pattern, files, metadata, parameters)
-    ledger_id = _snapshot_ledger_id(pattern, files, metadata)
-    template = _template(cal, parameters["id_type"])
+    if not id_type_declared:  # the ledger's own, as its snapshots record it
+        recorded = {meta.get(snapshot_key("id_type"), meta.get("id_type")) for meta in metadata.values()}
+        if len(recorded) == 1 and next(iter(recorded)) in ("int64", "string"):
+            wanted = replace(wanted, id_type=recorded.pop())
+    config = _continued(pattern, files, metadata, wanted)
+    template = config.empty_ledger().to_arrow()
     parts = [table.replace_schema_metadata(None).cast(template.schema.remove_metadata()) for table in tables.values()]
     table = pa.concat_tables(parts).replace_schema_metadata(template.schema.metadata)
-    # The rows only: nulls, a user listed twice, used budgets outside [0, this run's rho], trackers below
-    # them. The metadata it reads is this run's template's; the snapshots' own parameters were
-    # compared with this run's by _check_parameters above.
+    # The rows only: nulls, a user listed twice, used budgets outside [0, the ledger's rho], trackers below
+    # them. The metadata it reads is the continued configuration's; the snapshots' own configuration
+    # was checked against this run's by _continued above.
     Ledger.from_arrow(table)
-    return table, cal, ledger_id, _snapshot_queries(pattern, files, metadata)
+    return table, config, _snapshot_queries(pattern, files, metadata)
 
 
 def _snapshot_queries(pattern: str, files: dict[int, str], metadata: dict[int, dict[str, str]]) -> dict[str, int] | None:
@@ -904,11 +841,11 @@ def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[st
     args, _ = parse_args(argv)
     spec = WindowSpec(length_seconds=launch.window_seconds(args.window))
     _, fingerprint, _ = launch.key_fingerprint(args)
-    cal = calibrate(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget, accounting=args.accounting)
     releases = store.absolute(args.releases_parquet)
-    parameters = _parameters(cal=cal, id_type=args.id_type or ID_TYPE, fingerprint=fingerprint, spec=spec,
-                             releases=releases)
-    text = _as_text(parameters)
+    config = LedgerConfig.from_promise(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget,
+                                       accounting=args.accounting, id_type=args.id_type or ID_TYPE,
+                                       key_fingerprint=fingerprint,
+                                       window=spec, n_shards=args.shards, releases=releases)
     root, window, files, tables = _read_snapshots(pattern, releases=releases,
                                                   released=sorted(store.release_windows_present(releases)))
     if store.absolute(destination) == root:
@@ -919,21 +856,25 @@ def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[st
         # another version's last bits (a relative 1e-9 down; resume's float rounding up). Then the copy
         # records the budget the snapshots were charged against, as a continuing job keeps it.
         recorded = _float_or_none(next(iter(budgets)))
-        if recorded is not None and cal.rho * (1.0 - 1e-9) <= recorded:
-            cal, parameters = launch.continue_budget(cal, parameters, recorded, where=f"{pattern!r}")
-            text = _as_text(parameters)
+        if recorded is not None and config.rho * (1.0 - 1e-9) <= recorded:
+            try:
+                config = config.resumed(recorded, where=f"{pattern!r}")
+            except LedgerConfigError as exc:
+                raise launch.RunRefused(str(exc)) from None
+    config = replace(config, n_shards=len(files))  # the earlier job's: every one of its shards is here
+    text = {key.decode()[len(SNAPSHOT_PREFIX):]: value.decode() for key, value in config.to_snapshot_metadata().items()}
     own = (("budget", "rho"), ("tracker_step", "tracker_step"), ("id_type", "id_type"))  # Ledger.to_arrow's
     for shard, table in tables.items():
         meta = _metadata(table)
-        keys = [*own, *((_parameter_key(name), name) for name in SNAPSHOT_FIXED if _parameter_key(name) in meta)]
+        keys = [*own, *((snapshot_key(name), name) for name in text if snapshot_key(name) in meta)]
         differ = [(key, name) for key, name in keys
                   if key not in meta or _compared(name, meta[key]) != _compared(name, text[name])]
         if differ:
             raise launch.RunRefused(
                 f"{files[shard]} records {({key: meta.get(key) for key, _ in differ})}, these arguments give "
                 f"{({key: text[name] for key, name in differ})}: they are not the arguments of the job that wrote it")
-    return [_write_named(store.absolute(destination), *_ledger_file((shard, window, table), n_shards=len(files),
-                                                                     parameters=text))
+    recorded_config = config.to_snapshot_metadata()
+    return [_write_named(store.absolute(destination), *_ledger_file((shard, window, table), recorded=recorded_config))
             for shard, table in sorted(tables.items())]
 
 
@@ -954,23 +895,21 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     if start > end:
         raise launch.RunRefused(f"start must not be after end, got {args.start} > {args.end}")
     Policy(args.policy)
-    if not 1 <= args.shards <= 65_536:
-        raise launch.RunRefused(f"shards must be in [1, 65536], got {args.shards}")
     columns = [c for c in (args.columns or "").split(",") if c]
     key_path, fingerprint, _ = launch.key_fingerprint(args)
-    cal = calibrate(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget, accounting=args.accounting)
     # The id type is the ledger's for life: declared, else a continuing ledger's own (its snapshots
     # record it), else the first replayed message's, as the batch jobs take their first input's.
     new_ledger = args.previous_ledger.lower() == "none"
     id_type = args.id_type or (_first_message_id_type(args) if new_ledger else None)
     releases = store.absolute(args.releases_parquet)
     released = sorted(store.release_windows_present(releases))
-    parameters = _parameters(cal=cal, id_type=id_type, fingerprint=fingerprint, spec=spec, releases=releases)
-    previous, cal, ledger_id, answered = _previous_ledger(args.previous_ledger, cal, releases=releases,
-                                                          released=released, parameters=parameters)
-    id_type = previous.schema.metadata[b"id_type"].decode()
-    parameters = {**_parameters(cal=cal, id_type=id_type, fingerprint=fingerprint, spec=spec, releases=releases),
-                  "ledger_id": ledger_id}
+    wanted = LedgerConfig.from_promise(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget,
+                                       accounting=args.accounting, id_type=id_type or ID_TYPE,
+                                       key_fingerprint=fingerprint, window=spec, n_shards=args.shards,
+                                       releases=releases)
+    previous, config, answered = _previous_ledger(args.previous_ledger, wanted, released=released,
+                                                  id_type_declared=id_type is not None)
+    id_type = config.id_type
     if released and max(released) >= start:
         raise launch.RunRefused(f"window {max(released)} under {releases} is already released; start after it")
     queries = _launch_queries(releases, columns=columns, start=start, released=released, answered=answered)
@@ -1010,9 +949,10 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     ).with_outputs("dead", "read", main="valid")
     out = StreamingReleases(
         window=spec, start_window=start, end_window=end, plan=plan, indicator_columns=indicators,
-        noise_std=cal.noise_std, policy=args.policy, budget=cal.rho, id_type=id_type,
-        tracker_step=cal.rho / 32.0, n_shards=args.shards, key_path=key_path, accounting=cal.accounting,
-        key_fingerprint=fingerprint, ledger_id=ledger_id, previous_ledger=previous if previous.num_rows else None,
+        noise_std=config.noise_std, policy=args.policy, budget=config.rho, id_type=config.id_type,
+        tracker_step=config.tracker_step, n_shards=config.n_shards, key_path=key_path, accounting=config.accounting,
+        key_fingerprint=config.key_fingerprint, ledger_id=config.ledger_id,
+        previous_ledger=previous if previous.num_rows else None,
         released=released, snapshot_every_window=True)
     graph = decoded.valid | "StreamingReleases" >> out
     expected = {w: sum(e.query.dim for e in plan.active(w)) for w in range(start, end + 1)}
@@ -1024,9 +964,8 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     dead = (decoded.dead, graph["dead"]) | "DeadLetters" >> beam.Flatten()
     dead_files = dead | "WriteDead" >> beam.ParDo(WriteTable(store.join(curator, "dead")))
     ledger_files = graph["ledger"] | "WriteLedger" >> beam.ParDo(WriteTable(
-        store.join(curator, "ledger"), functools.partial(_ledger_file, n_shards=args.shards,
-                                                        parameters=_as_text(parameters), queries=first_answered,
-                                                        plan=recorded_plan(plan.entries))))
+        store.join(curator, "ledger"), functools.partial(_ledger_file, recorded=config.to_snapshot_metadata(),
+                                                        queries=first_answered, plan=recorded_plan(plan.entries))))
     # Per (window, shard) from the shards' books, which carry the shard: files are named by their
     # content, so two shards' equal counts of one window must not be one file.
     count_files = (graph["books"] | "ChargedWindows" >> beam.Filter(_charged_rows)

@@ -44,6 +44,7 @@ from stream.accounting.odometers import (
     mixture_odometer,
     rogers_odometer,
     stitched_odometer,
+    tracker_step_for,
     tracker_update,
 )
 
@@ -56,5 +57,5 @@ __all__ = [
     "AdvancedCompositionFilter", "DPFilterViaZCDP", "GDPFilter", "RenyiFilter", "ZCDPFilter",
     "gaussian_charge",
     "Odometer", "filter_odometer", "mixture_odometer", "rogers_odometer", "stitched_odometer",
-    "tracker_update",
+    "tracker_step_for", "tracker_update",
 ]

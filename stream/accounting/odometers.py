@@ -33,6 +33,22 @@ from stream.xp import array_module, host_all, maybe_any
 # ---------------------------------------------------------------------------------------------
 
 
+def tracker_step_for(rho: float) -> float:
+    """``Delta``, the personal tracker's step (Algorithm 5's discretisation error), of a ledger
+    whose per-user zCDP budget is ``rho``: ``rho / 32``, zCDP. The one definition of a new
+    ledger's step; a ledger records its own with its budget and keeps it for life
+    (:class:`stream.engine.ledger_config.LedgerConfig`), since its users' trackers were counted
+    in it. ValueError naming ``rho`` unless it is a positive finite number."""
+    # Why 32: the tracker overstates a user's loss by less than one step
+    # (O^(i) < Delta + sum_t rho_t(i) / (1 - 1e-9), tracker_update), so rho / 32 keeps every
+    # personal report within about 3% of the budget above the loss it bounds, while a user's
+    # tracker stays a count of at most about 32 filters. The step decides only the report's
+    # resolution, never its validity: Corollary 4.11 needs each charge rho_t <= Delta, and
+    # tracker_update feeds a larger charge as pieces (a post-processing of its one release).
+    # 32 is this project's choice, not the paper's (Feldman & Zrnic leave Delta open).
+    return check.positive("rho", rho) / 32.0
+
+
 # A filter is treated as full at Delta * (1 - 1e-9): float sums of its contents, rounded up,
 # then never exceed Delta in exact arithmetic.
 _FILTER_FILL = 1.0 - 1e-9

@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 
 from stream.accounting import _validate as check
 from stream.accounting.gaussian import gaussian_charge
-from stream.accounting.odometers import advance_trackers
+from stream.accounting.odometers import advance_trackers, tracker_step_for
 from stream.ledger import BUDGET_SAFETY, Ledger, Policy, individual_filter
 from stream.xp import array_module, host_all, maybe_any, to_host
 
@@ -76,7 +76,7 @@ class TrainingLedger:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"n must be an integer >= 1, got n={n!r}")
         budget = check.positive("budget", budget)
-        step = budget / 32.0 if tracker_step is None else check.positive("tracker_step", tracker_step)
+        step = tracker_step_for(budget) if tracker_step is None else check.positive("tracker_step", tracker_step)
         return cls(used=xp.zeros(n), segment=xp.zeros(n), tracker=xp.full(n, step),
                    budget=budget, tracker_step=step)
 
