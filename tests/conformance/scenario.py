@@ -304,7 +304,8 @@ def _text(value: float) -> str:
 
 def _steps(id_type: str, seed: int) -> tuple[Step, Step, Step]:
     """Three runs: days 0-1 (a range; three messages, one of them mixing both days), day 2 (with
-    a late row for day 0 and a row for day 3, after the run's schedule), day 3 (no rows)."""
+    a late row for day 0, a row for day 3, after the run's schedule, and one for day -1, before
+    any schedule), day 3 (no rows)."""
     days = _population(seed)
     uid = lambda i: _uid(i, id_type)  # noqa: E731
     first, second = [r for r in days[0] if r[0] < N_USERS // 2], [r for r in days[0] if r[0] >= N_USERS // 2]
@@ -328,6 +329,7 @@ def _steps(id_type: str, seed: int) -> tuple[Step, Step, Step]:
     n1 = _Builder("s2-m1", id_type).rows(2, d2b)
     i, opened, bought = d2b[0]
     n1.add(uid(i), 2, opened, bought, dead=DUPLICATE)
+    n1.add(uid(9), -1, 1.0, 0.0, dead=OUT_OF_RANGE)  # the day before the first window: never released
     step2 = Step(2, 2, (n0.message(), n1.message()))
     step3 = Step(3, 3, (_Builder("s3-m0", id_type).message(),))  # the empty day: a header, no rows
     return step1, step2, step3
