@@ -203,6 +203,13 @@ class DailyJob(JobAdapter):
                 if listed[query_id]["retired_from"] is None:
                     registry.retire(query_id, from_window=sc.window(day))
 
+    def store_releases(self) -> tuple[dict, ...]:
+        """The release store's rows (the daily job's public DuckDB store), as the release files'."""
+        from queries.release_store import ReleaseStore
+
+        with ReleaseStore(str(self.store), read_only=True) as store:
+            return tuple(store.read().drop_columns(["released_at"]).to_pylist())
+
     def outcome(self) -> Outcome:
         runs = _query(self.ledger,
                       "SELECT run_id, rows_read, admitted, clipped, dropped FROM run_counts ORDER BY run_id")

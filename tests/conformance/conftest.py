@@ -46,6 +46,7 @@ class CleanRuns:
         self.key = key
         self._scenarios = dict(sc.SCENARIOS)
         self._inputs: dict[str, dict[str, str]] = {}
+        self._adapters: dict[tuple[str, str], JobAdapter] = {}
         self._done: dict[tuple[str, str], list[Outcome] | BaseException] = {}
 
     def scenario(self, name: str) -> sc.Scenario:
@@ -63,11 +64,16 @@ class CleanRuns:
         """A fresh adapter of ``job`` for scenario ``name`` in ``folder`` (the session's key and inputs)."""
         return JOBS[job](folder, self.scenario(name), str(self.key), self.inputs(name))
 
+    def ran(self, job: str, name: str) -> JobAdapter:
+        """The adapter that made ``job``'s uninterrupted run of scenario ``name`` (its files)."""
+        self.after_each_step(job, name)
+        return self._adapters[(job, name)]
+
     def after_each_step(self, job: str, name: str) -> list[Outcome]:
         """The outcome after each step of ``job``'s uninterrupted run of scenario ``name``."""
         if (job, name) not in self._done:
             try:
-                adapter = self.adapter(job, name, self.root / "clean" / name / job)
+                adapter = self._adapters[(job, name)] = self.adapter(job, name, self.root / "clean" / name / job)
                 outcomes = []
                 for step in adapter.scenario.steps:
                     adapter.run(step)

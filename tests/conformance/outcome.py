@@ -41,7 +41,8 @@ from stream.noise import NoiseBinding, NoiseKey, gaussian_noise
 SUM_TOLERANCE = 1e-9
 #: What identifies a release row, and what must match across jobs besides the sum.
 RELEASE_KEY = ("query_id", "window_id", "coordinate")
-RELEASE_PUBLIC = ("label", "kind", "noise_std", "key_fingerprint", "accounting", "mechanism")
+RELEASE_PUBLIC = ("label", "kind", "noise_std", "key_fingerprint", "accounting", "mechanism", "window_start",
+                  "window_end")
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ def _running_noise(binding: NoiseBinding, query: Any, first: int, window_id: int
 
 
 def public_part(outcome: Outcome) -> list[tuple]:
-    """Per release, what is public besides its value: key, label, kind, noise std, key, accounting."""
+    """Per release, what is public besides its value (:data:`RELEASE_KEY` and :data:`RELEASE_PUBLIC`)."""
     return [tuple(r[k] for k in RELEASE_KEY + RELEASE_PUBLIC) for r in outcome.releases]
 
 

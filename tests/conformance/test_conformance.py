@@ -36,22 +36,22 @@ def _lacks(job: str, features: frozenset[str]) -> list[str]:
     return sorted(features - JOBS[job].supports)
 
 
-def _case(job: str, features: frozenset[str], *values, id: str):
+def _case(job: str, features: frozenset[str], *values, case_id: str):
     lacking = {j: _lacks(j, features) for j in dict.fromkeys([job, REFERENCE]) if _lacks(j, features)}
     marks = [pytest.mark.xfail(strict=True, reason="; ".join(f"the {j} job lacks {', '.join(f)}"
                                                           for j, f in lacking.items()))] if lacking else []
-    return pytest.param(*values, marks=marks, id=id)
+    return pytest.param(*values, marks=marks, id=case_id)
 
 
 def _per_job(only=lambda s: True, ignoring: frozenset[str] = frozenset()):
     """Every (job, scenario) case, xfail where the job lacks a feature of the scenario other than
     ``ignoring`` (features the tested behaviour must not depend on)."""
-    return [_case(job, s.features - ignoring, job, s.name, id=f"{job}-{s.name}")
+    return [_case(job, s.features - ignoring, job, s.name, case_id=f"{job}-{s.name}")
             for s in SCENARIOS.values() if only(s) for job in JOBS]
 
 
 def _across_jobs():
-    return [_case(job, s.features, job, s.name, id=f"{job}-vs-{REFERENCE}-{s.name}")
+    return [_case(job, s.features, job, s.name, case_id=f"{job}-vs-{REFERENCE}-{s.name}")
             for s in SCENARIOS.values() for job in JOBS if job != REFERENCE]
 
 
@@ -123,6 +123,14 @@ def test_each_release_less_its_ledgers_noise_is_an_exact_sum_of_the_inputs(clean
     assert not off and any(sums.values())
 
 
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_the_daily_jobs_release_store_holds_exactly_its_release_files(clean, name):
+    """``renyi-stream run`` publishes to its DuckDB store and, with ``--releases-parquet``, to the
+    files every job writes (which the comparisons read): one release, two sinks, the same rows."""
+    daily = clean.ran(REFERENCE, name)
+    assert sorted(daily.store_releases(), key=str) == sorted(read_release_files(daily.public), key=str)
+
+
 # --- across jobs: what the daily job answers ---------------------------------------------------------
 
 
@@ -157,7 +165,7 @@ def test_the_row_books_and_dead_letters_of_every_run_are_the_daily_jobs(clean, j
 TIE_FEATURES = sc.tie_break_scenario().features
 
 
-@pytest.mark.parametrize("job", [_case(job, TIE_FEATURES, job, id=job) for job in JOBS])
+@pytest.mark.parametrize("job", [_case(job, TIE_FEATURES, job, case_id=job) for job in JOBS])
 def test_of_two_rows_of_one_user_and_window_in_two_inputs_the_first_inputs_counts(clean, noise_key, job):
     """The inputs' names are chosen so that a tie-break by a hash of the name would keep the
     second input's row (:func:`.conftest.names_a_hash_would_order_the_other_way`)."""
@@ -184,6 +192,7 @@ def test_a_duplicate_in_a_later_input_is_dead_lettered_under_that_inputs_name(cl
 CRASHES = [pytest.param(job, point, id=f"{job}-{point}") for job in JOBS for point in JOBS[job].crash_points]
 
 
+@pytest.mark.slow  # a child process per crash point (about 40% of the suite's time)
 @pytest.mark.parametrize("job, point", CRASHES)
 def test_a_run_killed_at_each_crash_point_recovers_to_the_uninterrupted_outcome(clean, noise_key, tmp_path, job,
                                                                                 point):
@@ -239,7 +248,8 @@ def test_every_crash_point_in_the_code_is_exercised_through_some_job():
 # --- what the jobs are asked but do not know ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("job", [_case(job, frozenset({sc.REFUSES_UNKNOWN_OPTIONS}), job, id=job) for job in JOBS])
+@pytest.mark.parametrize("job", [_case(job, frozenset({sc.REFUSES_UNKNOWN_OPTIONS}), job, case_id=job)
+                                 for job in JOBS])
 def test_an_option_the_job_does_not_know_is_refused_naming_it_before_anything_is_released(clean, tmp_path, job):
     """``--polcy clip``, a typo of ``--policy``: run anyway, the job charges and releases under
     another policy than the operator asked for."""
