@@ -51,7 +51,7 @@ LATE_ROWS = "late_rows"  # rows of a window an earlier run charged
 DUPLICATE_ROWS = "duplicate_rows"  # a second row of one (user, window), later in the same input
 DUPLICATES_ACROSS_INPUTS = "duplicates_across_inputs"  # ... in a later input: the first input's row counts
 BAD_VALUES = "bad_values"  # null or empty user, NaN, a value that does not parse
-OUT_OF_RANGE_ROWS = "out_of_range_rows"  # a row after the run's last window
+OUT_OF_RANGE_ROWS = "out_of_range_rows"  # a row after the run's last window, or before any window
 DROP_POLICY = "drop_policy"
 CLIP_POLICY = "clip_policy"
 REGISTERED_QUERIES = "registered_queries"  # a query registered mid-way
@@ -307,7 +307,10 @@ def _steps(id_type: str, seed: int) -> tuple[Step, Step, Step]:
     a late row for day 0, a row for day 3, after the run's schedule, and one for day -1, before
     any schedule), day 3 (no rows)."""
     days = _population(seed)
-    uid = lambda i: _uid(i, id_type)  # noqa: E731
+
+    def uid(i: int) -> Any:
+        return _uid(i, id_type)
+
     first, second = [r for r in days[0] if r[0] < N_USERS // 2], [r for r in days[0] if r[0] >= N_USERS // 2]
     d1a, d1b = [r for r in days[1] if r[0] < N_USERS // 2], [r for r in days[1] if r[0] >= N_USERS // 2]
     m0 = _Builder("s1-m0", id_type).rows(0, first)
