@@ -8,5 +8,7 @@ docs/architecture.md, "Where the code is going").
 * :mod:`.adapters`: one adapter per job (``renyi-stream run``, ``python -m pipelines.distributed``,
   ``python -m pipelines.streaming``): how to run a step, crash one, recover, and read the outcome,
   and which features the job supports;
+* :mod:`.crash`: a job run in a child process killed at a crash point (also used by
+  ``test_crash_points`` and ``test_deploy``);
 * ``test_conformance.py``: the assertions, per job and across jobs.
 """
