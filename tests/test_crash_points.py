@@ -21,8 +21,6 @@ import datetime as dt
 import json
 import os
 import shutil
-import subprocess
-import sys
 import textwrap
 
 import duckdb
@@ -33,7 +31,8 @@ import pytest
 from pipelines.curator.store import CuratorStore
 from pipelines.daily.job import JobConfig, run_job
 from queries.release_store import ReleaseStore
-from stream.faults import CRASH_ENV
+
+from conformance.crash import run_killed_at
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -128,9 +127,8 @@ _CRASHING_RUN = textwrap.dedent("""
 def _crash(config: JobConfig, point: str) -> None:
     """Run ``config`` in a child process that SIGKILLs itself at ``point``."""
     fields = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("window", "beam_args")}
-    result = subprocess.run([sys.executable, "-c", _CRASHING_RUN, json.dumps(fields)],
-                            env={**os.environ, CRASH_ENV: point}, capture_output=True, timeout=300)
-    assert result.returncode == -9, f"the run did not die at {point}: {result.stderr.decode()[-2000:]}"
+    result = run_killed_at(point, ["-c", _CRASHING_RUN, json.dumps(fields)])
+    assert result.returncode == -9, f"the run did not die at {point}: {result.stderr[-2000:]}"
 
 
 def _query(path: str, sql: str) -> list[tuple]:

@@ -45,8 +45,11 @@ from stream.engine.readers import read_batches
 from stream.engine.shard_state import QueryPlan
 from queries.linear import default_queries
 from stream.ledger import Ledger
-from stream.noise import NoiseBinding, NoiseKey, gaussian_noise, new_ledger_id
+from stream.noise import NoiseKey, new_ledger_id
 from stream.schema import WindowSpec
+
+from conformance.crash import run_killed_at
+from conformance.outcome import window_noise
 
 ROOT = Path(__file__).resolve().parents[1]
 DAY0 = dt.date(2026, 3, 1)
@@ -245,12 +248,9 @@ def _without_noise(rows: list[tuple], key: NoiseKey, ledger_id: str) -> list[tup
     """Release rows (query_id, window_id, coordinate, label, value, noise_std, ...) of window sums
     with the keyed noise of ledger ``ledger_id`` taken off ``value``: the sums that were noised.
     Two ledgers on the same data agree on these, each adding its own ledger's noise."""
-    binding = NoiseBinding(key, ledger_id)
-    out = []
-    for query_id, window, coordinate, label, value, std, *rest in rows:
-        noise = gaussian_noise(binding, query_id=query_id, window_id=window, dim=coordinate + 1, noise_std=std)
-        out.append((query_id, window, coordinate, label, value - float(noise[coordinate]), std, *rest))
-    return out
+    return [(query_id, window, coordinate, label, value - window_noise(
+                key, ledger_id, query_id=query_id, window_id=window, coordinate=coordinate, noise_std=std), std, *rest)
+            for query_id, window, coordinate, label, value, std, *rest in rows]
 
 
 def _same_values(a: list[tuple], b: list[tuple]) -> None:
@@ -323,9 +323,7 @@ def test_a_rerun_of_a_committed_day_charges_nobody_and_releases_nothing(tmp_path
 
 def _crashed_main(tmp_path, args, point) -> subprocess.CompletedProcess:
     """``dist.main(args)`` in a child process killed with SIGKILL at crash point ``point``."""
-    code = f"import sys; from pipelines.distributed import job as d; sys.exit(d.main({[str(a) for a in args]!r}))"
-    return subprocess.run(["python", "-c", code], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "RENYI_STREAM_CRASH_AT": point})
+    return run_killed_at(point, ["-m", "pipelines.distributed", *map(str, args)])
 
 
 def _public(tmp_path) -> dict:

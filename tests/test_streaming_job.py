@@ -30,7 +30,9 @@ from apache_beam.runners import pipeline_context
 from pipelines.streaming import job as sj
 from pipelines.daily.job import JobConfig, run_job
 from stream.engine.ledger_config import DERIVED, FIXED, LedgerConfig, snapshot_key
-from stream.noise import NoiseBinding, NoiseKey, gaussian_noise
+from stream.noise import NoiseKey
+
+from conformance.outcome import window_noise
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -78,8 +80,8 @@ def _snapshot_ledger_ids(folder: Path) -> set:
 def _without_noise(rows: list[tuple], key_path: str, ledger_id: str) -> list[tuple]:
     """Release rows (query_id, window_id, coordinate, value, noise_std) of window sums with the
     keyed noise of ledger ``ledger_id`` taken off ``value``: the sums that were noised."""
-    binding = NoiseBinding(NoiseKey.load(key_path), ledger_id)
-    return [(q, w, c, v - float(gaussian_noise(binding, query_id=q, window_id=w, dim=c + 1, noise_std=s)[c]), s)
+    key = NoiseKey.load(key_path)
+    return [(q, w, c, v - window_noise(key, ledger_id, query_id=q, window_id=w, coordinate=c, noise_std=s), s)
             for q, w, c, v, s in rows]
 
 

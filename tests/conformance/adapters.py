@@ -1,0 +1,348 @@
+"""One adapter per job: how to run a step of a scenario, crash one, recover, and read the outcome.
+
+Each adapter drives its job through its own command line (the ``main(argv)`` of its entry
+point, in this process; in a child process for a crash), as an operator would, on files in its
+own folder: the public ``--releases-parquet`` root ``public/`` and the job's curator files. Each
+declares what its job supports (:attr:`JobAdapter.supports`, names from
+:data:`tests.conformance.scenario.FEATURES`) and the crash points it can be killed at
+(:data:`stream.faults.CRASH_ENV`). The tests derive their expected failures from these
+declarations, so:
+
+* a job that gains a feature while its adapter does not declare it XPASSes a strict xfail,
+  which fails: declare it;
+* a declaration without the feature fails its tests outright.
+
+What a job cannot be asked at all (the distributed and streaming jobs take no registered query
+or retirement: no option, no registry; run anyway they answer the default per-column window sums
+only, silently less than the scenario asks) raises :class:`Unasked` naming it, so the test fails
+(xfails, while the feature is not declared) without spending a run on it. When such a job gains
+the option, pass the step's changes in :meth:`JobAdapter.ask` and declare the feature.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import scenario as sc
+from .crash import run_killed_at
+from .outcome import Outcome, RunBooks, read_release_files, reasons_of
+
+
+class Unasked(AssertionError):
+    """The job offers no way to ask what the scenario asks (no option, no registry)."""
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A run's exit status and what it wrote to stderr."""
+
+    code: int
+    err: str
+
+
+class JobAdapter:
+    """A job, one ledger, one scenario: run its steps in order under ``root``.
+
+    ``inputs`` maps each message name of the scenario to its file; ``key_path`` is the noise key
+    every job of a test session shares (two ledgers under one key draw independent noise)."""
+
+    name = ""
+    module = ""  # python -m <module>
+    supports: frozenset[str] = frozenset()
+    crash_points: tuple[str, ...] = ()
+    #: Crash points at which the run has committed (so recovering takes one more run).
+    committed_at: frozenset[str] = frozenset()
+
+    def __init__(self, root: Path, scenario: sc.Scenario, key_path: str, inputs: dict[str, str]) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.scenario = scenario
+        self.key_path = key_path
+        self.inputs = inputs
+        self.public = self.root / "public"
+        for step in scenario.steps:  # before any run: a scenario the job cannot be asked costs nothing
+            self.refuse_unaskable(step)
+
+    # --- what each job defines --------------------------------------------------------------------
+
+    def argv(self, step: sc.Step) -> list[str]:
+        """The job's command line for ``step`` (after the module name)."""
+        raise NotImplementedError
+
+    def main(self, argv: list[str]) -> int:
+        """The entry point's ``main(argv)``, in this process."""
+        raise NotImplementedError
+
+    def ask(self, step: sc.Step) -> None:
+        """Make the analysts' query changes of ``step`` the job's way, before its run."""
+        self.refuse_unaskable(step)
+
+    def refuse_unaskable(self, step: sc.Step) -> None:
+        """:class:`Unasked` when the job has no way to take ``step``'s query changes; here: it has
+        none (the distributed and streaming jobs answer the default per-column window sums only)."""
+        wanted = [f"register query {q.query_id!r} ({q.kind}) from window {sc.window(day)}" for q, day in step.register]
+        wanted += [f"retire query {query_id!r} from window {sc.window(day)}" for query_id, day in step.retire]
+        if wanted:
+            raise Unasked(f"the {self.name} job has no way to {'; '.join(wanted)} (no option, no query registry): "
+                          "it answers the default per-column window sums only")
+
+    def committed(self, step: sc.Step) -> None:
+        """Record that ``step``'s run finished (where its outputs are, for the next run)."""
+
+    def recover(self, step: sc.Step, point: str) -> None:
+        """Finish ``step`` after its run was killed at ``point``, as the job's recovery rule says."""
+        self.run(step)
+
+    def outcome(self) -> Outcome:
+        raise NotImplementedError
+
+    # --- the same for every job -------------------------------------------------------------------
+
+    def paths(self, step: sc.Step) -> list[str]:
+        """The step's input files, in input order (the batch jobs' file order)."""
+        return sorted(self.inputs[m.name] for m in step.messages)
+
+    def common(self, step: sc.Step) -> list[str]:
+        """The options every job shares (pipelines.beam.job_options.add_promise_options)."""
+        s = self.scenario
+        return ["--start", sc.date(step.first_day), "--end", sc.date(step.last_day), "--epsilon", repr(s.epsilon),
+                "--delta", repr(s.delta), "--norm-budget", repr(s.norm_budget), "--releases-parquet",
+                str(self.public), "--shards", str(s.n_shards), "--policy", s.policy]
+
+    def attempt(self, step: sc.Step, *, extra: Sequence[str] = ()) -> Ran:
+        """Run ``step`` (its query changes first), with ``extra`` options; the exit status and
+        stderr, whatever they are."""
+        self.ask(step)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                code = self.main(self.argv(step) + list(extra))
+            except SystemExit as exc:  # argparse's exits
+                code = exc.code if isinstance(exc.code, int) else 2
+        return Ran(int(code), err.getvalue())
+
+    def run(self, step: sc.Step) -> None:
+        """Run ``step``; it must succeed with balanced books (exit status 0)."""
+        ran = self.attempt(step)
+        assert ran.code == 0, f"{self.name} failed on days {step.first_day}-{step.last_day}: {ran.err[-3000:]}"
+        self.committed(step)
+
+    def crash(self, step: sc.Step, point: str) -> None:
+        """Run ``step`` in a child process that kills itself (SIGKILL) at crash point ``point``."""
+        self.ask(step)
+        result = run_killed_at(point, ["-m", self.module, *self.argv(step)])
+        assert result.returncode == -9, f"{self.name} did not die at {point}: {result.stderr[-3000:]}"
+
+
+def _query(path: Path, sql: str) -> list[tuple]:
+    with duckdb.connect(str(path), read_only=True) as db:
+        return db.execute(sql).fetchall()
+
+
+def _ledger_rows(table: pa.Table) -> dict:
+    cols = [table.column(c).to_pylist() for c in ("user_id", "used", "tracker_segment", "tracker_bound")]
+    return {u: (used, seg, bound) for u, used, seg, bound in zip(*cols)}
+
+
+def _dead_rows(run: int, tables: Sequence[pa.Table]) -> list[tuple[int, str, int, str]]:
+    return [(run, Path(r["source"]).name, int(r["row_index"]), r["reason"]) for t in tables for r in t.to_pylist()]
+
+
+class DailyJob(JobAdapter):
+    """``renyi-stream run`` (pipelines/cli/main.py -> pipelines.daily.job.run_job): a DuckDB release
+    store, a DuckDB curator ledger, and the release files under ``--releases-parquet``."""
+
+    name = "daily"
+    module = "pipelines.cli.main"
+    supports = sc.FEATURES
+    crash_points = ("while_reading", "after_ledger_write", "before_publish", "during_release_insert",
+                    "during_publish", "after_publish")
+    committed_at = frozenset({"before_publish", "during_release_insert", "during_publish", "after_publish"})
+
+    @property
+    def store(self) -> Path:
+        return self.root / "releases.duckdb"
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger.duckdb"
+
+    def argv(self, step: sc.Step) -> list[str]:
+        return ["run", "--input", *self.paths(step), "--store", str(self.store), "--ledger", str(self.ledger),
+                "--noise-key", self.key_path, *self.common(step), "--quiet"]
+
+    def main(self, argv: list[str]) -> int:
+        from pipelines.cli.main import main
+
+        return main(argv)
+
+    def refuse_unaskable(self, step: sc.Step) -> None:
+        """Every change can be asked: through the store's query registry."""
+
+    def ask(self, step: sc.Step) -> None:
+        """Through the query registry of the release store (``renyi-stream query add|retire``)."""
+        if not (step.register or step.retire):
+            return
+        from queries.registry import QueryRegistry
+
+        with QueryRegistry(str(self.store)) as registry:
+            listed = {row["query_id"]: row for row in registry.list().to_pylist()}  # a re-run asks again
+            for query, day in step.register:
+                if query.query_id not in listed:
+                    registry.add(query, effective_from=sc.window(day))
+            for query_id, day in step.retire:
+                if listed[query_id]["retired_from"] is None:
+                    registry.retire(query_id, from_window=sc.window(day))
+
+    def store_releases(self) -> tuple[dict, ...]:
+        """The release store's rows (the daily job's public DuckDB store), as the release files'."""
+        from queries.release_store import ReleaseStore
+
+        with ReleaseStore(str(self.store), read_only=True) as store:
+            return tuple(store.read().drop_columns(["released_at"]).to_pylist())
+
+    def outcome(self) -> Outcome:
+        runs = _query(self.ledger,
+                      "SELECT run_id, rows_read, admitted, clipped, dropped FROM run_counts ORDER BY run_id")
+        dead = _query(self.ledger, "SELECT run_id, source, row_index, reason FROM dead_letters")
+        index = {run_id: i for i, (run_id, *_) in enumerate(runs)}
+        books = tuple(RunBooks(rows, a, c, d, reasons_of(r for run, _, _, r in dead if run == run_id))
+                      for run_id, rows, a, c, d in runs)
+        ledger = _query(self.ledger, "SELECT user_id, used, tracker_segment, tracker_bound FROM ledger")
+        (ledger_id,) = _query(self.ledger, "SELECT value FROM meta WHERE key = 'ledger_id'")[0]
+        return Outcome(releases=read_release_files(self.public), ledger_id=ledger_id,
+                       ledger={u: (used, seg, bound) for u, used, seg, bound in ledger}, runs=books,
+                       dead=tuple(sorted((index[run], Path(src).name, row, reason) for run, src, row, reason in dead)))
+
+
+class DistributedJob(JobAdapter):
+    """``python -m pipelines.distributed``: one run per step, each continuing the previous run's
+    ``--output`` (``--previous-ledger``), releases under ``--releases-parquet``."""
+
+    name = "distributed"
+    module = "pipelines.distributed"
+    supports = sc.FEATURES - {sc.REGISTERED_QUERIES, sc.RETIRED_QUERIES, sc.RUNNING_TOTALS,
+                              sc.REFUSES_UNKNOWN_OPTIONS}
+    # while_reading is in the read step both batch jobs share (pipelines.beam.transforms.ReadAndValidate).
+    crash_points = ("while_reading", "distributed_before_commit", "distributed_before_promote",
+                    "distributed_after_claim")
+    committed_at = frozenset({"distributed_before_promote", "distributed_after_claim"})
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.outputs: list[Path] = []  # every committed run's --output, in order
+        self.previous = "none"
+
+    def _output(self) -> Path:
+        return self.root / "curator" / f"run{len(self.outputs) + 1}"
+
+    def argv(self, step: sc.Step) -> list[str]:
+        return ["--input", *self.paths(step), *self.common(step), "--previous-ledger", self.previous,
+                "--output", str(self._output()), "--noise-key", self.key_path,
+                "--columns", ",".join(self.scenario.columns), "--quiet"]
+
+    def main(self, argv: list[str]) -> int:
+        from pipelines.distributed.job import main
+
+        return main(argv)
+
+    def committed(self, step: sc.Step) -> None:
+        self.outputs.append(self._output())
+        self.previous = str(self.outputs[-1])
+
+    def recover(self, step: sc.Step, point: str) -> None:
+        """A run killed before its commit is re-run into its own ``--output`` (its intent fixed
+        its inputs and ledger id); a committed one is continued by the next run, which publishes
+        what it left staged: here the same step again, which charges nobody (deploy/README.md)."""
+        from pipelines.distributed.job import COMMITTED
+
+        if (self._output() / COMMITTED).exists():
+            self.committed(step)
+        self.run(step)
+
+    def outcome(self) -> Outcome:
+        from pipelines.distributed.job import COMMITTED
+
+        manifests = [json.loads((out / COMMITTED).read_text()) for out in self.outputs]
+        books, dead = [], []
+        for run, manifest in enumerate(manifests):
+            t = manifest["totals"]
+            books.append(RunBooks(t["rows_read"], t["admitted"], t["clipped"], t["dropped"],
+                                  dict(sorted(manifest["dead_reasons"].items()))))
+            dead += _dead_rows(run, [pq.read_table(f) for f in manifest["dead_files"]])
+        last = manifests[-1]
+        ledger = pa.concat_tables([pq.read_table(f).replace_schema_metadata(None) for f in last["ledger_files"]])
+        return Outcome(releases=read_release_files(self.public), ledger_id=last["parameters"]["ledger_id"],
+                       ledger=_ledger_rows(ledger), runs=tuple(books), dead=tuple(sorted(dead)))
+
+
+class StreamingJob(JobAdapter):
+    """``python -m pipelines.streaming --replay``: each step a job over its windows, replaying the
+    step's messages in order, continuing from the previous job's snapshot of the last released
+    window (``--previous-ledger``); window files, ledger snapshots and books under its
+    ``--output``."""
+
+    name = "streaming"
+    module = "pipelines.streaming"
+    # Rows of one window from two messages are ordered by a hash of the messages' names
+    # (pipelines.streaming.job._source_number), not by their order in --replay.
+    supports = sc.FEATURES - {sc.DUPLICATES_ACROSS_INPUTS, sc.REGISTERED_QUERIES, sc.RETIRED_QUERIES,
+                              sc.RUNNING_TOTALS, sc.CRASH_RECOVERY, sc.REFUSES_UNKNOWN_OPTIONS}
+    crash_points = ()  # stream.faults.crash_point is called nowhere on its path (no outbox)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.outputs: list[Path] = []
+        self.last_window: int | None = None
+
+    def _output(self) -> Path:
+        return self.root / "curator" / f"job{len(self.outputs) + 1}"
+
+    def _previous(self) -> str:
+        if not self.outputs:
+            return "none"
+        return f"{self.outputs[-1]}/ledger/window_id={self.last_window}/*/*.parquet"
+
+    def argv(self, step: sc.Step) -> list[str]:
+        return ["--replay", *self.paths(step), "--columns", ",".join(self.scenario.columns), *self.common(step),
+                "--output", str(self._output()), "--noise-key", self.key_path, "--previous-ledger", self._previous()]
+
+    def main(self, argv: list[str]) -> int:
+        from pipelines.streaming.job import main
+
+        return main(argv)
+
+    def committed(self, step: sc.Step) -> None:
+        self.outputs.append(self._output())
+        self.last_window = step.windows[-1]
+
+    def outcome(self) -> Outcome:
+        from pipelines.streaming.job import SNAPSHOT_LEDGER_ID, books
+
+        runs, dead = [], []
+        for run, out in enumerate(self.outputs):
+            b = books(str(out))
+            letters = [pq.read_table(f) for f in sorted((out / "dead").rglob("*.parquet"))]
+            runs.append(RunBooks(b["rows_read"], b["admitted"], b["clipped"], b["dropped"],
+                                 reasons_of(r for t in letters for r in t.column("reason").to_pylist())))
+            dead += _dead_rows(run, letters)
+        snapshots = [pq.read_table(f) for f in
+                     sorted((self.outputs[-1] / "ledger" / f"window_id={self.last_window}").glob("shard=*/*.parquet"))]
+        (ledger_id,) = {t.schema.metadata[SNAPSHOT_LEDGER_ID.encode()].decode() for t in snapshots}
+        ledger = pa.concat_tables([t.replace_schema_metadata(None) for t in snapshots])
+        return Outcome(releases=read_release_files(self.public), ledger_id=ledger_id, ledger=_ledger_rows(ledger),
+                       runs=tuple(runs), dead=tuple(sorted(dead)))
+
+
+JOBS: dict[str, type[JobAdapter]] = {job.name: job for job in (DailyJob, DistributedJob, StreamingJob)}
+#: The job the others are compared with: it answers every feature of the scenarios.
+REFERENCE = DailyJob.name
