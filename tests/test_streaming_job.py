@@ -31,7 +31,7 @@ from pipelines.streaming import job as sj
 from pipelines.daily.job import JobConfig, run_job
 from stream.accounting import calibrate
 from stream.noise import NoiseBinding, NoiseKey, gaussian_noise
-from stream.schema import WindowSpec
+from stream.schema import DeadLetterReason, WindowSpec
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -128,8 +128,8 @@ def test_bad_messages_and_rows_are_dead_letters_with_reasons(tmp_path, days):
     assert sj.main(_args(tmp_path, ["--replay", str(garbage), str(nan), *messages[:2]])) == 0
     dead = pa.concat_tables([pq.read_table(f) for f in (tmp_path / "curator" / "dead").glob("*.parquet")])
     reasons = sorted(dead.column("reason").to_pylist())
-    assert sj.UNDECODABLE in reasons and "non_finite_value" in reasons
-    assert dead.filter(pa.compute.equal(dead.column("reason"), sj.UNDECODABLE)).column("source").to_pylist() == [
+    assert DeadLetterReason.UNDECODABLE_MESSAGE in reasons and "non_finite_value" in reasons
+    assert dead.filter(pa.compute.equal(dead.column("reason"), DeadLetterReason.UNDECODABLE_MESSAGE)).column("source").to_pylist() == [
         str(garbage)]
 
 

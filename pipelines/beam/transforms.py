@@ -20,18 +20,25 @@ classic Beam DP pipelines is what this design avoids.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from typing import Any, Iterable, Iterator, Sequence, Tuple
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from apache_beam.coders import PickleCoder
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, TimerSpec, on_timer
 from apache_beam.transforms.window import GlobalWindow
 
+from stream.engine.dead_letters import (
+    DEAD_LETTER_SCHEMA,
+    ROW,
+    SOURCE,
+    DeadLetterReason,
+    dead_letters,
+    rejected_letters,
+    row_letters,
+)
 from stream.engine.readers import read_batches
 from stream.engine.sharding import shard_of
 from stream.engine.shard_state import QueryPlan, ShardState
@@ -39,18 +46,10 @@ from stream.continual.running import RunningState
 from stream.faults import crash_point
 from stream.ledger import Ledger
 from stream.noise import NoiseBinding, NoiseKey, check_ledger_id, gaussian_noise
-from stream.schema import USER_ID, WINDOW_ID, RejectReason, WindowSpec, may_repeat, validate_batch
+from stream.schema import USER_ID, WINDOW_ID, WindowSpec, may_repeat, validate_batch
 
-SOURCE = "_source"  # (file index, row index) of each row: a deterministic tie-break
-ROW = "_row"
-LATE_WINDOW = "late_window"
 #: The kind of an element that carries nothing and only makes its shard's filter fire.
 TICK = "tick"
-
-DEAD_LETTER_SCHEMA = pa.schema([
-    ("source", pa.string()), ("row_index", pa.int64()), ("reason", pa.string()),
-    ("detail", pa.string()), ("raw", pa.string()),
-])
 
 
 def query_id_for(column: str) -> str:
@@ -92,7 +91,7 @@ class ReadAndValidate(beam.DoFn):
                                      end_window=self._end, indicator_columns=self._columns,
                                      category_columns=self._categories, id_type=self._id_type)
             if checked.rejected.num_rows:
-                yield beam.pvalue.TaggedOutput("dead", dead_letters(path, offset, checked.rejected))
+                yield beam.pvalue.TaggedOutput("dead", rejected_letters(path, checked.rejected, offset=offset))
             valid = checked.valid
             rows = pa.array(np.flatnonzero(valid_mask(batch.num_rows, checked.rejected)) + offset, type=pa.int64())
             valid = valid.append_column(SOURCE, pa.array([file_index] * valid.num_rows, type=pa.int64()))
@@ -100,12 +99,12 @@ class ReadAndValidate(beam.DoFn):
             windows = valid.column(WINDOW_ID).to_numpy()
             late = np.isin(windows, self._released)
             early = (windows < self._start) & ~late
-            for mask, reason, detail in ((late, LATE_WINDOW, "window {} was already released"),
-                                         (early, "out_of_range_time", "window {} is before the schedule")):
+            for mask, reason, what in ((late, DeadLetterReason.LATE_WINDOW, "was already released"),
+                                       (early, DeadLetterReason.OUT_OF_RANGE_TIME, "is before the schedule")):
                 if mask.any():
-                    yield beam.pvalue.TaggedOutput(
-                        "dead", _window_letters(path, valid.filter(pa.array(mask)), self._columns + self._categories,
-                                                reason, detail))
+                    dead = valid.filter(pa.array(mask))
+                    detail = [f"window {w} {what}" for w in dead.column(WINDOW_ID).to_pylist()]
+                    yield beam.pvalue.TaggedOutput("dead", row_letters(dead, reason, detail=detail, source=path))
             if late.any() or early.any():
                 valid = valid.filter(pa.array(~(late | early)))
             if valid.num_rows:
@@ -114,53 +113,17 @@ class ReadAndValidate(beam.DoFn):
             crash_point("while_reading")  # test-only: input read, nothing committed
         if malformed:  # CSV lines the parser skipped: rows read, each a dead letter
             yield beam.pvalue.TaggedOutput("read", (path, len(malformed)))
-            yield beam.pvalue.TaggedOutput("dead", malformed_letters(path, malformed))
-
-
-def malformed_letters(path: str, lines: Sequence[tuple[int, str]]) -> pa.Table:
-    """Dead letters for CSV lines that do not split into the header's fields (reason
-    ``malformed_row``; ``row_index`` -1, the line number in the detail, the line as ``raw``)."""
-    return pa.table({
-        "source": pa.array([path] * len(lines), type=pa.string()),
-        "row_index": pa.array([-1] * len(lines), type=pa.int64()),
-        "reason": pa.array([RejectReason.MALFORMED_ROW.value] * len(lines), type=pa.string()),
-        "detail": pa.array([f"line {n}: not the header's number of fields" if n >= 0 else
-                            "a line with another number of fields than the header" for n, _ in lines],
-                           type=pa.string()),
-        "raw": pa.array([text[:256] for _, text in lines], type=pa.string()),
-    }, schema=DEAD_LETTER_SCHEMA)
+            yield beam.pvalue.TaggedOutput("dead", dead_letters(
+                DeadLetterReason.MALFORMED_ROW, source=path, row_index=-1,
+                detail=[f"line {n}: not the header's number of fields" if n >= 0 else
+                        "a line with another number of fields than the header" for n, _ in malformed],
+                raw=[text[:256] for _, text in malformed]))
 
 
 def valid_mask(n: int, rejected: pa.Table) -> np.ndarray:
     mask = np.ones(n, dtype=bool)
     mask[rejected.column("row_index").to_numpy()] = False
     return mask
-
-
-def dead_letters(path: str, offset: int, rejected: pa.Table) -> pa.Table:
-    return pa.table({
-        "source": pa.array([path] * rejected.num_rows, type=pa.string()),
-        "row_index": pc.add(rejected.column("row_index"), offset).cast(pa.int64()),
-        "reason": rejected.column("reason").cast(pa.string()),
-        "detail": rejected.column("detail").cast(pa.string()),
-        "raw": rejected.column("raw").cast(pa.string()),
-    }, schema=DEAD_LETTER_SCHEMA)
-
-
-def _window_letters(path: str, rows: pa.Table, columns: Sequence[str], reason: str, detail: str) -> pa.Table:
-    n = rows.num_rows
-    return pa.table({
-        "source": pa.array([path] * n, type=pa.string()),
-        "row_index": rows.column(ROW),
-        "reason": pa.array([reason] * n, type=pa.string()),
-        "detail": pa.array([detail.format(w) for w in rows.column(WINDOW_ID).to_pylist()], type=pa.string()),
-        "raw": raw_json(pa.table({c: rows.column(c) for c in [USER_ID, WINDOW_ID, *columns]})),
-    }, schema=DEAD_LETTER_SCHEMA)
-
-
-def raw_json(rows: pa.Table) -> pa.Array:
-    # Dead-letter rows are rare: a Python loop over them is fine (never over valid rows).
-    return pa.array([json.dumps(r, default=str) for r in rows.to_pylist()], type=pa.string())
 
 
 class PackedRows:
@@ -388,16 +351,9 @@ def first_per_user_window(data: pa.Table) -> tuple[pa.Table, pa.Table]:
     """Keep the first row of each (user, window) in (window, source, row) order; dead-letter the rest."""
     keep = _first_of_each_user_window(data)
     if keep is None:
-        return data, pa.table({f.name: pa.array([], type=f.type) for f in DEAD_LETTER_SCHEMA},
-                              schema=DEAD_LETTER_SCHEMA)
-    dup = data.filter(pa.array(~keep))
-    dead = pa.table({
-        "source": pc.cast(dup.column(SOURCE), pa.string()),
-        "row_index": dup.column(ROW),
-        "reason": pa.array(["duplicate_user_window"] * dup.num_rows, type=pa.string()),
-        "detail": pa.array(["another row of this user and window came first"] * dup.num_rows, type=pa.string()),
-        "raw": raw_json(dup.drop_columns([SOURCE, ROW])),
-    }, schema=DEAD_LETTER_SCHEMA)
+        return data, DEAD_LETTER_SCHEMA.empty_table()
+    dead = row_letters(data.filter(pa.array(~keep)), DeadLetterReason.DUPLICATE,
+                       detail="another row of this user and window came first")
     return data.filter(pa.array(keep)), dead
 
 

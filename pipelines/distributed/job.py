@@ -97,6 +97,7 @@ try:
     from pipelines.beam.local_runner import batch_runner
 finally:
     _root.setLevel(_level)
+from stream.engine.dead_letters import DEAD_LETTER_SCHEMA, DeadLetterReason
 from stream.engine.readers import declares_types, read_batches
 from queries import release_lineage as lineage
 from queries.release_files import release_file_path, write_release_file
@@ -570,7 +571,7 @@ class CommitRun(beam.DoFn):
             # budget: fail before the commit point, so that nothing this run charged counts.
             raise RuntimeError(f"the previous ledger snapshot holds {previous_users:,} users, its manifest says "
                                f"{expected:,}; the new ledger holds {users:,}. Not committing")
-        late = int(reasons.get(tx.LATE_WINDOW, 0))
+        late = int(reasons.get(DeadLetterReason.LATE_WINDOW.value, 0))
         rejected = int(sum(reasons.values())) - late
         totals = {"rows_read": int(rows_read), "admitted": int(statuses.get("admitted", 0)),
                   "clipped": int(statuses.get("clipped", 0)), "dropped": int(statuses.get("dropped", 0)),
@@ -636,9 +637,9 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
                     | "WriteCounts" >> write.WriteToParquet(join(plan.output, "counts", "part"), COUNTS_SCHEMA,
                                                             codec="snappy", file_name_suffix=".parquet"))
     dead = ((read.dead, filtered.dead) | "DeadLetters" >> beam.Flatten()
-            | "ConformDead" >> beam.Map(_conform, tx.DEAD_LETTER_SCHEMA))
+            | "ConformDead" >> beam.Map(_conform, DEAD_LETTER_SCHEMA))
     dead_files = dead | "WriteDead" >> write.WriteToParquetBatched(
-        join(plan.output, "dead", "part"), tx.DEAD_LETTER_SCHEMA, codec="snappy", file_name_suffix=".parquet")
+        join(plan.output, "dead", "part"), DEAD_LETTER_SCHEMA, codec="snappy", file_name_suffix=".parquet")
     read_rows = (read.read | "ReadPerFile" >> beam.CombinePerKey(sum).with_output_types(Tuple[str, int])
                  | "ReadRows" >> beam.Map(_read_row))
     read_files = read_rows | "WriteRead" >> write.WriteToParquet(join(plan.output, "read", "part"), READ_SCHEMA,

@@ -143,6 +143,7 @@ try:
     from pipelines.streaming.releases import StreamingReleases
 finally:
     _root.setLevel(_level)
+from stream.engine.dead_letters import DeadLetterReason, dead_letters, rejected_letters
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
 from queries.linear import default_queries
 from stream.accounting import calibrate
@@ -151,7 +152,6 @@ from stream.noise import check_ledger_id, new_ledger_id
 from stream.private_files import PrivateFileError, private_dir
 from stream.schema import WINDOW_ID, SchemaError, WindowSpec, validate_batch
 
-UNDECODABLE = "undecodable_message"
 #: The curator's record of a finished local run's row balance (:func:`books`), under ``--output``.
 BOOKS_FILE = "_BOOKS.json"
 #: The ledger's user id type (string ids: a later option; the validator keeps them, the ledger index takes both).
@@ -329,11 +329,13 @@ class DecodeAndValidate(beam.DoFn):
         except (ValueError, SchemaError) as exc:
             # One dead letter stands for the whole message, so the message counts as one row read.
             yield beam.pvalue.TaggedOutput("read", _read_row(name, 1))
-            yield beam.pvalue.TaggedOutput("dead", _undecodable(name, payload, str(exc)))
+            yield beam.pvalue.TaggedOutput("dead", dead_letters(
+                DeadLetterReason.UNDECODABLE_MESSAGE, source=name, row_index=-1, detail=str(exc)[:300],
+                raw=payload[:256].hex()))
             return
         yield beam.pvalue.TaggedOutput("read", _read_row(name, table.num_rows))
         if checked.rejected.num_rows:
-            yield beam.pvalue.TaggedOutput("dead", tx.dead_letters(name, 0, checked.rejected))
+            yield beam.pvalue.TaggedOutput("dead", rejected_letters(name, checked.rejected))
         valid = checked.valid
         if not valid.num_rows:
             return
@@ -350,11 +352,6 @@ class DecodeAndValidate(beam.DoFn):
 def _read_row(name: str, rows: int) -> pa.Table:
     """The curator's record of one message read: its name and its number of rows (sensitive)."""
     return pa.table({"source": [name], "rows_read": pa.array([int(rows)], type=pa.int64())})
-
-
-def _undecodable(name: str, payload: bytes, why: str) -> pa.Table:
-    return pa.table({"source": [name], "row_index": pa.array([-1], type=pa.int64()), "reason": [UNDECODABLE],
-                     "detail": [why[:300]], "raw": [payload[:256].hex()]}, schema=tx.DEAD_LETTER_SCHEMA)
 
 
 class WriteTable(beam.DoFn):
@@ -965,7 +962,7 @@ def books(curator: str) -> dict[str, Any]:
 
     read, counts, shard_books, dead = tables("read"), tables("counts"), tables("books"), tables("dead")
     reasons = [r for t in dead for r in t.column("reason").to_pylist()]
-    late = sum(r == tx.LATE_WINDOW for r in reasons)
+    late = sum(r == DeadLetterReason.LATE_WINDOW for r in reasons)
     result = {"rows_read": total(read, "rows_read"), "admitted": total(counts, "admitted"),
               "clipped": total(counts, "clipped"), "dropped": total(counts, "dropped"),
               "rejected": len(reasons) - late, "late": late}

@@ -42,24 +42,19 @@ from typing import Any, Iterator, Sequence, Tuple
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from apache_beam.coders import PickleCoder
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
+from stream.engine.dead_letters import DeadLetterReason, row_letters
 from stream.engine.shard_state import QueryPlan, ShardBooks, ShardState
 from pipelines.beam.transforms import (
-    DEAD_LETTER_SCHEMA,
-    LATE_WINDOW,
-    ROW,
-    SOURCE,
     IndividualFilterDoFn,
     ReleaseWindow,
     RunningEstimates,
     add_vectors,
     empty_rows,
     in_event_time_order,
-    raw_json,
     ledger_shards,
     snapshot_shards,
     TICK,
@@ -67,7 +62,7 @@ from pipelines.beam.transforms import (
     packed_by_shard,
     unpacked,
 )
-from stream.schema import USER_ID, WINDOW_ID, RejectReason, WindowSpec
+from stream.schema import WINDOW_ID, WindowSpec
 
 
 def split_by_window(table: pa.Table) -> list[tuple[int, pa.Table]]:
@@ -78,19 +73,6 @@ def split_by_window(table: pa.Table) -> list[tuple[int, pa.Table]]:
     order = np.argsort(windows, kind="stable")
     bounds = np.flatnonzero(np.diff(windows[order])) + 1
     return [(int(windows[part[0]]), table.take(pa.array(part))) for part in np.split(order, bounds)]
-
-
-def window_letters(rows: pa.Table, columns: Sequence[str], reason: str, detail: str) -> pa.Table:
-    """Dead letters (:data:`pipelines.beam.transforms.DEAD_LETTER_SCHEMA`) for validated ``rows``;
-    ``source`` is the row's input index, as for the filter's duplicate rows."""
-    n = rows.num_rows
-    return pa.table({
-        "source": pc.cast(rows.column(SOURCE), pa.string()),
-        "row_index": rows.column(ROW),
-        "reason": pa.array([reason] * n, type=pa.string()),
-        "detail": pa.array([detail.format(w) for w in rows.column(WINDOW_ID).to_pylist()], type=pa.string()),
-        "raw": raw_json(pa.table({c: rows.column(c) for c in [USER_ID, WINDOW_ID, *columns]})),
-    }, schema=DEAD_LETTER_SCHEMA)
 
 
 class StreamingIndividualFilterDoFn(beam.DoFn):
@@ -182,12 +164,12 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         # Already charged here (so possibly released): charging it now would change a release.
         late = released | ((windows >= self._start) & (windows <= through))
         out_of_range = ~late & ((windows < self._start) | (windows > self._end))
-        for mask, reason, detail in ((late, LATE_WINDOW, "window {} was already charged or released"),
-                                     (out_of_range, RejectReason.OUT_OF_RANGE_TIME.value,
-                                      "window {} is outside the schedule")):
+        for mask, reason, what in ((late, DeadLetterReason.LATE_WINDOW, "was already charged or released"),
+                                   (out_of_range, DeadLetterReason.OUT_OF_RANGE_TIME, "is outside the schedule")):
             if mask.any():
-                yield beam.pvalue.TaggedOutput(
-                    "dead", window_letters(table.filter(pa.array(mask)), self._columns, reason, detail))
+                dead = table.filter(pa.array(mask))
+                detail = [f"window {w} {what}" for w in dead.column(WINDOW_ID).to_pylist()]
+                yield beam.pvalue.TaggedOutput("dead", row_letters(dead, reason, detail=detail))
         keep = ~(late | out_of_range)
         for window, part in split_by_window(table if keep.all() else table.filter(pa.array(keep))):
             rows.add((window, PackedRows(part)))  # compressed while it waits (as in batch)
