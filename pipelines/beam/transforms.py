@@ -1,7 +1,9 @@
 """Beam transforms of the daily job: read and validate, filter per shard, sum, noise.
 
 * :class:`ReadAndValidate`: one input file -> Arrow batches validated by ``stream.schema``;
-  rows for windows already released are dead-lettered as ``late_window`` (invariant 7).
+  rows of windows already charged (``late_window``) or outside the schedule
+  (``out_of_range_time``) are dead-lettered by the engine's one rule,
+  :func:`stream.engine.dead_letters.classify_windows` (invariant 7).
 * :class:`IndividualFilterDoFn`: the stateful filter, keyed by user shard **in the global
   window** (invariant 1: a window-scoped ledger would reset budgets daily). It buffers the
   shard's rows in bag state and, on a watermark timer, charges them window by window in
@@ -35,9 +37,11 @@ from stream.engine.dead_letters import (
     ROW,
     SOURCE,
     DeadLetterReason,
+    classify_windows,
     dead_letters,
     rejected_letters,
     row_letters,
+    window_letters,
 )
 from stream.engine.readers import read_batches
 from stream.engine.sharding import shard_of
@@ -85,10 +89,9 @@ class ReadAndValidate(beam.DoFn):
         malformed: list[tuple[int, str]] = []
         for batch in read_batches(path, batch_rows=self._batch_rows, malformed=malformed):
             yield beam.pvalue.TaggedOutput("read", (path, batch.num_rows))
-            # No lower bound here: a row before the schedule is "late" if its window was released
-            # and "out of range" otherwise, which the validator alone cannot tell apart.
-            checked = validate_batch(batch, window=self._window, start_window=None,
-                                     end_window=self._end, indicator_columns=self._columns,
+            # No window bounds here: which rows are late or out of schedule is the engine's one
+            # rule, the same in the streaming filter.
+            checked = validate_batch(batch, window=self._window, indicator_columns=self._columns,
                                      category_columns=self._categories, id_type=self._id_type)
             if checked.rejected.num_rows:
                 yield beam.pvalue.TaggedOutput("dead", rejected_letters(path, checked.rejected, offset=offset))
@@ -96,17 +99,11 @@ class ReadAndValidate(beam.DoFn):
             rows = pa.array(np.flatnonzero(valid_mask(batch.num_rows, checked.rejected)) + offset, type=pa.int64())
             valid = valid.append_column(SOURCE, pa.array([file_index] * valid.num_rows, type=pa.int64()))
             valid = valid.append_column(ROW, rows)
-            windows = valid.column(WINDOW_ID).to_numpy()
-            late = np.isin(windows, self._released)
-            early = (windows < self._start) & ~late
-            for mask, reason, what in ((late, DeadLetterReason.LATE_WINDOW, "was already released"),
-                                       (early, DeadLetterReason.OUT_OF_RANGE_TIME, "is before the schedule")):
-                if mask.any():
-                    dead = valid.filter(pa.array(mask))
-                    detail = [f"window {w} {what}" for w in dead.column(WINDOW_ID).to_pylist()]
-                    yield beam.pvalue.TaggedOutput("dead", row_letters(dead, reason, detail=detail, source=path))
-            if late.any() or early.any():
-                valid = valid.filter(pa.array(~(late | early)))
+            classes = classify_windows(valid.column(WINDOW_ID), start_window=self._start, end_window=self._end,
+                                       charged=self._released)
+            if not classes.all_kept:
+                yield beam.pvalue.TaggedOutput("dead", window_letters(valid, classes, source=path))
+                valid = valid.filter(pa.array(classes.keep))
             if valid.num_rows:
                 yield valid
             offset += batch.num_rows
@@ -538,8 +535,9 @@ class ReadIndicators(beam.PTransform):
     position), ``dead`` (dead-letter tables) and ``read`` (``(path, rows)`` per batch read).
 
     Rows of windows in ``released`` are dead-lettered as ``late_window`` (invariant 7), rows
-    before ``start_window`` or after ``end_window`` as out of range, so ``rows read = valid +
-    dead`` holds per file.
+    before ``start_window`` or after ``end_window`` as ``out_of_range_time``
+    (:func:`stream.engine.dead_letters.classify_windows`), so ``rows read = valid + dead`` holds
+    per file.
     """
 
     def __init__(self, inputs: Sequence[str], *, window: WindowSpec, start_window: int, end_window: int,

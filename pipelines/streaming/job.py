@@ -312,11 +312,10 @@ class DecodeAndValidate(beam.DoFn):
     With ``stamp`` the output is timestamped at its earliest window's start (replayed files
     carry no event time of their own); otherwise it keeps the source's timestamp."""
 
-    def __init__(self, *, window: WindowSpec, end_window: int, indicator_columns: Sequence[str],
-                 stamp: bool = False, id_type: str = ID_TYPE) -> None:
+    def __init__(self, *, window: WindowSpec, indicator_columns: Sequence[str], stamp: bool = False,
+                 id_type: str = ID_TYPE) -> None:
         self._window = window
         self._id_type = id_type  # the ledger's: a message's ids are parsed as it, row by row
-        self._end = end_window
         self._columns = list(indicator_columns)
         self._stamp = stamp
 
@@ -324,8 +323,10 @@ class DecodeAndValidate(beam.DoFn):
         name, payload = _message_parts(element)
         try:
             table = decode_message(payload)
-            checked = validate_batch(table, window=self._window, end_window=self._end,
-                                     indicator_columns=self._columns, id_type=self._id_type)
+            # No window bounds: the filter classifies windows (late, out of schedule) as each row
+            # arrives, by the same rule as the batch jobs' reader.
+            checked = validate_batch(table, window=self._window, indicator_columns=self._columns,
+                                     id_type=self._id_type)
         except (ValueError, SchemaError) as exc:
             # One dead letter stands for the whole message, so the message counts as one row read.
             yield beam.pvalue.TaggedOutput("read", _read_row(name, 1))
@@ -911,7 +912,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         messages = p | "Replay" >> beam.Create(replay)
     stamp = not (args.subscription or args.kafka_topic)  # files carry no event time; the sources do
     decoded = messages | "DecodeAndValidate" >> beam.ParDo(
-        DecodeAndValidate(window=spec, end_window=end, indicator_columns=columns, stamp=stamp)
+        DecodeAndValidate(window=spec, indicator_columns=columns, stamp=stamp)
     ).with_outputs("dead", "read", main="valid")
     out = StreamingReleases(
         window=spec, start_window=start, end_window=end, plan=plan, indicator_columns=columns,

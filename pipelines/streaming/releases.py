@@ -46,7 +46,7 @@ from apache_beam.coders import PickleCoder
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
-from stream.engine.dead_letters import DeadLetterReason, row_letters
+from stream.engine.dead_letters import classify_windows, window_letters
 from stream.engine.shard_state import QueryPlan, ShardBooks, ShardState
 from pipelines.beam.transforms import (
     IndividualFilterDoFn,
@@ -127,7 +127,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         self._columns = list(indicator_columns)
         self._noise_std = noise_std
         self._policy = policy
-        self._released = frozenset(int(w) for w in released)
+        self._released = tuple(sorted(int(w) for w in released))
         self._snapshot_every_window = snapshot_every_window
         # The batch filter restores a shard's state from snapshots: the same code restores it here.
         self._restorer = IndividualFilterDoFn(plan=plan, indicator_columns=indicator_columns, noise_std=noise_std,
@@ -159,23 +159,18 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             window_end.set(self._end_of(through + 1))
 
     def _buffer(self, table: pa.Table, through: int, rows: Any, books: Any) -> Iterator[Any]:
-        windows = table.column(WINDOW_ID).to_numpy()
-        released = np.isin(windows, np.fromiter(self._released, dtype=np.int64, count=len(self._released)))
-        # Already charged here (so possibly released): charging it now would change a release.
-        late = released | ((windows >= self._start) & (windows <= through))
-        out_of_range = ~late & ((windows < self._start) | (windows > self._end))
-        for mask, reason, what in ((late, DeadLetterReason.LATE_WINDOW, "was already charged or released"),
-                                   (out_of_range, DeadLetterReason.OUT_OF_RANGE_TIME, "is outside the schedule")):
-            if mask.any():
-                dead = table.filter(pa.array(mask))
-                detail = [f"window {w} {what}" for w in dead.column(WINDOW_ID).to_pylist()]
-                yield beam.pvalue.TaggedOutput("dead", row_letters(dead, reason, detail=detail))
-        keep = ~(late | out_of_range)
-        for window, part in split_by_window(table if keep.all() else table.filter(pa.array(keep))):
+        # A window this shard charged may be released: charging it now would change a release.
+        classes = classify_windows(table.column(WINDOW_ID), start_window=self._start, end_window=self._end,
+                                   charged=self._released, charged_through=through)
+        received = table.num_rows
+        if not classes.all_kept:
+            yield beam.pvalue.TaggedOutput("dead", window_letters(table, classes))
+            table = table.filter(pa.array(classes.keep))
+        for window, part in split_by_window(table):
             rows.add((window, PackedRows(part)))  # compressed while it waits (as in batch)
         now, closed = books.read() or (ShardBooks(), ShardBooks())
-        books.write((now.plus(received=table.num_rows, late=np.count_nonzero(late),
-                              out_of_range=np.count_nonzero(out_of_range)), closed))
+        books.write((now.plus(received=received, late=np.count_nonzero(classes.late),
+                              out_of_range=np.count_nonzero(classes.out_of_schedule)), closed))
 
     @on_timer(WINDOW_END)
     def charge(self, key: Any = beam.DoFn.KeyParam, timestamp: Any = beam.DoFn.TimestampParam,

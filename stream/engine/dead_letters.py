@@ -13,9 +13,11 @@ means). Where each reason comes from, the same word in all three jobs for the sa
   by :func:`rejected_letters`.
 * ``malformed_row``: a CSV line the reader (:func:`stream.engine.readers.read_batches`) could not
   split, in the batch jobs (streaming messages are Arrow, never CSV).
-* ``out_of_range_time`` and ``late_window``: a row's window against the schedule and what was
-  charged before, in the batch jobs' reader and in the streaming filter as each row arrives;
-  written by :func:`row_letters`.
+* ``out_of_range_time`` and ``late_window``: :func:`classify_windows`, the one rule for a row's
+  window against the public schedule and what was charged before, called by the batch jobs'
+  reader (``ReadAndValidate``) and by the streaming filter as each row arrives
+  (``StreamingIndividualFilterDoFn``); written by :func:`window_letters`. The jobs pass no
+  window bounds to the validator, so no other step decides these two.
 * ``duplicate_user_window`` (across batches): the filter's event-time order keeps the first row
   of each (user, window) (``pipelines.beam.transforms.first_per_user_window``, both filters);
   written by :func:`row_letters`.
@@ -29,23 +31,27 @@ docs/architecture.md)). Beam-free: the jobs' DoFns call these functions.
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stream.schema import DeadLetterReason
+from stream.schema import WINDOW_ID, DeadLetterReason
 
 __all__ = [
     "DEAD_LETTER_SCHEMA",
     "ROW",
     "SOURCE",
     "DeadLetterReason",
+    "WindowClasses",
+    "classify_windows",
     "dead_letters",
     "raw_json",
     "rejected_letters",
     "row_letters",
+    "window_letters",
 ]
 
 #: The columns of a validated row's input position, ``(source, row)``: the file index or message
@@ -137,3 +143,70 @@ def row_letters(rows: pa.Table, reason: DeadLetterReason, *, detail: str | Seque
     position = [c for c in (SOURCE, ROW) if c in rows.column_names]
     return dead_letters(reason, source=rows.column(SOURCE) if source is None else source,
                         row_index=rows.column(ROW), detail=detail, raw=raw_json(rows.drop_columns(position)))
+
+
+@dataclass(frozen=True)
+class WindowClasses:
+    """What :func:`classify_windows` decided for each row: ``late`` (its window was charged
+    before), ``out_of_schedule`` (outside ``start_window..end_window`` and not late), or kept."""
+
+    late: np.ndarray
+    out_of_schedule: np.ndarray
+    start_window: int
+    end_window: int
+
+    @property
+    def keep(self) -> np.ndarray:
+        """The rows neither late nor out of schedule: the ones to charge."""
+        return ~(self.late | self.out_of_schedule)
+
+    @property
+    def all_kept(self) -> bool:
+        return not (self.late.any() or self.out_of_schedule.any())
+
+    def reasons(self) -> Iterator[tuple[DeadLetterReason, np.ndarray]]:
+        """``(reason, mask)`` for each reason some row has."""
+        for reason, mask in ((DeadLetterReason.LATE_WINDOW, self.late),
+                             (DeadLetterReason.OUT_OF_RANGE_TIME, self.out_of_schedule)):
+            if mask.any():
+                yield reason, mask
+
+
+def classify_windows(window_ids: Any, *, start_window: int, end_window: int, charged: Iterable[int] = (),
+                     charged_through: int | None = None) -> WindowClasses:
+    """The one rule for a row's window, used by every job before a row reaches a charge.
+
+    A row is **late** (``late_window``) when its window was charged before: it is in
+    ``charged`` (windows charged by earlier runs, hence perhaps released), or in
+    ``start_window..charged_through`` (windows this streaming shard has charged; None for a
+    batch run, which charges its schedule only at the end). Charging it now would charge its
+    user twice for a window or change a release (invariant 6 (charge-once, docs/architecture.md)
+    and invariant 5 (release-once, docs/architecture.md)). Otherwise a row outside the public schedule
+    ``start_window..end_window`` is **out of schedule** (``out_of_range_time``): the schedule is
+    decided before the data (invariant 3 (public-schedule, docs/architecture.md)). Every other
+    row is kept. Vectorised over ``window_ids`` (int64). ValueError when ``end_window <
+    start_window``."""
+    start, end = int(start_window), int(end_window)
+    if end < start:
+        raise ValueError(f"end_window must be >= start_window={start}, got end_window={end}")
+    windows = np.asarray(window_ids.to_numpy() if isinstance(window_ids, (pa.Array, pa.ChunkedArray))
+                         else window_ids, dtype=np.int64)
+    before = np.fromiter((int(w) for w in charged), dtype=np.int64)
+    late = np.isin(windows, before) if before.size else np.zeros(windows.shape, dtype=bool)
+    if charged_through is not None:
+        late |= (windows >= start) & (windows <= int(charged_through))
+    out_of_schedule = ~late & ((windows < start) | (windows > end))
+    return WindowClasses(late=late, out_of_schedule=out_of_schedule, start_window=start, end_window=end)
+
+
+def window_letters(rows: pa.Table, classes: WindowClasses, *, source: str | None = None) -> pa.Table:
+    """Dead letters for the rows of ``rows`` that ``classes`` (of the same rows) does not keep,
+    each with its reason and its window in the detail; ``source`` as :func:`row_letters`."""
+    parts = [DEAD_LETTER_SCHEMA.empty_table()]
+    for reason, mask in classes.reasons():
+        dead = rows.filter(pa.array(mask))
+        what = ("was already charged" if reason is DeadLetterReason.LATE_WINDOW
+                else f"is outside the schedule {classes.start_window}..{classes.end_window}")
+        detail = pc.binary_join_element_wise("window ", pc.cast(dead.column(WINDOW_ID), pa.string()), f" {what}", "")
+        parts.append(row_letters(dead, reason, detail=detail, source=source))
+    return pa.concat_tables(parts)
