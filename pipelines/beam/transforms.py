@@ -45,10 +45,8 @@ from stream.engine.dead_letters import (
 )
 from stream.engine.readers import read_batches
 from stream.engine.sharding import shard_of
-from stream.engine.shard_state import QueryPlan, ShardState
-from stream.continual.running import RunningState
+from stream.engine.shard_state import QueryPlan, ShardSnapshots, ShardState
 from stream.faults import crash_point
-from stream.ledger import Ledger
 from stream.noise import NoiseBinding, NoiseKey, check_ledger_id, gaussian_noise
 from stream.schema import USER_ID, WINDOW_ID, WindowSpec, may_repeat, validate_batch
 
@@ -196,14 +194,17 @@ class IndividualFilterDoFn(beam.DoFn):
 
     State (per shard key, global window):
       ROWS   -- bag of Arrow tables: this run's valid rows for the shard, in arrival order.
-      LEDGER -- bag of the shard's snapshots from the previous run: ``("ledger", table)`` (zero
-                or one) and ``("running", (query_id, table))`` per running query.
+      LEDGER -- bag of the shard's snapshot parts from the previous run: ``("ledger", table)``
+                (zero or one) and ``("running", (query_id, table))`` per running query, as
+                :class:`stream.engine.shard_state.ShardSnapshots` restores them.
     An element ``(TICK, None)`` is kept nowhere: it only makes its shard's timer fire.
     Timer:
-      FLUSH  -- event-time timer at the end of the global window: fires once all input has been
-                read (batch) and charges the buffered rows window by window, in window order,
-                through :class:`stream.engine.shard_state.ShardState` (every active query of a
-                window charged together, running queries stepped through every window).
+      FLUSH  -- event-time timer at the end of the global window; its callback
+                :meth:`charge` runs once all input has been read (batch): it restores
+                the shard, charges the buffered rows window by window, in window order, through
+                :meth:`stream.engine.shard_state.ShardState.charge_window` (every active query of
+                a window charged together, running queries stepped through every window) and
+                emits the shard's snapshot.
     Outputs: ``((query_id, window_id), partial sum vector)`` (main), the shard's new ledger
     snapshot (tag ``ledger``), ``(query_id, running-state snapshot)`` (tag ``running``),
     per-window row counts (tag ``counts``) and duplicate rows (tag ``dead``).
@@ -220,11 +221,10 @@ class IndividualFilterDoFn(beam.DoFn):
         self._columns = list(indicator_columns)
         self._noise_std = noise_std
         self._policy = policy
-        self._budget = budget
         self._id_type = id_type
-        self._tracker_step = tracker_step
         self._last_window = last_window
-        self._running_meta = dict(running_meta or {})
+        self._shards = ShardSnapshots(plan=plan, budget=budget, id_type=id_type, tracker_step=tracker_step,
+                                      running_meta=dict(running_meta or {}))
 
     def process(self, element: tuple[int, tuple[str, Any]],
                 rows: Any = beam.DoFn.StateParam(ROWS), ledger: Any = beam.DoFn.StateParam(LEDGER),
@@ -239,14 +239,13 @@ class IndividualFilterDoFn(beam.DoFn):
     @on_timer(FLUSH)
     def charge(self, key: Any = beam.DoFn.KeyParam, rows: Any = beam.DoFn.StateParam(ROWS),
                ledger: Any = beam.DoFn.StateParam(LEDGER)) -> Iterator[Any]:
-        state = self.restore_shard(list(ledger.read()))
+        state = self._shards.restore(ledger.read())
         data, duplicates = in_event_time_order(unpacked(rows.read()))
         if duplicates is not None and duplicates.num_rows:
             yield beam.pvalue.TaggedOutput("dead", duplicates)
         yield from self._charge_windows(state, data)
-        yield beam.pvalue.TaggedOutput("ledger", state.ledger.to_arrow())
-        for query_id, running in sorted(state.running.items()):
-            yield beam.pvalue.TaggedOutput("running", (query_id, running.to_arrow()))
+        for kind, payload in self._shards.snapshot(state):  # tags "ledger" and "running"
+            yield beam.pvalue.TaggedOutput(kind, payload)
         rows.clear()
         ledger.clear()
 
@@ -254,19 +253,6 @@ class IndividualFilterDoFn(beam.DoFn):
     def steps_running_queries(self) -> bool:
         """Whether this run steps running queries (its plan has one and a schedule ends it)."""
         return bool(self._plan.running) and self._last_window is not None
-
-    def restore_shard(self, snapshots: list[tuple[str, Any]]) -> ShardState:
-        """The shard's state from its previous snapshots (a fresh ledger when it has none); also
-        used by :mod:`pipelines.streaming.releases`, whose filter keeps the same state."""
-        ledgers = [payload for kind, payload in snapshots if kind == "ledger"]
-        shard_ledger = (Ledger.from_arrow(ledgers[0]) if ledgers
-                        else Ledger(budget=self._budget, id_type=self._id_type, tracker_step=self._tracker_step))
-        running = {query_id: RunningState.from_arrow(table)
-                   for kind, (query_id, table) in ((k, p) for k, p in snapshots if k == "running")}
-        for query_id, meta in self._running_meta.items():
-            if query_id not in running:  # a shard with no history yet continues where the query is
-                running[query_id] = RunningState.from_arrow(empty_running_snapshot(meta, self._id_type))
-        return ShardState(self._plan, shard_ledger, running)
 
     def _charge_windows(self, state: ShardState, data: pa.Table | None) -> Iterator[Any]:
         if data is None:
@@ -291,16 +277,6 @@ def empty_rows(id_type: str, columns: Sequence[str]) -> pa.Table:
     fields = [(USER_ID, pa.int64() if id_type == "int64" else pa.string()), (WINDOW_ID, pa.int64())]
     fields += [(c, pa.float64()) for c in columns]
     return pa.schema(fields).empty_table()
-
-
-def empty_running_snapshot(meta: dict[str, str], id_type: str) -> pa.Table:
-    """An empty running-state snapshot carrying ``meta`` (the query's strategy, ``dim``,
-    ``start_window`` and ``next_window``): the state of a shard none of whose users has history."""
-    dim = int(meta["dim"])
-    ids = pa.array([], type=pa.int64() if id_type == "int64" else pa.large_string())
-    table = pa.table({"user_id": ids, "window_id": pa.array([], type=pa.int64()),
-                      "values": pa.FixedSizeListArray.from_arrays(pa.array([], type=pa.float64()), dim)})
-    return table.replace_schema_metadata(meta)
 
 
 def in_event_time_order(parts: list[pa.Table]) -> tuple[pa.Table | None, pa.Table | None]:
@@ -564,7 +540,10 @@ class IndividualFilter(beam.PTransform):
     may be a table or the path of a Parquet file holding it (schema metadata included): a path
     is read inside the pipeline, so a large ledger is not embedded in the job graph (Beam
     pickles and compresses every ``Create``'d value when it builds the graph: about 20 CPU
-    seconds for a 1M-user ledger).
+    seconds for a 1M-user ledger). ``previous_ledger`` may also be a PCollection of
+    ``(shard, ("ledger", table))`` elements, exactly one per shard that has users (the
+    distributed job's ``ReadLedgerSnapshot``): a shard given two refuses to restore
+    (:meth:`stream.engine.shard_state.ShardSnapshots.restore`).
     ``last_window`` is the last window of this run's schedule: running queries step every
     window through it. Tagged outputs: ``sums`` (``((query_id, window_id), partial vector)`` per
     shard, to be summed across shards), ``ledger`` (each shard's new snapshot), ``running``
@@ -574,7 +553,7 @@ class IndividualFilter(beam.PTransform):
 
     def __init__(self, *, plan: QueryPlan, indicator_columns: Sequence[str], noise_std: float, policy: str,
                  budget: float, id_type: str, tracker_step: float, n_shards: int,
-                 previous_ledger: pa.Table | str,
+                 previous_ledger: pa.Table | str | beam.pvalue.PCollection,
                  previous_running: dict[str, pa.Table | str] | None = None, last_window: int | None = None) -> None:
         super().__init__()
         self._n_shards = n_shards
@@ -588,7 +567,9 @@ class IndividualFilter(beam.PTransform):
 
     def expand(self, valid: Any) -> Any:
         keyed = valid | "ByShard" >> beam.FlatMap(packed_by_shard, self._n_shards)
-        sources = [("ledger", None, self._previous)] + [("running", q, t) for q, t in sorted(self._running.items())]
+        split = isinstance(self._previous, beam.pvalue.PCollection)  # already one part per shard
+        sources = ([] if split else [("ledger", None, self._previous)]) + [
+            ("running", q, t) for q, t in sorted(self._running.items())]
         tables = [item for item in sources if isinstance(item[2], pa.Table)]
         files = [(kind, query_id, str(path)) for kind, query_id, path in sources if not isinstance(path, pa.Table)]
         initial = [element for item in tables for element in previous_state_shards(item, self._n_shards)]
@@ -601,6 +582,8 @@ class IndividualFilter(beam.PTransform):
         # A handful of elements each: no reshuffle (Create's default adds a shuffle stage per
         # Create, which costs more to plan than it could spread).
         previous = [valid.pipeline | "PreviousState" >> beam.Create(initial, reshuffle=False)] if initial else []
+        if split:
+            previous.append(self._previous)
         if files:
             previous.append(valid.pipeline | "PreviousStateFiles" >> beam.Create(files, reshuffle=False)
                             | "ReadPreviousState" >> beam.FlatMap(previous_state_shards, self._n_shards))

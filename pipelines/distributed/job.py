@@ -451,10 +451,10 @@ def _one_part(item: tuple[int, Iterable[pa.Table]], schema: pa.Schema) -> tuple[
 class ReadLedgerSnapshot(beam.PTransform):
     """Ledger snapshot files -> ``(shard, ("ledger", table))``, exactly one table per shard.
 
-    The filter restores a shard from the first ``ledger`` element it receives, so a shard must
-    never get its users in two pieces (the others would start from zero budget): the parts of
-    a shard from every file are grouped and concatenated first (``Ledger.from_arrow`` then
-    refuses a user listed twice)."""
+    A shard must never get its users in two pieces (the second would start from zero budget;
+    :meth:`stream.engine.shard_state.ShardSnapshots.restore` refuses two): the parts of a shard
+    from every file are grouped and concatenated first (``Ledger.from_arrow`` then refuses a
+    user listed twice)."""
 
     def __init__(self, files: Sequence[str], *, n_shards: int, schema: pa.Schema) -> None:
         super().__init__()
@@ -469,28 +469,6 @@ class ReadLedgerSnapshot(beam.PTransform):
                 .with_output_types(Tuple[int, Any])
                 | "GroupShard" >> beam.GroupByKey()
                 | "OnePartPerShard" >> beam.Map(_one_part, self._schema).with_output_types(Tuple[int, Any]))
-
-
-class SnapshotFilter(beam.PTransform):
-    """``(valid tables, previous ledger parts)`` -> the individual filter per user shard, in the
-    global window: :class:`pipelines.beam.transforms.IndividualFilter` with the previous ledger as a
-    PCollection (from :class:`ReadLedgerSnapshot`) instead of an in-memory table."""
-
-    def __init__(self, *, plan: QueryPlan, indicator_columns: Sequence[str], noise_std: float, policy: str,
-                 budget: float, id_type: str, tracker_step: float, n_shards: int, last_window: int | None) -> None:
-        super().__init__()
-        self._n_shards = n_shards
-        self._filter = tx.IndividualFilterDoFn(plan=plan, indicator_columns=indicator_columns, noise_std=noise_std,
-                                               policy=policy, budget=budget, id_type=id_type,
-                                               tracker_step=tracker_step, last_window=last_window)
-
-    def expand(self, inputs: tuple[Any, Any]) -> Any:
-        valid, previous = inputs
-        keyed = valid | "ByShard" >> beam.FlatMap(tx.packed_by_shard, self._n_shards)
-        return ((keyed, previous) | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
-                | "Filter" >> beam.ParDo(self._filter)
-                .with_output_types(Tuple[Tuple[str, int], Any])
-                .with_outputs("ledger", "running", "counts", "dead", main="sums"))
 
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -613,10 +591,10 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
                                                           schema=template.schema)
     previous_users = (previous | "PreviousUsers" >> beam.Map(_part_rows)
                       | "SumPreviousUsers" >> beam.CombineGlobally(sum))
-    filtered = (read.valid, previous) | "IndividualFilter" >> SnapshotFilter(
+    filtered = read.valid | "IndividualFilter" >> tx.IndividualFilter(
         plan=query_plan, indicator_columns=list(plan.columns), noise_std=params["noise_std"], policy=plan.policy,
         budget=params["rho"], id_type=params["id_type"], tracker_step=params["tracker_step"],
-        n_shards=plan.n_shards, last_window=max(plan.schedule) if plan.schedule else None)
+        n_shards=plan.n_shards, previous_ledger=previous, last_window=max(plan.schedule) if plan.schedule else None)
     released = filtered.sums | "ReleaseWindows" >> tx.ReleaseWindows(
         list(plan.schedule), key_path=plan.key_path, plan=query_plan, noise_std=params["noise_std"],
         window=plan.window, accounting=params["accounting"], key_fingerprint=params["key_fingerprint"],

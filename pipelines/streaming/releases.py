@@ -47,9 +47,8 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
 from stream.engine.dead_letters import classify_windows, window_letters
-from stream.engine.shard_state import QueryPlan, ShardBooks, ShardState
+from stream.engine.shard_state import LEDGER_PART, RUNNING_PART, QueryPlan, ShardBooks, ShardSnapshots, ShardState
 from pipelines.beam.transforms import (
-    IndividualFilterDoFn,
     ReleaseWindow,
     RunningEstimates,
     add_vectors,
@@ -92,10 +91,13 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
                  :class:`stream.engine.shard_state.ShardBooks` (rows received, dead, charged), checked
                  against the buffer at every charged window, and as they were at the last one.
     Timer:
-      WINDOW_END -- event-time timer at the end of the next uncharged window. A firing charges
-                    exactly that window, then re-arms at the next window's end (through
-                    ``end_window``). A firing before that end (an extra or repeated firing)
-                    does nothing, so each window is charged at most once (invariant 6).
+      WINDOW_END -- event-time timer at the end of the next uncharged window. Its callback
+                    :meth:`charge` restores the shard from STATE
+                    (:class:`stream.engine.shard_state.ShardSnapshots`, as the batch filter),
+                    charges exactly that window, writes the shard's snapshot back to STATE, then
+                    re-arms at the next window's end (through ``end_window``). A firing before
+                    that end (an extra or repeated firing) does nothing, so each window is
+                    charged at most once (invariant 6).
     Outputs: ``(window_id, (shard, {query_id: partial sum vector}))`` (main: one report per
     window of the schedule, ``{}`` when nothing was charged), dead letters (tag ``dead``:
     late, out-of-range and duplicate rows), ``(window, counts)`` (tag ``counts``, windows with
@@ -129,10 +131,9 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         self._policy = policy
         self._released = tuple(sorted(int(w) for w in released))
         self._snapshot_every_window = snapshot_every_window
-        # The batch filter restores a shard's state from snapshots: the same code restores it here.
-        self._restorer = IndividualFilterDoFn(plan=plan, indicator_columns=indicator_columns, noise_std=noise_std,
-                                              policy=policy, budget=budget, id_type=id_type,
-                                              tracker_step=tracker_step, running_meta=running_meta)
+        # The engine restores and snapshots a shard, as for the batch filter.
+        self._shards = ShardSnapshots(plan=plan, budget=budget, id_type=id_type, tracker_step=tracker_step,
+                                      running_meta=dict(running_meta or {}))
         self._id_type = id_type
 
     def _end_of(self, window: int) -> int:
@@ -150,7 +151,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         through = self._charged(charged)
         if kind == "rows":
             yield from self._buffer(unpacked([payload])[0], through, rows, books)
-        elif kind in ("ledger", "running"):
+        elif kind in (LEDGER_PART, RUNNING_PART):
             state.add((kind, payload))
         elif kind != TICK:
             raise ValueError(f"element kind must be rows, tick, ledger or running, got kind={kind!r}")
@@ -183,7 +184,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             return  # an extra firing: this window's end is not reached, or everything is charged
         buffered = list(rows.read())
         mine = unpacked(part for w, part in buffered if w == window)
-        shard = self._restorer.restore_shard(list(state.read()))
+        shard = self._shards.restore(state.read())
         data, duplicates = in_event_time_order(mine)  # exactly as the batch path
         if duplicates is not None and duplicates.num_rows:
             yield beam.pvalue.TaggedOutput("dead", duplicates)
@@ -191,20 +192,22 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         yield from self._close_books(key, window, books, counts, duplicates,
                                      later=unpacked(part for w, part in buffered if w != window))
         # Persist before anything else can observe the shard: the ledger is replaced, not cleared.
+        snapshot = self._shards.snapshot(shard)
         state.clear()
-        state.add(("ledger", shard.ledger.to_arrow()))
-        for query_id, running in sorted(shard.running.items()):
-            state.add(("running", (query_id, running.to_arrow())))
+        for part in snapshot:
+            state.add(part)
         charged.write(window)
         rows.clear()
         for w, part in buffered:
             if w != window:
                 rows.add((w, part))
+        ledger = next(payload for kind, payload in snapshot if kind == LEDGER_PART)
         if self._snapshot_every_window or window == self._end:
-            yield beam.pvalue.TaggedOutput("ledger", (key, window, shard.ledger.to_arrow()))
+            yield beam.pvalue.TaggedOutput("ledger", (key, window, ledger))
         if window == self._end:
-            for query_id, running in sorted(shard.running.items()):
-                yield beam.pvalue.TaggedOutput("running", (query_id, running.to_arrow()))
+            for kind, payload in snapshot:
+                if kind == RUNNING_PART:
+                    yield beam.pvalue.TaggedOutput("running", payload)
         else:
             window_end.set(self._end_of(window + 1))
 
