@@ -200,7 +200,7 @@ class IndividualFilterDoFn(beam.DoFn):
     An element ``(TICK, None)`` is kept nowhere: it only makes its shard's timer fire.
     Timer:
       FLUSH  -- event-time timer at the end of the global window; its callback
-                :meth:`charge` runs once all input has been read (batch): it restores
+                :meth:`on_end_of_input` runs once all input has been read (batch): it restores
                 the shard, charges the buffered rows window by window, in window order, through
                 :meth:`stream.engine.shard_state.ShardState.charge_window` (every active query of
                 a window charged together, running queries stepped through every window) and
@@ -237,8 +237,8 @@ class IndividualFilterDoFn(beam.DoFn):
         flush.set(GlobalWindow().max_timestamp())
 
     @on_timer(FLUSH)
-    def charge(self, key: Any = beam.DoFn.KeyParam, rows: Any = beam.DoFn.StateParam(ROWS),
-               ledger: Any = beam.DoFn.StateParam(LEDGER)) -> Iterator[Any]:
+    def on_end_of_input(self, key: Any = beam.DoFn.KeyParam, rows: Any = beam.DoFn.StateParam(ROWS),
+                        ledger: Any = beam.DoFn.StateParam(LEDGER)) -> Iterator[Any]:
         state = self._shards.restore(ledger.read())
         data, duplicates = in_event_time_order(unpacked(rows.read()))
         if duplicates is not None and duplicates.num_rows:

@@ -92,7 +92,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
                  against the buffer at every charged window, and as they were at the last one.
     Timer:
       WINDOW_END -- event-time timer at the end of the next uncharged window. Its callback
-                    :meth:`charge` restores the shard from STATE
+                    :meth:`on_window_end` restores the shard from STATE
                     (:class:`stream.engine.shard_state.ShardSnapshots`, as the batch filter),
                     charges exactly that window, writes the shard's snapshot back to STATE, then
                     re-arms at the next window's end (through ``end_window``). A firing before
@@ -174,10 +174,10 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
                               out_of_range=np.count_nonzero(classes.out_of_schedule)), closed))
 
     @on_timer(WINDOW_END)
-    def charge(self, key: Any = beam.DoFn.KeyParam, timestamp: Any = beam.DoFn.TimestampParam,
-               rows: Any = beam.DoFn.StateParam(ROWS), state: Any = beam.DoFn.StateParam(STATE),
-               charged: Any = beam.DoFn.StateParam(CHARGED), books: Any = beam.DoFn.StateParam(BOOKS),
-               window_end: Any = beam.DoFn.TimerParam(WINDOW_END)) -> Iterator[Any]:
+    def on_window_end(self, key: Any = beam.DoFn.KeyParam, timestamp: Any = beam.DoFn.TimestampParam,
+                      rows: Any = beam.DoFn.StateParam(ROWS), state: Any = beam.DoFn.StateParam(STATE),
+                      charged: Any = beam.DoFn.StateParam(CHARGED), books: Any = beam.DoFn.StateParam(BOOKS),
+                      window_end: Any = beam.DoFn.TimerParam(WINDOW_END)) -> Iterator[Any]:
         through = self._charged(charged)
         window = through + 1
         if window > self._end or timestamp < self._end_of(window):
