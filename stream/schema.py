@@ -59,7 +59,7 @@ rows in input order. See
 :func:`valid_schema`.
 
 ``rejected``: ``row_index`` (int64, position in the input batch), ``reason`` (a
-:class:`RejectReason` value), ``detail`` (the offending column, and value when short) and
+:class:`DeadLetterReason` value), ``detail`` (the offending column, and value when short) and
 ``raw`` (the row as a JSON object of the columns the validator read, user id, time and
 indicators, so that a dead-letter row can be replayed); sorted by ``row_index``. See
 :data:`REJECTED_SCHEMA`. ``raw`` is strict JSON: NaN and infinities are written as the strings
@@ -103,6 +103,7 @@ __all__ = [
     "RESERVED_USER_ID",
     "USER_ID",
     "WINDOW_ID",
+    "DeadLetterReason",
     "RejectReason",
     "SchemaError",
     "ValidatedBatch",
@@ -139,8 +140,33 @@ class SchemaError(ValueError):
     """A whole batch cannot be validated: a required column is missing or has a bad type."""
 
 
-class RejectReason(str, enum.Enum):
-    """Why a row went to the dead-letter output, in priority order (first match wins)."""
+class DeadLetterReason(str, enum.Enum):
+    """Why a row went to the dead-letter output: the one vocabulary of every job's dead letters
+    (invariant 7 (rows-counted-not-lost, docs/architecture.md)). The values are what the
+    curator's dead-letter tables store, so they never change. The validator's reasons come
+    first, in its priority order (first match wins); :mod:`stream.engine.dead_letters` says
+    which step of which job gives each.
+
+    * ``null_user_id``: the row's ``user_id`` is null.
+    * ``empty_user_id``: the row's ``user_id`` is an empty string.
+    * ``null_time``: the row's ``day`` or ``event_time`` is null, empty or blank.
+    * ``bad_time``: the time does not parse, or falls outside 0001-01-01..9999-12-31.
+    * ``null_value``: an indicator value is null (or an empty string).
+    * ``wrong_type``: a value or the user id does not parse as its column's type (a text id
+      that is not an integer for an int64 ledger, an id beyond int64, the reserved id).
+    * ``non_finite_value``: an indicator value is NaN or infinite.
+    * ``out_of_range_time``: the row's window is outside the run's public schedule
+      (``start_window..end_window``) and was not charged before: out of schedule.
+    * ``duplicate_user_window``: another row of the same (user, window) came first in
+      (window, source, row) order; only that first row counts (invariant 2).
+    * ``malformed_row``: a CSV line that does not split into the header's number of fields
+      (the reader's, before any value is read).
+    * ``late_window``: the row's window was already charged (and maybe released): charging it
+      now would charge a user twice or change a release (invariants 5 and 6). Counted apart
+      from the others, as ``late``, in every job's row balance.
+    * ``undecodable_message``: a streaming message that is not an Arrow IPC stream of indicator
+      rows, or whose columns fail the schema as a whole: one dead letter for the message.
+    """
 
     NULL_USER_ID = "null_user_id"
     EMPTY_USER_ID = "empty_user_id"
@@ -151,13 +177,18 @@ class RejectReason(str, enum.Enum):
     NON_FINITE = "non_finite_value"
     OUT_OF_RANGE_TIME = "out_of_range_time"
     DUPLICATE = "duplicate_user_window"
-    MALFORMED_ROW = "malformed_row"  # set by a reader (a CSV line that does not split), never here
+    MALFORMED_ROW = "malformed_row"
+    LATE_WINDOW = "late_window"
+    UNDECODABLE_MESSAGE = "undecodable_message"
 
     def __str__(self) -> str:
         return self.value
 
 
-_REASONS: tuple[RejectReason, ...] = tuple(RejectReason)
+#: The validator's name for :class:`DeadLetterReason` (the same class, not a second vocabulary).
+RejectReason = DeadLetterReason
+
+_REASONS: tuple[DeadLetterReason, ...] = tuple(DeadLetterReason)
 _REASON_CODE = {reason: code for code, reason in enumerate(_REASONS, start=1)}
 
 #: Schema of :attr:`ValidatedBatch.rejected`.
@@ -262,12 +293,12 @@ class ValidatedBatch:
         """Rows of the input batch: ``valid.num_rows + rejected.num_rows``."""
         return self.valid.num_rows + self.rejected.num_rows
 
-    def reason_counts(self) -> dict[RejectReason, int]:
+    def reason_counts(self) -> dict[DeadLetterReason, int]:
         """Number of rejected rows per reason, every reason present (zero if unused)."""
         counts = dict.fromkeys(_REASONS, 0)
         if self.rejected.num_rows:
             for item in pc.value_counts(self.rejected.column("reason")).to_pylist():
-                counts[RejectReason(item["values"])] = int(item["counts"])
+                counts[DeadLetterReason(item["values"])] = int(item["counts"])
         return counts
 
 
@@ -586,7 +617,7 @@ class _Rejections:
         self.code = np.zeros(n, dtype=np.int8)
         self.detail: pa.Array = pa.nulls(n, pa.string())
 
-    def add(self, mask: np.ndarray, reason: RejectReason, detail: str | Callable[[], pa.Array]) -> None:
+    def add(self, mask: np.ndarray, reason: DeadLetterReason, detail: str | Callable[[], pa.Array]) -> None:
         new = np.asarray(mask, dtype=bool) & (self.code == 0)
         if not new.any():
             return
@@ -598,24 +629,24 @@ class _Rejections:
 def _user_ids(arr: pa.Array, rej: _Rejections) -> pa.Array:
     """Check and normalise user ids (int64 or utf8); adds user-id rejections."""
     n = len(arr)
-    rej.add(~_mask(arr.is_valid()), RejectReason.NULL_USER_ID, f"{USER_ID} is null")
+    rej.add(~_mask(arr.is_valid()), DeadLetterReason.NULL_USER_ID, f"{USER_ID} is null")
     if pa.types.is_null(arr.type):
         return pa.nulls(n, pa.int64())
     if pa.types.is_string(arr.type):
-        rej.add(_mask(pc.equal(arr, "")), RejectReason.EMPTY_USER_ID, f"{USER_ID} is an empty string")
+        rej.add(_mask(pc.equal(arr, "")), DeadLetterReason.EMPTY_USER_ID, f"{USER_ID} is an empty string")
         return arr
     if arr.type == pa.uint64():
         too_big = _mask(pc.greater(arr, pa.scalar(2**63 - 1, pa.uint64())))
         rej.add(
             too_big,
-            RejectReason.WRONG_TYPE,
+            DeadLetterReason.WRONG_TYPE,
             lambda: _join(f"{USER_ID} ", arr.cast(pa.string()), " does not fit in int64"),
         )
         arr = pc.if_else(pa.array(too_big), pa.scalar(0, pa.uint64()), arr)
     ids = arr.cast(pa.int64())
     rej.add(
         _mask(pc.equal(ids, pa.scalar(RESERVED_USER_ID, pa.int64()))),
-        RejectReason.WRONG_TYPE,
+        DeadLetterReason.WRONG_TYPE,
         f"{USER_ID} {RESERVED_USER_ID} is reserved (the int64 minimum) and cannot be a user id",
     )
     return ids
@@ -642,9 +673,9 @@ def _as_id_type(users: pa.Array, id_type: str | None, rej: _Rejections) -> pa.Ar
         | (_mask(pc.equal(pc.utf8_length(digits), 19)) & _mask(pc.less_equal(digits, _INT64_MAX_TEXT))))
     ids = pc.if_else(pa.array(fits), pc.replace_substring_regex(text, r"^\+", ""), pa.scalar("0"))
     parsed = pc.cast(ids, pa.int64())
-    rej.add(_mask(users.is_valid()) & ~fits, RejectReason.WRONG_TYPE,
+    rej.add(_mask(users.is_valid()) & ~fits, DeadLetterReason.WRONG_TYPE,
             lambda: _join(f"{USER_ID}: cannot parse ", _snippet(users), " as an int64 user id (the ledger's id type)"))
-    rej.add(fits & _mask(pc.equal(parsed, pa.scalar(RESERVED_USER_ID, pa.int64()))), RejectReason.WRONG_TYPE,
+    rej.add(fits & _mask(pc.equal(parsed, pa.scalar(RESERVED_USER_ID, pa.int64()))), DeadLetterReason.WRONG_TYPE,
             f"{USER_ID} {RESERVED_USER_ID} is reserved (the int64 minimum) and cannot be a user id")
     return parsed
 
@@ -655,7 +686,7 @@ def _time_seconds(name: str, arr: pa.Array, rej: _Rejections) -> np.ndarray:
     if pa.types.is_string(t):
         text = pc.utf8_trim_whitespace(arr)
         missing = ~_mask(text.is_valid()) | _mask(pc.equal(text, ""))
-        rej.add(missing, RejectReason.NULL_TIME, f"{name} is null or empty")
+        rej.add(missing, DeadLetterReason.NULL_TIME, f"{name} is null or empty")
         if name == DAY:
             ok, seconds = _parse_iso(text, _DATE_RE)
             expected = "as a YYYY-MM-DD date"
@@ -664,11 +695,11 @@ def _time_seconds(name: str, arr: pa.Array, rej: _Rejections) -> np.ndarray:
             expected = "as an ISO-8601 timestamp"
         rej.add(
             ~ok,
-            RejectReason.BAD_TIME,
+            DeadLetterReason.BAD_TIME,
             lambda: _join(f"{name}: cannot parse ", _snippet(text), f" {expected}"),
         )
     else:
-        rej.add(~_mask(arr.is_valid()), RejectReason.NULL_TIME, f"{name} is null")
+        rej.add(~_mask(arr.is_valid()), DeadLetterReason.NULL_TIME, f"{name} is null")
         if pa.types.is_null(t):
             seconds = np.zeros(len(arr), dtype=np.int64)
         elif pa.types.is_date32(t):
@@ -681,7 +712,7 @@ def _time_seconds(name: str, arr: pa.Array, rej: _Rejections) -> np.ndarray:
     outside = (seconds < MIN_TIME_SECONDS) | (seconds > MAX_TIME_SECONDS)
     rej.add(
         outside,
-        RejectReason.BAD_TIME,
+        DeadLetterReason.BAD_TIME,
         lambda: _join(
             f"{name} is ",
             pa.array(seconds).cast(pa.string()),
@@ -786,13 +817,13 @@ def _validate(
 
     parsed = [_indicator(arr) for arr in ind_raw]
     for name, ind in zip(layout.indicators, parsed):
-        rej.add(ind.null, RejectReason.NULL_VALUE, f"column {name!r} is null")
+        rej.add(ind.null, DeadLetterReason.NULL_VALUE, f"column {name!r} is null")
     for name, ind in zip(layout.indicators, parsed):
         if ind.text is not None:
             text = ind.text
             rej.add(
                 ind.wrong,
-                RejectReason.WRONG_TYPE,
+                DeadLetterReason.WRONG_TYPE,
                 lambda name=name, text=text: _join(
                     f"column {name!r}: cannot parse ", _snippet(text), " as a number"
                 ),
@@ -802,7 +833,7 @@ def _validate(
         non_finite = _mask(ind.values.is_valid()) & ~finite
         rej.add(
             non_finite,
-            RejectReason.NON_FINITE,
+            DeadLetterReason.NON_FINITE,
             lambda name=name, values=ind.values: _join(f"column {name!r} is ", values.cast(pa.string())),
         )
 
@@ -815,7 +846,7 @@ def _validate(
             outside |= windows > end
         rej.add(
             outside,
-            RejectReason.OUT_OF_RANGE_TIME,
+            DeadLetterReason.OUT_OF_RANGE_TIME,
             lambda: _join(
                 f"{WINDOW_ID} ",
                 pa.array(windows).cast(pa.string()),
@@ -890,7 +921,7 @@ def _reject_duplicates(users: pa.Array, windows: np.ndarray, rej: _Rejections) -
     duplicate[i[same]] = True
     rej.add(
         duplicate,
-        RejectReason.DUPLICATE,
+        DeadLetterReason.DUPLICATE,
         lambda: _join(
             f"({USER_ID}, {WINDOW_ID}) already valid at row ", pa.array(first_row).cast(pa.string())
         ),

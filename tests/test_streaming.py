@@ -347,8 +347,8 @@ def test_a_repeated_or_early_timer_firing_charges_a_window_once(tmp_path):
     assert timer.times[-1] == _end(W0)
 
     def fire(at):
-        return list(fn.charge(key=0, timestamp=at, rows=rows, state=state, charged=charged, books=books,
-                              window_end=timer))
+        return list(fn.on_window_end(key=0, timestamp=at, rows=rows, state=state, charged=charged, books=books,
+                                     window_end=timer))
 
     first = fire(_end(W0))
     reports = [out for out in first if not isinstance(out, beam.pvalue.TaggedOutput)]
@@ -364,6 +364,19 @@ def test_a_repeated_or_early_timer_firing_charges_a_window_once(tmp_path):
     assert [out for out in last if not isinstance(out, beam.pvalue.TaggedOutput)] == [(W0 + 1, (0, {}))]
     assert [out.tag for out in last if isinstance(out, beam.pvalue.TaggedOutput)] == ["books", "ledger"]
     assert fire(MAX_TIMESTAMP) == []
+
+
+def test_the_filters_timer_callbacks_are_named_for_when_they_run():
+    # ``charge`` is the engine's operation (ShardState.charge_window); a timer callback says when
+    # it runs: after the last input (batch) or at a window's end (streaming).
+    from apache_beam.transforms.userstate import TimerSpec
+
+    callbacks = {cls.__name__: sorted(spec._attached_callback.__name__ for spec in vars(cls).values()
+                                      if isinstance(spec, TimerSpec))
+                 for cls in (tx.IndividualFilterDoFn, StreamingIndividualFilterDoFn)}
+    assert callbacks == {"IndividualFilterDoFn": ["on_end_of_input"],
+                         "StreamingIndividualFilterDoFn": ["on_window_end"]}
+    assert not hasattr(tx.IndividualFilterDoFn, "charge") and not hasattr(StreamingIndividualFilterDoFn, "charge")
 
 
 def test_a_window_is_released_once_when_every_shard_has_reported(tmp_path):

@@ -31,6 +31,7 @@ from pipelines.streaming import job as sj
 from pipelines.daily.job import JobConfig, run_job
 from stream.engine.ledger_config import DERIVED, FIXED, LedgerConfig, snapshot_key
 from stream.noise import NoiseKey
+from stream.schema import DeadLetterReason
 
 from conformance.outcome import window_noise
 
@@ -129,8 +130,8 @@ def test_bad_messages_and_rows_are_dead_letters_with_reasons(tmp_path, days):
     assert sj.main(_args(tmp_path, ["--replay", str(garbage), str(nan), *messages[:2]])) == 0
     dead = pa.concat_tables([pq.read_table(f) for f in (tmp_path / "curator" / "dead").glob("*.parquet")])
     reasons = sorted(dead.column("reason").to_pylist())
-    assert sj.UNDECODABLE in reasons and "non_finite_value" in reasons
-    assert dead.filter(pa.compute.equal(dead.column("reason"), sj.UNDECODABLE)).column("source").to_pylist() == [
+    assert DeadLetterReason.UNDECODABLE_MESSAGE in reasons and "non_finite_value" in reasons
+    assert dead.filter(pa.compute.equal(dead.column("reason"), DeadLetterReason.UNDECODABLE_MESSAGE)).column("source").to_pylist() == [
         str(garbage)]
 
 

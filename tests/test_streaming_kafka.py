@@ -37,7 +37,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from pipelines.distributed import job as dist
 from pipelines.streaming import job as sj
-from stream.schema import WindowSpec
+from stream.schema import DeadLetterReason, WindowSpec
 from test_streaming_job import W0, _args, _key, _rows, _snapshot_ledger_ids, _without_noise
 
 TOPIC = "indicators"
@@ -349,7 +349,7 @@ def test_an_undecodable_record_is_one_dead_letter_named_topic_partition_offset(t
     root = _run_kafka(tmp_path, [("records", records), ("watermark", int(SPEC.window_end_seconds(W0)))])
     dead = _dead(root)
     assert dead is not None and dead.num_rows == 1
-    assert dead.column("reason").to_pylist() == [sj.UNDECODABLE]
+    assert dead.column("reason").to_pylist() == [DeadLetterReason.UNDECODABLE_MESSAGE]
     assert dead.column("source").to_pylist() == ["indicators/2/41"]
     assert dead.column("raw").to_pylist() == [b"not arrow at all".hex()]
     charged = sum(n for row in _counts(root) for k, n in row if k in ("admitted", "clipped", "dropped"))

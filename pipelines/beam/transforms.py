@@ -1,7 +1,9 @@
 """Beam transforms of the daily job: read and validate, filter per shard, sum, noise.
 
 * :class:`ReadAndValidate`: one input file -> Arrow batches validated by ``stream.schema``;
-  rows for windows already released are dead-lettered as ``late_window`` (invariant 7).
+  rows of windows already charged (``late_window``) or outside the schedule
+  (``out_of_range_time``) are dead-lettered by the engine's one rule,
+  :func:`stream.engine.dead_letters.classify_windows` (invariant 7).
 * :class:`IndividualFilterDoFn`: the stateful filter, keyed by user shard **in the global
   window** (invariant 1: a window-scoped ledger would reset budgets daily). It buffers the
   shard's rows in bag state and, on a watermark timer, charges them window by window in
@@ -20,37 +22,36 @@ classic Beam DP pipelines is what this design avoids.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from typing import Any, Iterable, Iterator, Sequence, Tuple
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from apache_beam.coders import PickleCoder
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, TimerSpec, on_timer
 from apache_beam.transforms.window import GlobalWindow
 
+from stream.engine.dead_letters import (
+    DEAD_LETTER_SCHEMA,
+    ROW,
+    SOURCE,
+    DeadLetterReason,
+    classify_windows,
+    dead_letters,
+    rejected_letters,
+    row_letters,
+    window_letters,
+)
 from stream.engine.readers import read_batches
 from stream.engine.sharding import shard_of
-from stream.engine.shard_state import QueryPlan, ShardState
-from stream.continual.running import RunningState
+from stream.engine.shard_state import QueryPlan, ShardSnapshots, ShardState
 from stream.faults import crash_point
-from stream.ledger import Ledger
 from stream.noise import NoiseBinding, NoiseKey, check_ledger_id, gaussian_noise
-from stream.schema import USER_ID, WINDOW_ID, RejectReason, WindowSpec, may_repeat, validate_batch
+from stream.schema import USER_ID, WINDOW_ID, WindowSpec, may_repeat, validate_batch
 
-SOURCE = "_source"  # (file index, row index) of each row: a deterministic tie-break
-ROW = "_row"
-LATE_WINDOW = "late_window"
 #: The kind of an element that carries nothing and only makes its shard's filter fire.
 TICK = "tick"
-
-DEAD_LETTER_SCHEMA = pa.schema([
-    ("source", pa.string()), ("row_index", pa.int64()), ("reason", pa.string()),
-    ("detail", pa.string()), ("raw", pa.string()),
-])
 
 
 def query_id_for(column: str) -> str:
@@ -86,81 +87,38 @@ class ReadAndValidate(beam.DoFn):
         malformed: list[tuple[int, str]] = []
         for batch in read_batches(path, batch_rows=self._batch_rows, malformed=malformed):
             yield beam.pvalue.TaggedOutput("read", (path, batch.num_rows))
-            # No lower bound here: a row before the schedule is "late" if its window was released
-            # and "out of range" otherwise, which the validator alone cannot tell apart.
-            checked = validate_batch(batch, window=self._window, start_window=None,
-                                     end_window=self._end, indicator_columns=self._columns,
+            # No window bounds here: which rows are late or out of schedule is the engine's one
+            # rule, the same in the streaming filter.
+            checked = validate_batch(batch, window=self._window, indicator_columns=self._columns,
                                      category_columns=self._categories, id_type=self._id_type)
             if checked.rejected.num_rows:
-                yield beam.pvalue.TaggedOutput("dead", dead_letters(path, offset, checked.rejected))
+                yield beam.pvalue.TaggedOutput("dead", rejected_letters(path, checked.rejected, offset=offset))
             valid = checked.valid
             rows = pa.array(np.flatnonzero(valid_mask(batch.num_rows, checked.rejected)) + offset, type=pa.int64())
             valid = valid.append_column(SOURCE, pa.array([file_index] * valid.num_rows, type=pa.int64()))
             valid = valid.append_column(ROW, rows)
-            windows = valid.column(WINDOW_ID).to_numpy()
-            late = np.isin(windows, self._released)
-            early = (windows < self._start) & ~late
-            for mask, reason, detail in ((late, LATE_WINDOW, "window {} was already released"),
-                                         (early, "out_of_range_time", "window {} is before the schedule")):
-                if mask.any():
-                    yield beam.pvalue.TaggedOutput(
-                        "dead", _window_letters(path, valid.filter(pa.array(mask)), self._columns + self._categories,
-                                                reason, detail))
-            if late.any() or early.any():
-                valid = valid.filter(pa.array(~(late | early)))
+            classes = classify_windows(valid.column(WINDOW_ID), start_window=self._start, end_window=self._end,
+                                       charged=self._released)
+            if not classes.all_kept:
+                yield beam.pvalue.TaggedOutput("dead", window_letters(valid, classes, source=path))
+                valid = valid.filter(pa.array(classes.keep))
             if valid.num_rows:
                 yield valid
             offset += batch.num_rows
             crash_point("while_reading")  # test-only: input read, nothing committed
         if malformed:  # CSV lines the parser skipped: rows read, each a dead letter
             yield beam.pvalue.TaggedOutput("read", (path, len(malformed)))
-            yield beam.pvalue.TaggedOutput("dead", malformed_letters(path, malformed))
-
-
-def malformed_letters(path: str, lines: Sequence[tuple[int, str]]) -> pa.Table:
-    """Dead letters for CSV lines that do not split into the header's fields (reason
-    ``malformed_row``; ``row_index`` -1, the line number in the detail, the line as ``raw``)."""
-    return pa.table({
-        "source": pa.array([path] * len(lines), type=pa.string()),
-        "row_index": pa.array([-1] * len(lines), type=pa.int64()),
-        "reason": pa.array([RejectReason.MALFORMED_ROW.value] * len(lines), type=pa.string()),
-        "detail": pa.array([f"line {n}: not the header's number of fields" if n >= 0 else
-                            "a line with another number of fields than the header" for n, _ in lines],
-                           type=pa.string()),
-        "raw": pa.array([text[:256] for _, text in lines], type=pa.string()),
-    }, schema=DEAD_LETTER_SCHEMA)
+            yield beam.pvalue.TaggedOutput("dead", dead_letters(
+                DeadLetterReason.MALFORMED_ROW, source=path, row_index=-1,
+                detail=[f"line {n}: not the header's number of fields" if n >= 0 else
+                        "a line with another number of fields than the header" for n, _ in malformed],
+                raw=[text[:256] for _, text in malformed]))
 
 
 def valid_mask(n: int, rejected: pa.Table) -> np.ndarray:
     mask = np.ones(n, dtype=bool)
     mask[rejected.column("row_index").to_numpy()] = False
     return mask
-
-
-def dead_letters(path: str, offset: int, rejected: pa.Table) -> pa.Table:
-    return pa.table({
-        "source": pa.array([path] * rejected.num_rows, type=pa.string()),
-        "row_index": pc.add(rejected.column("row_index"), offset).cast(pa.int64()),
-        "reason": rejected.column("reason").cast(pa.string()),
-        "detail": rejected.column("detail").cast(pa.string()),
-        "raw": rejected.column("raw").cast(pa.string()),
-    }, schema=DEAD_LETTER_SCHEMA)
-
-
-def _window_letters(path: str, rows: pa.Table, columns: Sequence[str], reason: str, detail: str) -> pa.Table:
-    n = rows.num_rows
-    return pa.table({
-        "source": pa.array([path] * n, type=pa.string()),
-        "row_index": rows.column(ROW),
-        "reason": pa.array([reason] * n, type=pa.string()),
-        "detail": pa.array([detail.format(w) for w in rows.column(WINDOW_ID).to_pylist()], type=pa.string()),
-        "raw": raw_json(pa.table({c: rows.column(c) for c in [USER_ID, WINDOW_ID, *columns]})),
-    }, schema=DEAD_LETTER_SCHEMA)
-
-
-def raw_json(rows: pa.Table) -> pa.Array:
-    # Dead-letter rows are rare: a Python loop over them is fine (never over valid rows).
-    return pa.array([json.dumps(r, default=str) for r in rows.to_pylist()], type=pa.string())
 
 
 class PackedRows:
@@ -236,14 +194,17 @@ class IndividualFilterDoFn(beam.DoFn):
 
     State (per shard key, global window):
       ROWS   -- bag of Arrow tables: this run's valid rows for the shard, in arrival order.
-      LEDGER -- bag of the shard's snapshots from the previous run: ``("ledger", table)`` (zero
-                or one) and ``("running", (query_id, table))`` per running query.
+      LEDGER -- bag of the shard's snapshot parts from the previous run: ``("ledger", table)``
+                (zero or one) and ``("running", (query_id, table))`` per running query, as
+                :class:`stream.engine.shard_state.ShardSnapshots` restores them.
     An element ``(TICK, None)`` is kept nowhere: it only makes its shard's timer fire.
     Timer:
-      FLUSH  -- event-time timer at the end of the global window: fires once all input has been
-                read (batch) and charges the buffered rows window by window, in window order,
-                through :class:`stream.engine.shard_state.ShardState` (every active query of a
-                window charged together, running queries stepped through every window).
+      FLUSH  -- event-time timer at the end of the global window; its callback
+                :meth:`on_end_of_input` runs once all input has been read (batch): it restores
+                the shard, charges the buffered rows window by window, in window order, through
+                :meth:`stream.engine.shard_state.ShardState.charge_window` (every active query of
+                a window charged together, running queries stepped through every window) and
+                emits the shard's snapshot.
     Outputs: ``((query_id, window_id), partial sum vector)`` (main), the shard's new ledger
     snapshot (tag ``ledger``), ``(query_id, running-state snapshot)`` (tag ``running``),
     per-window row counts (tag ``counts``) and duplicate rows (tag ``dead``).
@@ -260,11 +221,10 @@ class IndividualFilterDoFn(beam.DoFn):
         self._columns = list(indicator_columns)
         self._noise_std = noise_std
         self._policy = policy
-        self._budget = budget
         self._id_type = id_type
-        self._tracker_step = tracker_step
         self._last_window = last_window
-        self._running_meta = dict(running_meta or {})
+        self._shards = ShardSnapshots(plan=plan, budget=budget, id_type=id_type, tracker_step=tracker_step,
+                                      running_meta=dict(running_meta or {}))
 
     def process(self, element: tuple[int, tuple[str, Any]],
                 rows: Any = beam.DoFn.StateParam(ROWS), ledger: Any = beam.DoFn.StateParam(LEDGER),
@@ -277,16 +237,15 @@ class IndividualFilterDoFn(beam.DoFn):
         flush.set(GlobalWindow().max_timestamp())
 
     @on_timer(FLUSH)
-    def charge(self, key: Any = beam.DoFn.KeyParam, rows: Any = beam.DoFn.StateParam(ROWS),
-               ledger: Any = beam.DoFn.StateParam(LEDGER)) -> Iterator[Any]:
-        state = self.restore_shard(list(ledger.read()))
+    def on_end_of_input(self, key: Any = beam.DoFn.KeyParam, rows: Any = beam.DoFn.StateParam(ROWS),
+                        ledger: Any = beam.DoFn.StateParam(LEDGER)) -> Iterator[Any]:
+        state = self._shards.restore(ledger.read())
         data, duplicates = in_event_time_order(unpacked(rows.read()))
         if duplicates is not None and duplicates.num_rows:
             yield beam.pvalue.TaggedOutput("dead", duplicates)
         yield from self._charge_windows(state, data)
-        yield beam.pvalue.TaggedOutput("ledger", state.ledger.to_arrow())
-        for query_id, running in sorted(state.running.items()):
-            yield beam.pvalue.TaggedOutput("running", (query_id, running.to_arrow()))
+        for kind, payload in self._shards.snapshot(state):  # tags "ledger" and "running"
+            yield beam.pvalue.TaggedOutput(kind, payload)
         rows.clear()
         ledger.clear()
 
@@ -294,19 +253,6 @@ class IndividualFilterDoFn(beam.DoFn):
     def steps_running_queries(self) -> bool:
         """Whether this run steps running queries (its plan has one and a schedule ends it)."""
         return bool(self._plan.running) and self._last_window is not None
-
-    def restore_shard(self, snapshots: list[tuple[str, Any]]) -> ShardState:
-        """The shard's state from its previous snapshots (a fresh ledger when it has none); also
-        used by :mod:`pipelines.streaming.releases`, whose filter keeps the same state."""
-        ledgers = [payload for kind, payload in snapshots if kind == "ledger"]
-        shard_ledger = (Ledger.from_arrow(ledgers[0]) if ledgers
-                        else Ledger(budget=self._budget, id_type=self._id_type, tracker_step=self._tracker_step))
-        running = {query_id: RunningState.from_arrow(table)
-                   for kind, (query_id, table) in ((k, p) for k, p in snapshots if k == "running")}
-        for query_id, meta in self._running_meta.items():
-            if query_id not in running:  # a shard with no history yet continues where the query is
-                running[query_id] = RunningState.from_arrow(empty_running_snapshot(meta, self._id_type))
-        return ShardState(self._plan, shard_ledger, running)
 
     def _charge_windows(self, state: ShardState, data: pa.Table | None) -> Iterator[Any]:
         if data is None:
@@ -331,16 +277,6 @@ def empty_rows(id_type: str, columns: Sequence[str]) -> pa.Table:
     fields = [(USER_ID, pa.int64() if id_type == "int64" else pa.string()), (WINDOW_ID, pa.int64())]
     fields += [(c, pa.float64()) for c in columns]
     return pa.schema(fields).empty_table()
-
-
-def empty_running_snapshot(meta: dict[str, str], id_type: str) -> pa.Table:
-    """An empty running-state snapshot carrying ``meta`` (the query's strategy, ``dim``,
-    ``start_window`` and ``next_window``): the state of a shard none of whose users has history."""
-    dim = int(meta["dim"])
-    ids = pa.array([], type=pa.int64() if id_type == "int64" else pa.large_string())
-    table = pa.table({"user_id": ids, "window_id": pa.array([], type=pa.int64()),
-                      "values": pa.FixedSizeListArray.from_arrays(pa.array([], type=pa.float64()), dim)})
-    return table.replace_schema_metadata(meta)
 
 
 def in_event_time_order(parts: list[pa.Table]) -> tuple[pa.Table | None, pa.Table | None]:
@@ -388,16 +324,9 @@ def first_per_user_window(data: pa.Table) -> tuple[pa.Table, pa.Table]:
     """Keep the first row of each (user, window) in (window, source, row) order; dead-letter the rest."""
     keep = _first_of_each_user_window(data)
     if keep is None:
-        return data, pa.table({f.name: pa.array([], type=f.type) for f in DEAD_LETTER_SCHEMA},
-                              schema=DEAD_LETTER_SCHEMA)
-    dup = data.filter(pa.array(~keep))
-    dead = pa.table({
-        "source": pc.cast(dup.column(SOURCE), pa.string()),
-        "row_index": dup.column(ROW),
-        "reason": pa.array(["duplicate_user_window"] * dup.num_rows, type=pa.string()),
-        "detail": pa.array(["another row of this user and window came first"] * dup.num_rows, type=pa.string()),
-        "raw": raw_json(dup.drop_columns([SOURCE, ROW])),
-    }, schema=DEAD_LETTER_SCHEMA)
+        return data, DEAD_LETTER_SCHEMA.empty_table()
+    dead = row_letters(data.filter(pa.array(~keep)), DeadLetterReason.DUPLICATE,
+                       detail="another row of this user and window came first")
     return data.filter(pa.array(keep)), dead
 
 
@@ -582,8 +511,9 @@ class ReadIndicators(beam.PTransform):
     position), ``dead`` (dead-letter tables) and ``read`` (``(path, rows)`` per batch read).
 
     Rows of windows in ``released`` are dead-lettered as ``late_window`` (invariant 7), rows
-    before ``start_window`` or after ``end_window`` as out of range, so ``rows read = valid +
-    dead`` holds per file.
+    before ``start_window`` or after ``end_window`` as ``out_of_range_time``
+    (:func:`stream.engine.dead_letters.classify_windows`), so ``rows read = valid + dead`` holds
+    per file.
     """
 
     def __init__(self, inputs: Sequence[str], *, window: WindowSpec, start_window: int, end_window: int,
@@ -610,7 +540,10 @@ class IndividualFilter(beam.PTransform):
     may be a table or the path of a Parquet file holding it (schema metadata included): a path
     is read inside the pipeline, so a large ledger is not embedded in the job graph (Beam
     pickles and compresses every ``Create``'d value when it builds the graph: about 20 CPU
-    seconds for a 1M-user ledger).
+    seconds for a 1M-user ledger). ``previous_ledger`` may also be a PCollection of
+    ``(shard, ("ledger", table))`` elements, exactly one per shard that has users (the
+    distributed job's ``ReadLedgerSnapshot``): a shard given two refuses to restore
+    (:meth:`stream.engine.shard_state.ShardSnapshots.restore`).
     ``last_window`` is the last window of this run's schedule: running queries step every
     window through it. Tagged outputs: ``sums`` (``((query_id, window_id), partial vector)`` per
     shard, to be summed across shards), ``ledger`` (each shard's new snapshot), ``running``
@@ -620,7 +553,7 @@ class IndividualFilter(beam.PTransform):
 
     def __init__(self, *, plan: QueryPlan, indicator_columns: Sequence[str], noise_std: float, policy: str,
                  budget: float, id_type: str, tracker_step: float, n_shards: int,
-                 previous_ledger: pa.Table | str,
+                 previous_ledger: pa.Table | str | beam.pvalue.PCollection,
                  previous_running: dict[str, pa.Table | str] | None = None, last_window: int | None = None) -> None:
         super().__init__()
         self._n_shards = n_shards
@@ -634,7 +567,9 @@ class IndividualFilter(beam.PTransform):
 
     def expand(self, valid: Any) -> Any:
         keyed = valid | "ByShard" >> beam.FlatMap(packed_by_shard, self._n_shards)
-        sources = [("ledger", None, self._previous)] + [("running", q, t) for q, t in sorted(self._running.items())]
+        split = isinstance(self._previous, beam.pvalue.PCollection)  # already one part per shard
+        sources = ([] if split else [("ledger", None, self._previous)]) + [
+            ("running", q, t) for q, t in sorted(self._running.items())]
         tables = [item for item in sources if isinstance(item[2], pa.Table)]
         files = [(kind, query_id, str(path)) for kind, query_id, path in sources if not isinstance(path, pa.Table)]
         initial = [element for item in tables for element in previous_state_shards(item, self._n_shards)]
@@ -647,6 +582,8 @@ class IndividualFilter(beam.PTransform):
         # A handful of elements each: no reshuffle (Create's default adds a shuffle stage per
         # Create, which costs more to plan than it could spread).
         previous = [valid.pipeline | "PreviousState" >> beam.Create(initial, reshuffle=False)] if initial else []
+        if split:
+            previous.append(self._previous)
         if files:
             previous.append(valid.pipeline | "PreviousStateFiles" >> beam.Create(files, reshuffle=False)
                             | "ReadPreviousState" >> beam.FlatMap(previous_state_shards, self._n_shards))

@@ -48,6 +48,7 @@ import pyarrow as pa
 
 from stream.accounting import ACCOUNTINGS, DEFAULT_ACCOUNTING, describe_accounting, epsilon_for_budget
 from stream.accounting import _validate as check
+from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from stream.private_files import write_private_bytes
 
 DEFAULT_STOP_FRACTION = 0.05
@@ -274,8 +275,7 @@ def _commit_ledger(curator: Any, run_id: int, ledger_table: pa.Table, previous_u
         window_counts=_empty({"window_id": pa.int64(), "admitted": pa.int64(), "clipped": pa.int64(),
                               "dropped": pa.int64()}),
         run_counts={"rows_read": 0, "admitted": 0, "clipped": 0, "dropped": 0, "rejected": 0, "late": 0},
-        dead_letters=_empty({"source": pa.string(), "row_index": pa.int64(), "reason": pa.string(),
-                             "detail": pa.string(), "raw": pa.string()}),
+        dead_letters=DEAD_LETTER_SCHEMA.empty_table(),
         previous_users=previous_users,
     )
 

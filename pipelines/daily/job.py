@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock, crash_point
+from stream.engine.dead_letters import DEAD_LETTER_SCHEMA, DeadLetterReason
 from stream.engine.readers import declares_types, read_batches
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
 from queries.registration import plan_columns
@@ -247,7 +248,7 @@ def _publish_pending(curator: CuratorStore, store: ReleaseStore, parquet_root: s
 
 def _totals(outputs: dict[str, pa.Table]) -> dict[str, int]:
     dead = outputs["dead"]
-    late = int(np.sum(np.asarray(dead.column("reason").to_pylist(), dtype=object) == "late_window")) if dead.num_rows else 0
+    late = int(pc.sum(pc.equal(dead.column("reason"), DeadLetterReason.LATE_WINDOW.value)).as_py() or 0)
     wc = outputs["window_counts"]
     return {
         "rows_read": int(outputs["rows_read"]),
@@ -464,8 +465,6 @@ def _counts_table(items: list[tuple[int, dict]]) -> pa.Table:
 
 
 def _dead_table(tables: list[pa.Table]) -> pa.Table:
-    from pipelines.beam.transforms import DEAD_LETTER_SCHEMA
-
     if not tables:
         return DEAD_LETTER_SCHEMA.empty_table()
     return pa.concat_tables([t.cast(DEAD_LETTER_SCHEMA) for t in tables]).sort_by(

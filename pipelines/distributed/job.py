@@ -107,6 +107,7 @@ try:
     from pipelines.beam.local_runner import batch_runner
 finally:
     _root.setLevel(_level)
+from stream.engine.dead_letters import DEAD_LETTER_SCHEMA, DeadLetterReason
 from stream.engine.readers import declares_types, read_batches
 from queries import release_lineage as lineage
 from queries.release_files import release_file_path, write_release_file
@@ -522,10 +523,10 @@ def _one_part(item: tuple[int, Iterable[pa.Table]], schema: pa.Schema) -> tuple[
 class ReadLedgerSnapshot(beam.PTransform):
     """Ledger snapshot files -> ``(shard, ("ledger", table))``, exactly one table per shard.
 
-    The filter restores a shard from the first ``ledger`` element it receives, so a shard must
-    never get its users in two pieces (the others would start from zero budget): the parts of
-    a shard from every file are grouped and concatenated first (``Ledger.from_arrow`` then
-    refuses a user listed twice)."""
+    A shard must never get its users in two pieces (the second would start from zero budget;
+    :meth:`stream.engine.shard_state.ShardSnapshots.restore` refuses two): the parts of a shard
+    from every file are grouped and concatenated first (``Ledger.from_arrow`` then refuses a
+    user listed twice)."""
 
     def __init__(self, files: Sequence[str], *, n_shards: int, schema: pa.Schema) -> None:
         super().__init__()
@@ -540,28 +541,6 @@ class ReadLedgerSnapshot(beam.PTransform):
                 .with_output_types(Tuple[int, Any])
                 | "GroupShard" >> beam.GroupByKey()
                 | "OnePartPerShard" >> beam.Map(_one_part, self._schema).with_output_types(Tuple[int, Any]))
-
-
-class SnapshotFilter(beam.PTransform):
-    """``(valid tables, previous ledger parts)`` -> the individual filter per user shard, in the
-    global window: :class:`pipelines.beam.transforms.IndividualFilter` with the previous ledger as a
-    PCollection (from :class:`ReadLedgerSnapshot`) instead of an in-memory table."""
-
-    def __init__(self, *, plan: QueryPlan, indicator_columns: Sequence[str], noise_std: float, policy: str,
-                 budget: float, id_type: str, tracker_step: float, n_shards: int, last_window: int | None) -> None:
-        super().__init__()
-        self._n_shards = n_shards
-        self._filter = tx.IndividualFilterDoFn(plan=plan, indicator_columns=indicator_columns, noise_std=noise_std,
-                                               policy=policy, budget=budget, id_type=id_type,
-                                               tracker_step=tracker_step, last_window=last_window)
-
-    def expand(self, inputs: tuple[Any, Any]) -> Any:
-        valid, previous = inputs
-        keyed = valid | "ByShard" >> beam.FlatMap(tx.packed_by_shard, self._n_shards)
-        return ((keyed, previous) | "Merge" >> beam.Flatten().with_output_types(Tuple[int, Any])
-                | "Filter" >> beam.ParDo(self._filter)
-                .with_output_types(Tuple[Tuple[str, int], Any])
-                .with_outputs("ledger", "running", "counts", "dead", main="sums"))
 
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -642,7 +621,7 @@ class CommitRun(beam.DoFn):
             # budget: fail before the commit point, so that nothing this run charged counts.
             raise RuntimeError(f"the previous ledger snapshot holds {previous_users:,} users, its manifest says "
                                f"{expected:,}; the new ledger holds {users:,}. Not committing")
-        late = int(reasons.get(tx.LATE_WINDOW, 0))
+        late = int(reasons.get(DeadLetterReason.LATE_WINDOW.value, 0))
         rejected = int(sum(reasons.values())) - late
         totals = {"rows_read": int(rows_read), "admitted": int(statuses.get("admitted", 0)),
                   "clipped": int(statuses.get("clipped", 0)), "dropped": int(statuses.get("dropped", 0)),
@@ -685,10 +664,10 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
                                                           schema=template.schema)
     previous_users = (previous | "PreviousUsers" >> beam.Map(_part_rows)
                       | "SumPreviousUsers" >> beam.CombineGlobally(sum))
-    filtered = (read.valid, previous) | "IndividualFilter" >> SnapshotFilter(
+    filtered = read.valid | "IndividualFilter" >> tx.IndividualFilter(
         plan=query_plan, indicator_columns=list(plan.columns), noise_std=config.noise_std, policy=plan.policy,
         budget=config.rho, id_type=config.id_type, tracker_step=config.tracker_step,
-        n_shards=config.n_shards, last_window=max(plan.schedule) if plan.schedule else None)
+        n_shards=config.n_shards, previous_ledger=previous, last_window=max(plan.schedule) if plan.schedule else None)
     released = filtered.sums | "ReleaseWindows" >> tx.ReleaseWindows(
         list(plan.schedule), key_path=plan.key_path, plan=query_plan, noise_std=config.noise_std,
         window=plan.window, accounting=config.accounting, key_fingerprint=config.key_fingerprint,
@@ -709,9 +688,9 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
                     | "WriteCounts" >> write.WriteToParquet(join(plan.output, "counts", "part"), COUNTS_SCHEMA,
                                                             codec="snappy", file_name_suffix=".parquet"))
     dead = ((read.dead, filtered.dead) | "DeadLetters" >> beam.Flatten()
-            | "ConformDead" >> beam.Map(_conform, tx.DEAD_LETTER_SCHEMA))
+            | "ConformDead" >> beam.Map(_conform, DEAD_LETTER_SCHEMA))
     dead_files = dead | "WriteDead" >> write.WriteToParquetBatched(
-        join(plan.output, "dead", "part"), tx.DEAD_LETTER_SCHEMA, codec="snappy", file_name_suffix=".parquet")
+        join(plan.output, "dead", "part"), DEAD_LETTER_SCHEMA, codec="snappy", file_name_suffix=".parquet")
     read_rows = (read.read | "ReadPerFile" >> beam.CombinePerKey(sum).with_output_types(Tuple[str, int])
                  | "ReadRows" >> beam.Map(_read_row))
     read_files = read_rows | "WriteRead" >> write.WriteToParquet(join(plan.output, "read", "part"), READ_SCHEMA,

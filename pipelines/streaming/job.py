@@ -162,6 +162,7 @@ try:
     from pipelines.streaming.releases import StreamingReleases
 finally:
     _root.setLevel(_level)
+from stream.engine.dead_letters import DeadLetterReason, dead_letters, rejected_letters
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
 from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
 from queries.linear import default_queries
@@ -172,7 +173,6 @@ from stream.noise import new_ledger_id
 from stream.private_files import PrivateFileError, private_dir
 from stream.schema import USER_ID, WINDOW_ID, SchemaError, WindowSpec, validate_batch
 
-UNDECODABLE = "undecodable_message"
 #: The curator's record of a finished local run's row balance (:func:`books`), under ``--output``.
 BOOKS_FILE = "_BOOKS.json"
 #: The user id type of a new ledger when ``--id-type`` does not declare one and no replayed message shows
@@ -335,11 +335,10 @@ class DecodeAndValidate(beam.DoFn):
     With ``stamp`` the output is timestamped at its earliest window's start (replayed files
     carry no event time of their own); otherwise it keeps the source's timestamp."""
 
-    def __init__(self, *, window: WindowSpec, end_window: int, indicator_columns: Sequence[str],
-                 stamp: bool = False, id_type: str = ID_TYPE, category_columns: Sequence[str] = ()) -> None:
+    def __init__(self, *, window: WindowSpec, indicator_columns: Sequence[str], stamp: bool = False,
+                 id_type: str = ID_TYPE, category_columns: Sequence[str] = ()) -> None:
         self._window = window
         self._id_type = id_type  # the ledger's: a message's ids are parsed as it, row by row
-        self._end = end_window
         self._columns = list(indicator_columns)
         self._categories = list(category_columns)  # string columns histograms read (passed through as text)
         self._stamp = stamp
@@ -348,17 +347,21 @@ class DecodeAndValidate(beam.DoFn):
         name, payload = _message_parts(element)
         try:
             table = decode_message(payload)
-            checked = validate_batch(table, window=self._window, end_window=self._end,
-                                     indicator_columns=self._columns, category_columns=self._categories,
+            # No window bounds: the filter classifies windows (late, out of schedule) as each row
+            # arrives, by the same rule as the batch jobs' reader.
+            checked = validate_batch(table, window=self._window, indicator_columns=self._columns,
+                                     category_columns=self._categories,
                                      id_type=self._id_type)
         except (ValueError, SchemaError) as exc:
             # One dead letter stands for the whole message, so the message counts as one row read.
             yield beam.pvalue.TaggedOutput("read", _read_row(name, 1))
-            yield beam.pvalue.TaggedOutput("dead", _undecodable(name, payload, str(exc)))
+            yield beam.pvalue.TaggedOutput("dead", dead_letters(
+                DeadLetterReason.UNDECODABLE_MESSAGE, source=name, row_index=-1, detail=str(exc)[:300],
+                raw=payload[:256].hex()))
             return
         yield beam.pvalue.TaggedOutput("read", _read_row(name, table.num_rows))
         if checked.rejected.num_rows:
-            yield beam.pvalue.TaggedOutput("dead", tx.dead_letters(name, 0, checked.rejected))
+            yield beam.pvalue.TaggedOutput("dead", rejected_letters(name, checked.rejected))
         valid = checked.valid
         if not valid.num_rows:
             return
@@ -375,11 +378,6 @@ class DecodeAndValidate(beam.DoFn):
 def _read_row(name: str, rows: int) -> pa.Table:
     """The curator's record of one message read: its name and its number of rows (sensitive)."""
     return pa.table({"source": [name], "rows_read": pa.array([int(rows)], type=pa.int64())})
-
-
-def _undecodable(name: str, payload: bytes, why: str) -> pa.Table:
-    return pa.table({"source": [name], "row_index": pa.array([-1], type=pa.int64()), "reason": [UNDECODABLE],
-                     "detail": [why[:300]], "raw": [payload[:256].hex()]}, schema=tx.DEAD_LETTER_SCHEMA)
 
 
 class WriteTable(beam.DoFn):
@@ -944,7 +942,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         messages = p | "Replay" >> beam.Create(replay)
     stamp = not (args.subscription or args.kafka_topic)  # files carry no event time; the sources do
     decoded = messages | "DecodeAndValidate" >> beam.ParDo(
-        DecodeAndValidate(window=spec, end_window=end, indicator_columns=indicators, stamp=stamp, id_type=id_type,
+        DecodeAndValidate(window=spec, indicator_columns=indicators, stamp=stamp, id_type=id_type,
                           category_columns=categories)
     ).with_outputs("dead", "read", main="valid")
     out = StreamingReleases(
@@ -1049,7 +1047,7 @@ def books(curator: str) -> dict[str, Any]:
 
     read, counts, shard_books, dead = tables("read"), tables("counts"), tables("books"), tables("dead")
     reasons = [r for t in dead for r in t.column("reason").to_pylist()]
-    late = sum(r == tx.LATE_WINDOW for r in reasons)
+    late = sum(r == DeadLetterReason.LATE_WINDOW for r in reasons)
     result = {"rows_read": total(read, "rows_read"), "admitted": total(counts, "admitted"),
               "clipped": total(counts, "clipped"), "dropped": total(counts, "dropped"),
               "rejected": len(reasons) - late, "late": late}

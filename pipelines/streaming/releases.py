@@ -42,24 +42,18 @@ from typing import Any, Iterator, Sequence, Tuple
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from apache_beam.coders import PickleCoder
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
-from stream.engine.shard_state import QueryPlan, ShardBooks, ShardState
+from stream.engine.dead_letters import classify_windows, window_letters
+from stream.engine.shard_state import LEDGER_PART, RUNNING_PART, QueryPlan, ShardBooks, ShardSnapshots, ShardState
 from pipelines.beam.transforms import (
-    DEAD_LETTER_SCHEMA,
-    LATE_WINDOW,
-    ROW,
-    SOURCE,
-    IndividualFilterDoFn,
     ReleaseWindow,
     RunningEstimates,
     add_vectors,
     empty_rows,
     in_event_time_order,
-    raw_json,
     ledger_shards,
     snapshot_shards,
     TICK,
@@ -67,7 +61,7 @@ from pipelines.beam.transforms import (
     packed_by_shard,
     unpacked,
 )
-from stream.schema import USER_ID, WINDOW_ID, RejectReason, WindowSpec
+from stream.schema import WINDOW_ID, WindowSpec
 
 
 def split_by_window(table: pa.Table) -> list[tuple[int, pa.Table]]:
@@ -78,19 +72,6 @@ def split_by_window(table: pa.Table) -> list[tuple[int, pa.Table]]:
     order = np.argsort(windows, kind="stable")
     bounds = np.flatnonzero(np.diff(windows[order])) + 1
     return [(int(windows[part[0]]), table.take(pa.array(part))) for part in np.split(order, bounds)]
-
-
-def window_letters(rows: pa.Table, columns: Sequence[str], reason: str, detail: str) -> pa.Table:
-    """Dead letters (:data:`pipelines.beam.transforms.DEAD_LETTER_SCHEMA`) for validated ``rows``;
-    ``source`` is the row's input index, as for the filter's duplicate rows."""
-    n = rows.num_rows
-    return pa.table({
-        "source": pc.cast(rows.column(SOURCE), pa.string()),
-        "row_index": rows.column(ROW),
-        "reason": pa.array([reason] * n, type=pa.string()),
-        "detail": pa.array([detail.format(w) for w in rows.column(WINDOW_ID).to_pylist()], type=pa.string()),
-        "raw": raw_json(pa.table({c: rows.column(c) for c in [USER_ID, WINDOW_ID, *columns]})),
-    }, schema=DEAD_LETTER_SCHEMA)
 
 
 class StreamingIndividualFilterDoFn(beam.DoFn):
@@ -110,10 +91,13 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
                  :class:`stream.engine.shard_state.ShardBooks` (rows received, dead, charged), checked
                  against the buffer at every charged window, and as they were at the last one.
     Timer:
-      WINDOW_END -- event-time timer at the end of the next uncharged window. A firing charges
-                    exactly that window, then re-arms at the next window's end (through
-                    ``end_window``). A firing before that end (an extra or repeated firing)
-                    does nothing, so each window is charged at most once (invariant 6).
+      WINDOW_END -- event-time timer at the end of the next uncharged window. Its callback
+                    :meth:`on_window_end` restores the shard from STATE
+                    (:class:`stream.engine.shard_state.ShardSnapshots`, as the batch filter),
+                    charges exactly that window, writes the shard's snapshot back to STATE, then
+                    re-arms at the next window's end (through ``end_window``). A firing before
+                    that end (an extra or repeated firing) does nothing, so each window is
+                    charged at most once (invariant 6).
     Outputs: ``(window_id, (shard, {query_id: partial sum vector}))`` (main: one report per
     window of the schedule, ``{}`` when nothing was charged), dead letters (tag ``dead``:
     late, out-of-range and duplicate rows), ``(window, counts)`` (tag ``counts``, windows with
@@ -145,12 +129,11 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         self._columns = list(indicator_columns)
         self._noise_std = noise_std
         self._policy = policy
-        self._released = frozenset(int(w) for w in released)
+        self._released = tuple(sorted(int(w) for w in released))
         self._snapshot_every_window = snapshot_every_window
-        # The batch filter restores a shard's state from snapshots: the same code restores it here.
-        self._restorer = IndividualFilterDoFn(plan=plan, indicator_columns=indicator_columns, noise_std=noise_std,
-                                              policy=policy, budget=budget, id_type=id_type,
-                                              tracker_step=tracker_step, running_meta=running_meta)
+        # The engine restores and snapshots a shard, as for the batch filter.
+        self._shards = ShardSnapshots(plan=plan, budget=budget, id_type=id_type, tracker_step=tracker_step,
+                                      running_meta=dict(running_meta or {}))
         self._id_type = id_type
 
     def _end_of(self, window: int) -> int:
@@ -168,7 +151,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         through = self._charged(charged)
         if kind == "rows":
             yield from self._buffer(unpacked([payload])[0], through, rows, books)
-        elif kind in ("ledger", "running"):
+        elif kind in (LEDGER_PART, RUNNING_PART):
             state.add((kind, payload))
         elif kind != TICK:
             raise ValueError(f"element kind must be rows, tick, ledger or running, got kind={kind!r}")
@@ -177,36 +160,31 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             window_end.set(self._end_of(through + 1))
 
     def _buffer(self, table: pa.Table, through: int, rows: Any, books: Any) -> Iterator[Any]:
-        windows = table.column(WINDOW_ID).to_numpy()
-        released = np.isin(windows, np.fromiter(self._released, dtype=np.int64, count=len(self._released)))
-        # Already charged here (so possibly released): charging it now would change a release.
-        late = released | ((windows >= self._start) & (windows <= through))
-        out_of_range = ~late & ((windows < self._start) | (windows > self._end))
-        for mask, reason, detail in ((late, LATE_WINDOW, "window {} was already charged or released"),
-                                     (out_of_range, RejectReason.OUT_OF_RANGE_TIME.value,
-                                      "window {} is outside the schedule")):
-            if mask.any():
-                yield beam.pvalue.TaggedOutput(
-                    "dead", window_letters(table.filter(pa.array(mask)), self._columns, reason, detail))
-        keep = ~(late | out_of_range)
-        for window, part in split_by_window(table if keep.all() else table.filter(pa.array(keep))):
+        # A window this shard charged may be released: charging it now would change a release.
+        classes = classify_windows(table.column(WINDOW_ID), start_window=self._start, end_window=self._end,
+                                   charged=self._released, charged_through=through)
+        received = table.num_rows
+        if not classes.all_kept:
+            yield beam.pvalue.TaggedOutput("dead", window_letters(table, classes))
+            table = table.filter(pa.array(classes.keep))
+        for window, part in split_by_window(table):
             rows.add((window, PackedRows(part)))  # compressed while it waits (as in batch)
         now, closed = books.read() or (ShardBooks(), ShardBooks())
-        books.write((now.plus(received=table.num_rows, late=np.count_nonzero(late),
-                              out_of_range=np.count_nonzero(out_of_range)), closed))
+        books.write((now.plus(received=received, late=np.count_nonzero(classes.late),
+                              out_of_range=np.count_nonzero(classes.out_of_schedule)), closed))
 
     @on_timer(WINDOW_END)
-    def charge(self, key: Any = beam.DoFn.KeyParam, timestamp: Any = beam.DoFn.TimestampParam,
-               rows: Any = beam.DoFn.StateParam(ROWS), state: Any = beam.DoFn.StateParam(STATE),
-               charged: Any = beam.DoFn.StateParam(CHARGED), books: Any = beam.DoFn.StateParam(BOOKS),
-               window_end: Any = beam.DoFn.TimerParam(WINDOW_END)) -> Iterator[Any]:
+    def on_window_end(self, key: Any = beam.DoFn.KeyParam, timestamp: Any = beam.DoFn.TimestampParam,
+                      rows: Any = beam.DoFn.StateParam(ROWS), state: Any = beam.DoFn.StateParam(STATE),
+                      charged: Any = beam.DoFn.StateParam(CHARGED), books: Any = beam.DoFn.StateParam(BOOKS),
+                      window_end: Any = beam.DoFn.TimerParam(WINDOW_END)) -> Iterator[Any]:
         through = self._charged(charged)
         window = through + 1
         if window > self._end or timestamp < self._end_of(window):
             return  # an extra firing: this window's end is not reached, or everything is charged
         buffered = list(rows.read())
         mine = unpacked(part for w, part in buffered if w == window)
-        shard = self._restorer.restore_shard(list(state.read()))
+        shard = self._shards.restore(state.read())
         data, duplicates = in_event_time_order(mine)  # exactly as the batch path
         if duplicates is not None and duplicates.num_rows:
             yield beam.pvalue.TaggedOutput("dead", duplicates)
@@ -214,20 +192,22 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         yield from self._close_books(key, window, books, counts, duplicates,
                                      later=unpacked(part for w, part in buffered if w != window))
         # Persist before anything else can observe the shard: the ledger is replaced, not cleared.
+        snapshot = self._shards.snapshot(shard)
         state.clear()
-        state.add(("ledger", shard.ledger.to_arrow()))
-        for query_id, running in sorted(shard.running.items()):
-            state.add(("running", (query_id, running.to_arrow())))
+        for part in snapshot:
+            state.add(part)
         charged.write(window)
         rows.clear()
         for w, part in buffered:
             if w != window:
                 rows.add((w, part))
+        ledger = next(payload for kind, payload in snapshot if kind == LEDGER_PART)
         if self._snapshot_every_window or window == self._end:
-            yield beam.pvalue.TaggedOutput("ledger", (key, window, shard.ledger.to_arrow()))
+            yield beam.pvalue.TaggedOutput("ledger", (key, window, ledger))
         if window == self._end:
-            for query_id, running in sorted(shard.running.items()):
-                yield beam.pvalue.TaggedOutput("running", (query_id, running.to_arrow()))
+            for kind, payload in snapshot:
+                if kind == RUNNING_PART:
+                    yield beam.pvalue.TaggedOutput("running", payload)
         else:
             window_end.set(self._end_of(window + 1))
 

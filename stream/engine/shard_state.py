@@ -1,5 +1,8 @@
 """One shard's filter state and what it does per window, free of Beam (the DoFn only holds it).
 
+A shard is restored from snapshot parts and written back to them by :class:`ShardSnapshots`,
+the same for the batch filter, the distributed job's and the streaming filter.
+
 A shard holds the ledger of its users (:class:`stream.ledger.Ledger`) and, for every running
 query, the users' histories (:class:`stream.continual.running.RunningState`). Per window,
 :meth:`ShardState.charge_window` evaluates every query active in that window (the
@@ -24,8 +27,8 @@ running histories keep only finite values: a non-finite contribution is stored a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Any, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -288,6 +291,79 @@ def _union_matrix(ids: pa.Array, n: int, parts: list[np.ndarray], extra_ids: lis
         extra_matrix[rows, offsets[block]:offsets[block + 1]] = vectors
         start += len(vectors)
     return union, np.concatenate([matrix, extra_matrix], axis=0)
+
+
+#: The kinds of a shard's snapshot parts: ``("ledger", table)`` (:meth:`stream.ledger.Ledger.to_arrow`,
+#: at most one per shard) and ``("running", (query_id, table))``
+#: (:meth:`stream.continual.running.RunningState.to_arrow`, one per running query). The filters
+#: keep a shard's state in their keyed state in this form and receive a previous run's state in it.
+LEDGER_PART, RUNNING_PART = "ledger", "running"
+
+
+def empty_running_snapshot(meta: Mapping[str, str], id_type: str) -> pa.Table:
+    """An empty running-state snapshot carrying ``meta`` (the query's strategy, ``dim``,
+    ``start_window`` and ``next_window``): the state of a shard none of whose users has history."""
+    dim = int(meta["dim"])
+    ids = pa.array([], type=pa.int64() if id_type == "int64" else pa.large_string())
+    table = pa.table({"user_id": ids, "window_id": pa.array([], type=pa.int64()),
+                      "values": pa.FixedSizeListArray.from_arrays(pa.array([], type=pa.float64()), dim)})
+    return table.replace_schema_metadata(dict(meta))
+
+
+@dataclass(frozen=True)
+class ShardSnapshots:
+    """How a shard's :class:`ShardState` is rebuilt from snapshot parts and written back to them:
+    the one restore and snapshot of every job's filter (batch, distributed, streaming).
+
+    ``budget``, ``id_type`` and ``tracker_step`` make the ledger of a shard that has no snapshot
+    yet (a new ledger, or a shard none of whose users was seen); ``running_meta`` holds, per
+    running query, the metadata of its history snapshot (strategy, ``dim``, ``start_window``,
+    ``next_window``), so that a shard without history continues where the query is rather than
+    at its first window. Beam-free: the DoFns keep the parts in their state and call this.
+    """
+
+    plan: QueryPlan
+    budget: float
+    id_type: str
+    tracker_step: float
+    running_meta: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    def restore(self, parts: Iterable[tuple[str, Any]]) -> ShardState:
+        """The shard's state from its snapshot parts (a fresh ledger when there is none).
+
+        The ledger snapshot is checked as :meth:`stream.ledger.Ledger.from_arrow` checks it.
+        ValueError naming the problem when the parts hold two ledgers (a shard's users split in
+        two pieces would restart the second piece from zero budget: invariant 1
+        (ledger-never-window-scoped, docs/architecture.md)), two histories of one running query,
+        or a part of another kind."""
+        ledgers: list[pa.Table] = []
+        running: dict[str, RunningState] = {}
+        for kind, payload in parts:
+            if kind == LEDGER_PART:
+                ledgers.append(payload)
+            elif kind == RUNNING_PART:
+                query_id, table = payload
+                if query_id in running:
+                    raise ValueError(f"a shard's snapshot parts hold two histories of running query {query_id!r}")
+                running[query_id] = RunningState.from_arrow(table)
+            else:
+                raise ValueError(f"snapshot part kind must be {LEDGER_PART!r} or {RUNNING_PART!r}, got kind={kind!r}")
+        if len(ledgers) > 1:
+            raise ValueError(f"a shard's snapshot parts must hold at most one ledger, got {len(ledgers)}: its users "
+                             "would be split across ledgers and some restarted from zero budget")
+        ledger = (Ledger.from_arrow(ledgers[0]) if ledgers
+                  else Ledger(budget=self.budget, id_type=self.id_type, tracker_step=self.tracker_step))
+        for query_id, meta in self.running_meta.items():
+            if query_id not in running:
+                running[query_id] = RunningState.from_arrow(empty_running_snapshot(meta, self.id_type))
+        return ShardState(self.plan, ledger, running)
+
+    @staticmethod
+    def snapshot(state: ShardState) -> list[tuple[str, Any]]:
+        """``state`` as snapshot parts: the ledger first, then each running query's history by
+        query id. ``restore(snapshot(state))`` is a shard equal to ``state``."""
+        return [(LEDGER_PART, state.ledger.to_arrow()),
+                *((RUNNING_PART, (query_id, running.to_arrow())) for query_id, running in sorted(state.running.items()))]
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from pipelines.beam.transforms import LATE_WINDOW
+from stream.engine.dead_letters import DeadLetterReason
 from queries.linear import LinearQuery, default_queries
 from stream.schema import RejectReason
 
@@ -74,7 +74,7 @@ NON_FINITE = RejectReason.NON_FINITE.value
 WRONG_TYPE = RejectReason.WRONG_TYPE.value
 DUPLICATE = RejectReason.DUPLICATE.value
 OUT_OF_RANGE = RejectReason.OUT_OF_RANGE_TIME.value
-LATE = LATE_WINDOW
+LATE = DeadLetterReason.LATE_WINDOW.value
 _BAD_VALUE_REASONS = {NULL_USER, EMPTY_USER, NON_FINITE, WRONG_TYPE}
 
 

@@ -1,0 +1,212 @@
+"""Dead letters: which rows are dead-lettered, why, and the one table they are written as.
+
+Every job counts its late and bad rows instead of losing them (invariant 7
+(rows-counted-not-lost, docs/architecture.md)): each such row becomes one row of
+:data:`DEAD_LETTER_SCHEMA`, built by :func:`dead_letters` and nothing else, with a reason from the
+one vocabulary :class:`stream.schema.DeadLetterReason` (its docstring says what each reason
+means). Where each reason comes from, the same word in all three jobs for the same situation:
+
+* ``null_user_id``, ``empty_user_id``, ``null_time``, ``bad_time``, ``null_value``,
+  ``wrong_type``, ``non_finite_value``, ``duplicate_user_window`` (within one batch): the
+  validator :func:`stream.schema.validate_batch`, for each file batch of the batch jobs
+  (``ReadAndValidate``) and each message of the streaming job (``DecodeAndValidate``); written
+  by :func:`rejected_letters`.
+* ``malformed_row``: a CSV line the reader (:func:`stream.engine.readers.read_batches`) could not
+  split, in the batch jobs (streaming messages are Arrow, never CSV).
+* ``out_of_range_time`` and ``late_window``: :func:`classify_windows`, the one rule for a row's
+  window against the public schedule and what was charged before, called by the batch jobs'
+  reader (``ReadAndValidate``) and by the streaming filter as each row arrives
+  (``StreamingIndividualFilterDoFn``); written by :func:`window_letters`. The jobs pass no
+  window bounds to the validator, so no other step decides these two.
+* ``duplicate_user_window`` (across batches): the filter's event-time order keeps the first row
+  of each (user, window) (``pipelines.beam.transforms.first_per_user_window``, both filters);
+  written by :func:`row_letters`.
+* ``undecodable_message``: a streaming message that does not decode or fails the schema as a
+  whole, one dead letter for the message (``pipelines.streaming.job.DecodeAndValidate``).
+
+Dead letters hold exact rows: curator only (invariant 4 (nothing-pre-noise-leaves,
+docs/architecture.md)). Beam-free: the jobs' DoFns call these functions.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from stream.schema import WINDOW_ID, DeadLetterReason
+
+__all__ = [
+    "DEAD_LETTER_SCHEMA",
+    "ROW",
+    "SOURCE",
+    "DeadLetterReason",
+    "WindowClasses",
+    "classify_windows",
+    "dead_letters",
+    "raw_json",
+    "rejected_letters",
+    "row_letters",
+    "window_letters",
+]
+
+#: The columns of a validated row's input position, ``(source, row)``: the file index or message
+#: number, and the row's index in it. The deterministic tie-break of the event-time order
+#: (invariant 2) and the ``row_index`` of the row's dead letter.
+SOURCE = "_source"
+ROW = "_row"
+
+#: Every job's dead-letter rows: where the row came from (a file path, a message name, or a
+#: validated row's source number as text), its row index there (-1 for a whole CSV line or
+#: message), the :class:`stream.schema.DeadLetterReason` value, a human-readable detail, and
+#: the row itself (JSON, or the CSV line, or the message's first bytes in hex) for replay.
+DEAD_LETTER_SCHEMA = pa.schema([
+    ("source", pa.string()), ("row_index", pa.int64()), ("reason", pa.string()),
+    ("detail", pa.string()), ("raw", pa.string()),
+])
+
+_VOCABULARY = pa.array([reason.value for reason in DeadLetterReason], type=pa.string())
+
+
+def dead_letters(reason: DeadLetterReason | pa.Array | pa.ChunkedArray, *, source: Any, row_index: Any,
+                 detail: Any, raw: Any) -> pa.Table:
+    """The dead-letter rows (:data:`DEAD_LETTER_SCHEMA`) of ``n`` rows: the one builder every job
+    calls.
+
+    ``reason`` is one :class:`stream.schema.DeadLetterReason` for every row, or an Arrow array of
+    reason values, one per row. Each of ``source`` (text or integers, written as text),
+    ``row_index``, ``detail`` and ``raw`` is one value for every row or an array (Arrow, NumPy
+    or a list) of one value per row; ``n`` is the arrays' common length, 1 when every argument
+    is a single value. ValueError when ``reason`` holds a value outside the vocabulary, is a
+    plain string, or the arrays' lengths differ."""
+    given = {"reason": reason, "source": source, "row_index": row_index, "detail": detail, "raw": raw}
+    lengths = {name: len(value) for name, value in given.items() if _is_array(value)}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"dead letters need one value or one per row for each column, got lengths {lengths}")
+    n = next(iter(lengths.values()), 1)
+    if _is_array(reason):
+        reasons = _column(reason, n, pa.string())
+        unknown = pc.unique(reasons.filter(pc.invert(pc.is_in(reasons, value_set=_VOCABULARY)))).to_pylist()
+        if unknown or reasons.null_count:
+            raise ValueError(f"reason must be a DeadLetterReason value, got {unknown or [None]}")
+    elif isinstance(reason, DeadLetterReason):
+        reasons = _column(reason.value, n, pa.string())
+    else:
+        raise ValueError(f"reason must be a DeadLetterReason or an array of its values, got reason={reason!r}")
+    return pa.table({
+        "source": _column(source, n, pa.string()),
+        "row_index": _column(row_index, n, pa.int64()),
+        "reason": reasons,
+        "detail": _column(detail, n, pa.string()),
+        "raw": _column(raw, n, pa.string()),
+    }, schema=DEAD_LETTER_SCHEMA)
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (pa.Array, pa.ChunkedArray, np.ndarray, list, tuple))
+
+
+def _column(value: Any, n: int, type_: pa.DataType) -> pa.Array:
+    if isinstance(value, pa.ChunkedArray):
+        value = value.combine_chunks()
+    if isinstance(value, pa.Array):
+        return value if value.type == type_ else pc.cast(value, type_)
+    if isinstance(value, (np.ndarray, list, tuple)):
+        array = pa.array(value)
+        return array if array.type == type_ else pc.cast(array, type_)
+    return pa.repeat(pa.scalar(str(value) if pa.types.is_string(type_) else value, type=type_), n)
+
+
+def rejected_letters(source: str, rejected: pa.Table, *, offset: int = 0) -> pa.Table:
+    """Dead letters of the validator's rejected rows (:data:`stream.schema.REJECTED_SCHEMA`) of
+    one batch read from ``source``, whose first row is row ``offset`` there."""
+    return dead_letters(rejected.column("reason"), source=source,
+                        row_index=pc.add(rejected.column("row_index"), offset).cast(pa.int64()),
+                        detail=rejected.column("detail"), raw=rejected.column("raw"))
+
+
+def raw_json(rows: pa.Table) -> pa.Array:
+    """Each row of ``rows`` as a JSON object (values JSON can hold, anything else as text)."""
+    # Dead-letter rows are rare: a Python loop over them is fine (never over valid rows).
+    return pa.array([json.dumps(r, default=str) for r in rows.to_pylist()], type=pa.string())
+
+
+def row_letters(rows: pa.Table, reason: DeadLetterReason, *, detail: str | Sequence[str] | pa.Array,
+                source: str | None = None) -> pa.Table:
+    """Dead letters for validated ``rows`` (with their :data:`SOURCE`/:data:`ROW` input position):
+    ``row_index`` is the row's index in its source, ``source`` the given one (a file path) or,
+    when None, each row's source number as text; ``raw`` is the row without its input position."""
+    position = [c for c in (SOURCE, ROW) if c in rows.column_names]
+    return dead_letters(reason, source=rows.column(SOURCE) if source is None else source,
+                        row_index=rows.column(ROW), detail=detail, raw=raw_json(rows.drop_columns(position)))
+
+
+@dataclass(frozen=True)
+class WindowClasses:
+    """What :func:`classify_windows` decided for each row: ``late`` (its window was charged
+    before), ``out_of_schedule`` (outside ``start_window..end_window`` and not late), or kept."""
+
+    late: np.ndarray
+    out_of_schedule: np.ndarray
+    start_window: int
+    end_window: int
+
+    @property
+    def keep(self) -> np.ndarray:
+        """The rows neither late nor out of schedule: the ones to charge."""
+        return ~(self.late | self.out_of_schedule)
+
+    @property
+    def all_kept(self) -> bool:
+        return not (self.late.any() or self.out_of_schedule.any())
+
+    def reasons(self) -> Iterator[tuple[DeadLetterReason, np.ndarray]]:
+        """``(reason, mask)`` for each reason some row has."""
+        for reason, mask in ((DeadLetterReason.LATE_WINDOW, self.late),
+                             (DeadLetterReason.OUT_OF_RANGE_TIME, self.out_of_schedule)):
+            if mask.any():
+                yield reason, mask
+
+
+def classify_windows(window_ids: Any, *, start_window: int, end_window: int, charged: Iterable[int] = (),
+                     charged_through: int | None = None) -> WindowClasses:
+    """The one rule for a row's window, used by every job before a row reaches a charge.
+
+    A row is **late** (``late_window``) when its window was charged before: it is in
+    ``charged`` (windows charged by earlier runs, hence perhaps released), or in
+    ``start_window..charged_through`` (windows this streaming shard has charged; None for a
+    batch run, which charges its schedule only at the end). Charging it now would charge its
+    user twice for a window or change a release (invariant 6 (charge-once, docs/architecture.md)
+    and invariant 5 (release-once, docs/architecture.md)). Otherwise a row outside the public schedule
+    ``start_window..end_window`` is **out of schedule** (``out_of_range_time``): the schedule is
+    decided before the data (invariant 3 (public-schedule, docs/architecture.md)). Every other
+    row is kept. Vectorised over ``window_ids`` (int64). ValueError when ``end_window <
+    start_window``."""
+    start, end = int(start_window), int(end_window)
+    if end < start:
+        raise ValueError(f"end_window must be >= start_window={start}, got end_window={end}")
+    windows = np.asarray(window_ids.to_numpy() if isinstance(window_ids, (pa.Array, pa.ChunkedArray))
+                         else window_ids, dtype=np.int64)
+    before = np.fromiter((int(w) for w in charged), dtype=np.int64)
+    late = np.isin(windows, before) if before.size else np.zeros(windows.shape, dtype=bool)
+    if charged_through is not None:
+        late |= (windows >= start) & (windows <= int(charged_through))
+    out_of_schedule = ~late & ((windows < start) | (windows > end))
+    return WindowClasses(late=late, out_of_schedule=out_of_schedule, start_window=start, end_window=end)
+
+
+def window_letters(rows: pa.Table, classes: WindowClasses, *, source: str | None = None) -> pa.Table:
+    """Dead letters for the rows of ``rows`` that ``classes`` (of the same rows) does not keep,
+    each with its reason and its window in the detail; ``source`` as :func:`row_letters`."""
+    parts = [DEAD_LETTER_SCHEMA.empty_table()]
+    for reason, mask in classes.reasons():
+        dead = rows.filter(pa.array(mask))
+        what = ("was already charged" if reason is DeadLetterReason.LATE_WINDOW
+                else f"is outside the schedule {classes.start_window}..{classes.end_window}")
+        detail = pc.binary_join_element_wise("window ", pc.cast(dead.column(WINDOW_ID), pa.string()), f" {what}", "")
+        parts.append(row_letters(dead, reason, detail=detail, source=source))
+    return pa.concat_tables(parts)

@@ -1,0 +1,94 @@
+"""A shard is restored from its snapshot parts and written back to them by the engine
+(:class:`stream.engine.shard_state.ShardSnapshots`), the same for every job's filter (issue 19,
+item 1): a restored shard is the shard that was snapshotted, and a shard's parts that would
+restart some of its users from zero budget are refused (invariant 1
+(ledger-never-window-scoped, docs/architecture.md))."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipelines.beam.transforms import IndividualFilterDoFn
+from pipelines.streaming.releases import StreamingIndividualFilterDoFn
+from queries.linear import default_queries
+from stream.engine.shard_state import QueryPlan, ShardSnapshots
+from stream.schema import WindowSpec
+
+W0 = (dt.date(2026, 3, 1) - dt.date(1970, 1, 1)).days
+PLAN = QueryPlan.starting_at(default_queries(["opened"]) + default_queries(["opened"], kind="running"), W0)
+SNAPSHOTS = ShardSnapshots(plan=PLAN, budget=1.0, id_type="int64", tracker_step=1 / 32)
+
+
+def _rows(window: int, users, opened) -> pa.Table:
+    return pa.table({"user_id": pa.array(users, pa.int64()), "window_id": pa.array([window] * len(users), pa.int64()),
+                     "opened": pa.array(opened, pa.float64())})
+
+
+def _charged_shard():
+    shard = SNAPSHOTS.restore([])
+    shard.charge_window(W0, _rows(W0, [1, 2, 3], [1.0, 0.5, 0.0]), noise_std=2.0, policy="drop")
+    shard.charge_window(W0 + 1, _rows(W0 + 1, [2, 4], [1.0, 1.0]), noise_std=2.0, policy="drop")
+    return shard
+
+
+def test_a_restored_shard_snapshots_to_the_same_parts_as_the_shard_it_was_restored_from():
+    parts = SNAPSHOTS.snapshot(_charged_shard())
+    again = SNAPSHOTS.snapshot(SNAPSHOTS.restore(parts))
+    assert [kind for kind, _ in again] == ["ledger", "running"]
+    assert again[0][1].equals(parts[0][1], check_metadata=True)
+    assert again[1][0] == parts[1][0] and again[1][1][1].equals(parts[1][1][1], check_metadata=True)
+
+
+def test_a_restored_shard_charges_the_next_window_exactly_as_the_shard_it_was_restored_from():
+    original = _charged_shard()
+    restored = SNAPSHOTS.restore(SNAPSHOTS.snapshot(original))
+    rows = _rows(W0 + 2, [1, 5], [1.0, 0.25])  # user 1 has history but no row at W0 + 1
+    a = original.charge_window(W0 + 2, rows, noise_std=2.0, policy="drop")
+    b = restored.charge_window(W0 + 2, rows, noise_std=2.0, policy="drop")
+    assert a.counts == b.counts
+    assert a.sums.keys() == b.sums.keys() and all(np.array_equal(a.sums[q], b.sums[q]) for q in a.sums)
+    assert original.ledger.to_arrow().equals(restored.ledger.to_arrow())
+
+
+def test_a_shard_without_a_snapshot_starts_an_empty_ledger_under_the_runs_budget():
+    shard = SNAPSHOTS.restore([])
+    ledger = shard.ledger.to_arrow()
+    assert ledger.num_rows == 0 and shard.ledger.budget == 1.0 and shard.ledger.tracker_step == 1 / 32
+
+
+def test_a_shard_without_history_continues_a_running_query_where_the_query_is():
+    (_, (query_id, history)), = [p for p in SNAPSHOTS.snapshot(_charged_shard()) if p[0] == "running"]
+    meta = {k.decode(): v.decode() for k, v in history.schema.metadata.items()}
+    fresh = ShardSnapshots(plan=PLAN, budget=1.0, id_type="int64", tracker_step=1 / 32,
+                           running_meta={query_id: meta}).restore([])
+    assert fresh.running[query_id].next_window == W0 + 2  # not the query's first window
+
+
+def test_restoring_refuses_a_shard_given_two_ledgers():
+    ledger = SNAPSHOTS.snapshot(_charged_shard())[0]
+    with pytest.raises(ValueError, match="at most one ledger, got 2"):
+        SNAPSHOTS.restore([ledger, ledger])
+
+
+def test_restoring_refuses_two_histories_of_one_running_query():
+    running = SNAPSHOTS.snapshot(_charged_shard())[1]
+    with pytest.raises(ValueError, match="two histories of running query 'running:opened'"):
+        SNAPSHOTS.restore([running, running])
+
+
+def test_restoring_refuses_a_part_of_another_kind():
+    with pytest.raises(ValueError, match="kind='rows'"):
+        SNAPSHOTS.restore([("rows", pa.table({"x": [1]}))])
+
+
+def test_the_streaming_filter_restores_through_the_engine_and_holds_no_batch_filter():
+    fn = StreamingIndividualFilterDoFn(plan=PLAN, window=WindowSpec(), start_window=W0, end_window=W0 + 1,
+                                       indicator_columns=["opened"], noise_std=2.0, policy="drop", budget=1.0,
+                                       id_type="int64", tracker_step=1 / 32)
+    held = list(vars(fn).values())
+    assert not any(isinstance(value, IndividualFilterDoFn) for value in held)
+    assert any(isinstance(value, ShardSnapshots) for value in held)
