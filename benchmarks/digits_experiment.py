@@ -15,7 +15,9 @@ With ``--mnist DIR`` the data is MNIST itself, read from the four IDX files in `
 ``.gz``; :func:`stream.training.idx.load_mnist`), pixels / 255, with MNIST's own 60,000 / 10,000
 split; scikit-learn is then not needed. The paper trains Opacus's MNIST CNN; the models here are
 this project's logistic regression and MLP, so the paper's accuracies are a reference, not a
-target.
+target. The paper's three MNIST tables themselves (its per-epsilon factors, query resolution,
+both models, its numbers beside ours) are ``benchmarks/mnist_experiment.py``, which shares this
+file's runs, tuning score and splits.
 
 Tuning protocol (private GD, Algorithm 6, per epsilon): grid over clip ``C``, steps ``k`` and
 learning rate ``eta`` (``sigma = sqrt(k / (2 rho))``); each point is trained on 75% of the
