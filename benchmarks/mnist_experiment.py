@@ -55,7 +55,7 @@ epsilon is about ``3 k + 4 floor(k / f^2) + 136`` steps. Estimate (wall time = C
 an otherwise idle machine, plus about a minute to start): 64 minutes when tuning picks ``k`` =
 100, 200, 400 at epsilon 0.3, 0.5, 1.0; 88 minutes if it picks 400 everywhere (the most the
 grid allows), 41 if 50 everywhere. ``--trials 10`` adds 10 to 58 minutes. ``--quick``: 180 CPU
-seconds, 4.4 minutes measured beside other work.
+seconds, 2.6 minutes measured (4.4 beside heavier work).
 
 Verdicts (for the paper's numbers and ours): in the suboptimal regimes, does filtering recover
 at least half of what private GD loses against tuned private GD; in the tuned regime, is
