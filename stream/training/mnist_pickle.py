@@ -164,6 +164,9 @@ def find_mnist_source(search: str | os.PathLike | None = None) -> Path:
     raise FileNotFoundError(f"no MNIST pickle found{'' if search is None else f' at {search}'}: {HOW_TO_GET}")
 
 
-def load_mnist_source(path: str | os.PathLike) -> MnistSplits:
-    """:func:`load_mnist_wheel` for a ``.whl``, :func:`load_mnist_pickle` for anything else."""
-    return load_mnist_wheel(path) if str(path).endswith(".whl") else load_mnist_pickle(path)
+def load_mnist_source(path: str | os.PathLike, *, sha256: str = MNIST_PICKLE_SHA256,
+                      split_rows: tuple[int, int, int] = _SPLIT_ROWS) -> MnistSplits:
+    """:func:`load_mnist_wheel` for a ``.whl``, :func:`load_mnist_pickle` for anything else, with
+    the same checks (``sha256`` and ``split_rows`` exist for tests' small files)."""
+    load = load_mnist_wheel if str(path).endswith(".whl") else load_mnist_pickle
+    return load(path, sha256=sha256, split_rows=split_rows)
