@@ -231,7 +231,7 @@ def test_under_the_user_level_norm_budget_the_blt_error_is_within_1_percent_of_s
         q = activity @ strategy.query_matrix(horizon).T
         budget = float(np.quantile(np.einsum("ij,ij->i", q, q), 0.999))
         errors[strategy.name] = math.sqrt(budget * float(strategy.estimate_variance(horizon).max()))
-    assert abs(errors["blt"] / errors["sqrt"] - 1.0) <= 0.01  # measured within 1e-4
+    assert abs(errors["blt"] / errors["sqrt"] - 1.0) <= 0.01  # measured 0.99981 and 1.00004
 
 
 # --- the registry and parameters -----------------------------------------------------------

@@ -213,8 +213,8 @@ class UserState:
 @dataclass(frozen=True)
 class ReleaseState:
     """Aggregate state of one running query: ``values`` ``(width, d)`` and ``next``, the window
-    offset of the next release. Sensitive until noised (invariant 4, nothing-pre-noise-leaves,
-    docs/architecture.md)."""
+    offset of the next release. Sensitive until noised (invariant 4
+    (nothing-pre-noise-leaves, docs/architecture.md))."""
 
     values: Any
     next: int
