@@ -52,7 +52,7 @@ comparison is apples to apples. Two alternatives, and why not:
 * the infinite tail (``sensitivity="tail"``, ``sens^2 = sum_{k>=0} c_k^2``, finite for a BLT):
   the charge when the query has no declared end. It pays for releases after ``T`` that the
   square root never makes; with the horizon-optimised parameters it costs ``7.5%`` more
-  variance for a one-day user at ``T = 365``, and about ``70%`` more norm budget for users
+  variance for a one-day user at ``T = 365``, and 60% to 75% more norm budget for users
   active on 5% or 50% of days. :func:`optimize_blt` offers it for queries without an end.
 * the user-level norm budget (a quantile of ``||C x||^2`` over users of a public model): it is
   what sets the noise in a deployment, but it depends on the model (activity rate, dim). For
@@ -404,8 +404,9 @@ class BufferedLinearToeplitz(Strategy):
 
     ``BufferedLinearToeplitz()`` is the shipped 4-buffer BLT for ``T = 365``;
     ``BufferedLinearToeplitz(horizon=4096)`` the one for 4096; explicit ``theta`` and ``omega``
-    (say from :func:`optimize_blt`) define any other. ``horizon`` records what the parameters were
-    optimised for (public, in the spec); the strategy itself releases for any number of windows
+    (say from :func:`optimize_blt`) define any other; pass with them the horizon they were
+    optimised for, or ``None`` (the default, 365, names the shipped set). ``horizon`` is a record
+    (public, in the spec); the strategy itself releases for any number of windows
     (its error keeps growing like ``log t`` past the horizon, a little faster than the square
     root's). Under the prepaid rule the charges are a matter of the declared schedule, not of
     this field (:mod:`stream.continual.prepaid`).
