@@ -1,0 +1,554 @@
+"""Prepaid admission for running totals: a contribution's whole future cost is charged when it is admitted.
+
+The mechanism (issue 20; docs/running_totals.md has the soundness argument). A running query with
+factorisation ``A = B C`` releases, at window offset ``t``,
+
+    y_t = (C a)_t + z_t,    a_s = sum of the contributions admitted at s,    z_t ~ N(0, s^2 I),
+
+so user ``i``'s part of ``y_t`` is ``q_t(i) = (C x_i)_t``, ``x_i`` their *admitted* stream. A
+contribution ``x`` admitted at ``t`` stays in every later release, so it is charged once, at
+admission, the increase it causes in ``||C x_i||^2`` over the rest of the schedule:
+
+    Delta = ||C (h + x e_t)||^2 - ||C h||^2            (rows released at t .. T - 1)
+          = ||x||^2 sum_r C_{r,t}^2  +  2 sum_r C_{r,t} <(C h)_r, x>,
+
+``h`` the user's admitted stream before ``t`` (``C`` is causal, so rows before ``t`` do not
+change). The two terms are :class:`ChargeTerms` ``quadratic`` and ``cross``. Over a declared
+schedule of ``T`` windows a user's charges sum to ``||C x_i||^2`` over those rows exactly (each
+``Delta`` is one step of a telescoping sum), and at every ``tau`` the losses realised so far,
+``sum_{t<=tau} ||q_t(i)||^2``, are at most the charges made so far: the filter keeps the charges
+within the budget, so the realised losses are too (Feldman & Zrnic's Theorem 4.3, the Rényi filter,
+with predictable losses; docs/running_totals.md). The filter then decides only about the new
+contribution: a user over budget loses that day, never their past.
+
+Rules (one per factorisation; the per-user state is what ``Delta`` needs, and the aggregate
+state what ``(C a)_t`` needs):
+
+* :class:`BLTPrepaid` (:class:`stream.continual.blt.BufferedLinearToeplitz`): ``(C h)_r =
+  sum_j omega_j theta_j^(r-t) S_j(t)`` for ``r >= t`` with the user's buffers ``S_j``, so
+
+      Delta = ||x||^2 G(m) + 2 sum_j omega_j H_j(m) <S_j(t), x>,
+      G(m) = sum_{k<m} c_k^2,   H_j(m) = sum_{k<m} theta_j^k c_k,   m = T - t,
+
+  (``m = inf`` for the infinite tail: ``G = 1 + sum_{l,l'} omega_l omega_l' / (1 - theta_l
+  theta_l')``, ``H_j = 1 + sum_l omega_l theta_j / (1 - theta_j theta_l)``). Per user: the
+  ``buffers x d`` numbers ``S_j`` as of the day after the last admission, and that day; read
+  and written only on days the user contributes (``S_j(t) = theta_j^(t - 1 - last) S_j(last +
+  1)``). Per query: ``buffers x d`` numbers.
+* :class:`TreePrepaid` (:class:`stream.continual.strategies.BinaryTree`): the tree applies. ``x``
+  at ``t`` enters one node per level, released when it completes, so ``Delta = sum_{released
+  levels j} (||x||^2 + 2 <P_j, x>)``, ``P_j`` the user's admitted sum inside the level-``j`` node
+  holding ``t``. Per user: ``levels x d`` partial sums and the day last seen. It needs a declared
+  horizon (an unbounded tree has unboundedly many levels) or a finite ``height``.
+* :class:`DenseHistoryPrepaid` (any strategy, a declared horizon): the exact reference. Per user:
+  the whole admitted history ``T x d``; per query the aggregate history. This is the square root's
+  only form (its ``C`` has no finite state), and the reference the other two are tested against.
+
+Rounding (privacy needs the direction, not the digits). Every charge is an upper bound:
+``Delta + ETA * magnitude`` with ``magnitude`` the same sums over absolute values, which bounds
+the float error of every dot product, table and buffer (relative error ``<= (d + buffers + T)
+2^-52`` for the sums involved, far below ``ETA = 1e-9``; buffers of signed data that cancel by
+more than ``1e7`` against their history are the stated exception), then clamped at 0 (a
+contribution that lowers the user's future norm, possible with signed data, is charged nothing
+rather than refunded: charging more is always safe). Non-finite charges (overflow) are infinite:
+the row is dropped (docs/architecture.md, "Edges").
+
+Kernels are xp-clean (:mod:`stream.xp`): per-user arrays may live on a device; public constants
+are uploaded; the only host transfers are the checks that raise, counted in each docstring.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stream.accounting import _validate as check
+from stream.continual.blt import BufferedLinearToeplitz
+from stream.continual.strategies import MAX_DENSE_HORIZON, BinaryTree, Strategy
+from stream.ledger import ADMITTED, CLIPPED, DROPPED, FilterDecision, Policy, individual_filter
+from stream.rounding import round_down, round_up
+from stream.xp import array_module, host_all
+
+# Relative margin added to every charge: covers the float error of the terms (module docstring).
+ETA = 1e-9
+# A clipped contribution is scaled a hair below the root of the budget equation, as the
+# ledger's clip is (stream.ledger._CLIP_SHRINK).
+_CLIP_SHRINK = 1.0 - 1e-9
+# The infinite tail's closed forms lose relative precision like 2^-52 / (1 - theta^2); past this
+# decay they would no longer be covered by ETA.
+_MAX_TAIL_DECAY = 1.0 - 1e-6
+
+
+def _integer(name: str, value: Any, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {name}={value!r}")
+    return int(value)
+
+
+# --------------------------------------------------------------------------- charges
+
+
+@dataclass(frozen=True)
+class ChargeTerms:
+    """The prepaid charge ``Delta(lambda) = lambda^2 quadratic + 2 lambda cross`` of each row,
+    scaled by ``lambda`` (norm units, ``(n,)`` arrays on the rows' device).
+
+    ``quadratic = ||x||^2 sum_r C_{r,t}^2 >= 0``; ``cross = sum_r C_{r,t} <(C h)_r, x>``;
+    ``magnitude`` the same two terms over absolute values (``quadratic + 2 |cross|``-like, an
+    upper bound for the float error of both divided by ``ETA``).
+    """
+
+    quadratic: Any
+    cross: Any
+    magnitude: Any
+
+
+def prepaid_charge(terms: ChargeTerms) -> Any:
+    """Each row's prepaid charge in norm units (``||.||^2``, divide by ``2 s^2`` for zCDP):
+    ``max(quadratic + 2 cross + ETA * magnitude, 0)``, never below the exact ``Delta``; ``inf``
+    where the terms overflow. No host traffic."""
+    xp = array_module(terms.quadratic, terms.cross, terms.magnitude)
+    with np.errstate(over="ignore", invalid="ignore"):
+        raw = terms.quadratic + 2.0 * terms.cross + ETA * terms.magnitude
+        finite = xp.isfinite(raw) & xp.isfinite(terms.magnitude)
+    return xp.where(finite, xp.maximum(raw, 0.0), xp.inf)
+
+
+def prepaid_rho(terms: ChargeTerms, *, noise_std: float) -> Any:
+    """Each row's prepaid charge in zCDP, ``prepaid_charge / (2 s^2)`` rounded up (0 stays 0)."""
+    noise_std = check.positive("noise_std", noise_std)
+    xp = array_module(terms.quadratic)
+    charge = prepaid_charge(terms)
+    with np.errstate(over="ignore"):
+        return xp.where(charge == 0.0, 0.0, round_up(charge / (2.0 * noise_std * noise_std)))
+
+
+def prepaid_filter(used: Any, terms: ChargeTerms, *, cap: float, noise_std: float,
+                   policy: Policy | str = Policy.DROP) -> FilterDecision:
+    """The individual filter on prepaid charges (zCDP), as :func:`stream.ledger.individual_filter`.
+
+    ``used`` the users' used budgets, ``terms`` their rows' :class:`ChargeTerms`, ``cap`` the
+    budget the sums may reach (the ledger's ``kappa * (1 - BUDGET_SAFETY)``), ``s = noise_std``.
+
+    * ``drop`` (Algorithm 3): :func:`stream.ledger.individual_filter` on :func:`prepaid_rho`.
+    * ``clip`` (Algorithm 7): a row that does not fit is scaled by the largest ``lambda`` in
+      ``[0, 1)`` whose rounded-up charge ``lambda^2 A + 2 lambda B`` fits the remaining budget (a
+      quadratic, not ``lambda^2`` times the charge as for a window sum: the cross term is linear
+      in ``lambda``), shrunk by ``1 - 1e-9``, and charged the whole remaining budget; where the
+      recomputed charge would still not fit (never seen) the row is dropped instead.
+
+    The decision for a row reads only that row's terms, that user's used budget and public
+    constants (Theorem 4.5's proof needs exactly this). Guarantees per row: ``new_used <= cap``;
+    the recorded charge is at least the exact prepaid charge of the scaled contribution. No host
+    traffic.
+    """
+    noise_std = check.positive("noise_std", noise_std)
+    try:
+        policy = Policy(policy)
+    except ValueError:
+        raise ValueError(f"policy must be one of {[p.value for p in Policy]}, got policy={policy!r}") from None
+    rho = prepaid_rho(terms, noise_std=noise_std)
+    if policy is Policy.DROP:
+        return individual_filter(used, rho, cap=cap, policy=policy)
+    xp = array_module(used, rho)
+    total = round_up(used + rho)
+    free = rho == 0.0
+    fits = (total <= cap) | free
+    two_s2 = 2.0 * noise_std * noise_std
+    remaining = xp.maximum(round_down(cap - used), 0.0)
+    budget = xp.maximum(round_down(remaining * two_s2), 0.0)  # norm units
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # overflowed rows: dropped below
+        cross_abs = xp.maximum(terms.magnitude - terms.quadratic, 0.0) / 2.0
+        a = terms.quadratic * (1.0 + ETA)
+        b = terms.cross + ETA * cross_abs
+        root = xp.sqrt(b * b + a * budget)
+        # The larger root of a l^2 + 2 b l = budget, in the form that does not cancel.
+        scale = xp.where(b >= 0.0, budget / (b + root), (root - b) / a) * _CLIP_SHRINK
+        scale = xp.where(xp.isfinite(scale), xp.clip(scale, 0.0, 1.0), 0.0)
+        recomputed = scale * scale * a + 2.0 * scale * b
+    clipped = ~fits & (scale > 0.0) & (round_up(recomputed) <= budget)
+    filled = xp.minimum(round_up(used + remaining), cap)
+    take = ~free & fits
+    return FilterDecision(
+        new_used=xp.where(take, total, xp.where(clipped, filled, used)),
+        charge=xp.where(fits, rho, xp.where(clipped, remaining, 0.0)),
+        scale=xp.where(fits, 1.0, xp.where(clipped, scale, 0.0)),
+        status=xp.where(fits, ADMITTED, xp.where(clipped, CLIPPED, DROPPED)).astype(xp.int8),
+    )
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclass(frozen=True)
+class UserState:
+    """Per-user prepaid state: ``values`` ``(n, width, d)`` float64 and ``last`` ``(n,)`` int64,
+    the window offset of the user's last admission (``-1``: never admitted).
+
+    ``values`` is the rule's summary of the user's admitted stream (:attr:`PrepaidRule.width`
+    rows of ``d``). The engine keeps one row per user beside the ledger and gathers the rows of a
+    window's users with :meth:`take` (vectorised, no per-user loop); :meth:`put` writes them
+    back in place.
+    """
+
+    values: Any
+    last: Any
+
+    def __len__(self) -> int:
+        return int(self.last.shape[0])
+
+    def take(self, positions: Any) -> "UserState":
+        """The rows at ``positions`` (a gather; on a device a host index is an upload)."""
+        return UserState(values=self.values[positions], last=self.last[positions])
+
+    def put(self, positions: Any, rows: "UserState") -> None:
+        """Write ``rows`` at ``positions`` in place (distinct positions)."""
+        self.values[positions] = rows.values
+        self.last[positions] = rows.last
+
+
+@dataclass(frozen=True)
+class ReleaseState:
+    """Aggregate state of one running query: ``values`` ``(width, d)`` and ``next``, the window
+    offset of the next release. Sensitive until noised (invariant 4
+    (nothing-pre-noise-leaves, docs/architecture.md))."""
+
+    values: Any
+    next: int
+
+
+class PrepaidRule(abc.ABC):
+    """A strategy under prepaid admission over a declared schedule (module docstring).
+
+    ``horizon``: the declared schedule, releases at offsets ``0 .. horizon - 1`` (public); ``None``
+    charges the infinite tail instead, where the rule allows it, and releases without end.
+    """
+
+    strategy: Strategy
+    horizon: int | None
+
+    @property
+    @abc.abstractmethod
+    def width(self) -> int:
+        """Rows of ``d`` numbers per user (and per query) the rule keeps."""
+
+    # -- kernels (unvalidated, xp-clean) ---------------------------------------------------
+
+    @abc.abstractmethod
+    def _terms(self, values: Any, last: Any, x: Any, t: int) -> ChargeTerms: ...
+
+    @abc.abstractmethod
+    def _admit(self, values: Any, last: Any, x: Any, t: int) -> Any: ...
+
+    @abc.abstractmethod
+    def _release(self, values: Any, a: Any, t: int) -> tuple[Any, Any]: ...
+
+    # -- validated entry points -------------------------------------------------------------
+
+    def new_users(self, n: int, dim: int, *, like: Any = None) -> UserState:
+        """State for ``n`` users who have never been admitted (on the device of ``like``)."""
+        n = _integer("n", n, minimum=0)
+        dim = _integer("dim", dim, minimum=1)
+        xp = np if like is None else array_module(like)
+        return UserState(values=xp.zeros((n, self.width, dim)), last=xp.full((n,), -1, dtype=xp.int64))
+
+    def new_release(self, dim: int, *, like: Any = None) -> ReleaseState:
+        """The aggregate state of a query before its first window."""
+        dim = _integer("dim", dim, minimum=1)
+        xp = np if like is None else array_module(like)
+        return ReleaseState(values=xp.zeros((self.width, dim)), next=0)
+
+    def _window(self, t: Any) -> int:
+        t = _integer("t", t, minimum=0)
+        if self.horizon is not None and t >= self.horizon:
+            raise ValueError(f"t must be in [0, {self.horizon}) (the declared schedule), got t={t}")
+        return t
+
+    def _check(self, state: UserState, x: Any, t: Any) -> tuple[Any, int]:
+        """Validate a batch: shapes, finiteness, ``t`` in the schedule and after every row's last
+        admission (one admission per user per window, in window order: invariants 2 and 6). One
+        host transfer of one bool on a device."""
+        t = self._window(t)
+        if not isinstance(state, UserState):
+            raise ValueError(f"state must be a UserState, got {type(state).__name__}")
+        xp = array_module(state.values, x)
+        x = xp.asarray(x, dtype=xp.float64)
+        n, width, dim = state.values.shape
+        if x.shape != (n, dim):
+            raise ValueError(f"x must have shape ({n}, {dim}) (one row per user in the state), got shape={x.shape}")
+        if width != self.width or state.last.shape != (n,):
+            raise ValueError(f"state must have values of shape (n, {self.width}, d) and last of shape (n,), got "
+                             f"{state.values.shape} and {state.last.shape}")
+        if n and not host_all(xp.isfinite(x).all(axis=1) & (state.last < t)):
+            raise ValueError(f"x must be finite and every row's last admission before t={t} (users are "
+                             "charged once per window, in window order)")
+        return x, t
+
+    def charge_terms(self, state: UserState, x: Any, t: int) -> ChargeTerms:
+        """:class:`ChargeTerms` of admitting ``x`` (``(n, d)``) at window offset ``t`` for users
+        with ``state`` (``n`` rows, from :meth:`UserState.take`). Reads nothing but those rows,
+        ``x``, ``t`` and public constants. One transfer (the check)."""
+        x, t = self._check(state, x, t)
+        return self._terms(state.values, state.last, x, t)
+
+    def admit(self, state: UserState, x: Any, t: int) -> UserState:
+        """The rows of ``state`` after admitting ``x`` at ``t`` (pass the scaled contribution of a
+        clipped row; leave dropped rows out: their state does not change). Pure: returns new
+        rows, for :meth:`UserState.put`. One transfer (the check)."""
+        x, t = self._check(state, x, t)
+        xp = array_module(state.values, x)
+        return UserState(values=self._admit(state.values, state.last, x, t),
+                         last=xp.full(state.last.shape, t, dtype=xp.int64))
+
+    def release(self, state: ReleaseState, a: Any) -> tuple[Any, ReleaseState]:
+        """``((C a)_t, state after t)`` for ``t = state.next``: ``a`` (``(d,)``) the sum of the
+        contributions admitted at ``t`` (scaled ones scaled). The total has ``rows_at(t)`` rows.
+        Pure (a re-run of the window from the same state gives the same bits)."""
+        t = self._window(state.next)
+        xp = array_module(state.values, a)
+        a = xp.asarray(a, dtype=xp.float64)
+        if a.shape != state.values.shape[1:]:
+            raise ValueError(f"a must have shape {state.values.shape[1:]}, got shape={a.shape}")
+        total, values = self._release(state.values, a, t)
+        return total, ReleaseState(values=values, next=t + 1)
+
+
+def _dot(values: Any, x: Any) -> Any:
+    """``<values[n, k], x[n]>`` over ``d``: ``(n, k)``. Row by row, elementwise products and a
+    reduction over the last axis: each row's bits do not depend on the other rows of the batch
+    (a BLAS product may block differently for another batch size, and a user's charge, hence
+    their filter decision, must depend on their own row alone)."""
+    return (values * x[:, None, :]).sum(axis=2)
+
+
+def _weigh(inner: Any, weights: Any) -> Any:
+    """``sum_k inner[n, k] weights[k]``, row by row (see :func:`_dot`)."""
+    return (inner * weights[None, :]).sum(axis=1)
+
+
+# --------------------------------------------------------------------------- BLT
+
+
+class BLTPrepaid(PrepaidRule):
+    """The prepaid rule for a BLT: per user ``buffers x d`` numbers and the day last seen.
+
+    Args:
+        strategy: the BLT.
+        horizon: the declared schedule (``T``, releases at ``0 .. T - 1``), or ``None`` for the
+            infinite tail (decays up to ``1 - 1e-6``): charges then cover every release, without
+            end, at a higher price (``blt`` module docstring).
+    """
+
+    def __init__(self, strategy: BufferedLinearToeplitz, *, horizon: int | None) -> None:
+        if not isinstance(strategy, BufferedLinearToeplitz):
+            raise ValueError(f"strategy must be a BufferedLinearToeplitz, got {type(strategy).__name__}")
+        self.strategy = strategy
+        self.horizon = None if horizon is None else _integer("horizon", horizon, minimum=1)
+        theta = np.asarray(strategy.theta)
+        omega = np.asarray(strategy.omega)
+        if horizon is None and np.abs(theta).max() > _MAX_TAIL_DECAY:
+            raise ValueError(f"theta must be within [-{_MAX_TAIL_DECAY}, {_MAX_TAIL_DECAY}] for the infinite tail, "
+                             f"got theta={strategy.theta!r}")
+        self._theta, self._omega = theta, omega
+        if self.horizon is not None:
+            # G(m), H_j(m) and their absolute versions for every m = T - t (public constants).
+            c = strategy.coefficients(self.horizon)
+            powers = theta[None, :] ** np.arange(self.horizon, dtype=np.float64)[:, None]  # (T, buffers)
+            zero = np.zeros((1, theta.size))
+            self._g = np.concatenate([[0.0], np.cumsum(c * c)])
+            self._h = np.concatenate([zero, np.cumsum(powers * c[:, None], axis=0)])
+            self._h_abs = np.concatenate([zero, np.cumsum(np.abs(powers * c[:, None]), axis=0)])
+        else:
+            pairs = 1.0 - np.outer(theta, theta)
+            self._g_tail = 1.0 + float(np.sum(np.outer(omega, omega) / pairs))
+            self._h_tail = 1.0 + (omega[None, :] * theta[:, None] / pairs).sum(axis=1)
+            self._h_abs_tail = 1.0 + (np.abs(omega[None, :] * theta[:, None]) / pairs).sum(axis=1)
+
+    @property
+    def width(self) -> int:
+        return self.strategy.buffers
+
+    def _constants(self, t: int) -> tuple[float, np.ndarray, np.ndarray]:
+        if self.horizon is None:
+            return self._g_tail, self._h_tail, self._h_abs_tail
+        m = self.horizon - t
+        return float(self._g[m]), self._h[m], self._h_abs[m]
+
+    def _buffers_at(self, values: Any, last: Any, t: int) -> Any:
+        """``S_j(t) = theta_j^(t - 1 - last) S_j(last + 1)`` (zero buffers stay zero)."""
+        xp = array_module(values, last)
+        theta = xp.asarray(self._theta)
+        return xp.power(theta[None, :], (t - 1 - last)[:, None].astype(xp.float64))[:, :, None] * values
+
+    def _terms(self, values: Any, last: Any, x: Any, t: int) -> ChargeTerms:
+        xp = array_module(values, x)
+        g, h, h_abs = self._constants(t)
+        buffers = self._buffers_at(values, last, t)
+        sq = xp.einsum("nd,nd->n", x, x)
+        quadratic = sq * g
+        cross = _weigh(_dot(buffers, x), xp.asarray(self._omega * h))
+        cross_abs = _weigh(_dot(xp.abs(buffers), xp.abs(x)), xp.asarray(np.abs(self._omega) * h_abs))
+        return ChargeTerms(quadratic=quadratic, cross=cross, magnitude=quadratic + 2.0 * cross_abs)
+
+    def _admit(self, values: Any, last: Any, x: Any, t: int) -> Any:
+        xp = array_module(values, x)
+        theta = xp.asarray(self._theta)
+        return theta[None, :, None] * self._buffers_at(values, last, t) + x[:, None, :]
+
+    def _release(self, values: Any, a: Any, t: int) -> tuple[Any, Any]:
+        total, buffers = self.strategy.encode_step(values, a)
+        return total[None, :], buffers
+
+
+# --------------------------------------------------------------------------- the tree
+
+
+class TreePrepaid(PrepaidRule):
+    """The prepaid rule for the binary tree: per user one partial node sum per level.
+
+    Node ``(j, m)`` covers windows ``[m 2^j, (m + 1) 2^j)`` and is released at its last window
+    (:class:`stream.continual.strategies.BinaryTree`), so ``x`` admitted at ``t`` is in the one
+    level-``j`` node holding ``t`` for each level, and is charged ``||x||^2 + 2 <P_j, x>`` for
+    each such node that will be released: within the declared ``horizon``, or at all (levels
+    ``<= height``) for the infinite tail, which needs a finite ``height``.
+    """
+
+    def __init__(self, strategy: BinaryTree, *, horizon: int | None) -> None:
+        if not isinstance(strategy, BinaryTree):
+            raise ValueError(f"strategy must be a BinaryTree, got {type(strategy).__name__}")
+        if horizon is None and strategy.height is None:
+            raise ValueError("horizon must be declared for an unbounded tree (every level of the infinite tail "
+                             "would be charged), got horizon=None with height=None")
+        self.strategy = strategy
+        self.horizon = None if horizon is None else _integer("horizon", horizon, minimum=1)
+        levels = strategy.height + 1 if strategy.height is not None else self.horizon.bit_length()
+        if strategy.height is not None and self.horizon is not None:
+            levels = min(levels, self.horizon.bit_length())
+        self._levels = levels
+
+    @property
+    def width(self) -> int:
+        return self._levels
+
+    def _released(self, t: int) -> np.ndarray:
+        """Which levels' nodes holding ``t`` are released (public: depends on ``t`` alone)."""
+        j = np.arange(self._levels)
+        if self.horizon is None:
+            return np.ones(self._levels, dtype=bool)
+        ends = (((t >> j) + 1) << j) - 1
+        return ends < self.horizon
+
+    def _open_nodes(self, values: Any, last: Any, t: int) -> Any:
+        """``P_j``: the user's partial sum in the level-``j`` node holding ``t`` (zero when their
+        last admission was in an earlier node)."""
+        xp = array_module(values, last)
+        j = xp.asarray(np.arange(self._levels, dtype=np.int64))
+        same = (last[:, None] >= 0) & (xp.right_shift(xp.maximum(last, 0)[:, None], j[None, :]) ==
+                                       xp.right_shift(xp.full((1, 1), t, dtype=xp.int64), j[None, :]))
+        return xp.where(same[:, :, None], values, 0.0)
+
+    def _terms(self, values: Any, last: Any, x: Any, t: int) -> ChargeTerms:
+        xp = array_module(values, x)
+        released = self._released(t).astype(np.float64)
+        partial = self._open_nodes(values, last, t)
+        quadratic = xp.einsum("nd,nd->n", x, x) * float(released.sum())
+        mask = xp.asarray(released)
+        cross = _weigh(_dot(partial, x), mask)
+        cross_abs = _weigh(_dot(xp.abs(partial), xp.abs(x)), mask)
+        return ChargeTerms(quadratic=quadratic, cross=cross, magnitude=quadratic + 2.0 * cross_abs)
+
+    def _admit(self, values: Any, last: Any, x: Any, t: int) -> Any:
+        return self._open_nodes(values, last, t) + x[:, None, :]
+
+    def _release(self, values: Any, a: Any, t: int) -> tuple[Any, Any]:
+        xp = array_module(values, a)
+        starts = xp.asarray((t % (1 << np.arange(self._levels)) == 0)[:, None])  # a node opens at t
+        values = xp.where(starts, 0.0, values) + a[None, :]
+        return values[: self.strategy.rows_at(t)], values
+
+
+# --------------------------------------------------------------------------- the dense reference
+
+
+class DenseHistoryPrepaid(PrepaidRule):
+    """The exact reference for any strategy over a declared horizon: per user the admitted
+    history (``horizon x d``), per query the aggregate history; ``C`` dense
+    (:meth:`Strategy.query_matrix`). The square root's prepaid rule (it has no finite state) and
+    the reference :class:`BLTPrepaid` and :class:`TreePrepaid` are tested against. For tests and
+    planning: ``O(horizon)`` memory per user.
+    """
+
+    def __init__(self, strategy: Strategy, *, horizon: int) -> None:
+        if not isinstance(strategy, Strategy):
+            raise ValueError(f"strategy must be a Strategy, got {type(strategy).__name__}")
+        horizon = _integer("horizon", horizon, minimum=1)
+        if horizon > MAX_DENSE_HORIZON:
+            raise ValueError(f"horizon must be in [1, {MAX_DENSE_HORIZON}] for a dense history, got horizon={horizon}")
+        self.strategy = strategy
+        self.horizon = horizon
+        self._c = strategy.query_matrix(horizon)  # (rows, T)
+        self._row_times = strategy.row_times(horizon)
+
+    @property
+    def width(self) -> int:
+        return self.horizon
+
+    def _terms(self, values: Any, last: Any, x: Any, t: int) -> ChargeTerms:
+        xp = array_module(values, x)
+        column = self._c[:, t]
+        rows = np.flatnonzero(column)  # the rows that read window t: released at t or later
+        c_rows = xp.asarray(self._c[rows])  # (k, T)
+        weights = xp.asarray(column[rows])
+        # (C h)_r for those rows, row by user row (a reference: clarity over speed)
+        future = (c_rows[None, :, :, None] * values[:, None, :, :]).sum(axis=2)  # (n, k, d)
+        future_abs = (xp.abs(c_rows)[None, :, :, None] * xp.abs(values)[:, None, :, :]).sum(axis=2)
+        quadratic = xp.einsum("nd,nd->n", x, x) * float(column @ column)
+        cross = _weigh(_dot(future, x), weights)
+        cross_abs = _weigh(_dot(future_abs, xp.abs(x)), xp.abs(weights))
+        return ChargeTerms(quadratic=quadratic, cross=cross, magnitude=quadratic + 2.0 * cross_abs)
+
+    def _admit(self, values: Any, last: Any, x: Any, t: int) -> Any:
+        out = values.copy()
+        out[:, t, :] = x
+        return out
+
+    def _release(self, values: Any, a: Any, t: int) -> tuple[Any, Any]:
+        xp = array_module(values, a)
+        values = values.copy()
+        values[t] = a
+        rows = np.flatnonzero(self._row_times == t)
+        return xp.asarray(self._c[rows]) @ values, values
+
+
+def prepaid_rule(strategy: Strategy, *, horizon: int | None) -> PrepaidRule:
+    """The compact rule for ``strategy`` (BLT, tree) or the dense reference (any other, which
+    needs a declared ``horizon``)."""
+    if isinstance(strategy, BufferedLinearToeplitz):
+        return BLTPrepaid(strategy, horizon=horizon)
+    if isinstance(strategy, BinaryTree):
+        return TreePrepaid(strategy, horizon=horizon)
+    if horizon is None:
+        raise ValueError(f"horizon must be declared for strategy {strategy.name!r} (its infinite tail is not "
+                         "finite or has no compact form), got horizon=None")
+    return DenseHistoryPrepaid(strategy, horizon=horizon)
+
+
+def realised_sq_norms(strategy: Strategy, admitted: np.ndarray) -> np.ndarray:
+    """``||q_t(i)||^2`` for every user and window: the squared norm of user ``i``'s part of the
+    release at ``t``, ``(C x_i)`` over the rows released at ``t``, from their admitted stream
+    ``admitted`` (``(users, T, d)``). The losses the prepaid charges must cover (tests, audits)."""
+    users, horizon, _ = admitted.shape
+    q = np.einsum("rT,uTd->urd", strategy.query_matrix(horizon), admitted)
+    per_row = np.einsum("urd,urd->ur", q, q)
+    out = np.zeros((users, horizon))
+    np.add.at(out.T, strategy.row_times(horizon), per_row.T)
+    return out
+
+
+__all__ = [
+    "ETA", "BLTPrepaid", "ChargeTerms", "DenseHistoryPrepaid", "PrepaidRule", "ReleaseState", "TreePrepaid",
+    "UserState", "prepaid_charge", "prepaid_filter", "prepaid_rho", "prepaid_rule", "realised_sq_norms",
+]
