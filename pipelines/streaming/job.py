@@ -554,12 +554,15 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """``(job arguments, Beam arguments)`` of ``argv``. Exits with status 2 and a message naming
     the options (argparse's ``error``) when the source options do not fit together: two sources
     (``--kafka-topic`` with ``--subscription`` or ``--replay``), ``--kafka-topic`` without
-    ``--bootstrap-servers``, a malformed Kafka option, or a Kafka option without ``--kafka-topic``."""
+    ``--bootstrap-servers``, a malformed Kafka option, a Kafka option without ``--kafka-topic``, or
+    an option neither this job's nor Beam's (:func:`pipelines.beam.job_options.refuse_unknown_options`:
+    a typo would run the job without it)."""
     parser = _parser()
     args, beam_args = parser.parse_known_args(list(argv))
     try:
+        launch.refuse_unknown_options(beam_args, launch.long_options(parser), command=parser.prog)
         _check_source(args)
-    except ValueError as exc:
+    except (ValueError, launch.RunRefused) as exc:
         parser.error(str(exc))
     return args, list(beam_args)
 

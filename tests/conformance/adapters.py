@@ -230,8 +230,7 @@ class DistributedJob(JobAdapter):
 
     name = "distributed"
     module = "pipelines.distributed"
-    supports = sc.FEATURES - {sc.REGISTERED_QUERIES, sc.RETIRED_QUERIES, sc.RUNNING_TOTALS,
-                              sc.REFUSES_UNKNOWN_OPTIONS}
+    supports = sc.FEATURES - {sc.REGISTERED_QUERIES, sc.RETIRED_QUERIES, sc.RUNNING_TOTALS}
     # while_reading is in the read step both batch jobs share (pipelines.beam.transforms.ReadAndValidate).
     crash_points = ("while_reading", "distributed_before_commit", "distributed_before_promote",
                     "distributed_after_claim")
@@ -296,7 +295,7 @@ class StreamingJob(JobAdapter):
     # Rows of one window from two messages are ordered by a hash of the messages' names
     # (pipelines.streaming.job._source_number), not by their order in --replay.
     supports = sc.FEATURES - {sc.DUPLICATES_ACROSS_INPUTS, sc.REGISTERED_QUERIES, sc.RETIRED_QUERIES,
-                              sc.RUNNING_TOTALS, sc.CRASH_RECOVERY, sc.REFUSES_UNKNOWN_OPTIONS}
+                              sc.RUNNING_TOTALS, sc.CRASH_RECOVERY}
     crash_points = ()  # stream.faults.crash_point is called nowhere on its path (no outbox)
 
     def __init__(self, *args, **kwargs) -> None:

@@ -256,6 +256,7 @@ def test_an_option_the_job_does_not_know_is_refused_naming_it_before_anything_is
     adapter = clean.adapter(job, sc.CRASH_SCENARIO, tmp_path / job)
     ran = adapter.attempt(SCENARIOS[sc.CRASH_SCENARIO].steps[0], extra=["--polcy", "clip"])
     assert ran.code != 0 and "--polcy" in ran.err, f"exit status {ran.code}: {ran.err[-1000:]}"
+    assert "argument --polcy: not an option of" in ran.err and "did you mean --policy?" in ran.err  # one wording
     assert read_release_files(adapter.public) == ()
 
 
@@ -265,9 +266,9 @@ def test_an_option_the_job_does_not_know_is_refused_naming_it_before_anything_is
 #: fails here until this list says so too: the lead sees every gap open or close.
 KNOWN_GAPS = {
     "daily": [],
-    "distributed": [sc.REFUSES_UNKNOWN_OPTIONS, sc.REGISTERED_QUERIES, sc.RETIRED_QUERIES, sc.RUNNING_TOTALS],
-    "streaming": [sc.CRASH_RECOVERY, sc.DUPLICATES_ACROSS_INPUTS, sc.REFUSES_UNKNOWN_OPTIONS, sc.REGISTERED_QUERIES,
-                  sc.RETIRED_QUERIES, sc.RUNNING_TOTALS],
+    "distributed": [sc.REGISTERED_QUERIES, sc.RETIRED_QUERIES, sc.RUNNING_TOTALS],
+    "streaming": [sc.CRASH_RECOVERY, sc.DUPLICATES_ACROSS_INPUTS, sc.REGISTERED_QUERIES, sc.RETIRED_QUERIES,
+                  sc.RUNNING_TOTALS],
 }
 
 
