@@ -10,7 +10,7 @@ import pytest
 from stream.noise import NoiseKey
 
 from . import scenario as sc
-from .adapters import JOBS, JobAdapter
+from .adapters import JOBS, JobAdapter, RunFailed
 from .outcome import Outcome
 
 
@@ -68,6 +68,15 @@ class CleanRuns:
         """The adapter that made ``job``'s uninterrupted run of scenario ``name`` (its files)."""
         self.after_each_step(job, name)
         return self._adapters[(job, name)]
+
+    def failed(self, job: str, name: str) -> tuple[RunFailed, JobAdapter]:
+        """How ``job``'s uninterrupted run of scenario ``name`` failed, and the adapter (its files as
+        the failed run left them). AssertionError when every step succeeded."""
+        try:
+            self.after_each_step(job, name)
+        except RunFailed as exc:
+            return exc, self._adapters[(job, name)]
+        raise AssertionError(f"the {job} job ran every step of scenario {name}")
 
     def after_each_step(self, job: str, name: str) -> list[Outcome]:
         """The outcome after each step of ``job``'s uninterrupted run of scenario ``name``."""
