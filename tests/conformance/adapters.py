@@ -298,10 +298,8 @@ class StreamingJob(JobAdapter):
 
     name = "streaming"
     module = "pipelines.streaming"
-    # Rows of one window from two messages are ordered by a hash of the messages' names
-    # (pipelines.streaming.job._source_number), not by their order in --replay.
     # Running totals: refused at launch by name (queries.registration.refuse_running).
-    supports = sc.FEATURES - {sc.DUPLICATES_ACROSS_INPUTS, sc.RUNNING_TOTALS, sc.CRASH_RECOVERY}
+    supports = sc.FEATURES - {sc.RUNNING_TOTALS, sc.CRASH_RECOVERY}
     crash_points = ()  # stream.faults.crash_point is called nowhere on its path (no outbox)
 
     def __init__(self, *args, **kwargs) -> None:

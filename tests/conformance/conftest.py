@@ -22,9 +22,10 @@ def write_inputs(folder: Path, scenario: sc.Scenario) -> dict[str, str]:
 
 def names_a_hash_would_order_the_other_way(folder: Path) -> tuple[str, str]:
     """Two input names in input order whose paths under ``folder`` a hash of the name orders the
-    other way round (the streaming job orders the messages of one window by such a hash today,
-    ``pipelines.streaming.job._source_number``): a job that breaks ties between inputs by it keeps
-    the second input's row. Any pair once no such hash exists."""
+    other way round (the streaming job numbers Pub/Sub and Kafka messages by such a hash,
+    ``pipelines.streaming.job._source_number``, and must number replayed files by their order): a
+    job that breaks ties between inputs by it keeps the second input's row. Any pair once no such
+    hash exists."""
     from pipelines.streaming import job as streaming
 
     number = getattr(streaming, "_source_number", None)
