@@ -231,7 +231,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="run the daily job: input files -> individual filter -> noisy releases in DuckDB",
         description="Charge each user's contributions against their individual budget and release "
         "noisy per-window sums of every numeric column for every window from --start to --end. "
-        "Unknown options are passed to Beam (e.g. --direct_num_workers=2).",
+        "Other options are passed to Beam (e.g. --direct_num_workers=2); one Beam does not know either is refused.",
     )
     run.add_argument("--input", nargs="+", required=True, help="Parquet, Arrow IPC or CSV files")
     run.add_argument("--store", required=True, help="the public release store (DuckDB file)")

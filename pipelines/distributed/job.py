@@ -722,7 +722,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.distributed", allow_abbrev=False,
         description="The daily job on a distributed Beam runner: ledger snapshots and releases as Parquet in "
-                    "object storage. Unknown options go to Beam (--runner, --project, --flink_master, ...).")
+                    "object storage. Other options go to Beam (--runner, --project, --flink_master, ...); "
+                    "one Beam does not know either is refused.")
     arg = parser.add_argument
     arg("--input", nargs="+", required=True,
         help="input files or globs (gs://, s3://, local), space- or comma-separated")

@@ -520,8 +520,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.streaming", allow_abbrev=False,
         description="The individual filter on an unbounded stream: Pub/Sub messages or Kafka records (Arrow IPC "
-                    "batches) in, Parquet releases per window out. Unknown options go to Beam (--runner, "
-                    "--streaming, ...).")
+                    "batches) in, Parquet releases per window out. Other options go to Beam (--runner, "
+                    "--streaming, ...); one Beam does not know either is refused.")
     arg = parser.add_argument
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--subscription", help="Pub/Sub subscription (projects/P/subscriptions/S); Dataflow only")
