@@ -17,7 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stream.engine.dead_letters import DEAD_LETTER_SCHEMA, ROW, SOURCE, classify_windows, dead_letters, window_letters
+from pipelines.beam.transforms import in_event_time_order
+from stream.engine.dead_letters import (DEAD_LETTER_SCHEMA, ROW, SOURCE, classify_windows, dead_letters, window_letters,
+                                        with_input_position)
 from stream.engine.readers import read_batches
 from stream.noise import NoiseKey
 from stream.schema import DeadLetterReason, WindowSpec
@@ -158,6 +160,29 @@ def test_window_letters_give_each_row_its_reason_window_and_input_position():
     assert letters[0]["detail"] == f"window {W0 - 1} was already charged"
     assert letters[1]["detail"] == f"window {W0 + 9} is outside the schedule {W0}..{W0 + 1}"
     assert json.loads(letters[0]["raw"]) == {"user_id": 7, "window_id": W0 - 1, "opened": 1.0}
+
+
+def _positioned(name: str, number: int, users: list[int], rows: list[int]) -> pa.Table:
+    table = pa.table({"user_id": pa.array(users, pa.int64()), "window_id": pa.array([W0] * len(users), pa.int64()),
+                      "opened": [1.0] * len(users)})
+    return with_input_position(table, source=number, name=name, row_index=np.array(rows))
+
+
+def test_a_dead_letter_names_its_rows_input_by_the_name_the_rows_carry():
+    rows = _positioned("in/day-1.parquet", 3, [7, 8], [4, 9])
+    classes = classify_windows(rows.column("window_id"), start_window=W0 + 1, end_window=W0 + 2)
+    letters = window_letters(rows.take([1, 0]), classes).to_pylist()  # a take keeps the names
+    assert [(r["source"], r["row_index"]) for r in letters] == [("in/day-1.parquet", 9), ("in/day-1.parquet", 4)]
+    assert json.loads(letters[0]["raw"]) == {"user_id": 8, "window_id": W0, "opened": 1.0}  # no position
+
+
+def test_a_duplicate_found_across_inputs_is_named_by_its_own_input_not_the_first_one():
+    # Arrow's concatenation of the two inputs' rows keeps the first table's schema metadata only.
+    first, later = _positioned("topic/0/17", 5, [7, 8], [0, 1]), _positioned("topic/1/3", 9, [8], [0])
+    kept, duplicates = in_event_time_order([first, later])
+    assert kept.column(SOURCE).to_pylist() == [5, 5]
+    assert [(r["source"], r["row_index"], r["reason"]) for r in duplicates.to_pylist()] == [
+        ("topic/1/3", 0, "duplicate_user_window")]
 
 
 # --------------------------------------------------------------------------- the same word in every job

@@ -693,6 +693,53 @@ def test_the_flink_options_file_parses_as_flink_runner_options():
     assert options.view_as(PortableOptions).environment_type in ("DOCKER", "EXTERNAL", "PROCESS")
 
 
+def _given_options(path: Path, *, command: str | None = None) -> list[str]:
+    """The ``--options`` a deployment file gives, comments left out; with ``command``, only those of
+    the command on the line holding it (through its continuation lines)."""
+    lines = [re.sub(r"(^|\s)#.*", "", line) for line in path.read_text().splitlines()]
+    if command is not None:
+        first = last = next(i for i, line in enumerate(lines) if command in line)
+        while lines[last].rstrip().endswith("\\"):
+            last += 1
+        lines = lines[first:last + 1]
+    return re.findall(r"(?<![\w-])--[A-Za-z][A-Za-z0-9_-]*", "\n".join(lines))
+
+
+#: Each deployment file, the command in it that launches a job (None: the whole file) and the job.
+DEPLOYED = [("deploy/flink/submit.sh", None, "pipelines.distributed"),
+            ("deploy/flink/submit-stream.sh", None, "pipelines.streaming"),
+            ("deploy/dataflow/launch.sh", "python -m pipelines.streaming", "pipelines.streaming"),
+            ("deploy/dataflow/main.py", None, "pipelines.distributed")]
+
+
+@pytest.mark.parametrize("script, command, job", DEPLOYED, ids=[d[0] for d in DEPLOYED])
+def test_every_option_a_deployment_file_gives_a_job_is_the_jobs_or_beams(script, command, job):
+    """The jobs refuse an option neither they nor Beam know (a typo would be dropped); what the
+    deployment files give must pass, the Flink checkpoint options included (the Flink scripts read
+    flink-options.txt, which gives ``--flink_submit_uber_jar``)."""
+    from importlib import import_module
+
+    from pipelines.beam.job_options import long_options, refuse_unknown_options
+
+    parser = import_module(f"{job}.job")._parser()
+    given = _given_options(ROOT / script, command=command)
+    if "flink" in script:
+        given += _given_options(ROOT / "deploy" / "flink" / "flink-options.txt")
+    ours = set(long_options(parser))
+    beams = [option for option in given if option not in ours]
+    assert beams and set(given) & ours  # the file gives both kinds
+    refuse_unknown_options(beams, ours, command=parser.prog)  # RunRefused naming the first unknown one
+
+
+def test_the_flink_checkpoint_options_are_refused_without_the_uber_jar_that_passes_them_on():
+    from pipelines.beam.job_options import RunRefused, refuse_unknown_options
+
+    flags = ["--runner=FlinkRunner", "--streaming", "--checkpointing_interval=60000"]
+    refuse_unknown_options(flags + ["--flink_submit_uber_jar"], [], command="python -m pipelines.streaming")
+    with pytest.raises(RunRefused, match="argument --checkpointing_interval: .*only with --flink_submit_uber_jar"):
+        refuse_unknown_options(flags, [], command="python -m pipelines.streaming")
+
+
 @pytest.mark.parametrize("script", ["deploy/dataflow/launch.sh", "deploy/flink/submit.sh"])
 def test_the_scripts_are_valid_bash_with_their_variables_on_top(script):
     path = ROOT / script

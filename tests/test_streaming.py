@@ -214,7 +214,7 @@ def test_a_late_row_is_dead_lettered_and_charges_nobody(tmp_path):
     late_row = tables[0].slice(0, 1)  # day 0's first row again, after day 0 was released
     late_user = late_row.column("user_id")[0].as_py()
     late = _stream(tmp_path, _daily_events(tables) + [("rows", late_row, _start(W0))], params, name="late")
-    assert late["dead"] == [("0", late_row.column("_row")[0].as_py(), "late_window")]
+    assert late["dead"] == [(files[0], late_row.column("_row")[0].as_py(), "late_window")]  # named by its file
     assert on_time["dead"] == []
     assert late["ledger"] == on_time["ledger"]  # nobody charged for it
     assert late["ledger"][late_user] == on_time["ledger"][late_user]
@@ -276,7 +276,7 @@ def test_rows_of_a_window_arriving_out_of_order_charge_as_in_event_time_order(tm
     events += [("watermark", _end(W0 + 1))]
     shuffled = _stream(tmp_path, events, params, name="shuffled")
     batch = _batch(tmp_path, files, params)
-    assert in_order["dead"] == shuffled["dead"] == batch["dead"] == [("2", 0, "duplicate_user_window")]
+    assert in_order["dead"] == shuffled["dead"] == batch["dead"] == [(files[2], 0, "duplicate_user_window")]
     _assert_same(in_order["ledger"], batch["ledger"])
     _assert_same(shuffled["ledger"], in_order["ledger"])
     _assert_same(shuffled["releases"], in_order["releases"])

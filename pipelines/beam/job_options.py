@@ -4,13 +4,16 @@ the shards and the window (:func:`add_ledger_options`, the same in ``renyi-strea
 launch options (:func:`add_promise_options`), parsing them, and the worker noise key's
 fingerprint. What a ledger keeps for life and how a run continues it is
 :class:`stream.engine.ledger_config.LedgerConfig`. Anything that would break a promise, or cannot
-be checked not to, is refused before launch (:class:`RunRefused`). Imports no Beam (the
-``renyi-stream`` command line parses with it)."""
+be checked not to, is refused before launch (:class:`RunRefused`), and so is an option neither
+the job nor Beam knows (:func:`refuse_unknown_options`, the one check of the three jobs). Imports
+no Beam at import time (the ``renyi-stream`` command line parses with it); the option check
+imports it when called."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Iterable, Sequence
 
 from stream.accounting import ACCOUNTINGS, DEFAULT_ACCOUNTING
 from stream.engine.ledger_config import DEFAULT_SHARDS
@@ -108,3 +111,66 @@ def add_promise_options(parser: argparse.ArgumentParser) -> None:
         help="Secret Manager version of the noise key (projects/P/secrets/S/versions/V), fetched by each worker")
     arg("--key-fingerprint", "--key_fingerprint", dest="key_fingerprint",
         help="the key's public fingerprint, when the launcher cannot (or should not) read the key")
+
+
+#: Options Beam's Python SDK does not declare but hands on by name to the runner, which the deploy
+#: scripts give (deploy/flink/submit-stream.sh): Java ``FlinkPipelineOptions``, read by Flink as
+#: ``checkpointingInterval`` etc. The FlinkRunner passes them on only with
+#: ``--flink_submit_uber_jar`` (it retains unknown options then); without it Beam drops them and
+#: a streaming job would run without checkpoints (deploy/README.md, "Streaming mode").
+FLINK_PASSED_ON = frozenset({"--checkpointing_interval", "--checkpointing_mode", "--min_pause_between_checkpoints",
+                             "--externalized_checkpoints_enabled", "--retain_externalized_checkpoints_on_cancellation",
+                             "--savepoint_path", "--allow_non_restored_state"})
+FLINK_UBER_JAR = "--flink_submit_uber_jar"
+
+
+def long_options(parser: argparse.ArgumentParser) -> list[str]:
+    """Every long option string of ``parser`` (``--norm-budget`` and its alias ``--norm_budget``)."""
+    return [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
+
+
+def beam_options() -> frozenset[str]:
+    """Every option string Beam's ``PipelineOptions`` parse (``--runner``, ``--no_use_public_ips``,
+    ``--worker_machine_type``, ...), as Beam's own parser holds them: aliases and negations
+    included, of every options class imported so far (the project's own, e.g.
+    :mod:`pipelines.beam.worker_key`, once imported). Imports Beam."""
+    import logging
+
+    root, level = logging.getLogger(), logging.getLogger().level
+    root.setLevel(logging.ERROR)  # Beam's GCP extras warn at import when their optional clients are absent
+    try:
+        from apache_beam.options.pipeline_options import PipelineOptions
+
+        parsers: list[argparse.ArgumentParser] = []
+        # Beam builds its parser afresh on every call; the hook is its public way to reach it.
+        PipelineOptions([]).get_all_options(add_extra_args_fn=parsers.append)
+    finally:
+        root.setLevel(level)
+    return frozenset(long_options(parsers[0]))
+
+
+def refuse_unknown_options(beam_args: Sequence[str], ours: Iterable[str], *, command: str) -> None:
+    """RunRefused naming the first option of ``beam_args`` (what ``command``'s own parser left for
+    Beam; ``ours``: its long options) that Beam does not parse either, with the closest known
+    option: a typo such as ``--polcy clip`` would otherwise only make Beam warn while the job ran
+    without it (under the default ``--policy``). :data:`FLINK_PASSED_ON` are accepted when
+    ``--flink_submit_uber_jar`` is given (the only case the runner hands them on), refused
+    otherwise. The same check for ``renyi-stream run``, ``python -m pipelines.distributed`` and
+    ``python -m pipelines.streaming``. Imports Beam."""
+    known = beam_options()
+    uber_jar = any(a == FLINK_UBER_JAR or a.startswith(FLINK_UBER_JAR + "=") for a in beam_args)
+    for token in beam_args:
+        if not token.startswith("--") or token == "--":
+            continue
+        option = token.split("=", 1)[0]
+        if option in known or (uber_jar and option in FLINK_PASSED_ON):
+            continue
+        if option in FLINK_PASSED_ON:
+            raise RunRefused(f"argument {option}: a Java FlinkPipelineOptions option, which Beam hands on to Flink "
+                             f"only with {FLINK_UBER_JAR}; without it the runner would drop it")
+        import difflib
+
+        candidates = sorted(set(ours) | known | FLINK_PASSED_ON)
+        close = difflib.get_close_matches(option, candidates, n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise RunRefused(f"argument {option}: not an option of {command} nor of Beam (a typo would be ignored){hint}")

@@ -41,7 +41,10 @@ from stream.engine.dead_letters import (
     dead_letters,
     rejected_letters,
     row_letters,
+    source_names,
     window_letters,
+    with_input_position,
+    with_source_names,
 )
 from stream.engine.readers import read_batches
 from stream.engine.sharding import shard_of
@@ -93,14 +96,14 @@ class ReadAndValidate(beam.DoFn):
                                      category_columns=self._categories, id_type=self._id_type)
             if checked.rejected.num_rows:
                 yield beam.pvalue.TaggedOutput("dead", rejected_letters(path, checked.rejected, offset=offset))
-            valid = checked.valid
-            rows = pa.array(np.flatnonzero(valid_mask(batch.num_rows, checked.rejected)) + offset, type=pa.int64())
-            valid = valid.append_column(SOURCE, pa.array([file_index] * valid.num_rows, type=pa.int64()))
-            valid = valid.append_column(ROW, rows)
+            # The input's index orders its rows against other inputs' (invariant 2); its path names
+            # them in any dead letter, whichever step writes it.
+            valid = with_input_position(checked.valid, source=file_index, name=path,
+                                        row_index=np.flatnonzero(valid_mask(batch.num_rows, checked.rejected)) + offset)
             classes = classify_windows(valid.column(WINDOW_ID), start_window=self._start, end_window=self._end,
                                        charged=self._released)
             if not classes.all_kept:
-                yield beam.pvalue.TaggedOutput("dead", window_letters(valid, classes, source=path))
+                yield beam.pvalue.TaggedOutput("dead", window_letters(valid, classes))
                 valid = valid.filter(pa.array(classes.keep))
             if valid.num_rows:
                 yield valid
@@ -286,7 +289,8 @@ def in_event_time_order(parts: list[pa.Table]) -> tuple[pa.Table | None, pa.Tabl
     ``(None, None)`` when nothing is buffered."""
     if not parts:
         return None, None
-    data = pa.concat_tables(parts, promote_options="default")
+    # The concatenation keeps the first part's inputs' names only: every part's, for the dead letters.
+    data = with_source_names(pa.concat_tables(parts, promote_options="default"), source_names(parts))
     order = event_time_order(data)
     if order is not None:
         data = data.take(pa.array(order))

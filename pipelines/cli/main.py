@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from pipelines.beam.job_options import add_ledger_options
+from pipelines.beam.job_options import RunRefused, add_ledger_options, refuse_unknown_options
 from pipelines.cli.errors import PROG, name_the_option, record_option_names
 from pipelines.cli.queries import add_query_subcommands
 from pipelines.cli.training import add_train_subcommand
@@ -135,7 +135,10 @@ def _run_command(args: argparse.Namespace) -> int:
         raise _UsageError(f"--strategy applies only to --release running, got --strategy {args.strategy} "
                           f"with --release {args.release}")
     beam_args = list(args.beam_args)
-    _refuse_unknown_beam_options(beam_args, args.option_names)
+    try:
+        refuse_unknown_options(beam_args, args.option_names.values(), command="run")
+    except RunRefused as exc:
+        raise _UsageError(str(exc)) from None
     if not any(a.startswith("--runner") for a in beam_args):
         beam_args.append(f"--runner={args.runner}")
         if args.runner == "DirectRunner" and not any(a.startswith("--direct_running_mode") for a in beam_args):
@@ -201,32 +204,6 @@ def _sql_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _refuse_unknown_beam_options(beam_args: Sequence[str], run_options: dict[str, str]) -> None:
-    """Options ``run`` does not know go to Beam; one Beam does not know either is a typo
-    (``--polcy clip``) that Beam would only warn about while the run went on without it."""
-    import logging
-
-    root, level = logging.getLogger(), logging.getLogger().level
-    root.setLevel(logging.ERROR)  # Beam's GCP extras warn at import when their optional clients are absent
-    try:
-        from apache_beam.options.pipeline_options import PipelineOptions
-
-        known = set(PipelineOptions([]).get_all_options())
-    finally:
-        root.setLevel(level)
-    ours = set(run_options.values())
-    for token in beam_args:
-        if not token.startswith("--"):
-            continue
-        name = token[2:].split("=", 1)[0]
-        if name.replace("-", "_") not in known:
-            import difflib
-
-            close = difflib.get_close_matches(f"--{name}", sorted(ours | {f"--{k}" for k in known}), n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise _UsageError(f"argument --{name}: not an option of run nor of Beam (a typo would be ignored){hint}")
-
-
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -254,7 +231,7 @@ def _build_parser() -> argparse.ArgumentParser:
         help="run the daily job: input files -> individual filter -> noisy releases in DuckDB",
         description="Charge each user's contributions against their individual budget and release "
         "noisy per-window sums of every numeric column for every window from --start to --end. "
-        "Unknown options are passed to Beam (e.g. --direct_num_workers=2).",
+        "Other options are passed to Beam (e.g. --direct_num_workers=2); one Beam does not know either is refused.",
     )
     run.add_argument("--input", nargs="+", required=True, help="Parquet, Arrow IPC or CSV files")
     run.add_argument("--store", required=True, help="the public release store (DuckDB file)")

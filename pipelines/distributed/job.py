@@ -99,8 +99,8 @@ try:
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
     from pipelines.beam import transforms as tx
-    from pipelines.beam.job_options import (RunRefused, add_promise_options, key_fingerprint, parse_day,
-                                            window_seconds)
+    from pipelines.beam.job_options import (RunRefused, add_promise_options, key_fingerprint, long_options, parse_day,
+                                            refuse_unknown_options, window_seconds)
     from pipelines.beam.object_store import (absolute, is_uri, join, read_json, read_parquet, refuse_if_shared_file,
                                              release_windows_present, write_json)
     from pipelines.beam import worker_key
@@ -722,7 +722,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.distributed", allow_abbrev=False,
         description="The daily job on a distributed Beam runner: ledger snapshots and releases as Parquet in "
-                    "object storage. Unknown options go to Beam (--runner, --project, --flink_master, ...).")
+                    "object storage. Other options go to Beam (--runner, --project, --flink_master, ...); "
+                    "one Beam does not know either is refused.")
     arg = parser.add_argument
     arg("--input", nargs="+", required=True,
         help="input files or globs (gs://, s3://, local), space- or comma-separated")
@@ -734,6 +735,19 @@ def _parser() -> argparse.ArgumentParser:
     arg("--wait", action="store_true", help="wait for the job and print its totals (always on the DirectRunner)")
     arg("--quiet", action="store_true", help="print no exact counts (they stay in the curator's --output)")
     return parser
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """``(job arguments, Beam arguments)`` of ``argv``. Exits with status 2 and a message naming the
+    option (argparse's ``error``) when an option is neither this job's nor Beam's
+    (:func:`pipelines.beam.job_options.refuse_unknown_options`): a typo would run the job without it."""
+    parser = _parser()
+    args, beam_args = parser.parse_known_args(list(argv))
+    try:
+        refuse_unknown_options(beam_args, long_options(parser), command=parser.prog)
+    except RunRefused as exc:
+        parser.error(str(exc))
+    return args, list(beam_args)
 
 
 def pipeline_options(plan: RunPlan, args: argparse.Namespace, beam_args: Sequence[str]) -> PipelineOptions:
@@ -753,7 +767,7 @@ def _is_direct(options: PipelineOptions) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
-    args, beam_args = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    args, beam_args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.getLogger().setLevel(logging.ERROR)  # Beam's GCP extras warn about optional clients
     logging.getLogger(__name__).setLevel(logging.INFO)
     try:

@@ -29,6 +29,14 @@ Sources (exactly one):
 * ``--replay FILE...``: files, each one message, for a local run or a replay; a file's name is
   its path.
 
+Which of two rows of one user and window counts (the other is dead-lettered
+``duplicate_user_window``): the first in event-time order, (window, the message's number, row in
+it), invariant 2 (charge-in-event-time-order, docs/architecture.md). A replayed file's number is
+its place in ``--replay``, as the batch jobs number their inputs, so a replay keeps the row the
+batch jobs keep; a Pub/Sub or Kafka message's is a hash of its name (:func:`_source_number`), a
+stable identity: the row kept depends on the two messages only, never on the order they arrive
+in, and is the same on every retry and replay. Every dead letter names its message by its name.
+
 A message's payload (a Kafka record's value) is one **Arrow IPC stream** of indicator rows
 (``user_id``, ``day`` or ``event_time``, the ``--columns``), as ``pyarrow.ipc.new_stream``
 writes it (:func:`encode_message`). Its element timestamp must not be later than any of its rows'
@@ -162,7 +170,7 @@ try:
     from pipelines.streaming.releases import StreamingReleases
 finally:
     _root.setLevel(_level)
-from stream.engine.dead_letters import DeadLetterReason, dead_letters, rejected_letters
+from stream.engine.dead_letters import DeadLetterReason, dead_letters, rejected_letters, with_input_position
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
 from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
 from queries.linear import default_queries
@@ -209,8 +217,23 @@ def _message_parts(element: Any) -> tuple[str, bytes]:
 
 
 def _source_number(name: str) -> int:
-    """A stable int64 for a message name: the tie-break of rows in one window (input position)."""
+    """A message's number from its name (a Pub/Sub message id, a Kafka ``topic/partition/offset``):
+    the first 63 bits of its SHA-256. Rows of one (user, window) from two messages are taken in
+    the order (window, this number, row), so which one counts depends on the two messages only,
+    never on the order they arrive in, and is the same on every retry, restore and replay of them
+    (invariant 2 (charge-in-event-time-order, docs/architecture.md)). A replay numbers its files by
+    their order in ``--replay`` instead, as the batch jobs number their inputs (:func:`replay_numbers`)."""
     return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "big") >> 1
+
+
+def replay_numbers(paths: Sequence[str]) -> dict[str, int]:
+    """``path -> its index in --replay`` (a path given twice keeps its first): the number of each
+    replayed file's rows, so that of two rows of one (user, window) the one replayed first counts,
+    as the batch jobs keep their first input's."""
+    numbers: dict[str, int] = {}
+    for index, path in enumerate(paths):
+        numbers.setdefault(str(path), index)
+    return numbers
 
 
 # --- Kafka: everything but the cross-language read is plain Python -------------------------------
@@ -333,10 +356,15 @@ class DecodeAndValidate(beam.DoFn):
     and dead letters (tag ``dead``), so that every row of every message is one or the other.
 
     With ``stamp`` the output is timestamped at its earliest window's start (replayed files
-    carry no event time of their own); otherwise it keeps the source's timestamp."""
+    carry no event time of their own); otherwise it keeps the source's timestamp. A message's rows
+    are numbered (:data:`stream.engine.dead_letters.SOURCE`) by ``numbers`` (a replayed file: its
+    index in ``--replay``, :func:`replay_numbers`), else by :func:`_source_number` of its name, and
+    carry its name for their dead letters."""
 
     def __init__(self, *, window: WindowSpec, indicator_columns: Sequence[str], stamp: bool = False,
-                 id_type: str = ID_TYPE, category_columns: Sequence[str] = ()) -> None:
+                 id_type: str = ID_TYPE, category_columns: Sequence[str] = (),
+                 numbers: dict[str, int] | None = None) -> None:
+        self._numbers = dict(numbers or {})
         self._window = window
         self._id_type = id_type  # the ledger's: a message's ids are parsed as it, row by row
         self._columns = list(indicator_columns)
@@ -365,9 +393,9 @@ class DecodeAndValidate(beam.DoFn):
         valid = checked.valid
         if not valid.num_rows:
             return
-        rows = pa.array(np.flatnonzero(tx.valid_mask(table.num_rows, checked.rejected)), type=pa.int64())
-        valid = valid.append_column(tx.SOURCE, pa.array([_source_number(name)] * valid.num_rows, type=pa.int64()))
-        valid = valid.append_column(tx.ROW, rows)
+        number = self._numbers[name] if name in self._numbers else _source_number(name)
+        valid = with_input_position(valid, source=number, name=name,
+                                    row_index=np.flatnonzero(tx.valid_mask(table.num_rows, checked.rejected)))
         if self._stamp:
             first = int(pc.min(valid.column(WINDOW_ID)).as_py())
             yield TimestampedValue(valid, self._window.window_start_seconds(first))
@@ -492,8 +520,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipelines.streaming", allow_abbrev=False,
         description="The individual filter on an unbounded stream: Pub/Sub messages or Kafka records (Arrow IPC "
-                    "batches) in, Parquet releases per window out. Unknown options go to Beam (--runner, "
-                    "--streaming, ...).")
+                    "batches) in, Parquet releases per window out. Other options go to Beam (--runner, "
+                    "--streaming, ...); one Beam does not know either is refused.")
     arg = parser.add_argument
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--subscription", help="Pub/Sub subscription (projects/P/subscriptions/S); Dataflow only")
@@ -554,12 +582,15 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     """``(job arguments, Beam arguments)`` of ``argv``. Exits with status 2 and a message naming
     the options (argparse's ``error``) when the source options do not fit together: two sources
     (``--kafka-topic`` with ``--subscription`` or ``--replay``), ``--kafka-topic`` without
-    ``--bootstrap-servers``, a malformed Kafka option, or a Kafka option without ``--kafka-topic``."""
+    ``--bootstrap-servers``, a malformed Kafka option, a Kafka option without ``--kafka-topic``, or
+    an option neither this job's nor Beam's (:func:`pipelines.beam.job_options.refuse_unknown_options`:
+    a typo would run the job without it)."""
     parser = _parser()
     args, beam_args = parser.parse_known_args(list(argv))
     try:
+        launch.refuse_unknown_options(beam_args, launch.long_options(parser), command=parser.prog)
         _check_source(args)
-    except ValueError as exc:
+    except (ValueError, launch.RunRefused) as exc:
         parser.error(str(exc))
     return args, list(beam_args)
 
@@ -943,7 +974,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     stamp = not (args.subscription or args.kafka_topic)  # files carry no event time; the sources do
     decoded = messages | "DecodeAndValidate" >> beam.ParDo(
         DecodeAndValidate(window=spec, indicator_columns=indicators, stamp=stamp, id_type=id_type,
-                          category_columns=categories)
+                          category_columns=categories, numbers=replay_numbers(args.replay or ()))
     ).with_outputs("dead", "read", main="valid")
     out = StreamingReleases(
         window=spec, start_window=start, end_window=end, plan=plan, indicator_columns=indicators,

@@ -24,6 +24,13 @@ means). Where each reason comes from, the same word in all three jobs for the sa
 * ``undecodable_message``: a streaming message that does not decode or fails the schema as a
   whole, one dead letter for the message (``pipelines.streaming.job.DecodeAndValidate``).
 
+Every dead letter names its input the same way in all three jobs: the file path or the message
+name (a Pub/Sub message id, a Kafka ``topic/partition/offset``, a replayed file's path). Rows that
+pass validation carry their input's number (:data:`SOURCE`, the tie-break of the event-time
+order) and, in their schema metadata, the number's name (:data:`SOURCE_NAMES`,
+:func:`with_input_position`), so the steps that dead-letter them later (the window rule, the
+duplicate rule in either filter) name the input without a column per row.
+
 Dead letters hold exact rows: curator only (invariant 4 (nothing-pre-noise-leaves,
 docs/architecture.md)). Beam-free: the jobs' DoFns call these functions.
 """
@@ -44,6 +51,7 @@ __all__ = [
     "DEAD_LETTER_SCHEMA",
     "ROW",
     "SOURCE",
+    "SOURCE_NAMES",
     "DeadLetterReason",
     "WindowClasses",
     "classify_windows",
@@ -51,19 +59,29 @@ __all__ = [
     "raw_json",
     "rejected_letters",
     "row_letters",
+    "source_names",
     "window_letters",
+    "with_input_position",
+    "with_source_names",
 ]
 
-#: The columns of a validated row's input position, ``(source, row)``: the file index or message
-#: number, and the row's index in it. The deterministic tie-break of the event-time order
+#: The columns of a validated row's input position, ``(source, row)``: the input's number (a batch
+#: job's file index, a replayed file's index in ``--replay``, a streaming message's number from its
+#: name) and the row's index in it. The deterministic tie-break of the event-time order
 #: (invariant 2) and the ``row_index`` of the row's dead letter.
 SOURCE = "_source"
 ROW = "_row"
+#: The schema-metadata key under which validated rows carry their inputs' names, JSON
+#: ``{"<source number>": "<name>"}`` (a file path, a message name): whichever step dead-letters a
+#: row (the reader, either filter) names its input by it, with no column per row. Take, filter,
+#: slices and Arrow IPC keep it; :func:`with_source_names` puts it back on a concatenation.
+SOURCE_NAMES = b"renyi_stream.source_names"
 
-#: Every job's dead-letter rows: where the row came from (a file path, a message name, or a
-#: validated row's source number as text), its row index there (-1 for a whole CSV line or
-#: message), the :class:`stream.schema.DeadLetterReason` value, a human-readable detail, and
-#: the row itself (JSON, or the CSV line, or the message's first bytes in hex) for replay.
+#: Every job's dead-letter rows: where the row came from (a file path or a message name; a
+#: validated row's source number as text only for rows that carry no name), its row index there
+#: (-1 for a whole CSV line or message), the :class:`stream.schema.DeadLetterReason` value, a
+#: human-readable detail, and the row itself (JSON, or the CSV line, or the message's first bytes
+#: in hex) for replay.
 DEAD_LETTER_SCHEMA = pa.schema([
     ("source", pa.string()), ("row_index", pa.int64()), ("reason", pa.string()),
     ("detail", pa.string()), ("raw", pa.string()),
@@ -135,14 +153,57 @@ def raw_json(rows: pa.Table) -> pa.Array:
     return pa.array([json.dumps(r, default=str) for r in rows.to_pylist()], type=pa.string())
 
 
-def row_letters(rows: pa.Table, reason: DeadLetterReason, *, detail: str | Sequence[str] | pa.Array,
-                source: str | None = None) -> pa.Table:
+def with_input_position(rows: pa.Table, *, source: int, name: str, row_index: Any) -> pa.Table:
+    """``rows``, the validated rows of one input, with their input position: :data:`SOURCE`
+    ``source`` (the input's number), :data:`ROW` ``row_index`` (each row's index in the input, one
+    per row) and the input's ``name`` (its path or message name) under :data:`SOURCE_NAMES`.
+    What the batch jobs' reader and the streaming job's decoder give every valid row."""
+    positioned = rows.append_column(SOURCE, pa.array(np.full(rows.num_rows, int(source), dtype=np.int64)))
+    positioned = positioned.append_column(ROW, _column(row_index, rows.num_rows, pa.int64()))
+    return with_source_names(positioned, {int(source): str(name)})
+
+
+def source_names(tables: Iterable[pa.Table]) -> dict[int, str]:
+    """``source number -> name`` of every input the rows of ``tables`` carry (:data:`SOURCE_NAMES`);
+    one entry per input, read once per table, never per row."""
+    names: dict[int, str] = {}
+    for table in tables:
+        text = (table.schema.metadata or {}).get(SOURCE_NAMES)
+        if text:
+            names.update((int(number), name) for number, name in json.loads(text).items())
+    return names
+
+
+def with_source_names(table: pa.Table, names: dict[int, str]) -> pa.Table:
+    """``table`` carrying ``names`` (``source number -> name``) under :data:`SOURCE_NAMES`, its
+    other schema metadata kept: for a concatenation of positioned tables, whose schema keeps only
+    the first table's metadata."""
+    metadata = {k: v for k, v in (table.schema.metadata or {}).items() if k != SOURCE_NAMES}
+    if names:
+        metadata[SOURCE_NAMES] = json.dumps({str(k): v for k, v in sorted(names.items())}).encode()
+    return table.replace_schema_metadata(metadata or None)
+
+
+def _named_sources(rows: pa.Table) -> pa.Array:
+    """Each row's input name from :data:`SOURCE_NAMES` (vectorised: one lookup per distinct
+    input), its :data:`SOURCE` number as text where ``rows`` carries no name for it."""
+    numbers = rows.column(SOURCE).combine_chunks().cast(pa.int64())
+    names = source_names([rows])
+    as_text = pc.cast(numbers, pa.string())
+    if not names:
+        return as_text
+    index = pc.index_in(numbers, value_set=pa.array(list(names), type=pa.int64()))
+    return pc.coalesce(pc.take(pa.array(list(names.values()), type=pa.string()), index), as_text)
+
+
+def row_letters(rows: pa.Table, reason: DeadLetterReason, *, detail: str | Sequence[str] | pa.Array) -> pa.Table:
     """Dead letters for validated ``rows`` (with their :data:`SOURCE`/:data:`ROW` input position):
-    ``row_index`` is the row's index in its source, ``source`` the given one (a file path) or,
-    when None, each row's source number as text; ``raw`` is the row without its input position."""
+    ``source`` is each row's input name (:data:`SOURCE_NAMES`: the file path or message name, the
+    same in every job; the source number as text for rows that carry none), ``row_index`` the
+    row's index there, ``raw`` the row without its input position."""
     position = [c for c in (SOURCE, ROW) if c in rows.column_names]
-    return dead_letters(reason, source=rows.column(SOURCE) if source is None else source,
-                        row_index=rows.column(ROW), detail=detail, raw=raw_json(rows.drop_columns(position)))
+    return dead_letters(reason, source=_named_sources(rows), row_index=rows.column(ROW), detail=detail,
+                        raw=raw_json(rows.drop_columns(position)))
 
 
 @dataclass(frozen=True)
@@ -199,14 +260,14 @@ def classify_windows(window_ids: Any, *, start_window: int, end_window: int, cha
     return WindowClasses(late=late, out_of_schedule=out_of_schedule, start_window=start, end_window=end)
 
 
-def window_letters(rows: pa.Table, classes: WindowClasses, *, source: str | None = None) -> pa.Table:
+def window_letters(rows: pa.Table, classes: WindowClasses) -> pa.Table:
     """Dead letters for the rows of ``rows`` that ``classes`` (of the same rows) does not keep,
-    each with its reason and its window in the detail; ``source`` as :func:`row_letters`."""
+    each with its reason and its window in the detail, named as :func:`row_letters` names them."""
     parts = [DEAD_LETTER_SCHEMA.empty_table()]
     for reason, mask in classes.reasons():
         dead = rows.filter(pa.array(mask))
         what = ("was already charged" if reason is DeadLetterReason.LATE_WINDOW
                 else f"is outside the schedule {classes.start_window}..{classes.end_window}")
         detail = pc.binary_join_element_wise("window ", pc.cast(dead.column(WINDOW_ID), pa.string()), f" {what}", "")
-        parts.append(row_letters(dead, reason, detail=detail, source=source))
+        parts.append(row_letters(dead, reason, detail=detail))
     return pa.concat_tables(parts)

@@ -12,11 +12,13 @@ declarations, so:
   which fails: declare it;
 * a declaration without the feature fails its tests outright.
 
-What a job cannot be asked at all (the distributed and streaming jobs take no registered query
-or retirement: no option, no registry; run anyway they answer the default per-column window sums
-only, silently less than the scenario asks) raises :class:`Unasked` naming it, so the test fails
-(xfails, while the feature is not declared) without spending a run on it. When such a job gains
-the option, pass the step's changes in :meth:`JobAdapter.ask` and declare the feature.
+The analysts' query changes of a step are made before its run through the job's catalogue, as
+``renyi-stream query add|retire`` makes them (:func:`ask_catalogue`): the daily job's DuckDB
+registry (``--store``), the distributed and streaming jobs' catalogue beside their release root
+(``--releases-parquet``, :mod:`queries.catalogue`). A running total is registered there too, as a
+catalogue written by a later version could hold one (the command line refuses ``--kind running``
+with ``--releases-parquet``): the jobs that do not offer running totals must refuse it at launch,
+by name.
 """
 
 from __future__ import annotations
@@ -37,16 +39,21 @@ from .crash import run_killed_at
 from .outcome import Outcome, RunBooks, read_release_files, reasons_of
 
 
-class Unasked(AssertionError):
-    """The job offers no way to ask what the scenario asks (no option, no registry)."""
-
-
 @dataclass(frozen=True)
 class Ran:
     """A run's exit status and what it wrote to stderr."""
 
     code: int
     err: str
+
+
+class RunFailed(AssertionError):
+    """A step's run exited with a non-zero status: the ``step`` and how it ended (``ran``)."""
+
+    def __init__(self, job: str, step: sc.Step, ran: Ran) -> None:
+        super().__init__(f"{job} failed on days {step.first_day}-{step.last_day} (exit status {ran.code}): "
+                         f"{ran.err[-3000:]}")
+        self.step, self.ran = step, ran
 
 
 class JobAdapter:
@@ -69,8 +76,6 @@ class JobAdapter:
         self.key_path = key_path
         self.inputs = inputs
         self.public = self.root / "public"
-        for step in scenario.steps:  # before any run: a scenario the job cannot be asked costs nothing
-            self.refuse_unaskable(step)
 
     # --- what each job defines --------------------------------------------------------------------
 
@@ -83,17 +88,13 @@ class JobAdapter:
         raise NotImplementedError
 
     def ask(self, step: sc.Step) -> None:
-        """Make the analysts' query changes of ``step`` the job's way, before its run."""
-        self.refuse_unaskable(step)
+        """Make the analysts' query changes of ``step`` before its run: here through the query
+        catalogue beside the release root (:class:`queries.catalogue.ReleaseCatalogue`), which the
+        distributed and streaming jobs answer."""
+        if step.register or step.retire:
+            from queries.catalogue import ReleaseCatalogue
 
-    def refuse_unaskable(self, step: sc.Step) -> None:
-        """:class:`Unasked` when the job has no way to take ``step``'s query changes; here: it has
-        none (the distributed and streaming jobs answer the default per-column window sums only)."""
-        wanted = [f"register query {q.query_id!r} ({q.kind}) from window {sc.window(day)}" for q, day in step.register]
-        wanted += [f"retire query {query_id!r} from window {sc.window(day)}" for query_id, day in step.retire]
-        if wanted:
-            raise Unasked(f"the {self.name} job has no way to {'; '.join(wanted)} (no option, no query registry): "
-                          "it answers the default per-column window sums only")
+            ask_catalogue(ReleaseCatalogue(str(self.public)), step)
 
     def committed(self, step: sc.Step) -> None:
         """Record that ``step``'s run finished (where its outputs are, for the next run)."""
@@ -131,9 +132,10 @@ class JobAdapter:
         return Ran(int(code), err.getvalue())
 
     def run(self, step: sc.Step) -> None:
-        """Run ``step``; it must succeed with balanced books (exit status 0)."""
+        """Run ``step``; it must succeed with balanced books (exit status 0), else :class:`RunFailed`."""
         ran = self.attempt(step)
-        assert ran.code == 0, f"{self.name} failed on days {step.first_day}-{step.last_day}: {ran.err[-3000:]}"
+        if ran.code != 0:
+            raise RunFailed(self.name, step, ran)
         self.committed(step)
 
     def crash(self, step: sc.Step, point: str) -> None:
@@ -141,6 +143,19 @@ class JobAdapter:
         self.ask(step)
         result = run_killed_at(point, ["-m", self.module, *self.argv(step)])
         assert result.returncode == -9, f"{self.name} did not die at {point}: {result.stderr[-3000:]}"
+
+
+def ask_catalogue(catalogue, step: sc.Step) -> None:
+    """Register and retire ``step``'s queries in ``catalogue`` (a
+    :class:`queries.registry.QueryRegistry` or :class:`queries.catalogue.ReleaseCatalogue`: the
+    same calls and rules), each once: a re-run after a crash asks again."""
+    listed = {row["query_id"]: row for row in catalogue.list().to_pylist()}
+    for query, day in step.register:
+        if query.query_id not in listed:
+            catalogue.add(query, effective_from=sc.window(day))
+    for query_id, day in step.retire:
+        if listed[query_id]["retired_from"] is None:
+            catalogue.retire(query_id, from_window=sc.window(day))
 
 
 def _query(path: Path, sql: str) -> list[tuple]:
@@ -185,23 +200,13 @@ class DailyJob(JobAdapter):
 
         return main(argv)
 
-    def refuse_unaskable(self, step: sc.Step) -> None:
-        """Every change can be asked: through the store's query registry."""
-
     def ask(self, step: sc.Step) -> None:
-        """Through the query registry of the release store (``renyi-stream query add|retire``)."""
-        if not (step.register or step.retire):
-            return
-        from queries.registry import QueryRegistry
+        """Through the query registry of the release store (``renyi-stream query add|retire --store``)."""
+        if step.register or step.retire:
+            from queries.registry import QueryRegistry
 
-        with QueryRegistry(str(self.store)) as registry:
-            listed = {row["query_id"]: row for row in registry.list().to_pylist()}  # a re-run asks again
-            for query, day in step.register:
-                if query.query_id not in listed:
-                    registry.add(query, effective_from=sc.window(day))
-            for query_id, day in step.retire:
-                if listed[query_id]["retired_from"] is None:
-                    registry.retire(query_id, from_window=sc.window(day))
+            with QueryRegistry(str(self.store)) as registry:
+                ask_catalogue(registry, step)
 
     def store_releases(self) -> tuple[dict, ...]:
         """The release store's rows (the daily job's public DuckDB store), as the release files'."""
@@ -230,8 +235,8 @@ class DistributedJob(JobAdapter):
 
     name = "distributed"
     module = "pipelines.distributed"
-    supports = sc.FEATURES - {sc.REGISTERED_QUERIES, sc.RETIRED_QUERIES, sc.RUNNING_TOTALS,
-                              sc.REFUSES_UNKNOWN_OPTIONS}
+    # Running totals: refused at launch by name (queries.registration.refuse_running).
+    supports = sc.FEATURES - {sc.RUNNING_TOTALS}
     # while_reading is in the read step both batch jobs share (pipelines.beam.transforms.ReadAndValidate).
     crash_points = ("while_reading", "distributed_before_commit", "distributed_before_promote",
                     "distributed_after_claim")
@@ -293,10 +298,8 @@ class StreamingJob(JobAdapter):
 
     name = "streaming"
     module = "pipelines.streaming"
-    # Rows of one window from two messages are ordered by a hash of the messages' names
-    # (pipelines.streaming.job._source_number), not by their order in --replay.
-    supports = sc.FEATURES - {sc.DUPLICATES_ACROSS_INPUTS, sc.REGISTERED_QUERIES, sc.RETIRED_QUERIES,
-                              sc.RUNNING_TOTALS, sc.CRASH_RECOVERY, sc.REFUSES_UNKNOWN_OPTIONS}
+    # Running totals: refused at launch by name (queries.registration.refuse_running).
+    supports = sc.FEATURES - {sc.RUNNING_TOTALS, sc.CRASH_RECOVERY}
     crash_points = ()  # stream.faults.crash_point is called nowhere on its path (no outbox)
 
     def __init__(self, *args, **kwargs) -> None:

@@ -10,7 +10,7 @@ import pytest
 from stream.noise import NoiseKey
 
 from . import scenario as sc
-from .adapters import JOBS, JobAdapter
+from .adapters import JOBS, JobAdapter, RunFailed
 from .outcome import Outcome
 
 
@@ -22,9 +22,10 @@ def write_inputs(folder: Path, scenario: sc.Scenario) -> dict[str, str]:
 
 def names_a_hash_would_order_the_other_way(folder: Path) -> tuple[str, str]:
     """Two input names in input order whose paths under ``folder`` a hash of the name orders the
-    other way round (the streaming job orders the messages of one window by such a hash today,
-    ``pipelines.streaming.job._source_number``): a job that breaks ties between inputs by it keeps
-    the second input's row. Any pair once no such hash exists."""
+    other way round (the streaming job numbers Pub/Sub and Kafka messages by such a hash,
+    ``pipelines.streaming.job._source_number``, and must number replayed files by their order): a
+    job that breaks ties between inputs by it keeps the second input's row. Any pair once no such
+    hash exists."""
     from pipelines.streaming import job as streaming
 
     number = getattr(streaming, "_source_number", None)
@@ -68,6 +69,15 @@ class CleanRuns:
         """The adapter that made ``job``'s uninterrupted run of scenario ``name`` (its files)."""
         self.after_each_step(job, name)
         return self._adapters[(job, name)]
+
+    def failed(self, job: str, name: str) -> tuple[RunFailed, JobAdapter]:
+        """How ``job``'s uninterrupted run of scenario ``name`` failed, and the adapter (its files as
+        the failed run left them). AssertionError when every step succeeded."""
+        try:
+            self.after_each_step(job, name)
+        except RunFailed as exc:
+            return exc, self._adapters[(job, name)]
+        raise AssertionError(f"the {job} job ran every step of scenario {name}")
 
     def after_each_step(self, job: str, name: str) -> list[Outcome]:
         """The outcome after each step of ``job``'s uninterrupted run of scenario ``name``."""
