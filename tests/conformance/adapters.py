@@ -232,10 +232,12 @@ class DistributedJob(JobAdapter):
     module = "pipelines.distributed"
     supports = sc.FEATURES - {sc.REGISTERED_QUERIES, sc.RETIRED_QUERIES, sc.RUNNING_TOTALS,
                               sc.REFUSES_UNKNOWN_OPTIONS}
-    # while_reading is in the read step both batch jobs share (pipelines.beam.transforms.ReadAndValidate).
+    # while_reading is in the read step both batch jobs share (pipelines.beam.transforms.ReadAndValidate);
+    # during_publish and after_publish in the publication rule all jobs share (stream.engine.publication).
     crash_points = ("while_reading", "distributed_before_commit", "distributed_before_promote",
-                    "distributed_after_claim")
-    committed_at = frozenset({"distributed_before_promote", "distributed_after_claim"})
+                    "distributed_after_claim", "during_publish", "after_publish")
+    committed_at = frozenset({"distributed_before_promote", "distributed_after_claim", "during_publish",
+                              "after_publish"})
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
