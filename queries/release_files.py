@@ -94,6 +94,14 @@ def released_windows(root: str) -> set[int]:
     return {w for w, info in zip(windows, present) if info.type == pafs.FileType.File}
 
 
+def release_file_table(rows: pa.Table | Sequence[dict[str, Any]]) -> pa.Table:
+    """What a window's release file holds: ``rows`` (:data:`RELEASE_SCHEMA`) sorted by
+    ``(query_id, coordinate)``, without ``window_id`` (the folder names it)."""
+    table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), schema=RELEASE_SCHEMA)
+    table = table.select(RELEASE_SCHEMA.names).cast(RELEASE_SCHEMA)
+    return table.sort_by([("query_id", "ascending"), ("coordinate", "ascending")]).drop_columns(["window_id"])
+
+
 def write_release_file(root: str, window: int, rows: pa.Table | Sequence[dict[str, Any]]) -> str | None:
     """Write window ``window``'s release rows (:data:`RELEASE_SCHEMA`, ``window_id`` implied by the
     folder) under ``root``, sorted by ``(query_id, coordinate)``. Returns the file written, or
@@ -101,10 +109,7 @@ def write_release_file(root: str, window: int, rows: pa.Table | Sequence[dict[st
     for concurrent writers too: exactly one of them gets the path). ``root`` is a local path or
     any URI ``pyarrow.fs`` understands (``gs://``, ``s3://``)."""
     def write(fs: pafs.FileSystem, scratch: str) -> None:
-        table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), schema=RELEASE_SCHEMA)
-        table = table.select(RELEASE_SCHEMA.names).cast(RELEASE_SCHEMA)
-        table = table.sort_by([("query_id", "ascending"), ("coordinate", "ascending")]).drop_columns(["window_id"])
-        pq.write_table(table, scratch, filesystem=fs)
+        pq.write_table(release_file_table(rows), scratch, filesystem=fs)
 
     if not create_once(root, f"window_id={int(window)}/{FILE_NAME}", write):
         return None

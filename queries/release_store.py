@@ -342,6 +342,39 @@ class ReleaseStore:
         return self._publish(releases, by_window=True, before_window=before_window, after_window=after_window,
                              ledger_id=ledger_id)
 
+    def check_publishable(self, releases: pa.Table, *, ledger_id: str | None = None) -> None:
+        """Every check :meth:`publish` makes before it inserts, inserting nothing: ValueError for
+        malformed ``releases``, :class:`ReleaseConflictError` for another ledger, another noise
+        key or a row differing from a released one (first write wins). The daily job calls it on
+        every committed window before it publishes the first (``stream.engine.publication``)."""
+        table = _validate(releases)
+        if table.num_rows == 0:
+            return
+        self._check_batch(table, ledger_id)
+        self._conn.register(_INCOMING, table)
+        try:
+            self._refuse_conflicts()
+        finally:
+            self._conn.unregister(_INCOMING)
+
+    def _check_batch(self, table: pa.Table, ledger_id: str | None) -> tuple[str, str | None]:
+        """``(the batch's key fingerprint, the store's or None)``, after refusing another ledger,
+        a batch of several keys or a key other than the store's."""
+        if ledger_id is not None:
+            self.check_ledger(ledger_id)
+        fingerprints = sorted(pc.unique(table.column("key_fingerprint")).to_pylist())
+        if len(fingerprints) != 1:
+            raise ReleaseConflictError(
+                f"releases carry several noise key fingerprints {fingerprints}; one batch comes from one key")
+        fingerprint = fingerprints[0]
+        stored = self._meta("key_fingerprint")
+        if stored is not None and stored != fingerprint:
+            raise ReleaseConflictError(
+                f"release store {self._path} holds releases made with noise key {stored}; these releases "
+                f"come from noise key {fingerprint}: refusing to mix answers from two keys (a re-run with "
+                "another key would be a second, independent noisy draw)")
+        return fingerprint, stored
+
     def _publish(self, releases: pa.Table, *, by_window: bool,
                  before_window: Callable[[int, int], None] = lambda index, window: None,
                  after_window: Callable[[int], None] = lambda window: None, ledger_id: str | None = None) -> int:
@@ -350,22 +383,10 @@ class ReleaseStore:
         table = _validate(releases)
         if table.num_rows == 0:
             return 0
-        if ledger_id is not None:
-            self.check_ledger(ledger_id)
-        fingerprints = sorted(pc.unique(table.column("key_fingerprint")).to_pylist())
-        if len(fingerprints) != 1:
-            raise ReleaseConflictError(
-                f"releases carry several noise key fingerprints {fingerprints}; one batch comes from one key")
-        fingerprint = fingerprints[0]
-        db = self._conn
         # One writer at a time: DuckDB locks the file against other processes, and this
         # connection runs nothing else in between, so the checks hold for every window below.
-        stored = self._meta("key_fingerprint")
-        if stored is not None and stored != fingerprint:
-            raise ReleaseConflictError(
-                f"release store {self._path} holds releases made with noise key {stored}; these releases "
-                f"come from noise key {fingerprint}: refusing to mix answers from two keys (a re-run with "
-                "another key would be a second, independent noisy draw)")
+        fingerprint, stored = self._check_batch(table, ledger_id)
+        db = self._conn
         db.register(_INCOMING, table)
         try:
             self._refuse_conflicts()

@@ -5,8 +5,9 @@ there, as a power cut would (no cleanup, no ``finally``). Points: ``while_readin
 pipeline has read input, nothing is committed), ``after_ledger_write`` (inside the curator's
 transaction, before COMMIT), ``before_publish``, ``during_release_insert`` (inside the release
 store's transaction, before COMMIT), ``during_publish`` (some windows published, the later ones
-not), ``after_publish`` (published, not yet marked). Unset in production: the check is one
-environment lookup.
+not), ``after_publish`` (published, not yet marked): the last two are the publication rule's
+(:func:`stream.engine.publication.publish_outbox`), the same for every job. Unset in production:
+the check is one environment lookup.
 """
 
 from __future__ import annotations

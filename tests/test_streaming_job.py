@@ -629,7 +629,7 @@ def test_the_streaming_jobs_snapshots_counts_and_dead_letters_are_0600_in_0700_f
     curator.chmod(0o755)
     assert sj.main(_args(tmp_path, ["--replay", *messages, str(garbage)])) == 0
     assert {p.relative_to(curator).parts[0] for p in curator.rglob("*.parquet")} == {
-        "ledger", "counts", "dead", "read", "books"}
+        "ledger", "counts", "dead", "read", "books", "staged-releases"}
     assert not_private(curator) == {}
 
 

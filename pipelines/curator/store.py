@@ -11,7 +11,8 @@ file holds:
 * ``ledger``: per user, the used zCDP budget and the personal tracker;
 * ``processed_windows``: windows already charged and released (invariant 6: never twice);
 * ``outbox``: released (noisy) answers committed with the ledger in one transaction and then
-  published to the release store (at-least-once publish, idempotent insert there);
+  published to the release store window by window (the daily job's outbox for
+  :func:`stream.engine.publication.publish_outbox`: at-least-once publish, idempotent insert there);
 * ``window_counts`` and ``dead_letters``: row accounting (invariant 7).
 
 A run commits everything in one transaction (:meth:`CuratorStore.commit_run`), so a crash
@@ -326,10 +327,20 @@ class CuratorStore:
             out.setdefault(query_id, []).append((int(window), [float(v) for v in y]))
         return out
 
-    def pending_releases(self) -> pa.Table:
+    def pending_windows(self) -> list[int]:
+        """The windows with releases in the outbox not yet marked published: committed with the
+        ledger that charged them (:meth:`commit_run`), so they may be published."""
+        return [int(w) for (w,) in self._db.execute(
+            "SELECT DISTINCT window_id FROM outbox WHERE NOT published ORDER BY window_id").fetchall()]
+
+    def pending_releases(self, window: int | None = None) -> pa.Table:
+        """The outbox's releases not yet marked published (of ``window``, or of every window),
+        ordered by ``(query_id, window_id, coordinate)``."""
         columns = ", ".join(RELEASE_SCHEMA.names)
+        only = "" if window is None else " AND window_id = ?"
         table = self._db.execute(
-            f"SELECT {columns} FROM outbox WHERE NOT published ORDER BY query_id, window_id, coordinate").arrow()
+            f"SELECT {columns} FROM outbox WHERE NOT published{only} ORDER BY query_id, window_id, coordinate",
+            [] if window is None else [int(window)]).arrow()
         if hasattr(table, "read_all"):
             table = table.read_all()
         return table.cast(RELEASE_SCHEMA)
@@ -439,13 +450,10 @@ class CuratorStore:
         db.executemany("INSERT INTO running_meta VALUES (?, ?)", metas)
 
     @under_private_umask  # may create the write-ahead log
-    def mark_published(self, releases: pa.Table) -> None:
-        db = self._db
-        db.register("published", releases.select(["query_id", "window_id", "coordinate"]))
-        db.execute("""UPDATE outbox SET published = true FROM published p
-                      WHERE outbox.query_id = p.query_id AND outbox.window_id = p.window_id
-                        AND outbox.coordinate = p.coordinate""")
-        db.unregister("published")
+    def mark_published(self, window: int) -> None:
+        """Mark window ``window``'s outbox releases published (they are public): the next
+        :meth:`pending_windows` no longer lists it."""
+        self._db.execute("UPDATE outbox SET published = true WHERE window_id = ? AND NOT published", [int(window)])
 
     def run_totals(self) -> pa.Table:
         table = self._db.execute("SELECT * FROM run_counts ORDER BY run_id").arrow()

@@ -8,7 +8,8 @@ Order of a run (each step safe to crash after):
    starting from the stored ledger; its outputs land in a private scratch folder;
 4. commit the new ledger, the releases, the row counts and the dead letters in one DuckDB
    transaction (``CuratorStore.commit_run``);
-5. publish the releases to the public store (idempotent: first write wins) and mark them.
+5. publish the releases to the public store window by window (idempotent: first write wins) and
+   mark them (:func:`stream.engine.publication.publish_outbox`, the rule every job shares).
 
 A re-run of a processed day finds its windows released: its rows are dead-lettered as late,
 nobody is charged, nothing new is released, and step 5 re-publishes nothing.
@@ -32,7 +33,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock, crash_point
-from stream.engine.dead_letters import DEAD_LETTER_SCHEMA, DeadLetterReason
+from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
+from stream.engine.publication import publish_outbox
+from stream.engine.row_balance import RowBalance, reason_counts
 from stream.engine.readers import declares_types, read_batches
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
 from queries.registration import plan_columns
@@ -41,7 +44,7 @@ from queries.release_store import RELEASE_SCHEMA, ReleaseStore
 from stream.accounting import DEFAULT_ACCOUNTING, calibrate
 from stream.engine.ledger_config import DEFAULT_SHARDS, LedgerConfig
 from stream.columns import KEY_COLUMNS, InputColumns, declared_kind, default_columns
-from stream.ledger import Policy
+from stream.ledger import STATUS_NAMES, Policy
 from stream.noise import NoiseKey
 from stream.private_files import CURATOR_ONLY_NOTICE, private_umask
 from stream.schema import USER_ID, WindowSpec
@@ -92,26 +95,18 @@ class JobConfig:
         return self.key_path or str(Path(self.ledger).with_name(Path(self.ledger).stem + ".noise.key"))
 
 
-@dataclass
-class JobSummary:
-    """What a run did (curator-only: counts are sensitive)."""
+@dataclass(frozen=True)
+class JobSummary(RowBalance):
+    """What a run did (curator-only: counts are sensitive): its row balance (the
+    :class:`stream.engine.row_balance.RowBalance` every job records, ``balanced`` deciding the
+    exit status), and the windows, releases and users."""
 
     run_id: int
     windows_released: list[int]
     windows_skipped: list[int]
-    rows_read: int
-    admitted: int
-    clipped: int
-    dropped: int
-    rejected: int
-    late: int
     releases_published: int
     users_in_ledger: int
     seconds: float
-
-    @property
-    def balanced(self) -> bool:
-        return self.rows_read == self.admitted + self.clipped + self.dropped + self.rejected + self.late
 
 
 def _first_input(paths: Sequence[str]) -> tuple[str, pa.Schema, bool]:
@@ -180,10 +175,10 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
             outputs = _run_pipeline(config, params, plan, columns, released, to_release, previous,
                                     previous_running, curator.load_running_releases(), scratch, say, categories,
                                     ledger_id=curator.ledger_id)
-            counts = _totals(outputs)
+            balance = _row_balance(outputs)
             curator.commit_run(
                 run_id=run_id, ledger=outputs["ledger"], releases=outputs["releases"],
-                window_counts=outputs["window_counts"], run_counts=counts,
+                window_counts=outputs["window_counts"], run_counts=balance.totals(),
                 dead_letters=outputs["dead"], previous_users=previous.num_rows,
                 running=outputs["running"], running_releases=outputs["raw"],
             )
@@ -195,9 +190,7 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
             store.record_promise(epsilon=params.epsilon, delta=params.delta, accounting=params.accounting,
                                  norm_budget=params.norm_budget)
         return JobSummary(
-            run_id=run_id, windows_released=to_release, windows_skipped=skipped,
-            rows_read=counts["rows_read"], admitted=counts["admitted"], clipped=counts["clipped"],
-            dropped=counts["dropped"], rejected=counts["rejected"], late=counts["late"],
+            **balance.totals(), run_id=run_id, windows_released=to_release, windows_skipped=skipped,
             releases_published=published, users_in_ledger=outputs["ledger"].num_rows,
             seconds=time.perf_counter() - started,
         )
@@ -220,44 +213,68 @@ def _refuse_a_ledger_behind_the_store(curator: CuratorStore, store: ReleaseStore
         )
 
 
+class CuratorOutbox:
+    """The daily job's outbox (:class:`stream.engine.publication.Outbox`): the curator store's
+    ``outbox`` table, written in the same DuckDB transaction as the ledger that charged its
+    releases (:meth:`CuratorStore.commit_run`), so every window it lists is committed."""
+
+    def __init__(self, curator: CuratorStore) -> None:
+        self._curator = curator
+
+    def committed_windows(self) -> list[int]:
+        return self._curator.pending_windows()
+
+    def rows(self, window: int) -> pa.Table:
+        return self._curator.pending_releases(window)
+
+    def mark_published(self, window: int) -> None:
+        self._curator.mark_published(window)
+
+
+class StoreAndFiles:
+    """The daily job's public side (:class:`stream.engine.publication.PublicReleases`): the DuckDB
+    release store (first write wins on ``(query_id, window_id, coordinate)``, for one ledger and
+    one noise key) and, with ``parquet_root``, one release file per window
+    (:mod:`queries.release_files`, first write wins), written after the window's store commit."""
+
+    def __init__(self, store: ReleaseStore, ledger_id: str, parquet_root: str | None = None) -> None:
+        self._store = store
+        self._ledger_id = ledger_id
+        self._parquet_root = parquet_root
+
+    def check(self, rows: dict[int, pa.Table]) -> None:
+        """The store's checks over every window at once (another ledger, another key, a row
+        differing from a released one): a conflict anywhere publishes nothing."""
+        if rows:
+            self._store.check_publishable(pa.concat_tables(list(rows.values())), ledger_id=self._ledger_id)
+
+    def publish(self, window: int, rows: pa.Table) -> int:
+        """One store transaction for the window (rows already released identically are
+        skipped), then its release file; the rows new to the store."""
+        inserted = self._store.publish(rows, ledger_id=self._ledger_id)
+        if self._parquet_root:
+            write_release_file(self._parquet_root, window, rows)
+        return inserted
+
+
 def _publish_pending(curator: CuratorStore, store: ReleaseStore, parquet_root: str | None = None) -> int:
-    """Publish the committed outbox: into the DuckDB store and, with ``parquet_root``, as one
-    Parquet file per window (:mod:`queries.release_files`). Public answers leave only from here,
-    after the curator's transaction charged every user for them (an answer nobody was charged
-    for must never exist, even after a crash). Returns the rows new to the store."""
-    pending = curator.pending_releases()
-    if pending.num_rows == 0:
-        return 0
-    # One store transaction per window, in window order: a crash between two leaves some windows
-    # public and the rest pending; the next run publishes the rest (identical rows are skipped).
-    windows = pending.column("window_id")
-
-    def before(index: int, window: int) -> None:
-        if index:
-            crash_point("during_publish")  # test-only: earlier windows published, later ones not
-
-    def after(window: int) -> None:
-        if parquet_root:
-            write_release_file(parquet_root, window, pending.filter(pc.equal(windows, window)))
-
-    inserted = store.publish_by_window(pending, before_window=before, after_window=after, ledger_id=curator.ledger_id)
-    crash_point("after_publish")
-    curator.mark_published(pending)
-    return inserted
+    """Publish the committed outbox (:func:`stream.engine.publication.publish_outbox`): into the
+    DuckDB store and, with ``parquet_root``, as one Parquet file per window. Public answers leave
+    only from here, after the curator's transaction charged every user for them (an answer nobody
+    was charged for must never exist, even after a crash; docs/architecture.md, "The outbox
+    rule"). Window by window, each marked once public: a crash between two leaves some windows
+    public and the rest pending, and the next run publishes the rest. Returns the rows new to
+    the store."""
+    return publish_outbox(CuratorOutbox(curator), StoreAndFiles(store, curator.ledger_id, parquet_root)).rows
 
 
-def _totals(outputs: dict[str, pa.Table]) -> dict[str, int]:
-    dead = outputs["dead"]
-    late = int(pc.sum(pc.equal(dead.column("reason"), DeadLetterReason.LATE_WINDOW.value)).as_py() or 0)
+def _row_balance(outputs: dict[str, pa.Table]) -> RowBalance:
+    """The run's row balance: rows read, the filter's outcomes summed over windows, and the dead
+    letters by reason (:class:`stream.engine.row_balance.RowBalance`)."""
     wc = outputs["window_counts"]
-    return {
-        "rows_read": int(outputs["rows_read"]),
-        "admitted": int(np.sum(wc.column("admitted").to_numpy())) if wc.num_rows else 0,
-        "clipped": int(np.sum(wc.column("clipped").to_numpy())) if wc.num_rows else 0,
-        "dropped": int(np.sum(wc.column("dropped").to_numpy())) if wc.num_rows else 0,
-        "rejected": dead.num_rows - late,
-        "late": late,
-    }
+    statuses = {name: int(pc.sum(wc.column(name)).as_py() or 0) if wc.num_rows else 0 for name in STATUS_NAMES}
+    return RowBalance.of(rows_read=int(outputs["rows_read"]), statuses=statuses,
+                         reasons=reason_counts([outputs["dead"]]))
 
 
 def _beam():

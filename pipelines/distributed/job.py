@@ -89,7 +89,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Sequence, Tuple
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 _root, _level = logging.getLogger(), logging.getLogger().level
 _root.setLevel(logging.ERROR)  # Beam's GCP extras warn at import when their optional clients are absent
@@ -103,14 +102,16 @@ try:
                                             refuse_unknown_options, window_seconds)
     from pipelines.beam.object_store import (absolute, is_uri, join, read_json, read_parquet, refuse_if_shared_file,
                                              release_windows_present, write_json)
+    from pipelines.beam.publication import PublicReleaseFiles, StagedReleases
     from pipelines.beam import worker_key
     from pipelines.beam.local_runner import batch_runner
 finally:
     _root.setLevel(_level)
-from stream.engine.dead_letters import DEAD_LETTER_SCHEMA, DeadLetterReason
+from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from stream.engine.readers import declares_types, read_batches
 from queries import release_lineage as lineage
-from queries.release_files import release_file_path, write_release_file
+from stream.engine.publication import publish_outbox
+from stream.engine.row_balance import RowBalance, reason_counts
 from stream.faults import crash_point
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
 from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
@@ -147,20 +148,14 @@ def resolve_inputs(patterns: Sequence[str]) -> list[dict]:
 
 
 def promote_releases(staging: str, public: str, *, run: str | None = None) -> list[int]:
-    """Copy every staged window file under ``staging`` to ``public`` (first write wins: a window
-    already public is kept). Call only for a committed run's staging, after its lineage claim
-    (:func:`publish_committed` does both). With ``run``, each window's lineage record names that
-    run (:func:`queries.release_lineage.record_window`, written before the file). Returns the
-    windows newly published."""
-    published = []
-    for window in sorted(release_windows_present(staging)):
-        if run is not None:
-            lineage.record_window(public, window, run)
-        table = read_parquet(release_file_path(staging, window))
-        table = table.append_column("window_id", pa.array([window] * table.num_rows, type=pa.int64()))
-        if write_release_file(public, window, table) is not None:
-            published.append(window)
-    return published
+    """Publish every staged window file under ``staging`` to ``public`` by the one publication
+    rule (:func:`stream.engine.publication.publish_outbox`: window by window, in window order,
+    first write wins: a window already public is kept). Call only for a committed run's staging,
+    after its lineage claim (:func:`publish_committed` does both): the staged files are then the
+    run's outbox. With ``run``, each window's lineage record names that run
+    (:func:`queries.release_lineage.record_window`, written before the file). Returns the windows
+    newly published."""
+    return list(publish_outbox(StagedReleases(staging), PublicReleaseFiles(public, run=run)).windows)
 
 
 def parent_run(manifest: dict) -> str | None:
@@ -570,10 +565,7 @@ def _status_items(item: tuple[int, tuple[int, ...]]) -> list[tuple[str, int]]:
 
 
 def _reason_items(table: pa.Table) -> list[tuple[str, int]]:
-    if not table.num_rows:
-        return []
-    counts = pc.value_counts(table.column("reason").combine_chunks())
-    return [(str(v["values"]), int(v["counts"])) for v in counts.to_pylist()]
+    return list(reason_counts([table]).items())
 
 
 def _read_row(item: tuple[str, int]) -> dict:
@@ -621,16 +613,13 @@ class CommitRun(beam.DoFn):
             # budget: fail before the commit point, so that nothing this run charged counts.
             raise RuntimeError(f"the previous ledger snapshot holds {previous_users:,} users, its manifest says "
                                f"{expected:,}; the new ledger holds {users:,}. Not committing")
-        late = int(reasons.get(DeadLetterReason.LATE_WINDOW.value, 0))
-        rejected = int(sum(reasons.values())) - late
-        totals = {"rows_read": int(rows_read), "admitted": int(statuses.get("admitted", 0)),
-                  "clipped": int(statuses.get("clipped", 0)), "dropped": int(statuses.get("dropped", 0)),
-                  "rejected": rejected, "late": late}
-        balanced = totals["rows_read"] == sum(v for k, v in totals.items() if k != "rows_read")
+        balance = RowBalance.of(rows_read=int(rows_read), statuses={k: int(v) for k, v in statuses.items()},
+                                reasons={k: int(v) for k, v in reasons.items()})
         manifest = {**self._manifest, "ledger_files": sorted(ledger_files), "users": int(users),
                     "counts_files": sorted(counts_files), "dead_files": sorted(dead_files),
                     "read_files": sorted(read_files), "release_files_written": sorted(release_files),
-                    "totals": totals, "balanced": balanced, "dead_reasons": dict(sorted(reasons.items())),
+                    "totals": balance.totals(), "balanced": balance.balanced,
+                    "dead_reasons": dict(sorted(reasons.items())),
                     "committed_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
         target = join(self._output, COMMITTED)
         if FileSystems.exists(target):

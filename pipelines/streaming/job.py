@@ -62,8 +62,11 @@ The graph: decode and validate each message (:class:`DecodeAndValidate`; an unde
 is one dead letter, rows that fail validation are dead letters with reasons) ->
 :class:`pipelines.streaming.releases.StreamingReleases` (the individual filter per user shard in keyed
 state, a chained event-time timer per window end, a release once every shard has charged the
-window, keyed noise) -> public Parquet release files per window (first write wins) and, in the
-curator's ``--output``, a ledger snapshot per (window, shard), dead letters and counts. The three
+window, keyed noise) -> in the curator's ``--output``, a ledger snapshot per (window, shard), dead
+letters, counts and each window's release file staged (:class:`StageWindowFile`), which goes to the
+public Parquet release root (first write wins) only once every shard's snapshot of the window is
+written (:class:`PublishCommittedWindow`: the outbox rule, docs/architecture.md, "The outbox
+rule"). The three
 sources differ only in the read step: everything from :class:`KafkaRecordToMessage` (Kafka) or
 :class:`DecodeAndValidate` (the others) on is the same code, and :func:`build` takes the read
 step's output as an argument for tests.
@@ -128,7 +131,9 @@ the job continuing them draws a new one (their released windows keep their value
 
 The ledger lives in the runner's keyed state between (checkpointed by Flink together with the
 Kafka offsets, committed with each bundle by Dataflow's streaming engine); ``deploy/README.md``
-has the recovery story.
+has the recovery story. A job lost after every shard's snapshot of a window but before its
+publication left the window staged: the next job given those snapshots publishes it first
+(:func:`publish_staged`).
 """
 
 from __future__ import annotations
@@ -159,7 +164,7 @@ try:
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.io.kafka import ReadFromKafka
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
-    from apache_beam.transforms.userstate import BagStateSpec
+    from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec
     from apache_beam.transforms.window import TimestampedValue
     from apache_beam.utils.timestamp import Timestamp
 
@@ -167,14 +172,18 @@ try:
     from pipelines.beam import object_store as store
     from pipelines.beam import transforms as tx
     from pipelines.beam import worker_key
+    from pipelines.beam.publication import PublicReleaseFiles, StagedReleases
     from pipelines.streaming.releases import StreamingReleases
 finally:
     _root.setLevel(_level)
 from stream.engine.dead_letters import DeadLetterReason, dead_letters, rejected_letters, with_input_position
+from stream.engine.publication import publish_outbox
+from stream.engine.row_balance import RowBalance, reason_counts
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
 from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
 from queries.linear import default_queries
 from queries.registration import category_reads, numeric_reads, plan_columns, recorded_plan, refuse_running
+from queries.release_files import release_file_path, release_file_table
 from stream.engine.ledger_config import SNAPSHOT_PREFIX, LedgerConfig, LedgerConfigError, snapshot_key
 from stream.ledger import STATUS_NAMES, Ledger, Policy
 from stream.noise import new_ledger_id
@@ -429,10 +438,23 @@ def _write_named(root: str, sub: str, table: pa.Table) -> str:
     return path
 
 
-class WriteWindowFile(beam.DoFn):
-    """``(window_id, release row)`` keyed by window -> the window's public Parquet file, written
-    once all of its rows are in (``expected(window)`` of them: one per coordinate of each query
-    active in it), first write wins (:mod:`queries.release_files`).
+#: The streaming job's outbox under its ``--output`` (curator only until published): each window's
+#: release file, ``<output>/staged-releases/window_id=<W>/releases.parquet``, staged once all its
+#: rows are in and published once every shard's ledger snapshot of the window is written
+#: (:class:`PublishCommittedWindow`, or, after a crash, :func:`publish_staged` at the next launch).
+STAGED_RELEASES = "staged-releases"
+#: What a window's publication step hears: its release file is staged (shard ``-1``), or one
+#: shard's ledger snapshot of it is written.
+STAGED, SNAPSHOT_WRITTEN = "staged", "snapshot"
+
+
+class StageWindowFile(beam.DoFn):
+    """``(window_id, release row)`` keyed by window -> the window's release file staged under the
+    curator's ``root`` once all of its rows are in (``expected(window)`` of them: one per coordinate
+    of each query active in it); outputs ``(window, (STAGED, -1))``. Staged, not public: the file
+    is the job's outbox (:data:`STAGED_RELEASES`), published by :class:`PublishCommittedWindow`.
+    Written whole and ``0600`` (:func:`pipelines.beam.object_store.write_parquet`); a retried
+    bundle rewrites the same content (keyed noise).
 
     A stateful step rather than a GroupByKey: a GroupByKey on an unbounded collection needs a
     windowing and trigger, and the rows of a window are complete exactly when their count is."""
@@ -443,18 +465,65 @@ class WriteWindowFile(beam.DoFn):
         self._root = root
         self._expected = dict(expected)
 
-    def process(self, element: tuple[int, dict], rows: Any = beam.DoFn.StateParam(ROWS)) -> Iterator[str]:
-        from queries.release_files import write_release_file
-
+    def process(self, element: tuple[int, dict], rows: Any = beam.DoFn.StateParam(ROWS)) -> Iterator[Any]:
         window, row = element
         rows.add(row)
         buffered = list(rows.read())
         if len(buffered) < self._expected[int(window)]:
             return
         rows.clear()
-        written = write_release_file(self._root, int(window), buffered)
-        if written is not None:
-            yield written
+        store.write_parquet(release_file_path(self._root, int(window)), release_file_table(buffered))
+        yield int(window), (STAGED, -1)
+
+
+def _snapshot_written(path: str) -> tuple[int, tuple[str, int]]:
+    """The path of a ledger snapshot just written -> ``(window, (SNAPSHOT_WRITTEN, shard))``."""
+    place = _snapshot_place(path)
+    if place is None:
+        raise ValueError(f"path must be a snapshot the job wrote (.../window_id=<W>/shard=<S>/...), got {path!r}")
+    _, window, shard = place
+    return window, (SNAPSHOT_WRITTEN, shard)
+
+
+class PublishCommittedWindow(beam.DoFn):
+    """Keyed by window: publishes the window's staged release file to the public root ``public``
+    once its charge is durable, by the one publication rule
+    (:func:`stream.engine.publication.publish_outbox`, first write wins); outputs the public file.
+
+    Input ``(window, (STAGED, -1))`` from :class:`StageWindowFile` and ``(window,
+    (SNAPSHOT_WRITTEN, shard))`` from the ledger snapshot writer, one per shard. The window is
+    committed when all ``n_shards`` snapshots of it are written: only then is its answer public,
+    so a public answer always has a durable ledger that charged its users (invariant 4
+    (nothing-pre-noise-leaves) and invariant 5 (release-once), docs/architecture.md, "The outbox
+    rule"). A job lost before that leaves the window staged; the next job given the window's
+    snapshots as ``--previous-ledger`` publishes it first (:func:`publish_staged`).
+    State: EVENTS (bag of what was heard), PUBLISHED (flag: a repeated event does nothing)."""
+
+    EVENTS = BagStateSpec("events", PickleCoder())
+    PUBLISHED = ReadModifyWriteStateSpec("published", PickleCoder())
+
+    def __init__(self, staging: str, public: str, n_shards: int) -> None:
+        if n_shards < 1:
+            raise ValueError(f"n_shards must be >= 1, got n_shards={n_shards}")
+        self._staging = staging
+        self._public = public
+        self._n_shards = int(n_shards)
+
+    def process(self, element: tuple[int, tuple[str, int]], events: Any = beam.DoFn.StateParam(EVENTS),
+                published: Any = beam.DoFn.StateParam(PUBLISHED)) -> Iterator[str]:
+        window, event = element
+        if published.read():
+            return
+        events.add(tuple(event))
+        heard = set(events.read())
+        snapshots = {shard for kind, shard in heard if kind == SNAPSHOT_WRITTEN}
+        if (STAGED, -1) not in heard or len(snapshots) < self._n_shards:
+            return
+        done = publish_outbox(StagedReleases(self._staging, [int(window)]), PublicReleaseFiles(self._public))
+        published.write(True)
+        events.clear()
+        for w in done.windows:
+            yield release_file_path(self._public, w)
 
 
 #: Schema metadata of every ledger snapshot the job writes, beside the ledger's own and the
@@ -834,6 +903,45 @@ def _previous_ledger(pattern: str, wanted: LedgerConfig, *, released: Sequence[i
     return table, config, _snapshot_queries(pattern, files, metadata)
 
 
+def publish_staged(pattern: str, releases: str) -> list[int]:
+    """Publish what an earlier job committed but did not publish: a job lost after every shard's
+    snapshot of window ``W`` was written, but before its release files were public, left those
+    windows staged under its ``--output`` (:data:`STAGED_RELEASES`). Given ``W``'s snapshots as
+    ``pattern`` (``--previous-ledger``), publish every staged window after the last one public under
+    ``releases`` through ``W``, in window order, first write wins
+    (:func:`stream.engine.publication.publish_outbox`): ``W``'s snapshots hold the charges of every
+    window through ``W``, so each of those answers has a durable ledger that charged its users.
+    Returns the windows newly published (then ``W`` is the last released window, and the job
+    continues from its snapshots as from any other's).
+
+    Publishes nothing when ``pattern`` is not one job's snapshots of one window, when nothing is
+    public yet (where the schedule began is then unknown, and a window before the first one staged
+    would never be released: start the ledger anew, nothing of it was public), when a window from
+    the last public one to ``W`` is not staged (it cannot be published, so ``W`` cannot become the
+    last released: :func:`_previous_ledger` refuses ``W``'s snapshots, naming the window to continue
+    from instead), or when the snapshots record another release root. RunRefused (nothing
+    published) when the snapshots of ``W`` miss a shard: the charge is not durable."""
+    if pattern.lower() == "none":
+        return []
+    (result,) = FileSystems.match([store.absolute(pattern)])
+    places = {_snapshot_place(m.path) for m in result.metadata_list}
+    if not places or None in places or len({(root, window) for root, window, _ in places}) != 1:
+        return []  # not one job's snapshots of one window: _previous_ledger refuses them, saying why
+    root, window, _ = next(iter(places))
+    if not root.endswith("/ledger"):
+        return []
+    staging = store.join(root[:-len("/ledger")], STAGED_RELEASES)
+    public = sorted(store.release_windows_present(releases))
+    pending = list(range(public[-1] + 1, window + 1)) if public else []
+    if not pending or not set(pending) <= store.release_windows_present(staging):
+        return []
+    _, _, files, tables = _read_snapshots(pattern, releases=releases, released=[*public, window])
+    recorded = _recorded_config(pattern, files, {shard: _metadata(t) for shard, t in tables.items()})
+    if store.absolute(recorded.releases) != releases:
+        return []  # another root's ledger: _previous_ledger refuses it
+    return list(publish_outbox(StagedReleases(staging, pending), PublicReleaseFiles(releases)).windows)
+
+
 def _snapshot_queries(pattern: str, files: dict[int, str], metadata: dict[int, dict[str, str]]) -> dict[str, int] | None:
     """``{query_id: first window answered}`` as the snapshots record it (:data:`SNAPSHOT_QUERIES`),
     None when none does (written before it was recorded). RunRefused for a malformed record."""
@@ -985,16 +1093,21 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         released=released, snapshot_every_window=True)
     graph = decoded.valid | "StreamingReleases" >> out
     expected = {w: sum(e.query.dim for e in plan.active(w)) for w in range(start, end + 1)}
-    release_files = (graph["releases"]
-                     | "ByWindow" >> beam.Map(lambda row: (int(row["window_id"]), row)).with_output_types(
-                         Tuple[int, Any])
-                     | "WriteReleaseFiles" >> beam.ParDo(WriteWindowFile(releases, expected)))
     curator = store.absolute(args.output)
+    staging = store.join(curator, STAGED_RELEASES)
+    staged = (graph["releases"]
+              | "ByWindow" >> beam.Map(lambda row: (int(row["window_id"]), row)).with_output_types(Tuple[int, Any])
+              | "StageReleaseFiles" >> beam.ParDo(StageWindowFile(staging, expected)))
     dead = (decoded.dead, graph["dead"]) | "DeadLetters" >> beam.Flatten()
     dead_files = dead | "WriteDead" >> beam.ParDo(WriteTable(store.join(curator, "dead")))
     ledger_files = graph["ledger"] | "WriteLedger" >> beam.ParDo(WriteTable(
         store.join(curator, "ledger"), functools.partial(_ledger_file, recorded=config.to_snapshot_metadata(),
                                                         queries=first_answered, plan=recorded_plan(plan.entries))))
+    # A window goes public only once it is staged and every shard's snapshot of it is written.
+    written = ledger_files | "SnapshotWritten" >> beam.Map(_snapshot_written).with_output_types(Tuple[int, Any])
+    release_files = ((staged, written) | "StagedAndSnapshots" >> beam.Flatten().with_output_types(Tuple[int, Any])
+                     | "PublishCommittedWindows" >> beam.ParDo(
+                         PublishCommittedWindow(staging, releases, config.n_shards)))
     # Per (window, shard) from the shards' books, which carry the shard: files are named by their
     # content, so two shards' equal counts of one window must not be one file.
     count_files = (graph["books"] | "ChargedWindows" >> beam.Filter(_charged_rows)
@@ -1002,7 +1115,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     read_files = decoded.read | "WriteRead" >> beam.ParDo(WriteTable(store.join(curator, "read")))
     book_files = graph["books"] | "WriteBooks" >> beam.ParDo(WriteTable(store.join(curator, "books"),
                                                                          _books_file))
-    return {"releases": graph["releases"], "release_files": release_files, "dead_files": dead_files,
+    return {"releases": graph["releases"], "staged": staged, "release_files": release_files, "dead_files": dead_files,
             "ledger_files": ledger_files, "count_files": count_files, "read_files": read_files,
             "book_files": book_files, "dead": dead, "queries": queries}
 
@@ -1061,11 +1174,11 @@ def _record_queries(releases: str, queries: LaunchQueries) -> list[str]:
 
 def books(curator: str) -> dict[str, Any]:
     """The row balance of a streaming job's curator output ``curator`` (its ``--output``), from the
-    files it wrote: ``rows_read`` (every message's rows, ``read/``), ``admitted``, ``clipped`` and
-    ``dropped`` (the shards' per-window ``counts/``), ``rejected`` and ``late`` (``dead/``, by
-    reason), and ``balanced``: whether ``rows_read = admitted + clipped + dropped + rejected +
-    late`` holds and every shard's books balanced at every window it charged (``books/``). Exact
-    counts: curator only.
+    files it wrote, as every job records it (:meth:`stream.engine.row_balance.RowBalance.totals`):
+    ``rows_read`` (every message's rows, ``read/``), ``admitted``, ``clipped`` and ``dropped``
+    (the shards' per-window ``counts/``), ``rejected`` and ``late`` (``dead/``, by reason), and
+    ``balanced``: whether the balance holds (:attr:`RowBalance.balanced`) and every shard's books
+    balanced at every window it charged (``books/``). Exact counts: curator only.
 
     Complete once the job has charged its last window and read its last message (a replay, or a
     drained stream); earlier, rows in flight or buffered for later windows are not yet counted."""
@@ -1077,15 +1190,11 @@ def books(curator: str) -> dict[str, Any]:
         return int(sum(pc.sum(t.column(column)).as_py() or 0 for t in parts if column in t.column_names))
 
     read, counts, shard_books, dead = tables("read"), tables("counts"), tables("books"), tables("dead")
-    reasons = [r for t in dead for r in t.column("reason").to_pylist()]
-    late = sum(r == DeadLetterReason.LATE_WINDOW for r in reasons)
-    result = {"rows_read": total(read, "rows_read"), "admitted": total(counts, "admitted"),
-              "clipped": total(counts, "clipped"), "dropped": total(counts, "dropped"),
-              "rejected": len(reasons) - late, "late": late}
+    balance = RowBalance.of(rows_read=total(read, "rows_read"),
+                            statuses={name: total(counts, name) for name in STATUS_NAMES},
+                            reasons=reason_counts(dead))
     shards_balanced = all(pc.all(pc.equal(t.column("balanced"), 1)).as_py() for t in shard_books if t.num_rows)
-    result["balanced"] = bool(shards_balanced and result["rows_read"] == sum(
-        v for k, v in result.items() if k != "rows_read"))
-    return result
+    return {**balance.totals(), "balanced": bool(balance.balanced and shards_balanced)}
 
 
 def _read_kafka(p: beam.Pipeline, args: argparse.Namespace) -> Any:
@@ -1116,6 +1225,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"--{worker_key.PATH_OPTION}={key_path}", f"--beam_plugins={worker_key.PLUGIN}"]
         options = PipelineOptions(flags)
         direct = "Direct" in str(options.view_as(StandardOptions).runner or "DirectRunner")
+        # An earlier job lost between a window's snapshots and its publication left it staged.
+        caught_up = publish_staged(args.previous_ledger, store.absolute(args.releases_parquet))
+        if caught_up:
+            print(f"[streaming] published {len(caught_up)} window(s) an earlier job committed but had not "
+                  f"published: {caught_up[:5]}", file=sys.stderr)
         for attempt in range(3):  # the catalogue as planned, unless a curator changed it meanwhile
             p = beam.Pipeline(options=options)
             graph = build(p, args)

@@ -237,10 +237,12 @@ class DistributedJob(JobAdapter):
     module = "pipelines.distributed"
     # Running totals: refused at launch by name (queries.registration.refuse_running).
     supports = sc.FEATURES - {sc.RUNNING_TOTALS}
-    # while_reading is in the read step both batch jobs share (pipelines.beam.transforms.ReadAndValidate).
+    # while_reading is in the read step both batch jobs share (pipelines.beam.transforms.ReadAndValidate);
+    # during_publish and after_publish in the publication rule all jobs share (stream.engine.publication).
     crash_points = ("while_reading", "distributed_before_commit", "distributed_before_promote",
-                    "distributed_after_claim")
-    committed_at = frozenset({"distributed_before_promote", "distributed_after_claim"})
+                    "distributed_after_claim", "during_publish", "after_publish")
+    committed_at = frozenset({"distributed_before_promote", "distributed_after_claim", "during_publish",
+                              "after_publish"})
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -300,7 +302,10 @@ class StreamingJob(JobAdapter):
     module = "pipelines.streaming"
     # Running totals: refused at launch by name (queries.registration.refuse_running).
     supports = sc.FEATURES - {sc.RUNNING_TOTALS, sc.CRASH_RECOVERY}
-    crash_points = ()  # stream.faults.crash_point is called nowhere on its path (no outbox)
+    # Its windows go public through the shared publication rule (during_publish, after_publish), but
+    # recovering a lost streaming job is partly the operator's step (the right window's snapshots as
+    # --previous-ledger; docs/architecture.md, "Known gaps"): no crash recovery declared yet.
+    crash_points = ()
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
