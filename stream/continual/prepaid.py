@@ -45,7 +45,8 @@ state what ``(C a)_t`` needs):
   only form (its ``C`` has no finite state), and the reference the other two are tested against.
 
 Rounding (privacy needs the direction, not the digits). Every charge is an upper bound:
-``Delta + ETA * magnitude`` with ``magnitude`` the same sums over absolute values, which bounds
+``Delta + ETA * magnitude + TINY`` (``TINY`` the smallest normal float, for the subnormal range
+where a relative margin underflows) with ``magnitude`` the same sums over absolute values, which bounds
 the float error of every dot product, table and buffer (relative error ``<= (d + buffers + T)
 2^-52`` for the sums involved, far below ``ETA = 1e-9``; buffers of signed data that cancel by
 more than ``1e7`` against their history are the stated exception), then clamped at 0 (a
@@ -74,6 +75,10 @@ from stream.xp import array_module, host_all
 
 # Relative margin added to every charge: covers the float error of the terms (module docstring).
 ETA = 1e-9
+# Absolute margin added to every charge of a non-zero contribution: below the smallest normal
+# float a relative margin underflows, while each subnormal operation still errs by up to 2^-1074
+# absolute (found by the property test: contributions of 1.7e-159 whose squares are subnormal).
+TINY = float(np.finfo(np.float64).tiny)
 # A clipped contribution is scaled a hair below the root of the budget equation, as the
 # ledger's clip is (stream.ledger._CLIP_SHRINK).
 _CLIP_SHRINK = 1.0 - 1e-9
@@ -108,11 +113,12 @@ class ChargeTerms:
 
 def prepaid_charge(terms: ChargeTerms) -> Any:
     """Each row's prepaid charge in norm units (``||.||^2``, divide by ``2 s^2`` for zCDP):
-    ``max(quadratic + 2 cross + ETA * magnitude, 0)``, never below the exact ``Delta``; ``inf``
+    ``max(quadratic + 2 cross + ETA * magnitude + TINY, 0)`` (``TINY``, the smallest normal
+    float, only for a non-zero contribution), never below the exact ``Delta``; ``inf``
     where the terms overflow. No host traffic."""
     xp = array_module(terms.quadratic, terms.cross, terms.magnitude)
     with np.errstate(over="ignore", invalid="ignore"):
-        raw = terms.quadratic + 2.0 * terms.cross + ETA * terms.magnitude
+        raw = terms.quadratic + 2.0 * terms.cross + ETA * terms.magnitude + xp.where(terms.magnitude > 0, TINY, 0.0)
         finite = xp.isfinite(raw) & xp.isfinite(terms.magnitude)
     return xp.where(finite, xp.maximum(raw, 0.0), xp.inf)
 
