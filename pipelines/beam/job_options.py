@@ -156,7 +156,9 @@ def refuse_unknown_options(beam_args: Sequence[str], ours: Iterable[str], *, com
     without it (under the default ``--policy``). :data:`FLINK_PASSED_ON` are accepted when
     ``--flink_submit_uber_jar`` is given (the only case the runner hands them on), refused
     otherwise. The same check for ``renyi-stream run``, ``python -m pipelines.distributed`` and
-    ``python -m pipelines.streaming``. Imports Beam."""
+    ``python -m pipelines.streaming``. Imports Beam, only when there is an option to check."""
+    if not any(token.startswith("--") and token != "--" for token in beam_args):
+        return  # nothing left for Beam: the common case costs no parser
     known = beam_options()
     uber_jar = any(a == FLINK_UBER_JAR or a.startswith(FLINK_UBER_JAR + "=") for a in beam_args)
     for token in beam_args:
