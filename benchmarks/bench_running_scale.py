@@ -230,8 +230,8 @@ def describe_state(state: dict[str, Any]) -> str:
         why = f" ({state['error']})" if "error" in state else ""
         return (f"state per user: {UNKNOWN_LAYOUT}{why}; ledger tables {state.get('all_tables', [])}: "
                 f"adapt read_state_size")
-    tables = ", ".join(state["tables"])
-    return (f"state per user per query ({state['layout']}, {tables}): up to "
+    where = ", ".join([*state["tables"], *(f"strategy {name}" for name in state["strategies"])])
+    return (f"state per user per query ({state['layout']}, {where}): up to "
             f"{state['rows_per_user_per_query_max']:,} row(s) (mean {state['rows_per_user_per_query_mean']:.2f}) x "
             f"{state['floats_per_row']} float(s) per row = {state['floats_per_user_per_query_max']:,} floats; bound "
             f"(buffers {state['buffers']} + 1) x dim {state['dim']} = {state['bound']}: "
