@@ -37,14 +37,12 @@ import datetime as dt
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-EPSILON, DELTA = 1.0, 1e-6
-DAY0 = dt.date(2026, 3, 1)
+from child_run import DAY0, DELTA, EPSILON, cli_run_args, day_number, run_child
+
 RATE = 0.05
 SIZES = {"100k": (100_000, 1), "1M": (1_000_000, 1), "10M": (1_000_000, 10), "10M-daily": (1_000_000, 10)}
 DEFAULT_SIZES = "100k,1M,10M"
@@ -63,26 +61,11 @@ def generate(folder: Path, users: int, days: int, seed: int = 0) -> list[str]:
         path = folder / f"day-{d:03d}.parquet"
         pq.write_table(pa.table({
             "user_id": pa.array(rng.permutation(users).astype(np.int64)),
-            "day": pa.array(np.full(users, (DAY0 - dt.date(1970, 1, 1)).days + d, dtype=np.int32), type=pa.date32()),
+            "day": pa.array(np.full(users, day_number(DAY0) + d, dtype=np.int32), type=pa.date32()),
             "active": pa.array((rng.random(users) < RATE).astype(np.float64)),
         }), path, row_group_size=131_072)
         paths.append(str(path))
     return paths
-
-
-def _run_child(argv: list[str]) -> tuple[float, float, str, float]:
-    """(wall seconds, peak RSS in MB of that child alone, stdout+stderr, CPU seconds) of one subprocess."""
-    start = time.perf_counter()
-    with tempfile.TemporaryFile(mode="w+") as log:
-        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(child.pid, 0)
-        seconds = time.perf_counter() - start
-        child.returncode = os.waitstatus_to_exitcode(status)
-        log.seek(0)
-        text = log.read()
-    if child.returncode != 0:
-        raise RuntimeError(f"{argv[:3]} failed ({child.returncode}):\n{text[-3000:]}")
-    return seconds, usage.ru_maxrss / 1024.0, text, usage.ru_utime + usage.ru_stime  # ru_maxrss: KiB
 
 
 def _run_args(paths: list[str], folder: str, first: dt.date, last: dt.date, norm_budget: float,
@@ -94,15 +77,12 @@ def _run_args(paths: list[str], folder: str, first: dt.date, last: dt.date, norm
                 "--previous-ledger", f"{folder}/runs/{run - 1}" if run else "none",
                 "--output", f"{folder}/runs/{run}", "--releases-parquet", f"{folder}/releases",
                 "--noise-key", f"{folder}/noise.key", "--shards", str(shards)]
-    return [sys.executable, "-m", "pipelines.cli.main", "run", "--input", *paths,
-            "--store", f"{folder}/releases.duckdb", "--ledger", f"{folder}/ledger.duckdb",
-            "--epsilon", str(EPSILON), "--delta", str(DELTA), "--norm-budget", str(norm_budget),
-            "--start", first.isoformat(), "--end", last.isoformat(), "--shards", str(shards), "--quiet"]
+    return cli_run_args(paths, folder, first, last, norm_budget=norm_budget, shards=shards, extra=["--quiet"])
 
 
 def measure(label: str, users: int, days: int, shards: int, entry: str = "run") -> dict:
     with tempfile.TemporaryDirectory(prefix=f"bench-scale-{label}-") as folder:
-        gen_s, gen_mb, _, _ = _run_child([sys.executable, __file__, "--generate", folder, "--users", str(users),
+        gen_s, gen_mb, _, _ = run_child([sys.executable, __file__, "--generate", folder, "--users", str(users),
                                           "--days", str(days)])
         paths = sorted(str(p) for p in Path(folder).glob("day-*.parquet"))
         runs = ([(paths, DAY0, DAY0 + dt.timedelta(days=days - 1))] if not label.endswith("-daily") else
@@ -113,7 +93,7 @@ def measure(label: str, users: int, days: int, shards: int, entry: str = "run") 
             NoiseKey.load_or_create(f"{folder}/noise.key")
         seconds = peak_mb = cpu = 0.0
         for run, (inputs, first, last) in enumerate(runs):
-            s, mb, text, c = _run_child(_run_args(inputs, folder, first, last, float(days), shards, entry, run))
+            s, mb, text, c = run_child(_run_args(inputs, folder, first, last, float(days), shards, entry, run))
             if "[balanced]" not in text:
                 raise RuntimeError(f"{label}: the run's totals do not balance:\n{text}")
             seconds, peak_mb, cpu = seconds + s, max(peak_mb, mb), cpu + c
