@@ -117,7 +117,7 @@ def write_inputs(folder: Path = INPUTS) -> None:
 
 def write_golden(folder: Path = HERE) -> None:
     """Run the stage on the inputs and write its outputs as the golden files (see the docstring)."""
-    from pipelines.curator.features import materialise_features
+    from pipelines.features.job import materialise_features
 
     summary = {}
     for name, inputs in (("int_ids", INT_INPUTS), ("string_ids", STRING_INPUTS)):
