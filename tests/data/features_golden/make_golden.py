@@ -3,11 +3,13 @@ stage must write from them.
 
 ``python tests/data/features_golden/make_golden.py`` rewrites the inputs (deterministic: fixed
 seed) under ``inputs/``. The golden outputs (``int_ids.parquet``, ``string_ids.parquet`` and
-``summary.json``) were made by the DuckDB implementation of ``renyi-stream features``
-(``materialise_features`` at commit 8b2d674, before the stage became a Beam job) with
-``--golden``; that implementation is gone, so ``--golden`` now runs whatever
-``pipelines.features.job.materialise_features`` is, and a regenerated golden proves nothing about
-the old code: keep the committed one.
+``summary.json``) were made with ``--golden`` by the DuckDB implementation of
+``renyi-stream features`` (``pipelines.curator.features.materialise_features`` as of commit
+8b2d674, in commit 7821dfe), before the stage became a Beam job. That implementation is gone:
+``--golden`` now runs the Beam job, so a regenerated golden proves nothing about the old code;
+keep the committed one. ``summary.json``'s ``rows_rejected`` is the old stage's count, which left
+out each repeat of a (user, day) from a later file (the Beam job counts them, as the daily job
+does).
 
 The inputs cover, over a feature window 2026-03-01..04, a gap day (03-05) and a label window
 03-06..07:
