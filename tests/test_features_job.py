@@ -271,7 +271,7 @@ def test_inputs_without_a_valid_row_write_nothing_and_say_so(tmp_path):
     assert not (tmp_path / "f.parquet").exists()
 
 
-def test_renyi_stream_features_passes_beam_options_and_train_reads_the_output(tmp_path, capsys):
+def test_renyi_stream_features_passes_beam_options_through_and_writes_a_loadable_0600_file(tmp_path, capsys):
     out = tmp_path / "f.parquet"
     code = main(_feature_args(_inputs("string_ids"), out, "--runner", "DirectRunner", "--direct_num_workers=1",
                               "--shards", "3", "--quiet"))
