@@ -23,7 +23,7 @@ import pytest
 
 from pipelines.cli.main import _build_parser, main
 from pipelines.daily.job import JobConfig, run_job
-from pipelines.curator.features import materialise_features
+from pipelines.features.job import materialise_features
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days

@@ -22,7 +22,8 @@ import pytest
 
 from pipelines.cli.main import main
 from pipelines.curator.store import CuratorStore, CuratorStoreError
-from pipelines.curator.features import load_features, materialise_features
+from pipelines.curator.features import load_features
+from pipelines.features.job import materialise_features
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days

@@ -22,7 +22,8 @@ import pytest
 from pipelines.cli.main import main
 from pipelines.curator.store import CuratorStore
 from pipelines.daily.job import JobConfig, run_job
-from pipelines.curator.features import load_features, materialise_features
+from pipelines.curator.features import load_features
+from pipelines.features.job import materialise_features
 from pipelines.curator.train import TrainConfig, TrainRefused, run_train
 from stream.faults import CRASH_ENV
 from stream.ledger import Ledger

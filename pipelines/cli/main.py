@@ -296,7 +296,7 @@ def _build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     args, unknown = parser.parse_known_args(argv)
-    if unknown and getattr(args, "command", None) != "run":
+    if unknown and getattr(args, "command", None) not in ("run", "features"):  # the Beam jobs pass them to Beam
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     args.beam_args = unknown
     try:

@@ -1,5 +1,5 @@
 """``renyi-stream features`` and ``train``: the command line of the curator's training stage
-(:mod:`pipelines.curator.features`, :mod:`pipelines.curator.train`)."""
+(:mod:`pipelines.features.job`, a Beam batch job, and :mod:`pipelines.curator.train`)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,31 @@ from pipelines.cli.errors import name_the_option
 from pipelines.curator.train import (DEFAULT_COUNT_FRACTION, DEFAULT_STOP_FRACTION, TrainConfig, TrainRefused,
                                      run_train)
 from stream.accounting import ACCOUNTINGS
+from stream.engine.ledger_config import DEFAULT_SHARDS
 
 
 def _features_command(args: argparse.Namespace) -> int:
-    from pipelines.curator.features import materialise_features
+    from pipelines.beam.job_options import RunRefused, refuse_unknown_options
+    from pipelines.features.job import materialise_features
     from stream.engine.readers import InputFileError
 
+    # Beam options pass through as in ``renyi-stream run``: one neither this command nor Beam knows
+    # is refused (a typo would be ignored), and --runner defaults to the DirectRunner, in memory.
+    beam_args = list(args.beam_args)
+    try:
+        refuse_unknown_options(beam_args, args.option_names.values(), command="features")
+    except RunRefused as exc:
+        print(f"renyi-stream features: error: {exc}", file=sys.stderr)
+        return 2
+    if not any(a.startswith("--runner") for a in beam_args):
+        beam_args.append(f"--runner={args.runner}")
+        if args.runner == "DirectRunner" and not any(a.startswith("--direct_running_mode") for a in beam_args):
+            beam_args.append("--direct_running_mode=in_memory")
     try:
         summary = materialise_features(
             args.input, args.out, start=args.start, end=args.end, label_column=args.label_column,
-            label_start=args.label_start, label_end=args.label_end)
+            label_start=args.label_start, label_end=args.label_end, n_shards=args.shards, beam_args=beam_args,
+            dead_letters=args.dead_letters)
     except (ValueError, InputFileError) as exc:
         print(f"renyi-stream features: error: {name_the_option(str(exc), args)}", file=sys.stderr)
         return 2 if not isinstance(exc, InputFileError) else 1
@@ -71,7 +86,9 @@ def add_train_subcommand(subparsers: Any) -> None:
         help="curator side: one training row per user (features + label) from the daily indicator files",
         description="Aggregate the daily indicator files per user: per indicator the mean per day and the share "
         "of active days over [--start, --end], and label = 1 if --label-column is non-zero in "
-        "[--label-start, --label-end]. Writes Parquet (sensitive: keep it with the ledger).",
+        "[--label-start, --label-end]. Writes Parquet (sensitive: keep it with the ledger). A Beam batch job on "
+        "the daily job's read and validation; other options are passed to Beam (e.g. --runner=DataflowRunner "
+        "--project ...); one Beam does not know either is refused.",
     )
     feat.add_argument("--input", nargs="+", required=True, help="daily indicator files (Parquet, Arrow IPC, CSV)")
     feat.add_argument("--out", required=True, help="features Parquet file to write")
@@ -80,6 +97,12 @@ def add_train_subcommand(subparsers: Any) -> None:
     feat.add_argument("--label-column", required=True, help="indicator whose later presence is the label")
     feat.add_argument("--label-start", required=True, help="first day of the label window (YYYY-MM-DD)")
     feat.add_argument("--label-end", required=True, help="last day of the label window (YYYY-MM-DD)")
+    feat.add_argument("--dead-letters", default=None, metavar="FILE",
+                      help="also write the rejected rows there (Parquet, the daily job's dead-letter columns and "
+                      "reasons; curator only, 0600)")
+    feat.add_argument("--shards", type=int, default=DEFAULT_SHARDS,
+                      help=f"groups of users the aggregation is split into (default {DEFAULT_SHARDS})")
+    feat.add_argument("--runner", default="DirectRunner", help="Beam runner (default DirectRunner)")
     feat.add_argument("--quiet", action="store_true",
                       help="print no exact count (users, rows read, rejected), only where the features went")
     feat.set_defaults(handler=_features_command)

@@ -1,9 +1,11 @@
-"""Curator side: materialise one training row per user from the daily indicator files.
+"""Curator side: one training row per user from the daily indicator files (the features stage's
+Beam-free part) and the file the training stage reads.
 
 The training stage (``renyi-stream train``) needs one record per user: a feature vector and a
-label. This module derives them from the same daily indicator inputs the streaming job reads
-(Parquet, Arrow IPC or CSV; validated by :func:`stream.schema.validate_batch`, so the rows the
-daily job would reject are left out here too, and counted):
+label. The features job (:mod:`pipelines.features.job`, ``renyi-stream features``) derives them
+from the same daily indicator inputs the daily job reads, through the daily job's own read and
+validation (so the rows the daily job would reject are left out here too, and counted); this
+module holds what it computes, Beam-free:
 
 * the **feature window** ``[start, end]`` (days, inclusive) gives, for every indicator column
   ``c``: ``c_mean`` = sum of ``c`` over the window / number of days in the window, and
@@ -13,12 +15,15 @@ daily job would reject are left out here too, and counted):
   ``label_column`` sums to more than 0 there, else 0 (e.g. "changes plan in the next 30 days").
 
 A user is a training row when they have at least one valid row in the feature window. A
-repeated ``(user, day)`` across files keeps its first occurrence (the daily job would reject the
-later one). The output is sensitive (it is the users' data): it stays on the curator side, next
-to the ledger: the file is written ``0600`` (folders made for it ``0700``) whatever the umask,
-and :func:`load_features` refuses one that group/others may read (:mod:`stream.private_files`).
-Parquet columns: ``user_id``, the features in a fixed order, ``label`` (int64);
-the schema metadata records the windows and the source columns.
+repeated ``(user, day)`` keeps its first occurrence in (input, row) order, the daily job's rule
+(invariant 2 (charge-in-event-time-order, docs/architecture.md)); the later ones are
+``duplicate_user_window`` dead letters. The output is sensitive (it is the users' data): it
+stays on the curator side, next to the ledger: the file is written ``0600`` (folders made for it
+``0700``) whatever the umask, and :func:`load_features` refuses one that group/others may read
+(:mod:`stream.private_files`). Parquet columns: ``user_id``, the features in a fixed order,
+``label`` (int64); the schema metadata records the windows and the source columns
+(:data:`FEATURES_KEY`) and, apart, the run's exact row counts (:data:`ROWS_KEY`, curator only as
+the file is).
 """
 
 from __future__ import annotations
@@ -26,33 +31,41 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
-import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from stream.engine.readers import read_batches
+from stream.columns import default_columns
+from stream.engine.readers import declares_types, read_batches
 from stream.private_files import refuse_if_shared, write_private
-from stream.schema import DAY, EVENT_TIME, USER_ID, WINDOW_ID, WindowSpec, validate_batch
+from stream.schema import USER_ID, WINDOW_ID
 
 LABEL = "label"
+#: Schema-metadata key of what the features are: feature and indicator columns, windows, label.
+FEATURES_KEY = b"renyi_stream.features"
+#: Schema-metadata key of the run that wrote the file: its token and exact row counts (JSON).
+ROWS_KEY = b"renyi_stream.features_rows"
 _EPOCH = dt.date(1970, 1, 1)
 
 
 @dataclass(frozen=True)
 class FeatureSummary:
-    """What :func:`materialise_features` wrote (curator-only counts)."""
+    """What the features stage wrote (curator-only counts): users and positive labels in the
+    file, rows read, rows rejected (dead letters, every reason) and the rejected rows by reason."""
 
-    path: Path
+    path: Path | str
     users: int
     positives: int
     feature_columns: tuple[str, ...]
     rows_read: int
     rows_rejected: int
+    rejected_by_reason: Mapping[str, int] = field(default_factory=dict)
 
 
 def _day(name: str, value: dt.date | str) -> int:
@@ -66,105 +79,171 @@ def _day(name: str, value: dt.date | str) -> int:
     return (value - _EPOCH).days
 
 
-def _indicators(first: pa.Schema) -> list[str]:
-    skip = {USER_ID, DAY, EVENT_TIME}
-    return [f.name for f in first if f.name not in skip and
-            (pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type))]
+@dataclass(frozen=True)
+class FeatureWindows:
+    """The feature window ``[start, end]`` and the label window ``[label_start, label_end]`` as
+    day numbers (days since 1970-01-01, the daily window ids), with the dates as given (for the
+    file's metadata). Build with :meth:`of`, which validates them."""
+
+    start: int
+    end: int
+    label_start: int
+    label_end: int
+    given: tuple[str, str, str, str]
+
+    @classmethod
+    def of(cls, *, start: dt.date | str, end: dt.date | str, label_start: dt.date | str,
+           label_end: dt.date | str) -> "FeatureWindows":
+        """ValueError naming the parameter for a date that does not parse, a reversed window, or a
+        label window that overlaps the feature window (the label would be part of the features)."""
+        fs, fe = _day("start", start), _day("end", end)
+        ls, le = _day("label_start", label_start), _day("label_end", label_end)
+        if fs > fe:
+            raise ValueError(f"start must not be after end, got start={start}, end={end}")
+        if ls > le:
+            raise ValueError(f"label_start must not be after label_end, got label_start={label_start}, "
+                             f"label_end={label_end}")
+        if not (le < fs or ls > fe):
+            raise ValueError(f"the label window [{label_start}, {label_end}] must not overlap the feature window "
+                             f"[{start}, {end}]: the label would be part of the features")
+        return cls(fs, fe, ls, le, (str(start), str(end), str(label_start), str(label_end)))
+
+    @property
+    def first(self) -> int:
+        """The first day any row is read for (the schedule's start: earlier rows are out of range)."""
+        return min(self.start, self.label_start)
+
+    @property
+    def last(self) -> int:
+        """The last day any row is read for."""
+        return max(self.end, self.label_end)
+
+    @property
+    def days(self) -> int:
+        """Days in the feature window: the denominator of every feature."""
+        return self.end - self.start + 1
 
 
-def materialise_features(
-    inputs: Sequence[str | os.PathLike],
-    out: str | os.PathLike,
-    *,
-    start: dt.date | str,
-    end: dt.date | str,
-    label_column: str,
-    label_start: dt.date | str,
-    label_end: dt.date | str,
-    indicator_columns: Sequence[str] | None = None,
-) -> FeatureSummary:
-    """Read the daily indicator files, aggregate per user, write ``out`` (Parquet).
-
-    Raises ``ValueError`` naming the parameter for an empty input list, reversed windows, a
-    label window that overlaps the feature window, or a ``label_column`` that is not an
-    indicator column.
-    """
-    if not inputs:
-        raise ValueError("inputs must name at least one indicator file")
-    fs, fe = _day("start", start), _day("end", end)
-    ls, le = _day("label_start", label_start), _day("label_end", label_end)
-    if fs > fe:
-        raise ValueError(f"start must not be after end, got start={start}, end={end}")
-    if ls > le:
-        raise ValueError(f"label_start must not be after label_end, got label_start={label_start}, label_end={label_end}")
-    if not (le < fs or ls > fe):
-        raise ValueError(f"the label window [{label_start}, {label_end}] must not overlap the feature window "
-                         f"[{start}, {end}]: the label would be part of the features")
-    first = next(read_batches(inputs[0], batch_rows=16, malformed=[]), None)
-    if first is None:
-        raise ValueError(f"input file {inputs[0]} has no rows to take indicator columns from")
-    columns = list(indicator_columns) if indicator_columns else _indicators(first.schema)
+def indicator_columns_of(path: str | os.PathLike, label_column: str,
+                         indicator_columns: Sequence[str] | None = None) -> list[str]:
+    """The indicator columns the features are made of: ``indicator_columns`` when given, else the
+    daily job's default columns of the first input (:func:`stream.columns.default_columns`: the
+    declared numeric columns of a Parquet/Arrow file, every non-key column of a CSV). ValueError
+    naming ``label_column`` when it is not one of them."""
+    if indicator_columns:
+        columns = list(indicator_columns)
+    else:
+        first = next(read_batches(path, batch_rows=16, malformed=[]))
+        columns = default_columns(first.schema, declared_types=declares_types(path))
     if label_column not in columns:
         raise ValueError(f"label_column must be one of the indicator columns {columns}, got label_column={label_column!r}")
-    lo, hi = min(fs, ls), max(fe, le)
-    valid: list[pa.Table] = []
-    rows_read = rejected = 0
-    for path in inputs:
-        malformed: list[tuple[int, str]] = []  # CSV lines that do not split: read and rejected
-        for batch in read_batches(path, malformed=malformed):
-            result = validate_batch(batch, window=WindowSpec(), start_window=lo, end_window=hi,
-                                    indicator_columns=columns)
-            rows_read += batch.num_rows
-            rejected += result.rejected.num_rows
-            if result.valid.num_rows:
-                valid.append(result.valid)
-        rows_read += len(malformed)
-        rejected += len(malformed)
-    if not valid:
-        raise ValueError(f"no valid rows between {min(start, label_start)} and {max(end, label_end)} in the inputs")
-    rows = pa.concat_tables(valid, promote_options="default")
-    rows = rows.append_column("_ord", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
-    days = fe - fs + 1
-    feature_sql, feature_names = [], []
-    for c in columns:
-        q = '"' + c.replace('"', '""') + '"'
-        feature_sql += [f"coalesce(sum({q}) FILTER (WHERE in_f), 0) / {days}.0",
-                        f"count(*) FILTER (WHERE in_f AND {q} <> 0) / {days}.0"]
-        feature_names += [f"{c}_mean", f"{c}_active"]
-    feature_sql.append(f"count(*) FILTER (WHERE in_f) / {days}.0")
-    feature_names.append("active_days")
-    lq = '"' + label_column.replace('"', '""') + '"'
-    select = ", ".join(f'{sql} AS "{name}"' for sql, name in zip(feature_sql, feature_names))
-    db = duckdb.connect()
-    try:
-        db.register("rows_in", rows)
-        table = db.execute(f"""
-            WITH numbered AS (
-                SELECT *, row_number() OVER (PARTITION BY {USER_ID}, {WINDOW_ID} ORDER BY _ord) AS _nth FROM rows_in),
-            kept AS (
-                SELECT *, {WINDOW_ID} BETWEEN {fs} AND {fe} AS in_f, {WINDOW_ID} BETWEEN {ls} AND {le} AS in_l
-                FROM numbered WHERE _nth = 1)
-            SELECT {USER_ID}, {select},
-                   CAST(coalesce(sum({lq}) FILTER (WHERE in_l), 0) > 0 AS BIGINT) AS {LABEL}
-            FROM kept GROUP BY {USER_ID} HAVING count(*) FILTER (WHERE in_f) > 0
-            ORDER BY {USER_ID}""").arrow()
-    finally:
-        db.close()
-    if hasattr(table, "read_all"):
-        table = table.read_all()
+    return columns
+
+
+def feature_names(columns: Sequence[str]) -> list[str]:
+    """The feature columns, in the file's order: ``<c>_mean``, ``<c>_active`` per indicator, then
+    ``active_days``."""
+    return [name for c in columns for name in (f"{c}_mean", f"{c}_active")] + ["active_days"]
+
+
+def features_schema(columns: Sequence[str], id_type: str) -> pa.Schema:
+    """The features file's columns: ``user_id`` (int64 or string, the inputs' id type), the
+    features (float64) and ``label`` (int64)."""
+    return pa.schema([(USER_ID, pa.int64() if id_type == "int64" else pa.string())]
+                     + [(name, pa.float64()) for name in feature_names(columns)] + [(LABEL, pa.int64())])
+
+
+def user_features(rows: pa.Table, windows: FeatureWindows, columns: Sequence[str], label_column: str) -> pa.Table:
+    """One row per user of ``rows`` with a row in the feature window (:func:`features_schema`
+    columns, users in first-appearance order), from validated rows (``user_id``, ``window_id``,
+    the indicator columns as float64 without nulls) holding at most one row per (user, window).
+
+    Vectorised: one hash aggregation over the rows (Arrow's ``group_by``), no Python loop per row
+    or user. Sums are of the feature window's values only (0 added for the other rows, which
+    changes no sum), divided by :attr:`FeatureWindows.days`."""
+    w = np.asarray(rows.column(WINDOW_ID).to_numpy(), dtype=np.int64)
+    in_f = (w >= windows.start) & (w <= windows.end)
+    in_l = (w >= windows.label_start) & (w <= windows.label_end)
+    sums: dict[str, Any] = {USER_ID: rows.column(USER_ID)}
+    for i, c in enumerate(columns):
+        v = np.asarray(rows.column(c).to_numpy(), dtype=np.float64)
+        sums[f"s{i}"] = np.where(in_f, v, 0.0)
+        sums[f"a{i}"] = (in_f & (v != 0)).astype(np.int64)
+    sums["f"] = in_f.astype(np.int64)
+    sums["l"] = np.where(in_l, np.asarray(rows.column(label_column).to_numpy(), dtype=np.float64), 0.0)
+    names = [k for k in sums if k != USER_ID]
+    grouped = pa.table(sums).group_by(USER_ID, use_threads=False).aggregate([(k, "sum") for k in names])
+    grouped = grouped.filter(pa.array(grouped.column("f_sum").to_numpy() > 0))
+    days = float(windows.days)
+    out: dict[str, Any] = {USER_ID: grouped.column(USER_ID)}
+    for i, c in enumerate(columns):
+        out[f"{c}_mean"] = grouped.column(f"s{i}_sum").to_numpy() / days
+        out[f"{c}_active"] = grouped.column(f"a{i}_sum").to_numpy().astype(np.float64) / days
+    out["active_days"] = grouped.column("f_sum").to_numpy().astype(np.float64) / days
+    out[LABEL] = (grouped.column("l_sum").to_numpy() > 0).astype(np.int64)
+    id_type = "int64" if pa.types.is_integer(rows.schema.field(USER_ID).type) else "string"
+    return pa.table(out, schema=features_schema(columns, id_type))
+
+
+def features_table(parts: Iterable[pa.Table], *, windows: FeatureWindows, columns: Sequence[str], label_column: str,
+                   id_type: str, rows: Mapping[str, Any]) -> pa.Table:
+    """The features file's table: the per-user parts (:func:`user_features` of disjoint sets of
+    users) in one table sorted by ``user_id``, with the schema metadata :data:`FEATURES_KEY` (what
+    the features are) and :data:`ROWS_KEY` (``rows``: the run's token and exact row counts)."""
+    schema = features_schema(columns, id_type)
+    table = pa.concat_tables([schema.empty_table(), *(p.cast(schema) for p in parts)])
+    table = table.sort_by(USER_ID) if table.num_rows else table
+    start, end, label_start, label_end = windows.given
     meta = {
-        "renyi_stream.features": json.dumps({
-            "feature_columns": feature_names, "label": LABEL, "label_column": label_column,
-            "feature_window": [str(start), str(end)], "label_window": [str(label_start), str(label_end)],
-            "indicator_columns": columns,
+        FEATURES_KEY: json.dumps({
+            "feature_columns": feature_names(columns), "label": LABEL, "label_column": label_column,
+            "feature_window": [start, end], "label_window": [label_start, label_end],
+            "indicator_columns": list(columns),
         }),
+        ROWS_KEY: json.dumps(dict(rows), sort_keys=True),
     }
-    out = Path(out)
-    table = table.replace_schema_metadata(meta)
-    write_private(out, lambda handle: pq.write_table(table, handle))
-    labels = table.column(LABEL).to_numpy()
-    return FeatureSummary(path=out, users=table.num_rows, positives=int(labels.sum()),
-                          feature_columns=tuple(feature_names), rows_read=rows_read, rows_rejected=rejected)
+    return table.combine_chunks().replace_schema_metadata(meta)
+
+
+def write_features(table: pa.Table, out: str | os.PathLike) -> None:
+    """Write ``table`` to ``out`` whole or not at all: a local path through
+    :func:`stream.private_files.write_private` (a scratch file ``0600`` beside it, renamed over it;
+    missing folders ``0700``); a URI (``gs://``, ``s3://``) through ``pyarrow.fs`` to a scratch
+    object beside it, then moved (its permissions are the bucket's IAM policy)."""
+    text = str(out)
+    if "://" not in text:
+        write_private(Path(text), lambda handle: pq.write_table(table, handle))
+        return
+    fs, path = pafs.FileSystem.from_uri(text)
+    folder, name = path.rsplit("/", 1)
+    fs.create_dir(folder, recursive=True)
+    scratch = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp"
+    try:
+        with fs.open_output_stream(scratch) as handle:
+            pq.write_table(table, handle)
+        fs.move(scratch, path)
+    finally:
+        if fs.get_file_info(scratch).type != pafs.FileType.NotFound:
+            fs.delete_file(scratch)
+
+
+def read_rows_record(out: str | os.PathLike) -> dict[str, Any] | None:
+    """The :data:`ROWS_KEY` record of the features file at ``out`` (a path or URI), None when
+    there is no such file or it has none."""
+    text = str(out)
+    try:
+        if "://" in text:
+            fs, path = pafs.FileSystem.from_uri(text)
+            with fs.open_input_file(path) as handle:
+                schema = pq.read_schema(handle)
+        else:
+            if not Path(text).is_file():
+                return None
+            schema = pq.read_schema(text)
+    except (pa.ArrowException, OSError):
+        return None
+    raw = (schema.metadata or {}).get(ROWS_KEY)
+    return json.loads(raw) if raw is not None else None
 
 
 @dataclass(frozen=True)
@@ -183,7 +262,7 @@ def load_features(path: str | os.PathLike, *, label_column: str = LABEL,
                   feature_columns: Sequence[str] | None = None) -> Features:
     """Read a features Parquet file (``user_id``, numeric features, integer ``label``).
 
-    ``feature_columns`` defaults to the list recorded by :func:`materialise_features`, else every
+    ``feature_columns`` defaults to the list recorded by the features stage (:data:`FEATURES_KEY`), else every
     numeric column other than ``user_id`` and the label. Refuses a file that group/others may
     read (naming it and the fix, ``chmod 600``: it holds the users' data), nulls, non-finite features,
     repeated user ids and labels that are not non-negative integers, naming the column.
@@ -200,7 +279,7 @@ def load_features(path: str | os.PathLike, *, label_column: str = LABEL,
         if needed not in table.column_names:
             raise ValueError(f"features file {path} has no column {needed!r}")
     if feature_columns is None:
-        meta = (table.schema.metadata or {}).get(b"renyi_stream.features")
+        meta = (table.schema.metadata or {}).get(FEATURES_KEY)
         if meta is not None:
             feature_columns = json.loads(meta)["feature_columns"]
         else:

@@ -62,7 +62,7 @@ class TrainConfig:
     """One training run. Privacy numbers are keyword-only in spirit: every field is named.
 
     Attributes:
-        features: Parquet file of :func:`pipelines.curator.features.materialise_features` (or any Parquet
+        features: Parquet file of the features job (:func:`pipelines.features.job.materialise_features`) (or any Parquet
             with ``user_id``, numeric features and an integer ``label``).
         ledger: the curator's ledger database (DuckDB); created when missing.
         epsilon, delta: the per-user promise; must equal the ledger's.

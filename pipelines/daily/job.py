@@ -36,7 +36,7 @@ from pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock, cr
 from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
-from stream.engine.readers import declares_types, read_batches
+from stream.engine.readers import declares_types, id_type_of, read_batches
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
 from queries.registration import plan_columns
 from queries.release_files import write_release_file
@@ -47,7 +47,7 @@ from stream.columns import KEY_COLUMNS, InputColumns, declared_kind, default_col
 from stream.ledger import STATUS_NAMES, Policy
 from stream.noise import NoiseKey
 from stream.private_files import CURATOR_ONLY_NOTICE, private_umask
-from stream.schema import USER_ID, WindowSpec
+from stream.schema import WindowSpec
 
 @dataclass(frozen=True)
 class JobConfig:
@@ -117,9 +117,7 @@ def _first_input(paths: Sequence[str]) -> tuple[str, pa.Schema, bool]:
 
 
 def _id_type(paths: Sequence[str]) -> str:
-    first = next(read_batches(paths[0], batch_rows=16, malformed=[]))
-    return "string" if pa.types.is_string(first.schema.field(USER_ID).type) or \
-        pa.types.is_large_string(first.schema.field(USER_ID).type) else "int64"
+    return id_type_of(next(read_batches(paths[0], batch_rows=16, malformed=[])).schema)
 
 
 def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:

@@ -108,7 +108,7 @@ try:
 finally:
     _root.setLevel(_level)
 from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
-from stream.engine.readers import declares_types, read_batches
+from stream.engine.readers import declares_types, id_type_of, read_batches
 from queries import release_lineage as lineage
 from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
@@ -122,7 +122,7 @@ from stream.engine.ledger_config import LedgerConfig, LedgerConfigError
 from stream.ledger import STATUS_NAMES, Policy
 from stream.noise import check_ledger_id, new_ledger_id
 from stream.private_files import CURATOR_ONLY_NOTICE, private_dir, tighten_tree
-from stream.schema import USER_ID, WindowSpec
+from stream.schema import WindowSpec
 
 MANIFEST_VERSION = 1
 INTENT = "_INTENT.json"
@@ -344,8 +344,7 @@ def prepare(args: argparse.Namespace) -> RunPlan:
     inputs = resolve_inputs(patterns)
     key_path, fingerprint, _ = key_fingerprint(args)
     schema = _first_input_schema(inputs[0]["path"])
-    id_type = "string" if pa.types.is_string(schema.field(USER_ID).type) or \
-        pa.types.is_large_string(schema.field(USER_ID).type) else "int64"
+    id_type = id_type_of(schema)
     releases, output = absolute(args.releases_parquet), absolute(args.output)
     config = LedgerConfig.from_promise(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget,
                                        accounting=args.accounting, id_type=id_type, key_fingerprint=fingerprint,

@@ -106,6 +106,15 @@ def declares_types(path: str | Path) -> bool:
     return file_format(path) != "csv"
 
 
+def id_type_of(schema: pa.Schema) -> str:
+    """The user id type an input's schema gives a new ledger: ``"string"`` for text ids, else
+    ``"int64"`` (a CSV's ids are inferred by the reader: integers when every id is one). The rule
+    of every batch job (the daily job, the distributed job, the features job), applied to the first
+    input; the validator then parses every row's id as it (:func:`stream.schema.validate_batch`)."""
+    t = schema.field("user_id").type
+    return "string" if pa.types.is_string(t) or pa.types.is_large_string(t) else "int64"
+
+
 def _csv_header(path: str | Path, remote: tuple[pafs.FileSystem, str] | None) -> list[str]:
     """The column names of a CSV file, from its first line alone (so that no later line, however
     malformed, decides anything about the file's columns)."""
