@@ -42,6 +42,7 @@ from typing import Any, Iterator, Sequence, Tuple
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.coders import PickleCoder
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
@@ -104,7 +105,8 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
     rows), ``(window, books)`` (tag ``books``, every charged window: the ``shard`` and its books
     since its previous charge, ``received``, ``late``, ``out_of_range``, ``duplicate``,
     ``admitted``, ``clipped``, ``dropped``, ``nonfinite``, the rows ``buffered`` for later windows
-    and ``balanced``, 1 or 0), ``(shard, window, ledger snapshot)`` (tag ``ledger``: after ``end_window``, or every
+    and ``balanced``, 1 or 0; with ``window_records``, ``(window, books, duplicates)``: the
+    window's duplicate dead letters there rather than under ``dead``), ``(shard, window, ledger snapshot)`` (tag ``ledger``: after ``end_window``, or every
     window with ``snapshot_every_window``) and ``(query_id, snapshot)`` (tag ``running``,
     with the final ledger).
     """
@@ -118,9 +120,13 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
     def __init__(self, *, plan: QueryPlan, window: WindowSpec, start_window: int, end_window: int,
                  indicator_columns: Sequence[str], noise_std: float, policy: str, budget: float, id_type: str,
                  tracker_step: float, released: Sequence[int] = (),
-                 running_meta: dict[str, dict[str, str]] | None = None, snapshot_every_window: bool = False) -> None:
+                 running_meta: dict[str, dict[str, str]] | None = None, snapshot_every_window: bool = False,
+                 resumed_through: int | None = None, window_records: bool = False) -> None:
         if end_window < start_window:
             raise ValueError(f"end_window must be >= start_window={start_window}, got end_window={end_window}")
+        if resumed_through is not None and not start_window - 1 <= resumed_through <= end_window:
+            raise ValueError(f"resumed_through must be in [{start_window - 1}, {end_window}] (start_window - 1 .. "
+                             f"end_window), got resumed_through={resumed_through}")
         if any(int(w) >= start_window for w in released):
             raise ValueError(f"released windows must be before start_window={start_window} (earlier runs), "
                              f"got released={sorted(int(w) for w in released if int(w) >= start_window)}")
@@ -131,6 +137,10 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         self._policy = policy
         self._released = tuple(sorted(int(w) for w in released))
         self._snapshot_every_window = snapshot_every_window
+        # A job resumed after a crash (pipelines.streaming.job, "Crash recovery") charged this
+        # schedule's windows through ``resumed_through`` before: every shard starts there.
+        self._resumed = self._start - 1 if resumed_through is None else int(resumed_through)
+        self._window_records = window_records
         # The engine restores and snapshots a shard, as for the batch filter.
         self._shards = ShardSnapshots(plan=plan, budget=budget, id_type=id_type, tracker_step=tracker_step,
                                       running_meta=dict(running_meta or {}))
@@ -141,7 +151,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
 
     def _charged(self, charged: Any) -> int:
         value = charged.read()
-        return self._start - 1 if value is None else int(value)
+        return self._resumed if value is None else int(value)
 
     def process(self, element: tuple[int, tuple[str, Any]],
                 rows: Any = beam.DoFn.StateParam(ROWS), state: Any = beam.DoFn.StateParam(STATE),
@@ -160,6 +170,15 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             window_end.set(self._end_of(through + 1))
 
     def _buffer(self, table: pa.Table, through: int, rows: Any, books: Any) -> Iterator[Any]:
+        if self._resumed >= self._start:
+            # Re-delivered to a resumed job: rows of this schedule's windows up to the one it resumed
+            # from were read, charged and counted in those windows' committed records by the job it
+            # resumes (invariant 6 (charge-once), invariant 7 (rows-counted-not-lost)). Neither
+            # charged nor counted again.
+            windows = table.column(WINDOW_ID)
+            again = pc.and_(pc.greater_equal(windows, self._start), pc.less_equal(windows, self._resumed))
+            if pc.any(again).as_py():
+                table = table.filter(pc.invert(again))
         # A window this shard charged may be released: charging it now would change a release.
         classes = classify_windows(table.column(WINDOW_ID), start_window=self._start, end_window=self._end,
                                    charged=self._released, charged_through=through)
@@ -186,7 +205,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         mine = unpacked(part for w, part in buffered if w == window)
         shard = self._shards.restore(state.read())
         data, duplicates = in_event_time_order(mine)  # exactly as the batch path
-        if duplicates is not None and duplicates.num_rows:
+        if duplicates is not None and duplicates.num_rows and not self._window_records:
             yield beam.pvalue.TaggedOutput("dead", duplicates)
         counts = yield from self._charge(key, shard, window, data)
         yield from self._close_books(key, window, books, counts, duplicates,
@@ -250,7 +269,10 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         # counts are, and the curator's files are named by their content.
         record = {"shard": int(key), **after.since(before), "nonfinite": int(counts.get("nonfinite", 0)),
                   "buffered": buffered, "balanced": int(balanced)}
-        yield beam.pvalue.TaggedOutput("books", (window, record))
+        if self._window_records:  # the window's duplicates travel with its books: one record, committed together
+            yield beam.pvalue.TaggedOutput("books", (window, record, duplicates))
+        else:
+            yield beam.pvalue.TaggedOutput("books", (window, record))
 
 
 class ReleaseCompletedWindow(beam.DoFn):
@@ -358,7 +380,12 @@ class StreamingReleases(beam.PTransform):
     ``start_window..end_window``; every window of it is released for every query active in it
     (invariant 3), running queries as running totals too. ``previous_ledger`` /
     ``previous_running`` / ``previous_raw`` are the state to continue from, ``released`` the
-    windows released before (their rows are late). ``ledger_id`` is the ledger's identifier
+    windows released before (their rows are late). ``resumed_through``: this schedule's windows
+    through it were charged by the job this one resumes (its state is then that window's), so its
+    shards start after it and rows of those windows, re-delivered, are neither charged nor counted
+    again. ``window_records``: a shard's duplicates of a window travel in its ``books`` element,
+    ``(window, record, duplicates or None)``, rather than as dead letters, so that a job writes a
+    window's records together. ``ledger_id`` is the ledger's identifier
     (:func:`stream.noise.new_ledger_id`), which the keyed noise is bound to.
 
     Returns a dict: ``releases`` (release rows), ``raw`` (running queries' releases ``y``),
@@ -374,7 +401,8 @@ class StreamingReleases(beam.PTransform):
                  ledger_id: str, previous_ledger: pa.Table | None = None,
                  previous_running: dict[str, pa.Table] | None = None,
                  released: Sequence[int] = (), snapshot_every_window: bool = False,
-                 previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None) -> None:
+                 previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None,
+                 resumed_through: int | None = None, window_records: bool = False) -> None:
         super().__init__()
         self._n_shards = n_shards
         self._previous = previous_ledger
@@ -384,7 +412,8 @@ class StreamingReleases(beam.PTransform):
             plan=plan, window=window, start_window=start_window, end_window=end_window,
             indicator_columns=indicator_columns, noise_std=noise_std, policy=policy, budget=budget, id_type=id_type,
             tracker_step=tracker_step, released=released, running_meta=meta,
-            snapshot_every_window=snapshot_every_window)
+            snapshot_every_window=snapshot_every_window, resumed_through=resumed_through,
+            window_records=window_records)
         self._release = ReleaseCompletedWindow(
             ReleaseWindow(key_path=key_path, plan=plan, noise_std=noise_std, window=window, accounting=accounting,
                           key_fingerprint=key_fingerprint, ledger_id=ledger_id), n_shards)
