@@ -9,6 +9,10 @@ never published) and charges them again from the last committed window's snapsho
 (:func:`pipelines.streaming.job.recover`). The conformance suite kills the job at each of its
 crash points (``tests/conformance/test_conformance.py``); these tests pin the recovery rule on
 states a crash can leave, built by hand from a finished job's files.
+
+Snapshots are incremental (``--full-snapshot-every K``): a shard's snapshot of a window is whole
+every K windows and otherwise holds the users charged in it; the ledger rebuilt at any window is
+the one whole snapshots give, and a restart from a delta window rebuilds it from its chain.
 """
 
 from __future__ import annotations
@@ -149,3 +153,89 @@ def test_an_output_with_snapshots_from_before_commit_markers_is_refused(tmp_path
     capsys.readouterr()
     assert sj.main(_args(tmp_path, messages)) == 2
     assert "from before commit markers" in capsys.readouterr().err
+
+
+# --- incremental snapshots: a full snapshot every K windows, deltas of the users charged between ------
+
+TEN = 10
+
+
+def _ten_days(folder: Path) -> list[str]:
+    """Ten days, one message each, of 20 to 60 of 150 users."""
+    rng = np.random.default_rng(23)
+    paths = []
+    for d in range(TEN):
+        users = rng.choice(150, int(rng.integers(20, 61)), replace=False)
+        table = pa.table({"user_id": pa.array(users, pa.int64()),
+                          "day": pa.array([DAY0 + dt.timedelta(days=d)] * len(users), pa.date32()),
+                          "opened": pa.array((rng.random(len(users)) < 0.5).astype(np.float64)),
+                          "bought": pa.array(rng.random(len(users)) * 1.5)})
+        paths.append(str(folder / f"day-{d}.arrows"))
+        Path(paths[-1]).parent.mkdir(parents=True, exist_ok=True)
+        Path(paths[-1]).write_bytes(sj.encode_message(table))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def ten_day_jobs(tmp_path_factory) -> dict[int, Path]:
+    """The same ten-day job with a full snapshot every 1, 3 and 1,000 windows, each in a folder of
+    its own (its --output is <folder>/curator)."""
+    root = tmp_path_factory.mktemp("ten-days")
+    messages = _ten_days(root / "messages")
+    folders = {}
+    for k in (1, 3, 1000):
+        folders[k] = root / f"k{k}"
+        args = _args(folders[k], messages, end=str(DAY0 + dt.timedelta(days=TEN - 1)))
+        args[args.index("--noise-key") + 1] = str(root / "key" / "noise.key")
+        NoiseKey.load_or_create(root / "key" / "noise.key")
+        assert sj.main([*args, "--full-snapshot-every", str(k)]) == 0
+    return folders
+
+
+def _snapshot_rows(folder: Path, window: int) -> int:
+    return sum(pq.read_metadata(f).num_rows
+               for f in (folder / "curator" / "ledger" / f"window_id={window}").glob("shard=*/*.parquet"))
+
+
+def test_the_ledger_at_every_window_is_the_same_whatever_the_full_snapshot_interval(ten_day_jobs):
+    """Rebuilt from a full snapshot and the deltas after it (sj.whole_ledger), every window's ledger
+    is the one whole snapshots give; so is the final ledger, and the public answers' sums."""
+    ledgers = {k: [sj.whole_ledger(str(folder / "curator" / "ledger"), W0 + w) for w in range(TEN)]
+               for k, folder in ten_day_jobs.items()}
+    assert all(table.num_rows for table in ledgers[1])
+    for k in (3, 1000):
+        assert [t.equals(whole) for t, whole in zip(ledgers[k], ledgers[1])] == [True] * TEN
+    assert [_snapshot_rows(ten_day_jobs[3], W0 + w) < _snapshot_rows(ten_day_jobs[1], W0 + w)
+            for w in range(TEN)] == [w % 3 != 0 and w != TEN - 1 for w in range(TEN)]
+
+
+def test_a_windows_snapshot_holds_one_row_per_user_charged_in_it_between_full_snapshots(ten_day_jobs):
+    """With K = 1,000 only the job's first and last windows are full; every window between writes
+    exactly the users charged in it (one row each, every shard together), not the ledger."""
+    folder = ten_day_jobs[1000]
+    days = sorted((folder.parent / "messages").glob("day-*.arrows"), key=lambda p: int(p.stem.split("-")[1]))
+    charged = [sj.decode_message(p.read_bytes()).num_rows for p in days]  # distinct users, one row each
+    rows = [_snapshot_rows(folder, W0 + w) for w in range(TEN)]
+    assert rows[1:-1] == charged[1:-1]
+    assert rows[0] == charged[0] and rows[-1] == sj.whole_ledger(str(folder / "curator" / "ledger"), W0 + TEN - 1
+                                                                 ).num_rows > charged[-1]
+
+
+def test_a_job_restarted_after_a_delta_window_resumes_from_the_ledger_its_chain_rebuilds(tmp_path):
+    """K = 3: window W0 + 5 is a delta over W0 + 3. The job lost after that window's marker (the
+    later windows written, not committed) resumes from the full snapshot of W0 + 3 and the deltas
+    after it, to the uninterrupted end: the same ledger, answers and books."""
+    messages = _ten_days(tmp_path / "messages")
+    args = _args(tmp_path, messages, end=str(DAY0 + dt.timedelta(days=TEN - 1)), full_snapshot_every="3")
+    assert sj.main(args) == 0
+    curator, last = tmp_path / "curator", W0 + TEN - 1
+    public, books, ledger = _public(tmp_path), _books(tmp_path), sj.whole_ledger(str(curator / "ledger"), last)
+    kind = pq.read_schema(next((curator / "ledger" / f"window_id={W0 + 5}").glob("shard=0/*.parquet"))).metadata
+    assert kind[b"renyi_stream.snapshot"] == b"delta" and kind[b"renyi_stream.base_window"] == str(W0 + 3).encode()
+    for w in range(W0 + 6, W0 + TEN):
+        Path(sj.commit_marker_path(str(curator), w)).unlink()
+        (tmp_path / "public" / f"window_id={w}" / "releases.parquet").unlink()
+    assert sj.main(args) == 0
+    assert sj.whole_ledger(str(curator / "ledger"), last).equals(ledger)
+    assert _public(tmp_path).keys() == public.keys() and all(_public(tmp_path)[w].equals(public[w]) for w in public)
+    assert _books(tmp_path) == books and books["balanced"]

@@ -48,7 +48,8 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
 from stream.engine.dead_letters import classify_windows, window_letters
-from stream.engine.shard_state import LEDGER_PART, RUNNING_PART, QueryPlan, ShardBooks, ShardSnapshots, ShardState
+from stream.engine.shard_state import (LEDGER_DELTA, LEDGER_PART, RUNNING_PART, QueryPlan, ShardBooks, ShardSnapshots,
+                                       ShardState)
 from pipelines.beam.transforms import (
     ReleaseWindow,
     RunningEstimates,
@@ -62,7 +63,32 @@ from pipelines.beam.transforms import (
     packed_by_shard,
     unpacked,
 )
-from stream.schema import WINDOW_ID, WindowSpec
+from stream.schema import USER_ID, WINDOW_ID, WindowSpec
+
+
+#: Schema metadata of a ledger snapshot the streaming filter emits (tag ``ledger``): ``full`` (the
+#: shard's whole ledger) or ``delta`` (the rows of the users charged in its window,
+#: :meth:`stream.engine.shard_state.ShardSnapshots.after_window`), and for a delta the window of the
+#: full snapshot it goes over (every window between them has a delta): the shard's ledger at a
+#: delta's window is that full snapshot with the deltas through it over it, in window order.
+SNAPSHOT_KIND, SNAPSHOT_BASE = "renyi_stream.snapshot", "renyi_stream.base_window"
+
+
+def _snapshot_table(parts: list[tuple[str, Any]], window: int, held: list[tuple[str, Any]]) -> pa.Table:
+    """The ledger table of the parts a shard keeps after ``window`` (a full snapshot or one delta),
+    marked as :data:`SNAPSHOT_KIND` and, for a delta, :data:`SNAPSHOT_BASE`."""
+    for kind, payload in parts:
+        if kind == LEDGER_PART:
+            return _marked(payload, {SNAPSHOT_KIND: "full"})
+        if kind == LEDGER_DELTA:
+            base = int(window) - 1 - sum(1 for k, _ in held if k == LEDGER_DELTA)
+            return _marked(payload[1], {SNAPSHOT_KIND: "delta", SNAPSHOT_BASE: str(base)})
+    raise ValueError("a shard's parts after a window hold no ledger")
+
+
+def _marked(table: pa.Table, extra: dict[str, str]) -> pa.Table:
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), **{k.encode(): v.encode()
+                                                                             for k, v in extra.items()}})
 
 
 def split_by_window(table: pa.Table) -> list[tuple[int, pa.Table]]:
@@ -85,8 +111,10 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
 
     State (per shard, global window; never window-scoped, invariant 1):
       ROWS    -- bag of ``(window_id, table)``: buffered rows of windows not yet charged.
-      STATE   -- bag of the shard's snapshots (``("ledger", table)``, ``("running", ...)``):
-                 the persistent ledger, replaced after every charged window, never cleared.
+      STATE   -- bag of the shard's snapshot parts (``("ledger", table)``, ``("running", ...)``
+                 and ``("ledger_delta", (window, rows))``): the persistent ledger, a full snapshot
+                 and the deltas after it (``compact_every``), never cleared but to be replaced by
+                 a full snapshot.
       CHARGED -- the last window this shard charged (``start_window - 1`` before the first).
       BOOKS   -- ``(now, at the last charge)``: the shard's cumulative
                  :class:`stream.engine.shard_state.ShardBooks` (rows received, dead, charged), checked
@@ -121,7 +149,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
                  indicator_columns: Sequence[str], noise_std: float, policy: str, budget: float, id_type: str,
                  tracker_step: float, released: Sequence[int] = (),
                  running_meta: dict[str, dict[str, str]] | None = None, snapshot_every_window: bool = False,
-                 resumed_through: int | None = None, window_records: bool = False) -> None:
+                 resumed_through: int | None = None, window_records: bool = False, compact_every: int = 1) -> None:
         if end_window < start_window:
             raise ValueError(f"end_window must be >= start_window={start_window}, got end_window={end_window}")
         if resumed_through is not None and not start_window - 1 <= resumed_through <= end_window:
@@ -143,7 +171,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         self._window_records = window_records
         # The engine restores and snapshots a shard, as for the batch filter.
         self._shards = ShardSnapshots(plan=plan, budget=budget, id_type=id_type, tracker_step=tracker_step,
-                                      running_meta=dict(running_meta or {}))
+                                      running_meta=dict(running_meta or {}), compact_every=compact_every)
         self._id_type = id_type
 
     def _end_of(self, window: int) -> int:
@@ -203,16 +231,23 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             return  # an extra firing: this window's end is not reached, or everything is charged
         buffered = list(rows.read())
         mine = unpacked(part for w, part in buffered if w == window)
-        shard = self._shards.restore(state.read())
+        held = list(state.read())
+        shard = self._shards.restore(held)
         data, duplicates = in_event_time_order(mine)  # exactly as the batch path
         if duplicates is not None and duplicates.num_rows and not self._window_records:
             yield beam.pvalue.TaggedOutput("dead", duplicates)
         counts = yield from self._charge(key, shard, window, data)
         yield from self._close_books(key, window, books, counts, duplicates,
                                      later=unpacked(part for w, part in buffered if w != window))
-        # Persist before anything else can observe the shard: the ledger is replaced, not cleared.
-        snapshot = self._shards.snapshot(shard)
-        state.clear()
+        # Persist before anything else can observe the shard: the ledger is replaced (a full snapshot)
+        # or added to (a delta of the users charged in this window), never cleared. The first window
+        # a job charges and its last are full, so that each job's chain of deltas starts in its own
+        # snapshots and the next job continues from one full snapshot per shard.
+        users = data.column(USER_ID) if data is not None else []
+        snapshot, whole = self._shards.after_window(shard, window=window, charged=users, held=held,
+                                                    full=window in (self._resumed + 1, self._end))
+        if whole:
+            state.clear()
         for part in snapshot:
             state.add(part)
         charged.write(window)
@@ -220,9 +255,8 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         for w, part in buffered:
             if w != window:
                 rows.add((w, part))
-        ledger = next(payload for kind, payload in snapshot if kind == LEDGER_PART)
         if self._snapshot_every_window or window == self._end:
-            yield beam.pvalue.TaggedOutput("ledger", (key, window, ledger))
+            yield beam.pvalue.TaggedOutput("ledger", (key, window, _snapshot_table(snapshot, window, held)))
         if window == self._end:
             for kind, payload in snapshot:
                 if kind == RUNNING_PART:
@@ -385,7 +419,10 @@ class StreamingReleases(beam.PTransform):
     shards start after it and rows of those windows, re-delivered, are neither charged nor counted
     again. ``window_records``: a shard's duplicates of a window travel in its ``books`` element,
     ``(window, record, duplicates or None)``, rather than as dead letters, so that a job writes a
-    window's records together. ``ledger_id`` is the ledger's identifier
+    window's records together. ``compact_every`` (K): a shard's state and its ``ledger`` snapshots are
+    a full snapshot every K windows and, between, deltas of the users charged in each window
+    (:meth:`stream.engine.shard_state.ShardSnapshots.after_window`; the first and last windows are
+    full); 1 (the default): whole every window. ``ledger_id`` is the ledger's identifier
     (:func:`stream.noise.new_ledger_id`), which the keyed noise is bound to.
 
     Returns a dict: ``releases`` (release rows), ``raw`` (running queries' releases ``y``),
@@ -402,7 +439,7 @@ class StreamingReleases(beam.PTransform):
                  previous_running: dict[str, pa.Table] | None = None,
                  released: Sequence[int] = (), snapshot_every_window: bool = False,
                  previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None,
-                 resumed_through: int | None = None, window_records: bool = False) -> None:
+                 resumed_through: int | None = None, window_records: bool = False, compact_every: int = 1) -> None:
         super().__init__()
         self._n_shards = n_shards
         self._previous = previous_ledger
@@ -413,7 +450,7 @@ class StreamingReleases(beam.PTransform):
             indicator_columns=indicator_columns, noise_std=noise_std, policy=policy, budget=budget, id_type=id_type,
             tracker_step=tracker_step, released=released, running_meta=meta,
             snapshot_every_window=snapshot_every_window, resumed_through=resumed_through,
-            window_records=window_records)
+            window_records=window_records, compact_every=compact_every)
         self._release = ReleaseCompletedWindow(
             ReleaseWindow(key_path=key_path, plan=plan, noise_std=noise_std, window=window, accounting=accounting,
                           key_fingerprint=key_fingerprint, ledger_id=ledger_id), n_shards)
