@@ -275,7 +275,8 @@ def test_the_streaming_job_gives_each_situation_the_same_reason(tmp_path):
                     "--end", _day(2), "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "4",
                     "--releases-parquet", str(tmp_path / "public"), "--output", str(tmp_path / "curator"),
                     "--noise-key", str(key), "--shards", "2"]) == 0
-    dead = pa.concat_tables([pq.read_table(f) for f in (tmp_path / "curator" / "dead").glob("*.parquet")])
+    # rglob: a window's duplicates lie under dead/window_id=<W>/, committed with that window.
+    dead = pa.concat_tables([pq.read_table(f) for f in (tmp_path / "curator" / "dead").rglob("*.parquet")])
     assert _by_situation(dead) == {**EXPECTED, b"not arrow at all".hex(): ["undecodable_message"]}
 
 

@@ -272,23 +272,30 @@ def test_the_streaming_jobs_public_files_are_written_downstream_of_its_ledger_sn
     assert not any(label.startswith("WriteLedger") for label in _ancestors(graph["staged"]))  # staging needn't wait
 
 
-def test_a_streaming_window_goes_public_only_once_staged_and_every_shards_snapshot_is_written(tmp_path):
+def test_a_streaming_window_goes_public_only_once_committed_after_every_earlier_window(tmp_path):
+    """A window is committed (its marker written, then published) once it is staged and every
+    shard's snapshot and records of it are written, and only after the window before it: window
+    W0 + 1 is complete first but waits for W0; W0 + 2 never gets shard 1's snapshot."""
     from apache_beam.testing.util import assert_that, equal_to
 
     from pipelines.beam.object_store import write_parquet
     from pipelines.streaming import job as sj
     from queries.release_files import release_file_path, release_file_table
 
-    staging, public = str(tmp_path / "staging"), str(tmp_path / "public")
-    for w in (W0, W0 + 1):
-        write_parquet(release_file_path(staging, w), release_file_table(_release_rows([w], 1.0, "ab" * 8)))
-    events = [(W0, (sj.STAGED, -1)), (W0, (sj.SNAPSHOT_WRITTEN, 0)), (W0, (sj.SNAPSHOT_WRITTEN, 0)),  # shard 1 missing
-              (W0 + 1, (sj.SNAPSHOT_WRITTEN, 1)), (W0 + 1, (sj.SNAPSHOT_WRITTEN, 0)), (W0 + 1, (sj.STAGED, -1)),
-              (W0 + 1, (sj.SNAPSHOT_WRITTEN, 1))]  # complete, then a repeated event
+    curator, public = str(tmp_path / "curator"), str(tmp_path / "public")
+    for w in (W0, W0 + 1, W0 + 2):
+        write_parquet(release_file_path(str(tmp_path / "curator" / sj.STAGED_RELEASES), w),
+                      release_file_table(_release_rows([w], 1.0, "ab" * 8)))
+    every = lambda w: [(w, (sj.STAGED, -1))] + [(w, (kind, s)) for kind in (sj.SNAPSHOT_WRITTEN, sj.RECORDS_WRITTEN)  # noqa: E731
+                                                 for s in (0, 1)]
+    events = (every(W0 + 1) + [(W0 + 1, (sj.SNAPSHOT_WRITTEN, 0))]  # complete, and a repeated event
+              + [e for e in every(W0 + 2) if e[1] != (sj.SNAPSHOT_WRITTEN, 1)] + every(W0))
     with beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"])) as p:
-        written = p | beam.Create(events) | beam.ParDo(sj.PublishCommittedWindow(staging, public, n_shards=2))
-        assert_that(written, equal_to([release_file_path(public, W0 + 1)]))
-    assert sorted(f.name for f in Path(public).iterdir()) == [f"window_id={W0 + 1}"]
+        written = (p | beam.Create([(0, e) for e in events])
+                   | beam.ParDo(sj.CommitWindows(curator, public, n_shards=2, first_window=W0, end_window=W0 + 2)))
+        assert_that(written, equal_to([release_file_path(public, W0), release_file_path(public, W0 + 1)]))
+    assert sorted(f.name for f in Path(public).iterdir()) == [f"window_id={W0}", f"window_id={W0 + 1}"]
+    assert sj.committed_windows(curator) == [W0, W0 + 1]
 
 
 def test_a_window_a_lost_streaming_job_left_staged_is_published_by_the_next_job_before_it_goes_on(tmp_path, capsys):

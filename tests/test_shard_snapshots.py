@@ -92,3 +92,85 @@ def test_the_streaming_filter_restores_through_the_engine_and_holds_no_batch_fil
     held = list(vars(fn).values())
     assert not any(isinstance(value, IndividualFilterDoFn) for value in held)
     assert any(isinstance(value, ShardSnapshots) for value in held)
+
+
+# --- incremental snapshots: a full snapshot every K windows, deltas between -------------------------
+
+WINDOW_PLAN = QueryPlan.starting_at(default_queries(["opened"]), W0)
+
+
+def _windows(n: int, seed: int = 7) -> list[pa.Table]:
+    """``n`` windows of 10 to 40 of 60 users each, values in [0, 1.5): enough to drop some users."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for w in range(n):
+        users = np.sort(rng.choice(60, int(rng.integers(10, 41)), replace=False))
+        out.append(_rows(W0 + w, users, rng.random(len(users)) * 1.5))
+    return out
+
+
+def _run(snapshots: ShardSnapshots, windows: list[pa.Table]) -> list[tuple[list, pa.Table]]:
+    """Charge ``windows`` one by one as the streaming filter does (restore from the parts held,
+    charge, keep the parts :meth:`ShardSnapshots.after_window` gives); after each window, the
+    parts held and the shard's ledger as restored from them."""
+    held, out = [], []
+    for table in windows:
+        shard = snapshots.restore(held)
+        window = int(table.column("window_id")[0].as_py())
+        shard.charge_window(window, table, noise_std=1.0, policy="drop")
+        parts, whole = snapshots.after_window(shard, window=window, charged=table.column("user_id"), held=held)
+        held = parts if whole else held + parts
+        out.append((list(held), snapshots.restore(held).ledger.to_arrow()))
+    return out
+
+
+@pytest.mark.parametrize("k", [1, 3, 1000])
+def test_a_full_snapshot_and_its_deltas_restore_the_ledger_whole_snapshots_give_after_every_window(k):
+    windows = _windows(10)
+    whole = _run(ShardSnapshots(plan=WINDOW_PLAN, budget=1.0, id_type="int64", tracker_step=1 / 32), windows)
+    incremental = _run(ShardSnapshots(plan=WINDOW_PLAN, budget=1.0, id_type="int64", tracker_step=1 / 32,
+                                      compact_every=k), windows)
+    assert all(a.equals(b) for (_, a), (_, b) in zip(whole, incremental))
+    assert whole[-1][1].num_rows > 50 and pa.compute.sum(whole[-1][1].column("used")).as_py() > 0
+    # K windows to a full snapshot: at most one full snapshot and K - 1 deltas held.
+    assert max(len(parts) for parts, _ in incremental) == min(k, 10)
+
+
+def test_a_delta_holds_the_ledger_rows_of_the_users_charged_in_its_window_only():
+    windows = _windows(4)
+    snapshots = ShardSnapshots(plan=WINDOW_PLAN, budget=1.0, id_type="int64", tracker_step=1 / 32, compact_every=10)
+    for (held, ledger), table in zip(_run(snapshots, windows)[1:], windows[1:]):
+        kind, (window, rows) = held[-1]
+        assert (kind, window) == ("ledger_delta", table.column("window_id")[0].as_py())
+        assert rows.column("user_id").to_pylist() == table.column("user_id").to_pylist()  # sorted, one per user
+        assert rows.num_rows < ledger.num_rows
+
+
+def test_deltas_go_over_the_full_snapshot_in_window_order_whatever_order_they_are_held_in():
+    snapshots = ShardSnapshots(plan=WINDOW_PLAN, budget=1.0, id_type="int64", tracker_step=1 / 32, compact_every=10)
+    held, ledger = _run(snapshots, _windows(6))[-1]
+    assert snapshots.restore([held[0], *reversed(held[1:])]).ledger.to_arrow().equals(ledger)
+
+
+def test_a_string_id_shard_restores_from_deltas_as_from_whole_snapshots():
+    def as_text(table: pa.Table) -> pa.Table:
+        return table.set_column(0, "user_id", pa.compute.cast(table.column("user_id"), pa.string()))
+
+    windows = [as_text(t) for t in _windows(5)]
+    make = lambda k: ShardSnapshots(plan=WINDOW_PLAN, budget=1.0, id_type="string", tracker_step=1 / 32,  # noqa: E731
+                                    compact_every=k)
+    assert _run(make(1), windows)[-1][1].equals(_run(make(4), windows)[-1][1])
+
+
+@pytest.mark.parametrize("k", [0, -2, 1.5])
+def test_a_compaction_interval_that_is_not_a_positive_integer_is_refused_naming_it(k):
+    with pytest.raises(ValueError, match="compact_every"):
+        ShardSnapshots(plan=WINDOW_PLAN, budget=1.0, id_type="int64", tracker_step=1 / 32, compact_every=k)
+
+
+def test_a_shard_with_running_histories_is_snapshotted_whole_every_window():
+    snapshots = ShardSnapshots(plan=PLAN, budget=1.0, id_type="int64", tracker_step=1 / 32, compact_every=5)
+    shard = snapshots.restore([])
+    shard.charge_window(W0, _rows(W0, [1, 2], [1.0, 0.5]), noise_std=2.0, policy="drop")
+    parts, whole = snapshots.after_window(shard, window=W0, charged=pa.array([1, 2]), held=[])
+    assert whole and [kind for kind, _ in parts] == ["ledger", "running"]

@@ -149,7 +149,7 @@ def test_bad_messages_and_rows_are_dead_letters_with_reasons(tmp_path, days):
     nan = tmp_path / "messages" / "nan.arrows"
     nan.write_bytes(sj.encode_message(bad_rows))
     assert sj.main(_args(tmp_path, ["--replay", str(garbage), str(nan), *messages[:2]])) == 0
-    dead = pa.concat_tables([pq.read_table(f) for f in (tmp_path / "curator" / "dead").glob("*.parquet")])
+    dead = pa.concat_tables([pq.read_table(f) for f in (tmp_path / "curator" / "dead").rglob("*.parquet")])
     reasons = sorted(dead.column("reason").to_pylist())
     assert DeadLetterReason.UNDECODABLE_MESSAGE in reasons and "non_finite_value" in reasons
     assert dead.filter(pa.compute.equal(dead.column("reason"), DeadLetterReason.UNDECODABLE_MESSAGE)).column("source").to_pylist() == [

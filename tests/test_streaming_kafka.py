@@ -173,7 +173,7 @@ def _counts(root: Path) -> list[tuple]:
 
 
 def _dead(root: Path) -> pa.Table | None:
-    files = sorted((root / "curator" / "dead").glob("*.parquet"))
+    files = sorted((root / "curator" / "dead").rglob("*.parquet"))
     return pa.concat_tables([pq.read_table(f) for f in files]) if files else None
 
 

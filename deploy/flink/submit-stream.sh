@@ -51,6 +51,8 @@ OPTIONS_FILE=$(dirname "$0")/flink-options.txt
 START=${1:?usage: submit-stream.sh START END [PREVIOUS_LEDGER_GLOB|none]}
 END=${2:?usage: submit-stream.sh START END [PREVIOUS_LEDGER_GLOB|none]}
 PREVIOUS=${3:-none}
+# One --output per job: after a lost job, run this script again with the same arguments; the job
+# resumes in this folder from its last committed window (pipelines/streaming/job.py, recover).
 OUTPUT=${CURATOR_ROOT}/stream/${START}
 # A new group per submission: a restart restores its read positions from Flink's checkpoint, never
 # from Kafka's committed offsets, and a new job re-reads the topic (rows of released windows are

@@ -64,9 +64,9 @@ is one dead letter, rows that fail validation are dead letters with reasons) ->
 state, a chained event-time timer per window end, a release once every shard has charged the
 window, keyed noise) -> in the curator's ``--output``, a ledger snapshot per (window, shard), dead
 letters, counts and each window's release file staged (:class:`StageWindowFile`), which goes to the
-public Parquet release root (first write wins) only once every shard's snapshot of the window is
-written (:class:`PublishCommittedWindow`: the outbox rule, docs/architecture.md, "The outbox
-rule"). The three
+public Parquet release root (first write wins) only once the window is committed: staged, every
+shard's snapshot and records of it written, its marker written after the previous window's
+(:class:`CommitWindows`: the outbox rule, docs/architecture.md, "The outbox rule"). The three
 sources differ only in the read step: everything from :class:`KafkaRecordToMessage` (Kafka) or
 :class:`DecodeAndValidate` (the others) on is the same code, and :func:`build` takes the read
 step's output as an argument for tests.
@@ -85,6 +85,32 @@ numeric indicator columns (parsed as numbers, a value that does not parse a dead
 string columns are passed through for the histograms over string categories that read them.
 User ids are ``int64`` or ``string``, the ledger's for life (``--id-type``; else a continuing
 ledger's own, else the first replayed message's ``user_id`` type, else ``int64``).
+
+**Crash recovery: run the same command again.** The ``--output`` is the job's state folder
+(:data:`STATE_FILE` records the command line that owns it). Each window is committed by one
+marker, ``<output>/commits/window_id=<W>.json``, written whole or not at all in window order,
+after every shard's ledger snapshot and records (books, counts, duplicates) of the window and its
+staged release file, and before its publication (:class:`CommitWindows`). A job launched again
+with the same command line (:func:`restarting`) first brings the folder to its last marker
+(:func:`recover`): it publishes every committed window not yet public (first write wins), removes
+what a crash left of later windows (snapshots, staged releases, records: a dead branch, never
+restored, never published), then continues from the last committed window's snapshots: its shards
+start after that window, rows of the windows it committed are re-deliveries (neither charged nor
+counted again: their outcome is in those windows' committed records, and a message's own records
+are named by their content, so a message read twice is counted once), and the later windows are
+charged again from that ledger, with the same ledger id and keyed noise. The source must deliver
+again every message of those later windows: a replay does; for Kafka, a new consumer group reading
+from the earliest retained record; for Pub/Sub, a seek of the subscription to before the
+committed window's end. Another command line given a job's ``--output`` is refused (one folder,
+one job), and so is a folder of snapshots from before commit markers (no :data:`STATE_FILE`).
+
+Snapshots are incremental: a shard's snapshot of a window is whole every ``--full-snapshot-every``
+windows (:data:`FULL_SNAPSHOT_EVERY`) and at the job's first and last window, and otherwise a
+delta, the ledger rows of the users charged in that window
+(:meth:`stream.engine.shard_state.ShardSnapshots.after_window`), marked so in its metadata
+(``renyi_stream.snapshot``, and ``renyi_stream.base_window``: the window of the full snapshot it
+goes over). A job continuing from a delta window rebuilds each shard from that full snapshot and
+the deltas after it (:func:`_whole_snapshot`); :func:`whole_ledger` does it for an audit.
 
 The schedule is finite (``--start..--end``); to go on, start a new job after ``--end`` with
 ``--previous-ledger`` pointing at the last released window's snapshots, every shard's:
@@ -131,9 +157,9 @@ the job continuing them draws a new one (their released windows keep their value
 
 The ledger lives in the runner's keyed state between (checkpointed by Flink together with the
 Kafka offsets, committed with each bundle by Dataflow's streaming engine); ``deploy/README.md``
-has the recovery story. A job lost after every shard's snapshot of a window but before its
-publication left the window staged: the next job given those snapshots publishes it first
-(:func:`publish_staged`).
+has the recovery story. A job lost for good is run again with its command line (above). A job
+given an earlier job's snapshots of a window as ``--previous-ledger`` publishes that job's staged
+windows after the last public one through that window first (:func:`publish_staged`).
 """
 
 from __future__ import annotations
@@ -173,13 +199,14 @@ try:
     from pipelines.beam import transforms as tx
     from pipelines.beam import worker_key
     from pipelines.beam.publication import PublicReleaseFiles, StagedReleases
-    from pipelines.streaming.releases import StreamingReleases
+    from pipelines.streaming.releases import SNAPSHOT_BASE, SNAPSHOT_KIND, StreamingReleases
 finally:
     _root.setLevel(_level)
 from stream.engine.dead_letters import DeadLetterReason, dead_letters, rejected_letters, with_input_position
 from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
-from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
+from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, merge_ledger_deltas
+from stream.faults import crash_point
 from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
 from queries.linear import default_queries
 from queries.registration import category_reads, numeric_reads, plan_columns, recorded_plan, refuse_running
@@ -196,6 +223,12 @@ BOOKS_FILE = "_BOOKS.json"
 #: one (an unbounded source cannot be read at launch). A continuing ledger keeps the type its snapshots record.
 ID_TYPE = "int64"
 ID_TYPES = ("int64", "string")
+#: Windows between two full ledger snapshots of a shard (``--full-snapshot-every``); the windows
+#: between get a delta, the rows of the users charged in them. 7: with daily windows a week, so a
+#: restart rebuilds a shard from at most one full snapshot and six deltas (seven files), while a
+#: week of snapshots writes one whole ledger plus six days' active users instead of seven whole
+#: ledgers (with 5% of users active a day, 1.3 ledgers' rows instead of 7). 1 writes every window whole.
+FULL_SNAPSHOT_EVERY = 7
 
 
 def decode_message(payload: bytes) -> pa.Table:
@@ -292,6 +325,17 @@ def _host_port(option: str, text: str) -> str:
     if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ValueError(f"{option} must be HOST:PORT with a port in [1, 65535], got {text!r}")
     return f"{host}:{int(port)}"
+
+
+def _positive_int(text: str) -> int:
+    """An integer >= 1 (argparse type: the error names the value)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
 
 
 def _consumer_setting(text: str) -> tuple[str, str]:
@@ -440,21 +484,35 @@ def _write_named(root: str, sub: str, table: pa.Table) -> str:
 
 #: The streaming job's outbox under its ``--output`` (curator only until published): each window's
 #: release file, ``<output>/staged-releases/window_id=<W>/releases.parquet``, staged once all its
-#: rows are in and published once every shard's ledger snapshot of the window is written
-#: (:class:`PublishCommittedWindow`, or, after a crash, :func:`publish_staged` at the next launch).
+#: rows are in and published once the window is committed (:class:`CommitWindows`, or, after a
+#: crash, :func:`recover` at the next launch).
 STAGED_RELEASES = "staged-releases"
-#: What a window's publication step hears: its release file is staged (shard ``-1``), or one
-#: shard's ledger snapshot of it is written.
-STAGED, SNAPSHOT_WRITTEN = "staged", "snapshot"
+#: A window's commit marker, ``<output>/commits/window_id=<W>.json``: written (whole or not at all:
+#: a scratch name renamed into place, :func:`pipelines.beam.object_store.write_json`) once every
+#: shard's ledger snapshot and records of the window are written and its releases staged, in window
+#: order, and before the window's release file is published. The last marker names the window a
+#: restarted job continues from (:func:`recover`).
+COMMITS = "commits"
+#: The state folder's record, ``<output>/_STATE.json``, written when a job first runs into it: an
+#: ``--output`` holding it is one this version of the job recovers by itself. One holding snapshots
+#: without it was written by an earlier version and is refused (give a new ``--output``).
+STATE_FILE = "_STATE.json"
+#: The curator folders whose ``window_id=<W>`` sub-folders hold one window's committed state:
+#: the shards' ledger snapshots, the staged releases, the shards' books, counts and duplicate dead
+#: letters. Those of windows after the last commit marker are a crashed job's dead branch.
+WINDOW_FOLDERS = ("ledger", STAGED_RELEASES, "books", "counts", "dead")
+#: What the commit step hears of a window: its release file is staged (shard ``-1``), one shard's
+#: ledger snapshot of it is written, or one shard's records of it (books, counts, duplicates).
+STAGED, SNAPSHOT_WRITTEN, RECORDS_WRITTEN = "staged", "snapshot", "records"
 
 
 class StageWindowFile(beam.DoFn):
     """``(window_id, release row)`` keyed by window -> the window's release file staged under the
     curator's ``root`` once all of its rows are in (``expected(window)`` of them: one per coordinate
     of each query active in it); outputs ``(window, (STAGED, -1))``. Staged, not public: the file
-    is the job's outbox (:data:`STAGED_RELEASES`), published by :class:`PublishCommittedWindow`.
+    is the job's outbox (:data:`STAGED_RELEASES`), published by :class:`CommitWindows`.
     Written whole and ``0600`` (:func:`pipelines.beam.object_store.write_parquet`); a retried
-    bundle rewrites the same content (keyed noise).
+    bundle rewrites the same content (keyed noise). Crash point ``streaming_after_stage``.
 
     A stateful step rather than a GroupByKey: a GroupByKey on an unbounded collection needs a
     windowing and trigger, and the rows of a window are complete exactly when their count is."""
@@ -473,55 +531,122 @@ class StageWindowFile(beam.DoFn):
             return
         rows.clear()
         store.write_parquet(release_file_path(self._root, int(window)), release_file_table(buffered))
+        crash_point("streaming_after_stage")  # test-only: staged, not committed
         yield int(window), (STAGED, -1)
 
 
 def _snapshot_written(path: str) -> tuple[int, tuple[str, int]]:
-    """The path of a ledger snapshot just written -> ``(window, (SNAPSHOT_WRITTEN, shard))``."""
+    """The path of a ledger snapshot just written -> ``(window, (SNAPSHOT_WRITTEN, shard))``.
+    Crash point ``streaming_after_snapshot``."""
     place = _snapshot_place(path)
     if place is None:
         raise ValueError(f"path must be a snapshot the job wrote (.../window_id=<W>/shard=<S>/...), got {path!r}")
+    crash_point("streaming_after_snapshot")  # test-only: a shard's snapshot written, its window not committed
     _, window, shard = place
     return window, (SNAPSHOT_WRITTEN, shard)
 
 
-class PublishCommittedWindow(beam.DoFn):
-    """Keyed by window: publishes the window's staged release file to the public root ``public``
-    once its charge is durable, by the one publication rule
-    (:func:`stream.engine.publication.publish_outbox`, first write wins); outputs the public file.
+class WriteWindowRecords(beam.DoFn):
+    """One shard's records of one charged window, ``(window, books record, duplicates or None)``
+    (:class:`pipelines.streaming.releases.StreamingReleases` with ``window_records``) -> its books
+    (``books/window_id=<W>/``), its counts when it charged rows (``counts/window_id=<W>/``) and its
+    duplicate dead letters (``dead/window_id=<W>/``), each named by its content; then outputs
+    ``(window, (RECORDS_WRITTEN, shard))``, so the window's commit marker is written only once they
+    are (invariant 7 (rows-counted-not-lost, docs/architecture.md): a committed window's rows keep
+    their outcome after a crash)."""
 
-    Input ``(window, (STAGED, -1))`` from :class:`StageWindowFile` and ``(window,
-    (SNAPSHOT_WRITTEN, shard))`` from the ledger snapshot writer, one per shard. The window is
-    committed when all ``n_shards`` snapshots of it are written: only then is its answer public,
-    so a public answer always has a durable ledger that charged its users (invariant 4
-    (nothing-pre-noise-leaves) and invariant 5 (release-once), docs/architecture.md, "The outbox
-    rule"). A job lost before that leaves the window staged; the next job given the window's
-    snapshots as ``--previous-ledger`` publishes it first (:func:`publish_staged`).
-    State: EVENTS (bag of what was heard), PUBLISHED (flag: a repeated event does nothing)."""
+    def __init__(self, curator: str) -> None:
+        self._curator = curator
+
+    def process(self, element: tuple[int, dict, pa.Table | None]) -> Iterator[tuple[int, tuple[str, int]]]:
+        window, record, duplicates = element
+        _write_named(store.join(self._curator, "books"), *_books_file((window, record)))
+        if _charged_rows((window, record)):
+            _write_named(store.join(self._curator, "counts"), *_counts_file((window, record)))
+        if duplicates is not None and duplicates.num_rows:
+            _write_named(store.join(self._curator, "dead"), f"window_id={int(window)}", duplicates)
+        yield int(window), (RECORDS_WRITTEN, int(record["shard"]))
+
+
+def commit_marker_path(curator: str, window: int) -> str:
+    """Where window ``window``'s commit marker lies in the state folder ``curator`` (:data:`COMMITS`)."""
+    return store.join(curator, COMMITS, f"window_id={int(window)}.json")
+
+
+def committed_windows(curator: str) -> list[int]:
+    """The windows with a commit marker in the state folder ``curator`` (its ``--output``), sorted."""
+    (result,) = FileSystems.match([store.join(curator, COMMITS, "window_id=*.json")])
+    found = (re.fullmatch(r"window_id=(-?[0-9]+)\.json", m.path.replace("\\", "/").rsplit("/", 1)[-1])
+             for m in result.metadata_list)
+    return sorted(int(match[1]) for match in found if match)
+
+
+class CommitWindows(beam.DoFn):
+    """Under one key: commits the job's windows in window order, each once it is complete, and
+    publishes them by the one publication rule (:func:`stream.engine.publication.publish_outbox`,
+    first write wins); outputs the public files.
+
+    Input ``(key, (window, event))``: ``(STAGED, -1)`` from :class:`StageWindowFile`,
+    ``(SNAPSHOT_WRITTEN, shard)`` from the ledger snapshot writer and ``(RECORDS_WRITTEN, shard)``
+    from :class:`WriteWindowRecords`. Window ``W`` is complete when it is staged and all
+    ``n_shards`` snapshots and records of it are written; it is committed when ``W - 1`` is (or
+    ``W`` is the first window this job charges, ``first_window``) by writing its marker
+    (:func:`commit_marker_path`, whole or not at all), and only then published. So a crash between
+    any two writes leaves the last marker on a complete window, whose snapshots hold every
+    earlier window's charges, and no public answer without its window's marker and ledger
+    snapshots (invariant 4 (nothing-pre-noise-leaves), invariant 5 (release-once), invariant 6
+    (charge-once), docs/architecture.md, "The outbox rule"). A repeated event does nothing.
+    State: EVENTS (bag of ``(window, event)`` of windows not yet committed), NEXT (the next
+    window to commit). Crash points ``streaming_after_commit`` (a marker written, its window not
+    yet public), then the publication rule's."""
 
     EVENTS = BagStateSpec("events", PickleCoder())
-    PUBLISHED = ReadModifyWriteStateSpec("published", PickleCoder())
+    NEXT = ReadModifyWriteStateSpec("next", PickleCoder())
 
-    def __init__(self, staging: str, public: str, n_shards: int) -> None:
+    def __init__(self, curator: str, public: str, n_shards: int, *, first_window: int, end_window: int,
+                 ledger_id: str | None = None) -> None:
         if n_shards < 1:
             raise ValueError(f"n_shards must be >= 1, got n_shards={n_shards}")
-        self._staging = staging
+        self._curator = curator
         self._public = public
         self._n_shards = int(n_shards)
+        self._first, self._end = int(first_window), int(end_window)
+        self._ledger_id = ledger_id
 
-    def process(self, element: tuple[int, tuple[str, int]], events: Any = beam.DoFn.StateParam(EVENTS),
-                published: Any = beam.DoFn.StateParam(PUBLISHED)) -> Iterator[str]:
-        window, event = element
-        if published.read():
-            return
-        events.add(tuple(event))
-        heard = set(events.read())
+    def _complete(self, heard: set[tuple[str, int]]) -> bool:
         snapshots = {shard for kind, shard in heard if kind == SNAPSHOT_WRITTEN}
-        if (STAGED, -1) not in heard or len(snapshots) < self._n_shards:
+        records = {shard for kind, shard in heard if kind == RECORDS_WRITTEN}
+        return (STAGED, -1) in heard and len(snapshots) == self._n_shards and len(records) == self._n_shards
+
+    def process(self, element: tuple[Any, tuple[int, tuple[str, int]]], events: Any = beam.DoFn.StateParam(EVENTS),
+                upcoming: Any = beam.DoFn.StateParam(NEXT)) -> Iterator[str]:
+        _, (window, event) = element
+        following = upcoming.read()
+        following = self._first if following is None else int(following)
+        if int(window) < following:
+            return  # committed already: a repeated event
+        events.add((int(window), tuple(event)))
+        heard: dict[int, set[tuple[str, int]]] = {}
+        for w, e in events.read():
+            heard.setdefault(int(w), set()).add(tuple(e))
+        committed = []
+        while following <= self._end and self._complete(heard.get(following, set())):
+            store.write_json(commit_marker_path(self._curator, following), {
+                "window_id": following, "n_shards": self._n_shards, "ledger_id": self._ledger_id,
+                "snapshots": store.join(self._curator, "ledger", f"window_id={following}"),
+                "staged": release_file_path(store.join(self._curator, STAGED_RELEASES), following)})
+            crash_point("streaming_after_commit")  # test-only: committed, not yet public
+            committed.append(following)
+            following += 1
+        if not committed:
             return
-        done = publish_outbox(StagedReleases(self._staging, [int(window)]), PublicReleaseFiles(self._public))
-        published.write(True)
+        upcoming.write(following)
         events.clear()
+        for w, kinds in heard.items():
+            for e in kinds if w >= following else ():
+                events.add((w, e))
+        done = publish_outbox(StagedReleases(store.join(self._curator, STAGED_RELEASES), committed),
+                              PublicReleaseFiles(self._public))
         for w in done.windows:
             yield release_file_path(self._public, w)
 
@@ -624,7 +749,13 @@ def _parser() -> argparse.ArgumentParser:
         help="user id type of a new ledger (fixed for its life, recorded in its snapshots): int64 or string; "
              "default: the first replayed message's, else int64. A continuing ledger keeps its own")
     launch.add_promise_options(parser)
-    arg("--output", required=True, help="curator-only root: ledger snapshots per window, dead letters, counts")
+    arg("--output", required=True, help="curator-only root: ledger snapshots per window, dead letters, counts; the "
+        "job's state folder: run the same command again after a crash and it resumes from the last window it "
+        "committed there")
+    arg("--full-snapshot-every", "--full_snapshot_every", dest="full_snapshot_every", type=_positive_int,
+        default=FULL_SNAPSHOT_EVERY, metavar="K",
+        help=f"a full ledger snapshot every K windows, deltas (the users charged) between (default "
+             f"{FULL_SNAPSHOT_EVERY}; 1: every window whole)")
     arg("--previous-ledger", "--previous_ledger", dest="previous_ledger", default="none",
         help="the ledger to continue from: a glob of every shard's snapshot of the last window released under "
              "--releases-parquet, as an earlier job wrote them (<its --output>/ledger/window_id=<W>/*/*.parquet; "
@@ -857,7 +988,35 @@ def _read_snapshots(pattern: str, *, releases: str,
     except PrivateFileError as exc:  # a snapshot others may read: the curator decides what leaked
         raise launch.RunRefused(f"--previous-ledger {pattern!r}: {exc}") from None
     _check_every_shard(pattern, root, window, set(files), _recorded_shards(files, tables, window, pattern))
+    tables = {shard: _whole_snapshot(pattern, root, window, shard, table) for shard, table in tables.items()}
     return root, window, files, tables
+
+
+def _whole_snapshot(pattern: str, root: str, window: int, shard: int, table: pa.Table) -> pa.Table:
+    """Shard ``shard``'s whole ledger at ``window`` from its snapshot ``table`` there: the table
+    itself when it is full; for a delta (:data:`pipelines.streaming.releases.SNAPSHOT_KIND`), the
+    full snapshot of its base window with the deltas of the windows after it through ``window`` over
+    it (:func:`stream.engine.shard_state.merge_ledger_deltas`), with ``table``'s metadata.
+    RunRefused, naming the file missing or doubled, when that chain is not one file per window."""
+    meta = _metadata(table)
+    if meta.get(SNAPSHOT_KIND, "full") != "delta":
+        return table
+    base = int(meta[SNAPSHOT_BASE])
+    chain = []
+    for w in range(base, int(window)):
+        (result,) = FileSystems.match([store.join(root, f"window_id={w}", f"shard={int(shard)}", "*.parquet")])
+        if len(result.metadata_list) != 1:
+            raise launch.RunRefused(
+                f"--previous-ledger {pattern!r}: shard {shard}'s snapshot of window {window} is a delta over window "
+                f"{base}, but window {w} has {len(result.metadata_list)} snapshot file(s) of that shard under {root}, "
+                "not one: the shard's ledger cannot be rebuilt")
+        chain.append(store.read_parquet(result.metadata_list[0].path))
+    if _metadata(chain[0]).get(SNAPSHOT_KIND, "full") != "full":
+        raise launch.RunRefused(f"--previous-ledger {pattern!r}: shard {shard}'s snapshot of window {base}, the base "
+                                f"of window {window}'s delta, is not a full snapshot")
+    merged = merge_ledger_deltas(chain[0], [(w, t) for w, t in zip(range(base + 1, int(window) + 1), [*chain[1:], table])])
+    extra = {k: v for k, v in (table.schema.metadata or {}).items() if k.decode() not in (SNAPSHOT_KIND, SNAPSHOT_BASE)}
+    return merged.replace_schema_metadata({**(merged.schema.metadata or {}), **extra, SNAPSHOT_KIND.encode(): b"full"})
 
 
 def _previous_ledger(pattern: str, wanted: LedgerConfig, *, released: Sequence[int],
@@ -903,6 +1062,21 @@ def _previous_ledger(pattern: str, wanted: LedgerConfig, *, released: Sequence[i
     return table, config, _snapshot_queries(pattern, files, metadata)
 
 
+def whole_ledger(ledger_root: str, window: int) -> pa.Table:
+    """The ledger every shard's snapshot of ``window`` under ``ledger_root`` (a job's
+    ``<output>/ledger``) holds, delta chains rebuilt (:func:`_whole_snapshot`), sorted by user id,
+    without metadata: what a job continuing from that window starts from. For audits and tests;
+    unchecked otherwise (:func:`_previous_ledger` checks what a job continues)."""
+    (result,) = FileSystems.match([_snapshot_glob(ledger_root, window)])
+    pattern = _snapshot_glob(ledger_root, window)
+    parts = []
+    for meta in sorted(result.metadata_list, key=lambda m: m.path):
+        _, _, shard = _snapshot_place(meta.path)
+        table = _whole_snapshot(pattern, ledger_root, window, shard, store.read_parquet(meta.path))
+        parts.append(table.replace_schema_metadata(None))
+    return pa.concat_tables(parts).sort_by(USER_ID)
+
+
 def publish_staged(pattern: str, releases: str) -> list[int]:
     """Publish what an earlier job committed but did not publish: a job lost after every shard's
     snapshot of window ``W`` was written, but before its release files were public, left those
@@ -940,6 +1114,105 @@ def publish_staged(pattern: str, releases: str) -> list[int]:
     if store.absolute(recorded.releases) != releases:
         return []  # another root's ledger: _previous_ledger refuses it
     return list(publish_outbox(StagedReleases(staging, pending), PublicReleaseFiles(releases)).windows)
+
+
+# --- crash recovery: the state folder's last commit marker -----------------------------------
+
+
+def _window_of(path: str) -> int | None:
+    """The window of a path below a ``window_id=<W>`` folder, None for another path."""
+    match = re.search(r"/window_id=(-?[0-9]+)/", path.replace("\\", "/"))
+    return None if match is None else int(match[1])
+
+
+def _window_files(curator: str) -> dict[str, list[str]]:
+    """Every file below a ``window_id=<W>`` folder of :data:`WINDOW_FOLDERS` in ``curator``, by folder."""
+    found = {}
+    for folder in WINDOW_FOLDERS:
+        (result,) = FileSystems.match([store.join(curator, folder, "window_id=*", "**")])
+        found[folder] = sorted(m.path for m in result.metadata_list if _window_of(m.path) is not None)
+    return found
+
+
+def job_identity(args: argparse.Namespace) -> dict[str, Any]:
+    """What makes a launch a restart of the job that wrote a state folder (its :data:`STATE_FILE`):
+    the same schedule (``--start``, ``--end``), source (``--replay`` files in order,
+    ``--subscription``, or ``--kafka-topic`` and ``--bootstrap-servers``) and ``--previous-ledger``:
+    the same command line, as an operator re-runs it after a crash."""
+    return {"start": args.start, "end": args.end, "previous_ledger": args.previous_ledger,
+            "replay": [store.absolute(path) for path in args.replay or ()], "subscription": args.subscription,
+            "kafka_topic": args.kafka_topic, "bootstrap_servers": getattr(args, "bootstrap_servers", None)}
+
+
+def _state(curator: str) -> dict[str, Any] | None:
+    path = store.join(curator, STATE_FILE)
+    return store.read_json(path) if FileSystems.exists(path) else None
+
+
+def restarting(curator: str, args: argparse.Namespace) -> bool:
+    """Whether this launch restarts the job whose state folder ``curator`` is: its
+    :data:`STATE_FILE` records this launch's :func:`job_identity`."""
+    state = _state(curator)
+    return state is not None and state.get("job") == job_identity(args)
+
+
+def _refuse_another_jobs_output(curator: str, args: argparse.Namespace) -> None:
+    """RunRefused when ``curator`` is the state folder of a job other than this launch's: its
+    commits are that job's ledger, and this job's windows would mix with them."""
+    state = _state(curator)
+    if state is not None and state.get("job") != job_identity(args):
+        theirs, mine = state.get("job") or {}, job_identity(args)
+        differ = sorted(k for k in set(theirs) | set(mine) if theirs.get(k) != mine.get(k))
+        raise launch.RunRefused(
+            f"--output {curator} is the state folder of another job ({store.join(curator, STATE_FILE)}: its "
+            f"{', '.join('--' + k.replace('_', '-') for k in differ)} differ from this launch's): restart that job "
+            "with exactly its command line, or give this job a new --output (and that job's last committed "
+            "window's snapshots as --previous-ledger)")
+
+
+def _refuse_an_output_from_before_commit_markers(curator: str) -> None:
+    """RunRefused when ``curator`` holds ledger snapshots but no :data:`STATE_FILE`: a job of an
+    earlier version wrote them, without commit markers, so which window is complete is unknown."""
+    if _state(curator) is None and _window_files(curator)["ledger"]:
+        raise launch.RunRefused(
+            f"--output {curator} holds ledger snapshots of a job from before commit markers, which this version "
+            "cannot tell complete from a crashed job's: give a new --output and the last released window's "
+            f"snapshots as --previous-ledger ('{_snapshot_glob(store.join(curator, 'ledger'), 0)}' for window 0)")
+
+
+def last_committed(curator: str) -> int | None:
+    """The last window committed in the state folder ``curator`` (its last commit marker), None
+    when none is."""
+    windows = committed_windows(curator)
+    return windows[-1] if windows else None
+
+
+def recover(curator: str, releases: str) -> tuple[int | None, list[int], int]:
+    """Bring the state folder ``curator`` (a job's ``--output``) to its last commit, as a job
+    restarted into it does before it builds anything: returns ``(last committed window or None,
+    windows published now, dead-branch files removed)``.
+
+    1. The last commit marker names the last complete window ``C`` (:class:`CommitWindows` writes
+       markers in window order, each after every shard's snapshot and records of its window and
+       its staged releases).
+    2. Every committed window not yet public under ``releases`` is published, in window order,
+       first write wins (:func:`stream.engine.publication.publish_outbox`): each has its ledger
+       snapshots, so its answer has a durable ledger that charged its users.
+    3. The files of windows after ``C`` (snapshots, staged releases, books, counts, duplicates)
+       are the crashed job's dead branch: removed, never restored nor published (no marker names
+       them, so none of them is public). Their windows are charged again from ``C``'s snapshots.
+
+    Call it only for a restart (:func:`restarting`): the folder is then this job's."""
+    last = last_committed(curator)
+    committed = committed_windows(curator)
+    pending = sorted(set(committed) - store.release_windows_present(releases))
+    published = list(publish_outbox(StagedReleases(store.join(curator, STAGED_RELEASES), pending),
+                                    PublicReleaseFiles(releases)).windows) if pending else []
+    dead = [path for paths in _window_files(curator).values() for path in paths
+            if last is None or _window_of(path) > last]
+    if dead:
+        FileSystems.delete(dead)
+    return last, published, len(dead)
 
 
 def _snapshot_queries(pattern: str, files: dict[int, str], metadata: dict[int, dict[str, str]]) -> dict[str, int] | None:
@@ -1034,21 +1307,36 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     Policy(args.policy)
     columns = [c for c in (args.columns or "").split(",") if c]
     key_path, fingerprint, _ = launch.key_fingerprint(args)
+    # A job restarted into its --output continues from the last window committed there (recover):
+    # that window's snapshots are the ledger, and this schedule's windows through it are charged.
+    curator = store.absolute(args.output)
+    _refuse_an_output_from_before_commit_markers(curator)
+    resumed = last_committed(curator) if restarting(curator, args) else None
+    if resumed is not None and resumed > end:
+        raise launch.RunRefused(f"--output {curator} has committed window {resumed}, after this job's --end "
+                                f"{args.end}: its ledger is ahead of this schedule; give a new --output")
+    previous_ledger = (_snapshot_glob(store.join(curator, "ledger"), resumed) if resumed is not None
+                       else args.previous_ledger)
     # The id type is the ledger's for life: declared, else a continuing ledger's own (its snapshots
     # record it), else the first replayed message's, as the batch jobs take their first input's.
-    new_ledger = args.previous_ledger.lower() == "none"
+    new_ledger = previous_ledger.lower() == "none"
     id_type = args.id_type or (_first_message_id_type(args) if new_ledger else None)
     releases = store.absolute(args.releases_parquet)
     released = sorted(store.release_windows_present(releases))
+    # Windows this job charged before a restart are its own; rows of them are not late, but re-delivered.
+    own = resumed if resumed is not None and resumed >= start else start - 1
     wanted = LedgerConfig.from_promise(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget,
                                        accounting=args.accounting, id_type=id_type or ID_TYPE,
                                        key_fingerprint=fingerprint, window=spec, n_shards=args.shards,
                                        releases=releases)
-    previous, config, answered = _previous_ledger(args.previous_ledger, wanted, released=released,
+    previous, config, answered = _previous_ledger(previous_ledger, wanted, released=released,
                                                   id_type_declared=id_type is not None)
     id_type = config.id_type
-    if released and max(released) >= start:
-        raise launch.RunRefused(f"window {max(released)} under {releases} is already released; start after it")
+    _refuse_another_jobs_output(curator, args)
+    if released and max(released) > own:
+        raise launch.RunRefused(f"window {max(released)} under {releases} is already released; start after it"
+                                + (f" (this job committed windows {start}..{own} in --output {curator})"
+                                   if own >= start else ""))
     queries = _launch_queries(releases, columns=columns, start=start, released=released, answered=answered)
     plan = QueryPlan(tuple(PlannedQuery(r.query, r.effective_from, r.retired_from if r.retired_from is not None
                                         and r.retired_from <= end else None) for r in queries.plan(start, end)))
@@ -1090,10 +1378,11 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         tracker_step=config.tracker_step, n_shards=config.n_shards, key_path=key_path, accounting=config.accounting,
         key_fingerprint=config.key_fingerprint, ledger_id=config.ledger_id,
         previous_ledger=previous if previous.num_rows else None,
-        released=released, snapshot_every_window=True)
+        released=[w for w in released if w < start], snapshot_every_window=True,
+        resumed_through=own if own >= start else None, window_records=True,
+        compact_every=args.full_snapshot_every)
     graph = decoded.valid | "StreamingReleases" >> out
     expected = {w: sum(e.query.dim for e in plan.active(w)) for w in range(start, end + 1)}
-    curator = store.absolute(args.output)
     staging = store.join(curator, STAGED_RELEASES)
     staged = (graph["releases"]
               | "ByWindow" >> beam.Map(lambda row: (int(row["window_id"]), row)).with_output_types(Tuple[int, Any])
@@ -1103,21 +1392,21 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     ledger_files = graph["ledger"] | "WriteLedger" >> beam.ParDo(WriteTable(
         store.join(curator, "ledger"), functools.partial(_ledger_file, recorded=config.to_snapshot_metadata(),
                                                         queries=first_answered, plan=recorded_plan(plan.entries))))
-    # A window goes public only once it is staged and every shard's snapshot of it is written.
+    # A shard's books, counts and duplicates of a window are written together (WriteWindowRecords).
+    record_files = graph["books"] | "WriteWindowRecords" >> beam.ParDo(WriteWindowRecords(curator))
+    # A window goes public only once it is committed: staged, and every shard's snapshot and records of
+    # it written; windows are committed in order, under one key (CommitWindows).
     written = ledger_files | "SnapshotWritten" >> beam.Map(_snapshot_written).with_output_types(Tuple[int, Any])
-    release_files = ((staged, written) | "StagedAndSnapshots" >> beam.Flatten().with_output_types(Tuple[int, Any])
-                     | "PublishCommittedWindows" >> beam.ParDo(
-                         PublishCommittedWindow(staging, releases, config.n_shards)))
-    # Per (window, shard) from the shards' books, which carry the shard: files are named by their
-    # content, so two shards' equal counts of one window must not be one file.
-    count_files = (graph["books"] | "ChargedWindows" >> beam.Filter(_charged_rows)
-                   | "WriteCounts" >> beam.ParDo(WriteTable(store.join(curator, "counts"), _counts_file)))
+    release_files = ((staged, written, record_files)
+                     | "StagedSnapshotsAndRecords" >> beam.Flatten().with_output_types(Tuple[int, Any])
+                     | "OneKey" >> beam.Map(lambda event: (0, event)).with_output_types(Tuple[int, Any])
+                     | "CommitWindows" >> beam.ParDo(
+                         CommitWindows(curator, releases, config.n_shards, first_window=own + 1, end_window=end,
+                                       ledger_id=config.ledger_id)))
     read_files = decoded.read | "WriteRead" >> beam.ParDo(WriteTable(store.join(curator, "read")))
-    book_files = graph["books"] | "WriteBooks" >> beam.ParDo(WriteTable(store.join(curator, "books"),
-                                                                         _books_file))
     return {"releases": graph["releases"], "staged": staged, "release_files": release_files, "dead_files": dead_files,
-            "ledger_files": ledger_files, "count_files": count_files, "read_files": read_files,
-            "book_files": book_files, "dead": dead, "queries": queries}
+            "ledger_files": ledger_files, "record_files": record_files, "read_files": read_files, "dead": dead,
+            "queries": queries, "resumed": resumed}
 
 
 def _first_message_id_type(args: argparse.Namespace) -> str:
@@ -1230,6 +1519,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if caught_up:
             print(f"[streaming] published {len(caught_up)} window(s) an earlier job committed but had not "
                   f"published: {caught_up[:5]}", file=sys.stderr)
+        # This job restarted into its --output after a crash: publish what it committed, drop the rest.
+        resumed, published, dropped = (recover(store.absolute(args.output), store.absolute(args.releases_parquet))
+                                       if restarting(store.absolute(args.output), args) else (None, [], 0))
+        if resumed is not None:
+            print(f"[streaming] resuming from window {resumed}, the last committed in --output "
+                  f"{store.absolute(args.output)}" + (f"; published {published[:5]}, committed before a crash"
+                                                      if published else "")
+                  + (f"; removed {dropped} file(s) of uncommitted windows" if dropped else ""), file=sys.stderr)
+        elif dropped:
+            print(f"[streaming] no window was committed in --output {store.absolute(args.output)}: removed "
+                  f"{dropped} file(s) a crashed job left and starting from --previous-ledger", file=sys.stderr)
         for attempt in range(3):  # the catalogue as planned, unless a curator changed it meanwhile
             p = beam.Pipeline(options=options)
             graph = build(p, args)
@@ -1249,6 +1549,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker_key.materialise(args.noise_key_secret, key_path)
     if "://" not in args.output:  # curator-only: 0700, tightened if it exists (snapshots are 0600)
         private_dir(store.absolute(args.output))
+    state = store.join(store.absolute(args.output), STATE_FILE)
+    if not FileSystems.exists(state):  # from now on this --output is recovered by a restart (recover)
+        store.write_json(state, {"format": 1, "commits": COMMITS, "job": job_identity(args)})
     result = p.run()
     if not direct:
         print(f"[streaming] submitted at {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}",

@@ -42,12 +42,14 @@ from typing import Any, Iterator, Sequence, Tuple
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.coders import PickleCoder
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
 from stream.engine.dead_letters import classify_windows, window_letters
-from stream.engine.shard_state import LEDGER_PART, RUNNING_PART, QueryPlan, ShardBooks, ShardSnapshots, ShardState
+from stream.engine.shard_state import (LEDGER_DELTA, LEDGER_PART, RUNNING_PART, QueryPlan, ShardBooks, ShardSnapshots,
+                                       ShardState)
 from pipelines.beam.transforms import (
     ReleaseWindow,
     RunningEstimates,
@@ -61,7 +63,32 @@ from pipelines.beam.transforms import (
     packed_by_shard,
     unpacked,
 )
-from stream.schema import WINDOW_ID, WindowSpec
+from stream.schema import USER_ID, WINDOW_ID, WindowSpec
+
+
+#: Schema metadata of a ledger snapshot the streaming filter emits (tag ``ledger``): ``full`` (the
+#: shard's whole ledger) or ``delta`` (the rows of the users charged in its window,
+#: :meth:`stream.engine.shard_state.ShardSnapshots.after_window`), and for a delta the window of the
+#: full snapshot it goes over (every window between them has a delta): the shard's ledger at a
+#: delta's window is that full snapshot with the deltas through it over it, in window order.
+SNAPSHOT_KIND, SNAPSHOT_BASE = "renyi_stream.snapshot", "renyi_stream.base_window"
+
+
+def _snapshot_table(parts: list[tuple[str, Any]], window: int, held: list[tuple[str, Any]]) -> pa.Table:
+    """The ledger table of the parts a shard keeps after ``window`` (a full snapshot or one delta),
+    marked as :data:`SNAPSHOT_KIND` and, for a delta, :data:`SNAPSHOT_BASE`."""
+    for kind, payload in parts:
+        if kind == LEDGER_PART:
+            return _marked(payload, {SNAPSHOT_KIND: "full"})
+        if kind == LEDGER_DELTA:
+            base = int(window) - 1 - sum(1 for k, _ in held if k == LEDGER_DELTA)
+            return _marked(payload[1], {SNAPSHOT_KIND: "delta", SNAPSHOT_BASE: str(base)})
+    raise ValueError("a shard's parts after a window hold no ledger")
+
+
+def _marked(table: pa.Table, extra: dict[str, str]) -> pa.Table:
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), **{k.encode(): v.encode()
+                                                                             for k, v in extra.items()}})
 
 
 def split_by_window(table: pa.Table) -> list[tuple[int, pa.Table]]:
@@ -84,8 +111,10 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
 
     State (per shard, global window; never window-scoped, invariant 1):
       ROWS    -- bag of ``(window_id, table)``: buffered rows of windows not yet charged.
-      STATE   -- bag of the shard's snapshots (``("ledger", table)``, ``("running", ...)``):
-                 the persistent ledger, replaced after every charged window, never cleared.
+      STATE   -- bag of the shard's snapshot parts (``("ledger", table)``, ``("running", ...)``
+                 and ``("ledger_delta", (window, rows))``): the persistent ledger, a full snapshot
+                 and the deltas after it (``compact_every``), never cleared but to be replaced by
+                 a full snapshot.
       CHARGED -- the last window this shard charged (``start_window - 1`` before the first).
       BOOKS   -- ``(now, at the last charge)``: the shard's cumulative
                  :class:`stream.engine.shard_state.ShardBooks` (rows received, dead, charged), checked
@@ -104,7 +133,8 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
     rows), ``(window, books)`` (tag ``books``, every charged window: the ``shard`` and its books
     since its previous charge, ``received``, ``late``, ``out_of_range``, ``duplicate``,
     ``admitted``, ``clipped``, ``dropped``, ``nonfinite``, the rows ``buffered`` for later windows
-    and ``balanced``, 1 or 0), ``(shard, window, ledger snapshot)`` (tag ``ledger``: after ``end_window``, or every
+    and ``balanced``, 1 or 0; with ``window_records``, ``(window, books, duplicates)``: the
+    window's duplicate dead letters there rather than under ``dead``), ``(shard, window, ledger snapshot)`` (tag ``ledger``: after ``end_window``, or every
     window with ``snapshot_every_window``) and ``(query_id, snapshot)`` (tag ``running``,
     with the final ledger).
     """
@@ -118,9 +148,13 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
     def __init__(self, *, plan: QueryPlan, window: WindowSpec, start_window: int, end_window: int,
                  indicator_columns: Sequence[str], noise_std: float, policy: str, budget: float, id_type: str,
                  tracker_step: float, released: Sequence[int] = (),
-                 running_meta: dict[str, dict[str, str]] | None = None, snapshot_every_window: bool = False) -> None:
+                 running_meta: dict[str, dict[str, str]] | None = None, snapshot_every_window: bool = False,
+                 resumed_through: int | None = None, window_records: bool = False, compact_every: int = 1) -> None:
         if end_window < start_window:
             raise ValueError(f"end_window must be >= start_window={start_window}, got end_window={end_window}")
+        if resumed_through is not None and not start_window - 1 <= resumed_through <= end_window:
+            raise ValueError(f"resumed_through must be in [{start_window - 1}, {end_window}] (start_window - 1 .. "
+                             f"end_window), got resumed_through={resumed_through}")
         if any(int(w) >= start_window for w in released):
             raise ValueError(f"released windows must be before start_window={start_window} (earlier runs), "
                              f"got released={sorted(int(w) for w in released if int(w) >= start_window)}")
@@ -131,9 +165,13 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         self._policy = policy
         self._released = tuple(sorted(int(w) for w in released))
         self._snapshot_every_window = snapshot_every_window
+        # A job resumed after a crash (pipelines.streaming.job, "Crash recovery") charged this
+        # schedule's windows through ``resumed_through`` before: every shard starts there.
+        self._resumed = self._start - 1 if resumed_through is None else int(resumed_through)
+        self._window_records = window_records
         # The engine restores and snapshots a shard, as for the batch filter.
         self._shards = ShardSnapshots(plan=plan, budget=budget, id_type=id_type, tracker_step=tracker_step,
-                                      running_meta=dict(running_meta or {}))
+                                      running_meta=dict(running_meta or {}), compact_every=compact_every)
         self._id_type = id_type
 
     def _end_of(self, window: int) -> int:
@@ -141,7 +179,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
 
     def _charged(self, charged: Any) -> int:
         value = charged.read()
-        return self._start - 1 if value is None else int(value)
+        return self._resumed if value is None else int(value)
 
     def process(self, element: tuple[int, tuple[str, Any]],
                 rows: Any = beam.DoFn.StateParam(ROWS), state: Any = beam.DoFn.StateParam(STATE),
@@ -160,6 +198,15 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             window_end.set(self._end_of(through + 1))
 
     def _buffer(self, table: pa.Table, through: int, rows: Any, books: Any) -> Iterator[Any]:
+        if self._resumed >= self._start:
+            # Re-delivered to a resumed job: rows of this schedule's windows up to the one it resumed
+            # from were read, charged and counted in those windows' committed records by the job it
+            # resumes (invariant 6 (charge-once), invariant 7 (rows-counted-not-lost)). Neither
+            # charged nor counted again.
+            windows = table.column(WINDOW_ID)
+            again = pc.and_(pc.greater_equal(windows, self._start), pc.less_equal(windows, self._resumed))
+            if pc.any(again).as_py():
+                table = table.filter(pc.invert(again))
         # A window this shard charged may be released: charging it now would change a release.
         classes = classify_windows(table.column(WINDOW_ID), start_window=self._start, end_window=self._end,
                                    charged=self._released, charged_through=through)
@@ -184,16 +231,23 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             return  # an extra firing: this window's end is not reached, or everything is charged
         buffered = list(rows.read())
         mine = unpacked(part for w, part in buffered if w == window)
-        shard = self._shards.restore(state.read())
+        held = list(state.read())
+        shard = self._shards.restore(held)
         data, duplicates = in_event_time_order(mine)  # exactly as the batch path
-        if duplicates is not None and duplicates.num_rows:
+        if duplicates is not None and duplicates.num_rows and not self._window_records:
             yield beam.pvalue.TaggedOutput("dead", duplicates)
         counts = yield from self._charge(key, shard, window, data)
         yield from self._close_books(key, window, books, counts, duplicates,
                                      later=unpacked(part for w, part in buffered if w != window))
-        # Persist before anything else can observe the shard: the ledger is replaced, not cleared.
-        snapshot = self._shards.snapshot(shard)
-        state.clear()
+        # Persist before anything else can observe the shard: the ledger is replaced (a full snapshot)
+        # or added to (a delta of the users charged in this window), never cleared. The first window
+        # a job charges and its last are full, so that each job's chain of deltas starts in its own
+        # snapshots and the next job continues from one full snapshot per shard.
+        users = data.column(USER_ID) if data is not None else []
+        snapshot, whole = self._shards.after_window(shard, window=window, charged=users, held=held,
+                                                    full=window in (self._resumed + 1, self._end))
+        if whole:
+            state.clear()
         for part in snapshot:
             state.add(part)
         charged.write(window)
@@ -201,9 +255,8 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         for w, part in buffered:
             if w != window:
                 rows.add((w, part))
-        ledger = next(payload for kind, payload in snapshot if kind == LEDGER_PART)
         if self._snapshot_every_window or window == self._end:
-            yield beam.pvalue.TaggedOutput("ledger", (key, window, ledger))
+            yield beam.pvalue.TaggedOutput("ledger", (key, window, _snapshot_table(snapshot, window, held)))
         if window == self._end:
             for kind, payload in snapshot:
                 if kind == RUNNING_PART:
@@ -250,7 +303,10 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         # counts are, and the curator's files are named by their content.
         record = {"shard": int(key), **after.since(before), "nonfinite": int(counts.get("nonfinite", 0)),
                   "buffered": buffered, "balanced": int(balanced)}
-        yield beam.pvalue.TaggedOutput("books", (window, record))
+        if self._window_records:  # the window's duplicates travel with its books: one record, committed together
+            yield beam.pvalue.TaggedOutput("books", (window, record, duplicates))
+        else:
+            yield beam.pvalue.TaggedOutput("books", (window, record))
 
 
 class ReleaseCompletedWindow(beam.DoFn):
@@ -358,7 +414,15 @@ class StreamingReleases(beam.PTransform):
     ``start_window..end_window``; every window of it is released for every query active in it
     (invariant 3), running queries as running totals too. ``previous_ledger`` /
     ``previous_running`` / ``previous_raw`` are the state to continue from, ``released`` the
-    windows released before (their rows are late). ``ledger_id`` is the ledger's identifier
+    windows released before (their rows are late). ``resumed_through``: this schedule's windows
+    through it were charged by the job this one resumes (its state is then that window's), so its
+    shards start after it and rows of those windows, re-delivered, are neither charged nor counted
+    again. ``window_records``: a shard's duplicates of a window travel in its ``books`` element,
+    ``(window, record, duplicates or None)``, rather than as dead letters, so that a job writes a
+    window's records together. ``compact_every`` (K): a shard's state and its ``ledger`` snapshots are
+    a full snapshot every K windows and, between, deltas of the users charged in each window
+    (:meth:`stream.engine.shard_state.ShardSnapshots.after_window`; the first and last windows are
+    full); 1 (the default): whole every window. ``ledger_id`` is the ledger's identifier
     (:func:`stream.noise.new_ledger_id`), which the keyed noise is bound to.
 
     Returns a dict: ``releases`` (release rows), ``raw`` (running queries' releases ``y``),
@@ -374,7 +438,8 @@ class StreamingReleases(beam.PTransform):
                  ledger_id: str, previous_ledger: pa.Table | None = None,
                  previous_running: dict[str, pa.Table] | None = None,
                  released: Sequence[int] = (), snapshot_every_window: bool = False,
-                 previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None) -> None:
+                 previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None,
+                 resumed_through: int | None = None, window_records: bool = False, compact_every: int = 1) -> None:
         super().__init__()
         self._n_shards = n_shards
         self._previous = previous_ledger
@@ -384,7 +449,8 @@ class StreamingReleases(beam.PTransform):
             plan=plan, window=window, start_window=start_window, end_window=end_window,
             indicator_columns=indicator_columns, noise_std=noise_std, policy=policy, budget=budget, id_type=id_type,
             tracker_step=tracker_step, released=released, running_meta=meta,
-            snapshot_every_window=snapshot_every_window)
+            snapshot_every_window=snapshot_every_window, resumed_through=resumed_through,
+            window_records=window_records, compact_every=compact_every)
         self._release = ReleaseCompletedWindow(
             ReleaseWindow(key_path=key_path, plan=plan, noise_std=noise_std, window=window, accounting=accounting,
                           key_fingerprint=key_fingerprint, ledger_id=ledger_id), n_shards)

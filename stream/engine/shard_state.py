@@ -298,6 +298,10 @@ def _union_matrix(ids: pa.Array, n: int, parts: list[np.ndarray], extra_ids: lis
 #: (:meth:`stream.continual.running.RunningState.to_arrow`, one per running query). The filters
 #: keep a shard's state in their keyed state in this form and receive a previous run's state in it.
 LEDGER_PART, RUNNING_PART = "ledger", "running"
+#: A ledger delta part, ``("ledger_delta", (window, table))``: the :meth:`stream.ledger.Ledger.to_arrow`
+#: rows, whole, of the users charged in ``window`` (:meth:`ShardSnapshots.after_window`). A shard's
+#: ledger is its ``"ledger"`` part (the last full snapshot) with each delta's rows over it in window order.
+LEDGER_DELTA = "ledger_delta"
 
 
 def empty_running_snapshot(meta: Mapping[str, str], id_type: str) -> pa.Table:
@@ -320,6 +324,12 @@ class ShardSnapshots:
     running query, the metadata of its history snapshot (strategy, ``dim``, ``start_window``,
     ``next_window``), so that a shard without history continues where the query is rather than
     at its first window. Beam-free: the DoFns keep the parts in their state and call this.
+
+    Incremental snapshots (:meth:`after_window`): with ``compact_every`` ``K > 1`` a window's parts
+    are a delta, the ledger rows of the users charged in it only, and every ``K``-th window (or
+    when the caller asks) a full snapshot that replaces the full one and the deltas before it, so
+    a shard is at most one full snapshot and ``K - 1`` deltas. ``K = 1`` (the default) snapshots
+    whole every window. :meth:`restore` gives the same shard either way.
     """
 
     plan: QueryPlan
@@ -327,6 +337,12 @@ class ShardSnapshots:
     id_type: str
     tracker_step: float
     running_meta: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    compact_every: int = 1
+
+    def __post_init__(self) -> None:
+        if int(self.compact_every) != self.compact_every or self.compact_every < 1:
+            raise ValueError(f"compact_every must be an integer >= 1 (windows between full snapshots), "
+                             f"got compact_every={self.compact_every!r}")
 
     def restore(self, parts: Iterable[tuple[str, Any]]) -> ShardState:
         """The shard's state from its snapshot parts (a fresh ledger when there is none).
@@ -335,22 +351,32 @@ class ShardSnapshots:
         ValueError naming the problem when the parts hold two ledgers (a shard's users split in
         two pieces would restart the second piece from zero budget: invariant 1
         (ledger-never-window-scoped, docs/architecture.md)), two histories of one running query,
-        or a part of another kind."""
+        or a part of another kind. Delta parts (:data:`LEDGER_DELTA`) go over the ledger part in
+        window order, whatever order the parts come in (:func:`merge_ledger_deltas`)."""
         ledgers: list[pa.Table] = []
+        deltas: list[tuple[int, pa.Table]] = []
         running: dict[str, RunningState] = {}
         for kind, payload in parts:
             if kind == LEDGER_PART:
                 ledgers.append(payload)
+            elif kind == LEDGER_DELTA:
+                window, table = payload
+                deltas.append((int(window), table))
             elif kind == RUNNING_PART:
                 query_id, table = payload
                 if query_id in running:
                     raise ValueError(f"a shard's snapshot parts hold two histories of running query {query_id!r}")
                 running[query_id] = RunningState.from_arrow(table)
             else:
-                raise ValueError(f"snapshot part kind must be {LEDGER_PART!r} or {RUNNING_PART!r}, got kind={kind!r}")
+                raise ValueError(f"snapshot part kind must be {LEDGER_PART!r}, {LEDGER_DELTA!r} or {RUNNING_PART!r}, "
+                                 f"got kind={kind!r}")
         if len(ledgers) > 1:
             raise ValueError(f"a shard's snapshot parts must hold at most one ledger, got {len(ledgers)}: its users "
                              "would be split across ledgers and some restarted from zero budget")
+        if deltas:
+            base = ledgers[0] if ledgers else Ledger(budget=self.budget, id_type=self.id_type,
+                                                     tracker_step=self.tracker_step).to_arrow()
+            ledgers = [merge_ledger_deltas(base, deltas)]
         ledger = (Ledger.from_arrow(ledgers[0]) if ledgers
                   else Ledger(budget=self.budget, id_type=self.id_type, tracker_step=self.tracker_step))
         for query_id, meta in self.running_meta.items():
@@ -364,6 +390,56 @@ class ShardSnapshots:
         query id. ``restore(snapshot(state))`` is a shard equal to ``state``."""
         return [(LEDGER_PART, state.ledger.to_arrow()),
                 *((RUNNING_PART, (query_id, running.to_arrow())) for query_id, running in sorted(state.running.items()))]
+
+    def after_window(self, state: ShardState, *, window: int, charged: Any, held: Iterable[tuple[str, Any]],
+                     full: bool = False) -> tuple[list[tuple[str, Any]], bool]:
+        """The parts to keep after ``state`` charged window ``window``, and whether they replace
+        ``held`` (the parts it was restored from): ``(snapshot(state), True)``, a full snapshot,
+        when ``full`` is asked, when ``held`` already holds ``compact_every - 1`` deltas, or when
+        the shard has running-query histories (those are written whole); otherwise
+        ``([(LEDGER_DELTA, (window, rows))], False)``, to be kept beside ``held``: the ledger rows
+        of the users ``charged`` (their ids, e.g. the window's ``user_id`` column), so the parts
+        written per window grow with the users charged in it, not with the shard.
+        ``restore(held + delta)`` is the shard ``restore(snapshot(state))`` is, provided
+        ``charged`` holds every user whose ledger row the window changed (for a window without
+        running queries, the users of its rows: :meth:`ShardState.charge_window` admits no one else)."""
+        deltas = sum(1 for kind, _ in held if kind == LEDGER_DELTA)
+        if full or state.running or deltas + 1 >= self.compact_every:
+            return self.snapshot(state), True
+        return [(LEDGER_DELTA, (int(window), ledger_rows(state.ledger.to_arrow(), charged)))], False
+
+
+def ledger_rows(ledger: pa.Table, users: Any) -> pa.Table:
+    """The rows of ``ledger`` (:meth:`stream.ledger.Ledger.to_arrow`) of the ids in ``users``
+    (an Arrow array, chunked array or sequence), its metadata kept."""
+    ids = ledger.column(USER_ID)
+    wanted = users.combine_chunks() if isinstance(users, pa.ChunkedArray) else pa.array(users)
+    if len(wanted) == 0:
+        return ledger.slice(0, 0)
+    return ledger.filter(pc.is_in(ids, value_set=wanted.cast(ids.type)))
+
+
+def merge_ledger_deltas(base: pa.Table, deltas: Iterable[tuple[int, pa.Table]]) -> pa.Table:
+    """A ledger table (:meth:`stream.ledger.Ledger.to_arrow`, sorted by user id, ``base``'s
+    metadata) from the full ``base`` and the ``(window, rows)`` deltas over it: per user, the row
+    of the latest window that holds one, else ``base``'s. Vectorised: one concatenation and one
+    hash aggregation, no loop over users. ValueError when two deltas are of one window with
+    different rows (two branches of one shard)."""
+    ordered = sorted(((int(w), t) for w, t in deltas), key=lambda item: item[0])
+    windows = [w for w, _ in ordered]
+    if len(set(windows)) != len(windows):
+        seen = sorted({w for w in windows if windows.count(w) > 1})
+        tables = {w: [t for v, t in ordered if v == w] for w in seen}
+        if any(not all(t.equals(ts[0]) for t in ts) for ts in tables.values()):
+            raise ValueError(f"a shard's snapshot parts hold different deltas of window(s) {seen[:5]}: two branches "
+                             "of one shard")
+    schema = base.schema.remove_metadata()
+    parts = [base.replace_schema_metadata(None)] + [t.replace_schema_metadata(None).cast(schema) for _, t in ordered]
+    table = pa.concat_tables(parts)
+    table = table.append_column("_order", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    last = table.group_by(USER_ID).aggregate([("_order", "max")]).column("_order_max")
+    merged = table.take(last).drop_columns(["_order"]).sort_by(USER_ID)
+    return merged.replace_schema_metadata(base.schema.metadata)
 
 
 @dataclass(frozen=True)
