@@ -182,6 +182,25 @@ def test_query_add_registers_a_tree_running_query(tmp_path, capsys):
         assert registry.get("tree:x").strategy == "tree" and registry.get("sqrt:x").strategy == "blt"
 
 
+def test_query_add_registers_the_declared_horizon_and_refuses_one_without_a_prepaid_rule(tmp_path, capsys):
+    store = tmp_path / "s.duckdb"
+    assert main(["query", "add", "--store", str(store), "--id", "r90", "--columns", "x", "--kind", "running",
+                 "--horizon", "90", "--from", "2026-03-01"]) == 0
+    assert main(["query", "add", "--store", str(store), "--id", "rtail", "--columns", "x", "--kind", "running",
+                 "--horizon", "tail", "--from", "2026-03-01"]) == 0
+    with QueryRegistry(store, read_only=True) as registry:
+        assert (registry.get("r90").strategy, registry.get("r90").horizon) == ("blt", 90)
+        assert registry.get("rtail").horizon == "tail"
+    capsys.readouterr()
+    try:
+        code = main(["query", "add", "--store", str(store), "--id", "bad", "--columns", "x", "--kind", "running",
+                     "--strategy", "tree", "--horizon", "tail", "--from", "2026-03-01"])
+    except SystemExit as exc:  # a bad parameter: exit status 2
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and "--horizon tail" in err and "needs strategy 'blt'" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("argv", [
     ["query", "add", "--store", "{t}/s.duckdb", "--id", "q", "--columns", "x", "--strategy", "tree",
      "--from", "2026-03-01"],

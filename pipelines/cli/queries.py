@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.cli.errors import PROG, name_the_option
-from stream.continual.prepaid import DEFAULT_PREPAID_HORIZON, DEFAULT_RUNNING_STRATEGY, RUNNING_STRATEGIES, TAIL
+from stream.continual.prepaid import (
+    DEFAULT_PREPAID_HORIZON,
+    DEFAULT_RUNNING_STRATEGY,
+    RUNNING_STRATEGIES,
+    TAIL,
+    running_factorisation,
+)
 
 
 class _Usage(Exception):
@@ -71,6 +77,11 @@ def _query_from_args(args: argparse.Namespace) -> Any:
     for flag, value in (("--strategy", args.strategy), ("--horizon", args.horizon)):
         if value is not None and args.kind != "running":
             raise _Usage(f"{flag} applies only to --kind running, got {flag} {value} with --kind {args.kind}")
+    if args.horizon is not None:
+        try:  # a schedule the strategy has no prepaid rule over is a bad parameter, not a crash
+            running_factorisation(args.strategy or DEFAULT_RUNNING_STRATEGY, args.horizon)
+        except ValueError as exc:
+            raise _Usage(f"--horizon {args.horizon}: {exc}") from None
     common = {"kind": args.kind, "description": args.description or "", "strategy": args.strategy,
               "horizon": args.horizon}
     if args.columns:
