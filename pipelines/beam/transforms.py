@@ -274,10 +274,7 @@ class IndividualFilterDoFn(beam.DoFn):
             for query_id, partial in charged.sums.items():
                 yield (query_id, window), partial
             if part.num_rows:
-                # prepaid_rows_read: the per-user prepaid rows the running queries' kernels read
-                # (this window's users only; curator-only, like every count here).
-                yield beam.pvalue.TaggedOutput("counts", (window, {
-                    **charged.counts, "prepaid_rows_read": sum(charged.state_rows_read.values())}))
+                yield beam.pvalue.TaggedOutput("counts", (window, charged.counts))
 
 
 def empty_rows(id_type: str, columns: Sequence[str]) -> pa.Table:

@@ -129,7 +129,8 @@ class WindowCharge:
     turns into ``(C a)_t`` once every shard's is summed. ``counts`` counts the window's rows by
     status, and ``counts["nonfinite"]`` the users dropped because a query vector was not finite
     (also in ``counts["dropped"]``). ``state_rows_read[query_id]``: the prepaid per-user rows the
-    running query's kernel read (this window's rows, nobody else's).
+    running query's kernel read (this window's rows, nobody else's); in a window with a running
+    query ``counts["prepaid_rows_read"]`` is their sum (a count of work, read by the daily job).
     """
 
     window_id: int
@@ -234,6 +235,8 @@ class ShardState:
         tally = np.bincount(status.astype(np.int64), minlength=len(STATUS_NAMES))
         counts = {name: int(tally[i]) for i, name in enumerate(STATUS_NAMES)}
         counts["nonfinite"] = int(np.count_nonzero(nonfinite))
+        if reads:  # a window with a running query: the prepaid rows its kernels read, all queries
+            counts["prepaid_rows_read"] = sum(reads.values())
         return WindowCharge(window_id=window_id, sums=sums, counts=counts, state_rows_read=reads)
 
 
