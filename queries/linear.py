@@ -21,8 +21,15 @@ Specs (``spec["type"]``):
 query's first window, through a streaming matrix mechanism; see :mod:`stream.continual`). Here it
 is metadata: it is validated and round-trips through JSON, and the pipeline acts on it. A running
 query also names its ``strategy``, the factorisation of the prefix-sum matrix it is released
-through: ``sqrt`` (default, the square-root factorisation) or ``tree`` (binary tree with
-least-squares post-processing); specs written before strategies existed load as ``sqrt``.
+through (:data:`stream.continual.prepaid.RUNNING_STRATEGIES`: ``blt``, the default, a Buffered
+Linear Toeplitz factorisation with the square root's error and a few numbers of state per user;
+``sqrt``, the square-root factorisation, the exact reference; ``tree``, the binary tree with
+least-squares post-processing), and its declared ``horizon``: the number of windows it is
+released for (default 365), or ``"tail"`` (the infinite tail, ``blt`` only). Every admitted
+contribution is charged its whole future cost over that schedule when it is admitted
+(docs/running_totals.md); the JSON records the strategy's parameters (``strategy_spec``:
+``theta``, ``omega`` for a BLT) so an analyst can reproduce each estimate's std. Specs written
+before strategies existed load as ``sqrt``, before horizons as the default horizon.
 
 Every constructor validates the whole spec (empty lists, repeated columns or categories,
 repeated labels, ``dim > MAX_DIM``, ``lo >= hi``, non-finite numbers, bad ids), so a
@@ -43,12 +50,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from stream.accounting.gaussian import MAX_DIM
+from stream.continual.prepaid import (
+    DEFAULT_PREPAID_HORIZON,
+    DEFAULT_RUNNING_STRATEGY,
+    RUNNING_STRATEGIES,
+    parse_horizon,
+    running_factorisation,
+)
 from stream.schema import DAY, EVENT_TIME, USER_ID, WINDOW_ID
 
 KINDS = ("window", "running")
-#: Strategies of a running query (names of :func:`stream.continual.strategy_by_name`).
-STRATEGIES = ("sqrt", "tree")
-DEFAULT_STRATEGY = "sqrt"
+#: Strategies of a running query (:data:`stream.continual.prepaid.RUNNING_STRATEGIES`, the one list).
+STRATEGIES = RUNNING_STRATEGIES
+DEFAULT_STRATEGY = DEFAULT_RUNNING_STRATEGY
+#: What a stored running spec without a ``strategy`` key was released through (before strategies existed).
+LEGACY_STRATEGY = "sqrt"
 TYPES = ("columns", "histogram", "clamp", "weighted")
 
 #: Longest query id. Default ids are ``sum:<column>`` / ``running:<column>`` and a column name
@@ -60,7 +76,7 @@ MAX_NAME = 128
 RESERVED_COLUMNS = (USER_ID, WINDOW_ID, DAY, EVENT_TIME)
 _SPEC_KEYS = {"columns": {"columns"}, "histogram": {"column", "categories"}, "clamp": {"column", "lo", "hi"},
               "weighted": {"weights"}}
-_JSON_KEYS = {"query_id", "kind", "description", "spec", "strategy"}
+_JSON_KEYS = {"query_id", "kind", "description", "spec", "strategy", "horizon", "strategy_spec", "rule"}
 # Characters kept out of ids: brackets name the coordinates of a multi-coordinate query in the
 # releases_wide view (``query_id[label]``).
 _ID_FORBIDDEN = "[]"
@@ -69,8 +85,9 @@ _ID_FORBIDDEN = "[]"
 @dataclass(frozen=True)
 class LinearQuery:
     """One registered query: ``query_id``, ``spec`` (what it computes), ``kind``, a public
-    ``description`` and, for a running query, its ``strategy`` (``"sqrt"`` when not given; a
-    window query has ``strategy=None`` and refuses any other). Construct with :meth:`columns`,
+    ``description`` and, for a running query, its ``strategy`` (``"blt"`` when not given) and
+    declared ``horizon`` (365 windows when not given, or ``"tail"``); a window query has
+    ``strategy=None`` and ``horizon=None`` and refuses any other. Construct with :meth:`columns`,
     :meth:`histogram`, :meth:`clamp`, :meth:`weighted`, :meth:`from_json` or directly from a
     spec mapping; every constructor validates and stores the spec in canonical form (so equal
     specs compare and hash equal)."""
@@ -80,6 +97,7 @@ class LinearQuery:
     kind: str = "window"
     description: str = ""
     strategy: str | None = None
+    horizon: int | str | None = None
     _labels: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -87,6 +105,7 @@ class LinearQuery:
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got kind={self.kind!r}")
         object.__setattr__(self, "strategy", _strategy(self.kind, self.strategy))
+        object.__setattr__(self, "horizon", _horizon(self.kind, self.strategy, self.horizon))
         if not isinstance(self.description, str) or len(self.description) > 2000:
             raise ValueError(f"description must be a string of at most 2000 characters, got "
                              f"{type(self.description).__name__} of length {len(str(self.description))}")
@@ -206,11 +225,16 @@ class LinearQuery:
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys, no spaces): the same query always serialises identically.
-        A running query's ``strategy`` is always written; a window query has none."""
+        A running query's ``strategy``, ``horizon``, ``rule`` (``"prepaid"``) and
+        ``strategy_spec`` (the factorisation's parameters) are always written; a window query has
+        none."""
         data = {"query_id": self.query_id, "kind": self.kind, "description": self.description,
                 "spec": _jsonable(self.spec)}
         if self.strategy is not None:
             data["strategy"] = self.strategy
+            data["horizon"] = self.horizon
+            data["rule"] = "prepaid"
+            data["strategy_spec"] = self.strategy_spec()
         return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
     @classmethod
@@ -225,8 +249,24 @@ class LinearQuery:
         unknown = sorted(set(data) - _JSON_KEYS)
         if unknown:
             raise ValueError(f"not a query spec: unknown key(s) {unknown}; expected {sorted(_JSON_KEYS)}")
-        return cls(data["query_id"], data["spec"], kind=data.get("kind", "window"),
-                   description=data.get("description", ""), strategy=data.get("strategy"))
+        kind = data.get("kind", "window")
+        strategy = data.get("strategy", LEGACY_STRATEGY if kind == "running" else None)
+        query = cls(data["query_id"], data["spec"], kind=kind, description=data.get("description", ""),
+                    strategy=strategy, horizon=data.get("horizon"))
+        if "strategy_spec" in data and data["strategy_spec"] != query.strategy_spec():
+            raise ValueError(f"query {query.query_id!r} records strategy parameters {data['strategy_spec']!r}, but "
+                             f"strategy {query.strategy!r} over horizon {query.horizon!r} is "
+                             f"{query.strategy_spec()!r}"[:600])
+        return query
+
+    def strategy_spec(self) -> dict[str, Any] | None:
+        """A running query's factorisation with its parameters (``theta``, ``omega`` and the
+        horizon they were fitted for, for a BLT), as
+        :func:`stream.continual.prepaid.running_factorisation` builds it: public, what an analyst needs to reproduce an estimate's std. ``None`` for a
+        window query."""
+        if self.strategy is None:
+            return None
+        return running_factorisation(self.strategy, self.horizon).spec()
 
     # -- private ----------------------------------------------------------------------------------
 
@@ -280,18 +320,20 @@ class LinearQuery:
 
 
 def default_queries(columns: Sequence[str], *, kind: str = "window",
-                    strategy: str | None = None) -> list[LinearQuery]:
+                    strategy: str | None = None, horizon: int | str | None = None) -> list[LinearQuery]:
     """The defaults, one per numeric indicator column ``c`` in the order given: its per-window
     sum, id ``sum:c`` (``kind="window"``), or its running total, id ``running:c``
-    (``kind="running"``, released through ``strategy``, default ``sqrt``); one coordinate
-    labelled ``c``. Existing stores use these ids: they never change."""
+    (``kind="running"``, released through ``strategy``, default ``blt``, over ``horizon``,
+    default 365 windows); one coordinate labelled ``c``. Existing stores use these ids: they
+    never change."""
     prefix = {"window": "sum", "running": "running"}.get(kind)
     if prefix is None:
         raise ValueError(f"kind must be one of {KINDS}, got kind={kind!r}")
     if isinstance(columns, (str, bytes)):
         raise ValueError(f"columns must be a sequence of column names, got the string {columns!r}")
     strategy = _strategy(kind, strategy)
-    return [LinearQuery.columns(f"{prefix}:{c}", [c], kind=kind, strategy=strategy,
+    horizon = _horizon(kind, strategy, horizon)
+    return [LinearQuery.columns(f"{prefix}:{c}", [c], kind=kind, strategy=strategy, horizon=horizon,
                                 description=f"{'daily sum' if kind == 'window' else 'running total'} of {c}")
             for c in columns]
 
@@ -320,6 +362,20 @@ def _strategy(kind: str, value: Any) -> str | None:
     if not isinstance(value, str) or value not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES}, got strategy={value!r}"[:300])
     return value
+
+
+def _horizon(kind: str, strategy: str | None, value: Any) -> int | str | None:
+    """The declared horizon of a ``kind`` query: :data:`DEFAULT_PREPAID_HORIZON` when a running
+    query names none; ``None`` for a window query, which refuses one. The strategy must have a
+    prepaid rule over it (the infinite tail is ``blt``'s only)."""
+    if kind != "running":
+        if value is not None:
+            raise ValueError(f"horizon applies only to running queries (kind='running'), got "
+                             f"horizon={value!r} with kind={kind!r}"[:300])
+        return None
+    horizon = DEFAULT_PREPAID_HORIZON if value is None else parse_horizon(value)
+    running_factorisation(strategy, horizon)  # refuses a strategy without a rule over this horizon, by name
+    return horizon
 
 
 def _column_kind(t: pa.DataType) -> str | None:

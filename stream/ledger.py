@@ -119,6 +119,112 @@ def individual_filter(used: Any, charge: Any, *, cap: float, policy: Policy | st
     )
 
 
+# Relative margin added to every charge: covers the float error of the terms (module docstring).
+ETA = 1e-9
+# Absolute margin added to every charge of a non-zero contribution: below the smallest normal
+# float a relative margin underflows, while each subnormal operation still errs by up to 2^-1074
+# absolute (found by the property test: contributions of 1.7e-159 whose squares are subnormal).
+TINY = float(np.finfo(np.float64).tiny)
+
+
+# --------------------------------------------------------------------------- prepaid charges
+# Running totals under prepaid admission (stream.continual.prepaid; docs/running_totals.md) charge
+# each admitted contribution its whole future cost, ``lambda^2 quadratic + 2 lambda cross``. The
+# terms are computed by the strategy's rule; the charge, its rounding and the filter decision on
+# it are the ledger's, here, so that one decision covers a user's window vectors and prepaid
+# terms together (:meth:`Ledger.admit` with ``prepaid=``).
+
+
+@dataclass(frozen=True)
+class ChargeTerms:
+    """The prepaid charge ``Delta(lambda) = lambda^2 quadratic + 2 lambda cross`` of each row,
+    scaled by ``lambda`` (norm units, ``(n,)`` arrays on the rows' device).
+
+    ``quadratic = ||x||^2 sum_r C_{r,t}^2 >= 0``; ``cross = sum_r C_{r,t} <(C h)_r, x>``;
+    ``magnitude`` the same two terms over absolute values (``quadratic + 2 |cross|``-like, an
+    upper bound for the float error of both divided by ``ETA``).
+    """
+
+    quadratic: Any
+    cross: Any
+    magnitude: Any
+
+
+def prepaid_charge(terms: ChargeTerms) -> Any:
+    """Each row's prepaid charge in norm units (``||.||^2``, divide by ``2 s^2`` for zCDP):
+    ``max(quadratic + 2 cross + ETA * magnitude + TINY, 0)`` (``TINY``, the smallest normal
+    float, only for a non-zero contribution), never below the exact ``Delta``; ``inf``
+    where the terms overflow. No host traffic."""
+    xp = array_module(terms.quadratic, terms.cross, terms.magnitude)
+    with np.errstate(over="ignore", invalid="ignore"):
+        raw = terms.quadratic + 2.0 * terms.cross + ETA * terms.magnitude + xp.where(terms.magnitude > 0, TINY, 0.0)
+        finite = xp.isfinite(raw) & xp.isfinite(terms.magnitude)
+    return xp.where(finite, xp.maximum(raw, 0.0), xp.inf)
+
+
+def prepaid_rho(terms: ChargeTerms, *, noise_std: float) -> Any:
+    """Each row's prepaid charge in zCDP, ``prepaid_charge / (2 s^2)`` rounded up (0 stays 0)."""
+    noise_std = check.positive("noise_std", noise_std)
+    xp = array_module(terms.quadratic)
+    charge = prepaid_charge(terms)
+    with np.errstate(over="ignore"):
+        return xp.where(charge == 0.0, 0.0, round_up(charge / (2.0 * noise_std * noise_std)))
+
+
+def prepaid_filter(used: Any, terms: ChargeTerms, *, cap: float, noise_std: float,
+                   policy: Policy | str = Policy.DROP) -> FilterDecision:
+    """The individual filter on prepaid charges (zCDP), as :func:`stream.ledger.individual_filter`.
+
+    ``used`` the users' used budgets, ``terms`` their rows' :class:`ChargeTerms`, ``cap`` the
+    budget the sums may reach (the ledger's ``kappa * (1 - BUDGET_SAFETY)``), ``s = noise_std``.
+
+    * ``drop`` (Algorithm 3): :func:`stream.ledger.individual_filter` on :func:`prepaid_rho`.
+    * ``clip`` (Algorithm 7): a row that does not fit is scaled by the largest ``lambda`` in
+      ``[0, 1)`` whose rounded-up charge ``lambda^2 A + 2 lambda B`` fits the remaining budget (a
+      quadratic, not ``lambda^2`` times the charge as for a window sum: the cross term is linear
+      in ``lambda``), shrunk by ``1 - 1e-9``, and charged the whole remaining budget; where the
+      recomputed charge would still not fit (never seen) the row is dropped instead.
+
+    The decision for a row reads only that row's terms, that user's used budget and public
+    constants (Theorem 4.5's proof needs exactly this). Guarantees per row: ``new_used <= cap``;
+    the recorded charge is at least the exact prepaid charge of the scaled contribution. No host
+    traffic.
+    """
+    noise_std = check.positive("noise_std", noise_std)
+    try:
+        policy = Policy(policy)
+    except ValueError:
+        raise ValueError(f"policy must be one of {[p.value for p in Policy]}, got policy={policy!r}") from None
+    rho = prepaid_rho(terms, noise_std=noise_std)
+    if policy is Policy.DROP:
+        return individual_filter(used, rho, cap=cap, policy=policy)
+    xp = array_module(used, rho)
+    total = round_up(used + rho)
+    free = rho == 0.0
+    fits = (total <= cap) | free
+    two_s2 = 2.0 * noise_std * noise_std
+    remaining = xp.maximum(round_down(cap - used), 0.0)
+    budget = xp.maximum(round_down(remaining * two_s2), 0.0)  # norm units
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # overflowed rows: dropped below
+        cross_abs = xp.maximum(terms.magnitude - terms.quadratic, 0.0) / 2.0
+        a = terms.quadratic * (1.0 + ETA)
+        b = terms.cross + ETA * cross_abs
+        root = xp.sqrt(b * b + a * budget)
+        # The larger root of a l^2 + 2 b l = budget, in the form that does not cancel.
+        scale = xp.where(b >= 0.0, budget / (b + root), (root - b) / a) * _CLIP_SHRINK
+        scale = xp.where(xp.isfinite(scale), xp.clip(scale, 0.0, 1.0), 0.0)
+        recomputed = scale * scale * a + 2.0 * scale * b
+    clipped = ~fits & (scale > 0.0) & (round_up(recomputed) <= budget)
+    filled = xp.minimum(round_up(used + remaining), cap)
+    take = ~free & fits
+    return FilterDecision(
+        new_used=xp.where(take, total, xp.where(clipped, filled, used)),
+        charge=xp.where(fits, rho, xp.where(clipped, remaining, 0.0)),
+        scale=xp.where(fits, 1.0, xp.where(clipped, scale, 0.0)),
+        status=xp.where(fits, ADMITTED, xp.where(clipped, CLIPPED, DROPPED)).astype(xp.int8),
+    )
+
+
 @dataclass(frozen=True)
 class AdmitResult:
     """What :meth:`Ledger.admit` decided for each row, in input order."""
@@ -126,6 +232,9 @@ class AdmitResult:
     contributions: np.ndarray  # (n, d) what each row contributes to the sum (0 if dropped)
     charge: np.ndarray  # (n,) zCDP charged to the row's user
     status: np.ndarray  # (n,) int8 ADMITTED / CLIPPED / DROPPED
+    # (n,) the one scale of the row: 1 admitted, in (0, 1) clipped, 0 dropped; it applies to the
+    # window vector and to every prepaid contribution of the row alike.
+    scale: np.ndarray | None = None
 
     def counts(self) -> dict[str, int]:
         """Rows per status, e.g. ``{"admitted": 10, "clipped": 0, "dropped": 2}`` (sensitive)."""
@@ -166,6 +275,30 @@ def _gather(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
     if values.size == 0:
         return np.zeros(positions.shape)
     return np.where(positions >= 0, values[np.maximum(positions, 0)], 0.0)
+
+
+def _combined_terms(x: np.ndarray, prepaid: Any) -> ChargeTerms:
+    """One row's whole request as one :class:`ChargeTerms`: the window vectors ``x`` (a quadratic
+    term ``||v||^2``, no cross term) plus every prepaid term. A row whose ``v`` is non-zero but
+    whose squares underflow keeps a positive magnitude, so it is charged (``TINY``), never free.
+    ValueError when a term's shape is not ``(n,)``."""
+    parts = [prepaid] if isinstance(prepaid, ChargeTerms) else list(prepaid)
+    n = x.shape[0]
+    sq = np.einsum("nd,nd->n", x, x) if x.shape[1] else np.zeros(n)
+    quadratic, cross, magnitude = sq.copy(), np.zeros(n), sq.copy()
+    for k, part in enumerate(parts):
+        if not isinstance(part, ChargeTerms):
+            raise ValueError(f"prepaid must hold ChargeTerms, got {type(part).__name__} at position {k}")
+        arrays = [np.asarray(a, dtype=np.float64) for a in (part.quadratic, part.cross, part.magnitude)]
+        if any(a.shape != (n,) for a in arrays):
+            raise ValueError(f"prepaid terms must have shape ({n},) (one per row), got "
+                             f"{[a.shape for a in arrays]} at position {k}")
+        quadratic += arrays[0]
+        cross += arrays[1]
+        magnitude += arrays[2]
+    if x.shape[1]:
+        magnitude = np.where((magnitude == 0.0) & (x != 0.0).any(axis=1), TINY, magnitude)
+    return ChargeTerms(quadratic=quadratic, cross=cross, magnitude=magnitude)
 
 
 class Ledger:
@@ -283,18 +416,38 @@ class Ledger:
         *,
         noise_std: float,
         policy: Policy | str = Policy.DROP,
+        prepaid: "ChargeTerms | Sequence[ChargeTerms] | None" = None,
     ) -> AdmitResult:
-        """Filter and charge one window's contributions, one row per distinct user.
+        """Filter and charge one window's request, one row per distinct user: one decision per
+        user and window over their window vector and every prepaid term.
 
         Args:
             user_ids: ``(n,)`` ids (int64 or strings, as the ledger's ``id_type``), distinct.
             contributions: ``(n, d)`` (or ``(n,)`` for d=1) finite float64: each row is that
-                user's query vector for this window.
+                user's query vector for this window (``d = 0`` when the window asks only
+                running queries).
             noise_std: ``s``, the per-coordinate Gaussian noise std of the release.
             policy: ``drop`` (Algorithm 3) or ``clip`` (Algorithm 7).
+            prepaid: the :class:`ChargeTerms` (``(n,)`` each) of the row's contribution to each
+                active running query under prepaid admission (``stream.continual.prepaid``), or
+                ``None``.
 
-        Returns the charged contributions, the zCDP charge and the status of every row. The
-        whole request is validated before any state changes (repeated ids, NaN/inf, shapes).
+        Without ``prepaid`` the charge is ``||v||^2 / (2 s^2)`` (``gaussian_charge``, bit for bit
+        what it always was) and the decision :func:`individual_filter`'s. With it, the row's
+        charge in norm units is the one quadratic in the row's scale ``lambda``
+
+            lambda^2 (||v||^2 + sum_k quadratic_k) + 2 lambda sum_k cross_k,
+
+        (the window vector is a prepaid term with no cross part: it is released once), charged
+        and decided by :func:`prepaid_filter`: under ``clip`` one ``lambda`` scales ``v`` and
+        every prepaid contribution (:attr:`AdmitResult.scale`), and the recorded charge covers
+        the scaled request. Rounding: the prepaid margin (``ETA`` times the magnitude) covers
+        ``||v||^2``'s float error as well, so the charge is at least the exact one (docs/
+        running_totals.md, "Soundness", step 3).
+
+        Returns the charged contributions, the zCDP charge, the status and the scale of every
+        row. The whole request is validated before any state changes (repeated ids, NaN/inf,
+        shapes).
         """
         noise_std = check.positive("noise_std", noise_std)
         if not _MIN_NOISE_STD <= noise_std <= _MAX_NOISE_STD:
@@ -322,10 +475,15 @@ class Ledger:
                 f"contributions must be finite, got a NaN/inf in row {bad}; "
                 "validate batches with stream.schema.validate_batch first"
             )
-        charge = gaussian_charge(contributions=x, noise_std=noise_std)
+        terms = None if prepaid is None else _combined_terms(x, prepaid)
+        if terms is None:
+            charge = gaussian_charge(contributions=x, noise_std=noise_std)
         positions = self._positions(ids, add=True)
         used = self._used[positions]
-        decision = individual_filter(used, charge, cap=self._cap, policy=policy)
+        if terms is None:
+            decision = individual_filter(used, charge, cap=self._cap, policy=policy)
+        else:
+            decision = prepaid_filter(used, terms, cap=self._cap, noise_std=noise_std, policy=policy)
         self._used[positions] = decision.new_used
         charged = decision.charge > 0
         if charged.any():
@@ -336,7 +494,7 @@ class Ledger:
             self._segment[where] = segment
             self._tracker[where] = tracker
         out = x * decision.scale[:, None]
-        return AdmitResult(contributions=out, charge=decision.charge, status=decision.status)
+        return AdmitResult(contributions=out, charge=decision.charge, status=decision.status, scale=decision.scale)
 
     # -- reading state --------------------------------------------------------------------------
 

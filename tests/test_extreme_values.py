@@ -85,7 +85,7 @@ def test_a_weighted_query_that_overflows_for_one_user_still_releases_the_window(
     assert _curator(tmp_path, f"SELECT sum(nonfinite) FROM window_counts WHERE window_id = {W0 + 1}") == [(1,)]
 
 
-@pytest.mark.parametrize("strategy", ["sqrt", "tree"])
+@pytest.mark.parametrize("strategy", ["blt", "sqrt", "tree"])
 def test_a_running_total_whose_history_overflows_for_one_user_keeps_releasing(tmp_path, strategy):
     # 1e308 every day: each value is finite, the weighted history sum passes float64's range.
     inputs = [_day(tmp_path, d, EXTREME) for d in range(4)]

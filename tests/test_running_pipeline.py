@@ -1,10 +1,12 @@
-"""Running totals through the daily job (issue 9), end to end on the Beam DirectRunner with real
-Parquet and DuckDB files: releases of kind ``running``, individual charges of ``||C_t x_i||^2``,
-state that persists between daily runs, keyed noise."""
+"""Running totals through the daily job (issues 9 and 20), end to end on the Beam DirectRunner with
+real Parquet and DuckDB files: releases of kind ``running`` (the BLT by default, each admitted
+contribution prepaid over the declared 365 windows), prepaid state that persists between daily
+runs, keyed noise."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import shutil
 
 import duckdb
@@ -17,9 +19,12 @@ from pipelines.curator.store import CuratorStore
 from pipelines.daily.job import JobConfig, run_job
 from queries.release_store import ReleaseStore
 from stream.accounting import calibrate
-from stream.continual.running import RunningState
-from stream.continual.strategies import SquareRootFactorization
+from stream.continual.blt import BufferedLinearToeplitz
+from stream.continual.prepaid import running_rule
+from stream.engine.running import PrepaidUsers, RunningRelease
 from stream.ledger import Ledger
+
+BLT = BufferedLinearToeplitz.shipped(365, 4)  # the default strategy, fitted for the default horizon
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -102,21 +107,23 @@ def test_noise_std_of_a_running_release_is_the_estimates_not_one_windows(thirty_
     _, _, _, config, _ = thirty_days
     std = np.asarray(_running(config).column("noise_std").to_pylist())
     s = calibrate(epsilon=1.0, delta=1e-5, norm_budget=2000.0, accounting="gdp").noise_std
-    expected = SquareRootFactorization().estimate_std(DAYS, noise_std=s)
+    expected = BLT.estimate_std(DAYS, noise_std=s)
     np.testing.assert_allclose(std, expected, rtol=1e-12)
     assert std[-1] > std[0]  # the running total's error grows (slowly) with t
 
 
-def test_each_user_is_charged_the_squared_norm_of_their_running_queries(thirty_days):
+def test_each_user_is_prepaid_the_squared_norm_of_their_stream_over_the_declared_schedule(thirty_days):
     _, data, _, config, _ = thirty_days
     s = calibrate(epsilon=1.0, delta=1e-5, norm_budget=2000.0, accounting="gdp").noise_std
-    # The reference: the same user's queries q_t(x_i) = sum_{u<=t} c_{t-u} x_{i,u}, charged one by one.
-    coefficients = SquareRootFactorization().coefficients(DAYS)
+    # The reference: ||C x_i||^2 over the 365 declared windows (releases still to come included),
+    # with the user's 30 days and zeros after: what their admissions prepaid, up to the margin.
+    c = BLT.query_matrix(365)
     used = _used(config)
     for user in (0, 7, 42):
-        x = data[:, user]
-        q = np.array([np.dot(coefficients[: t + 1][::-1], x[: t + 1]) for t in range(DAYS)])
-        assert used[user] == pytest.approx(np.sum(q ** 2) / (2 * s * s), rel=1e-9)
+        x = np.zeros(365)
+        x[:DAYS] = data[:, user]
+        q = c @ x
+        assert used[user] == pytest.approx(np.sum(q ** 2) / (2 * s * s), rel=1e-8)
 
 
 def test_day_by_day_runs_release_the_same_running_totals_as_one_run(thirty_days):
@@ -161,24 +168,33 @@ def test_window_release_stays_the_default(tmp_path):
     assert kinds == {"window"} and ids == {"sum:churned"}
 
 
-def test_running_history_survives_between_runs_in_the_ledger_database(thirty_days):
+def test_prepaid_state_survives_between_runs_in_the_ledger_database_one_bounded_row_per_user(thirty_days):
     _, _, _, config, _ = thirty_days  # its own ledger: another test's was there only when that test ran first
     db = duckdb.connect(config.ledger, read_only=True)
     try:
-        entries = db.execute("SELECT count(*) FROM running_state").fetchone()[0]
+        rows = db.execute("SELECT count(*), count(DISTINCT user_id), max(len(vals)) FROM prepaid_state").fetchone()
         raw = db.execute("SELECT count(*) FROM running_releases").fetchone()[0]
+        release = db.execute("SELECT meta, len(vals) FROM running_release_state").fetchall()
     finally:
         db.close()
     assert raw == DAYS
-    assert entries == int(_stream().sum())  # every non-zero (user, day) is history
+    # one row per user (every user has a row every day in these files), of 4 buffers x 1 number,
+    # after 30 days: a user's state does not grow with the days
+    assert rows == (USERS, USERS, 4)
+    (meta, width), = release
+    assert width == 4 and json.loads(meta)["next_window"] == str(W0 + DAYS)
 
 
-def test_running_state_round_trips_through_the_ledger_store(tmp_path):
+def test_prepaid_and_release_state_round_trip_through_the_ledger_store(tmp_path):
     from pipelines.curator.store import CuratorStore
 
-    state = RunningState(strategy=SquareRootFactorization(), dim=1, start_window=W0)
+    rule = running_rule("blt", 365)
+    state = PrepaidUsers(rule, strategy="blt", dim=1, start_window=W0)
+    rows = state.gather(state.positions(np.array([1, 2])))
+    state.put(np.array([1, 2]), state.positions(np.array([1, 2])), rule.admit(rows, np.array([[1.0], [2.0]]), 0))
+    release = RunningRelease(rule, query_id="running:x", strategy="blt", dim=1, start_window=W0)
+    release.release(W0, np.array([3.0]))
     ledger = Ledger(budget=10.0)
-    state.step(np.array([1, 2]), np.array([[1.0], [2.0]]), window_id=W0, ledger=ledger, noise_std=3.0)
     with CuratorStore(tmp_path / "l.duckdb") as curator:
         curator.commit_run(run_id=1, ledger=ledger.to_arrow(), releases=_empty_releases(),
                            window_counts=pa.table({"window_id": pa.array([], pa.int64()),
@@ -186,9 +202,12 @@ def test_running_state_round_trips_through_the_ledger_store(tmp_path):
                                                    "clipped": pa.array([], pa.int64()),
                                                    "dropped": pa.array([], pa.int64())}),
                            run_counts=dict(rows_read=0, admitted=0, clipped=0, dropped=0, rejected=0, late=0),
-                           dead_letters=_empty_dead(), previous_users=0, running={"running:x": state.to_arrow()})
+                           dead_letters=_empty_dead(), previous_users=0, running={"running:x": state.to_arrow()},
+                           release_states={"running:x": release.to_arrow()})
         restored = curator.load_running("int64")["running:x"]
-    assert RunningState.from_arrow(restored).to_arrow().equals(state.to_arrow())
+        restored_release = curator.load_release_states()["running:x"]
+    assert PrepaidUsers.from_arrow(restored).to_arrow().equals(state.to_arrow())
+    assert RunningRelease.from_arrow(restored_release).to_arrow().equals(release.to_arrow())
 
 
 def _empty_releases() -> pa.Table:

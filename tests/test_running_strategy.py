@@ -1,6 +1,7 @@
-"""The strategy of a running query (issue 9): chosen per query (``sqrt`` by default, or ``tree``),
-kept in the query registry, built by the pipeline from it, checked against the stored running
-state, and released end to end on the Beam DirectRunner with DuckDB stores."""
+"""The strategy of a running query (issues 9 and 20): chosen per query (``blt`` by default,
+``sqrt`` or ``tree``) with its declared horizon, kept in the query registry, built by the pipeline
+from it under prepaid admission, checked against the stored running state, and released end to
+end on the Beam DirectRunner with DuckDB stores."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ from queries.linear import LinearQuery, default_queries
 from queries.registry import QueryRegistry
 from queries.release_store import ReleaseStore
 from stream.accounting import calibrate
-from stream.continual.running import RunningState
+from stream.continual.blt import BufferedLinearToeplitz
+from stream.continual.prepaid import TreePrepaid, running_rule
 from stream.continual.strategies import BinaryTree, SquareRootFactorization
+from stream.engine.running import PrepaidUsers
 from stream.ledger import Ledger
 
 DAY0 = dt.date(2026, 3, 1)
@@ -35,11 +38,12 @@ EPSILON, DELTA, NORM_BUDGET = 1.0, 1e-5, 2000.0
 # --- the query spec ------------------------------------------------------------------------------
 
 
-def test_a_running_query_defaults_to_sqrt_and_a_window_query_has_no_strategy():
-    assert LinearQuery.columns("r", ["x"], kind="running").strategy == "sqrt"
-    assert LinearQuery.columns("w", ["x"]).strategy is None
+def test_a_running_query_defaults_to_blt_over_365_windows_and_a_window_query_has_neither():
+    assert LinearQuery.columns("r", ["x"], kind="running").strategy == "blt"
+    assert LinearQuery.columns("r", ["x"], kind="running").horizon == 365
+    assert LinearQuery.columns("w", ["x"]).strategy is None and LinearQuery.columns("w", ["x"]).horizon is None
     assert LinearQuery.columns("r", ["x"], kind="running") == LinearQuery.columns("r", ["x"], kind="running",
-                                                                                 strategy="sqrt")
+                                                                                 strategy="blt", horizon=365)
     assert LinearQuery.columns("r", ["x"], kind="running", strategy="tree") != \
         LinearQuery.columns("r", ["x"], kind="running")
 
@@ -47,13 +51,40 @@ def test_a_running_query_defaults_to_sqrt_and_a_window_query_has_no_strategy():
 @pytest.mark.parametrize("query", [
     LinearQuery.columns("r", ["x"], kind="running", strategy="tree"),
     LinearQuery.columns("r", ["x"], kind="running"),
+    LinearQuery.columns("r", ["x"], kind="running", strategy="sqrt", horizon=90),
+    LinearQuery.columns("r", ["x"], kind="running", horizon="tail"),
     LinearQuery.histogram("h", "tier", [0, 1], kind="running", strategy="tree"),
     LinearQuery.columns("w", ["x"]),
-], ids=["tree", "sqrt", "histogram-tree", "window"])
+], ids=["tree", "blt", "sqrt-90", "blt-tail", "histogram-tree", "window"])
 def test_the_strategy_round_trips_through_json(query):
     back = LinearQuery.from_json(query.to_json())
     assert back == query and back.strategy == query.strategy and back.to_json() == query.to_json()
     assert json.loads(query.to_json()).get("strategy") == query.strategy
+    assert json.loads(query.to_json()).get("horizon") == query.horizon
+
+
+def test_the_json_records_the_strategy_parameters_and_the_prepaid_rule():
+    data = json.loads(LinearQuery.columns("r", ["x"], kind="running").to_json())
+    shipped = BufferedLinearToeplitz.shipped(365, 4)
+    assert data["rule"] == "prepaid" and data["horizon"] == 365
+    assert data["strategy_spec"] == {"name": "blt", "theta": list(shipped.theta), "omega": list(shipped.omega),
+                                     "horizon": 365}
+
+
+def test_a_json_whose_recorded_parameters_disagree_with_its_strategy_is_refused():
+    data = json.loads(LinearQuery.columns("r", ["x"], kind="running").to_json())
+    data["strategy_spec"]["theta"][0] = 0.5
+    with pytest.raises(ValueError, match="records strategy parameters"):
+        LinearQuery.from_json(json.dumps(data))
+
+
+@pytest.mark.parametrize("strategy, horizon, message", [
+    ("tree", "tail", "needs strategy 'blt'"), ("sqrt", "tail", "needs strategy 'blt'"),
+    ("blt", 0, "horizon must be"), ("blt", "forever", "horizon must be"),
+])
+def test_a_horizon_without_a_prepaid_rule_is_refused_naming_it(strategy, horizon, message):
+    with pytest.raises(ValueError, match=message):
+        LinearQuery.columns("r", ["x"], kind="running", strategy=strategy, horizon=horizon)
 
 
 def test_a_window_query_json_has_no_strategy_key():
@@ -65,7 +96,7 @@ def test_a_stored_running_spec_without_a_strategy_loads_as_sqrt():
     old = ('{"description":"running total of x","kind":"running","query_id":"running:x",'
            '"spec":{"columns":["x"],"type":"columns"}}')
     query = LinearQuery.from_json(old)
-    assert query.strategy == "sqrt" and query == default_queries(["x"], kind="running")[0]
+    assert query.strategy == "sqrt" and query == default_queries(["x"], kind="running", strategy="sqrt")[0]
 
 
 @pytest.mark.parametrize("build, message", [
@@ -87,51 +118,54 @@ def test_a_bad_strategy_is_refused_naming_the_parameter(build, message):
 
 def test_default_running_queries_take_the_strategy():
     assert {q.strategy for q in default_queries(["a", "b"], kind="running", strategy="tree")} == {"tree"}
-    assert {q.strategy for q in default_queries(["a"], kind="running")} == {"sqrt"}
+    assert {q.strategy for q in default_queries(["a"], kind="running")} == {"blt"}
+    assert {q.horizon for q in default_queries(["a"], kind="running", horizon="tail")} == {"tail"}
 
 
 def test_the_registry_keeps_each_query_s_strategy(tmp_path):
     with QueryRegistry(tmp_path / "s.duckdb") as registry:
         registry.add(LinearQuery.columns("t", ["x"], kind="running", strategy="tree"), effective_from=5)
         registry.add(LinearQuery.columns("s", ["x"], kind="running"), effective_from=5)
-        assert registry.get("t").strategy == "tree" and registry.get("s").strategy == "sqrt"
-        assert {q.query_id: q.strategy for q, _, _ in registry.plan(5, 6)} == {"s": "sqrt", "t": "tree"}
+        assert registry.get("t").strategy == "tree" and registry.get("s").strategy == "blt"
+        assert {q.query_id: q.strategy for q, _, _ in registry.plan(5, 6)} == {"s": "blt", "t": "tree"}
 
 
 # --- the pipeline builds the registered strategy, and refuses a stored state of another -----------------
 
 
-def _plan(strategy: str) -> QueryPlan:
-    return QueryPlan.starting_at([LinearQuery.columns("r", ["x"], kind="running", strategy=strategy)], W0)
+def _plan(strategy: str, horizon=None) -> QueryPlan:
+    return QueryPlan.starting_at([LinearQuery.columns("r", ["x"], kind="running", strategy=strategy,
+                                                      horizon=horizon)], W0)
 
 
 def test_the_plan_builds_the_registered_strategy():
     assert _plan("tree").running_query("r", 2.0).strategy == BinaryTree()
     assert _plan("sqrt").running_query("r", 2.0).strategy == SquareRootFactorization()
+    assert _plan("blt").running_query("r", 2.0).strategy == BufferedLinearToeplitz.shipped(365, 4)
 
 
-def test_a_shard_starts_a_new_running_state_with_the_registered_strategy():
-    shard = ShardState(_plan("tree"), Ledger(budget=1.0))
+def test_a_shard_starts_a_new_prepaid_state_with_the_registered_strategy():
+    shard = ShardState(_plan("tree"), Ledger(budget=100.0))
     rows = pa.table({"user_id": pa.array([1, 2], type=pa.int64()), "window_id": pa.array([W0, W0], type=pa.int64()),
                      "x": pa.array([1.0, 1.0])})
     for w in range(W0, W0 + 2):
         charged = shard.charge_window(w, rows.set_column(1, "window_id", pa.array([w, w], type=pa.int64())),
                                       noise_std=3.0, policy="drop")
-    assert shard.running["r"].strategy == BinaryTree()
-    assert charged.sums["r"].shape == (2,)  # window offset 1 releases two tree nodes
-    np.testing.assert_array_equal(charged.sums["r"], [2.0, 4.0])
+    assert isinstance(shard.running["r"].rule, TreePrepaid) and shard.running["r"].rule.strategy == BinaryTree()
+    # the shard reports a_t, the sum of what it admitted; the release state makes the tree's nodes
+    np.testing.assert_array_equal(charged.sums["r"], [2.0])
 
 
-@pytest.mark.parametrize("registered, stored", [("tree", SquareRootFactorization()), ("sqrt", BinaryTree()),
-                                                ("tree", BinaryTree(height=3))])
-def test_a_stored_state_of_another_strategy_is_refused(registered, stored):
-    state = RunningState(strategy=stored, dim=1, start_window=W0)
+@pytest.mark.parametrize("registered, stored", [("tree", ("sqrt", 365)), ("sqrt", ("tree", 365)),
+                                                ("blt", ("blt", "tail")), ("blt", ("blt", 90))])
+def test_a_stored_state_of_another_strategy_or_horizon_is_refused(registered, stored):
+    state = PrepaidUsers(running_rule(*stored), strategy=stored[0], dim=1, start_window=W0)
     with pytest.raises(ValueError, match="registered with strategy .* stored running state"):
         ShardState(_plan(registered), Ledger(budget=1.0), {"r": state})
 
 
 def test_a_stored_state_of_the_same_strategy_is_taken():
-    state = RunningState(strategy=BinaryTree(), dim=1, start_window=W0)
+    state = PrepaidUsers(running_rule("tree", 365), strategy="tree", dim=1, start_window=W0)
     assert ShardState(_plan("tree"), Ledger(budget=1.0), {"r": state}).running["r"] is state
 
 
@@ -145,7 +179,26 @@ def test_query_add_registers_a_tree_running_query(tmp_path, capsys):
     assert main(["query", "add", "--store", str(store), "--id", "sqrt:x", "--columns", "x", "--kind", "running",
                  "--from", "2026-03-01"]) == 0
     with QueryRegistry(store, read_only=True) as registry:
-        assert registry.get("tree:x").strategy == "tree" and registry.get("sqrt:x").strategy == "sqrt"
+        assert registry.get("tree:x").strategy == "tree" and registry.get("sqrt:x").strategy == "blt"
+
+
+def test_query_add_registers_the_declared_horizon_and_refuses_one_without_a_prepaid_rule(tmp_path, capsys):
+    store = tmp_path / "s.duckdb"
+    assert main(["query", "add", "--store", str(store), "--id", "r90", "--columns", "x", "--kind", "running",
+                 "--horizon", "90", "--from", "2026-03-01"]) == 0
+    assert main(["query", "add", "--store", str(store), "--id", "rtail", "--columns", "x", "--kind", "running",
+                 "--horizon", "tail", "--from", "2026-03-01"]) == 0
+    with QueryRegistry(store, read_only=True) as registry:
+        assert (registry.get("r90").strategy, registry.get("r90").horizon) == ("blt", 90)
+        assert registry.get("rtail").horizon == "tail"
+    capsys.readouterr()
+    try:
+        code = main(["query", "add", "--store", str(store), "--id", "bad", "--columns", "x", "--kind", "running",
+                     "--strategy", "tree", "--horizon", "tail", "--from", "2026-03-01"])
+    except SystemExit as exc:  # a bad parameter: exit status 2
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and "--horizon tail" in err and "needs strategy 'blt'" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("argv", [
@@ -245,20 +298,23 @@ def test_tree_running_totals_track_the_truth_within_their_std(tree_run):
     assert np.all(np.abs(z) < 4.5)  # nobody is filtered at this budget; P(any |z| > 4.5) < 20 * 7e-6
 
 
-def test_tree_users_are_charged_their_node_sums(tree_run):
+def test_tree_users_are_prepaid_every_node_their_contributions_will_reach_over_the_horizon(tree_run):
     tmp_path, data, _ = tree_run
     s = calibrate(epsilon=EPSILON, delta=DELTA, norm_budget=NORM_BUDGET, accounting="gdp").noise_std
-    c = BinaryTree().query_matrix(DAYS)
+    c = BinaryTree().query_matrix(365)  # the declared schedule: 365 windows from the first
     db = duckdb.connect(str(tmp_path / "one.ledger.duckdb"), read_only=True)
     try:
         used = dict(db.execute("SELECT user_id, used FROM ledger").fetchall())
-        meta = dict(db.execute("SELECT query_id, meta FROM running_meta").fetchall())
+        meta = dict(db.execute("SELECT query_id, meta FROM prepaid_meta").fetchall())
     finally:
         db.close()
-    assert json.loads(json.loads(meta["running:churned"])["strategy"]) == {"name": "tree", "height": None}
+    recorded = json.loads(meta["running:churned"])
+    assert json.loads(recorded["strategy"]) == {"name": "tree", "height": None} and recorded["horizon"] == "365"
     for user in (0, 5, 33):
-        q = c @ data[:, user]
-        assert used[user] == pytest.approx(np.sum(q**2) / (2 * s * s), rel=1e-9)
+        x = np.zeros(365)
+        x[:DAYS] = data[:, user]
+        q = c @ x  # every node, released or still to come, holding the user's admitted days
+        assert used[user] == pytest.approx(np.sum(q**2) / (2 * s * s), rel=1e-8)
 
 
 def test_a_rerun_of_a_tree_running_query_is_identical(tree_run):
@@ -287,6 +343,7 @@ def test_a_stored_state_that_disagrees_with_the_registered_strategy_is_refused(t
     try:  # the registry now says sqrt, while the ledger's history was made by the tree
         spec = json.loads(db.execute("SELECT spec_json FROM query_registry").fetchone()[0])
         spec["strategy"] = "sqrt"
+        del spec["strategy_spec"]  # as a record without the parameters would read
         db.execute("UPDATE query_registry SET spec_json = ?", [json.dumps(spec)])
     finally:
         db.close()
@@ -308,7 +365,7 @@ def _ledger_rows(path) -> tuple:
     db = duckdb.connect(str(path), read_only=True)
     try:
         return (db.execute("SELECT user_id, used FROM ledger ORDER BY user_id").fetchall(),
-                db.execute("SELECT count(*) FROM running_state").fetchone()[0],
+                db.execute("SELECT count(*) FROM prepaid_state").fetchone()[0],
                 db.execute("SELECT count(*) FROM running_releases").fetchone()[0])
     finally:
         db.close()

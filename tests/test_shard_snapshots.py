@@ -60,12 +60,17 @@ def test_a_shard_without_a_snapshot_starts_an_empty_ledger_under_the_runs_budget
     assert ledger.num_rows == 0 and shard.ledger.budget == 1.0 and shard.ledger.tracker_step == 1 / 32
 
 
-def test_a_shard_without_history_continues_a_running_query_where_the_query_is():
-    (_, (query_id, history)), = [p for p in SNAPSHOTS.snapshot(_charged_shard()) if p[0] == "running"]
-    meta = {k.decode(): v.decode() for k, v in history.schema.metadata.items()}
+def test_a_shard_without_prepaid_rows_takes_the_running_querys_recorded_rule_and_refuses_another():
+    (_, (query_id, users)), = [p for p in SNAPSHOTS.snapshot(_charged_shard()) if p[0] == "running"]
+    meta = {k.decode(): v.decode() for k, v in users.schema.metadata.items()}
     fresh = ShardSnapshots(plan=PLAN, budget=1.0, id_type="int64", tracker_step=1 / 32,
                            running_meta={query_id: meta}).restore([])
-    assert fresh.running[query_id].next_window == W0 + 2  # not the query's first window
+    assert len(fresh.running[query_id]) == 0 and fresh.running[query_id].meta == {
+        k: v for k, v in meta.items() if k != "id_type"}
+    other = {**meta, "horizon": "tail"}  # the same query id, stored under another schedule
+    with pytest.raises(ValueError, match="registered with strategy"):
+        ShardSnapshots(plan=PLAN, budget=1.0, id_type="int64", tracker_step=1 / 32,
+                       running_meta={query_id: other}).restore([])
 
 
 def test_restoring_refuses_a_shard_given_two_ledgers():

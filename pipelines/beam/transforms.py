@@ -48,7 +48,8 @@ from stream.engine.dead_letters import (
 )
 from stream.engine.readers import read_batches
 from stream.engine.sharding import shard_of
-from stream.engine.shard_state import QueryPlan, ShardSnapshots, ShardState
+from stream.engine.running import RunningRelease, noisy_release, rule_meta
+from stream.engine.shard_state import QueryPlan, ShardSnapshots, ShardState, running_rule_of
 from stream.faults import crash_point
 from stream.noise import NoiseBinding, NoiseKey, check_ledger_id, gaussian_noise
 from stream.schema import USER_ID, WINDOW_ID, WindowSpec, may_repeat, validate_batch
@@ -352,11 +353,10 @@ def _first_of_each_user_window(data: pa.Table) -> np.ndarray | None:
 
 class ReleaseWindow(beam.DoFn):
     """window id -> one release row per (query, coordinate) for each window query active in it:
-    the sum (0 when no rows) plus keyed noise; for each active running query, the noisy release
-    ``y_t = C_t x + z_t`` (tag ``raw``: ``(query_id, window_id, y flat)``), which
-    :class:`RunningEstimates` turns into running totals. The noise is the key's bound to the
-    ledger ``ledger_id`` (:class:`stream.noise.NoiseBinding`): another ledger under the same key
-    draws independent noise."""
+    the sum (0 when no rows) plus keyed noise (running queries are released in window order by
+    :class:`ReleaseRunning`). The noise is the key's bound to the ledger ``ledger_id``
+    (:class:`stream.noise.NoiseBinding`): another ledger under the same key draws independent
+    noise."""
 
     def __init__(self, *, key_path: str, plan: QueryPlan, noise_std: float, window: WindowSpec, accounting: str,
                  key_fingerprint: str, ledger_id: str) -> None:
@@ -380,12 +380,7 @@ class ReleaseWindow(beam.DoFn):
         for entry in self._plan.active(window):
             query = entry.query
             if entry.kind == "running":
-                running = self._plan.running_query(entry.query_id, self._noise_std)
-                total = np.asarray(sums.get((entry.query_id, window), np.zeros(running.rows_at(window) * query.dim)))
-                y = running.noisy_release(total.reshape(running.rows_at(window), query.dim), binding=self._binding,
-                                          window_id=window)
-                yield beam.pvalue.TaggedOutput("raw", (entry.query_id, int(window), y.ravel().tolist()))
-                continue
+                continue  # ReleaseRunning: its state advances window by window, in order
             total = np.asarray(sums.get((entry.query_id, window), np.zeros(query.dim)), dtype=np.float64)
             noise = gaussian_noise(self._binding, query_id=entry.query_id, window_id=window, dim=query.dim,
                                    noise_std=self._noise_std)
@@ -394,6 +389,68 @@ class ReleaseWindow(beam.DoFn):
                 yield release_row(self._window, window, query_id=entry.query_id, label=label, coordinate=j,
                                   value=float(values[j]), noise_std=self._noise_std, kind="window",
                                   accounting=self._accounting, key_fingerprint=self._fingerprint)
+
+
+class ReleaseRunning(beam.DoFn):
+    """running query id -> its releases over this run's schedule, in window order.
+
+    From the query's release state (:class:`stream.engine.running.RunningRelease`, restored from
+    ``previous``, ``query_id -> Arrow table``, or new at its first window), for every window of
+    the schedule the query is active in, with or without rows (invariant 3): ``a_t`` the sum of
+    every shard's admitted contributions (0 without rows), ``y_t = (C a)_t + z_t`` with the keyed
+    noise of ``(query_id, window)`` (tag ``raw``: ``(query_id, window_id, y flat)``, which
+    :class:`RunningEstimates` turns into running totals), then the state after the run (tag
+    ``release_state``: ``(query_id, table)``), for the curator to store with the ledger. A stored
+    state of another strategy or horizon, a window out of order or past the declared schedule is
+    refused (ValueError), before anything is released."""
+
+    def __init__(self, *, key_path: str, plan: QueryPlan, noise_std: float, schedule: Sequence[int],
+                 key_fingerprint: str, ledger_id: str) -> None:
+        self._ledger_id = check_ledger_id(ledger_id)
+        self._key_path = key_path
+        self._plan = plan
+        self._noise_std = noise_std
+        self._schedule = sorted(int(w) for w in schedule)
+        self._fingerprint = key_fingerprint
+        self._binding: NoiseBinding | None = None
+
+    def setup(self) -> None:
+        key = NoiseKey.load(self._key_path)
+        if key.fingerprint != self._fingerprint:
+            raise RuntimeError(f"the noise key at {self._key_path} is not the one this ledger was started with")
+        self._binding = NoiseBinding(key, self._ledger_id)
+
+    def process(self, query_id: str, sums: dict, previous: dict) -> Iterator[Any]:
+        assert self._binding is not None
+        entry = self._plan.get(query_id)
+        release = running_release_for(entry, previous.get(query_id))
+        out = []
+        for window in self._schedule:
+            if not entry.active_in(window):
+                continue
+            a = np.asarray(sums.get((query_id, window), np.zeros(entry.query.dim)), dtype=np.float64)
+            y = noisy_release(release.release(window, a), binding=self._binding, query_id=query_id,
+                              window_id=window, noise_std=self._noise_std)
+            out.append(beam.pvalue.TaggedOutput("raw", (query_id, int(window), y.ravel().tolist())))
+        yield from out
+        yield beam.pvalue.TaggedOutput("release_state", (query_id, release.to_arrow()))
+
+
+def running_release_for(entry: Any, stored: pa.Table | None) -> RunningRelease:
+    """A running query's release state: ``stored`` restored (refused when it was made for another
+    strategy, horizon or first window than the registered query's), or new at its first window."""
+    strategy, rule = running_rule_of(entry.query)
+    if stored is None:
+        return RunningRelease(rule, query_id=entry.query_id, strategy=strategy, dim=entry.query.dim,
+                              start_window=entry.first_window)
+    release = RunningRelease.from_arrow(stored)
+    expected = rule_meta(rule, strategy=strategy, dim=entry.query.dim, start_window=entry.first_window)
+    found = {k: v for k, v in release.meta.items() if k in expected}
+    if found != expected or release.query_id != entry.query_id:
+        raise ValueError(f"running query {entry.query_id!r} is registered with strategy {strategy!r} as {expected} but "
+                         f"its stored release state (ledger database) was made as {found}: refusing to continue it. Use the ledger and release "
+                         "store that belong together, or register a new query id")
+    return release
 
 
 def release_row(spec: WindowSpec, window: int, *, query_id: str, label: str, coordinate: int, value: float,
@@ -607,17 +664,25 @@ class ReleaseWindows(beam.PTransform):
     ledger under the same key draws its own. Running queries' releases ``y`` (tag ``raw``, to be kept
     by the curator for later runs) become running-total rows with ``previous_raw``
     (``query_id -> [(window, y flat)]`` of earlier runs).
-    Outputs a dict: ``releases`` (rows) and ``raw`` (``(query_id, window, y flat)``).
+    Running queries are released by :class:`ReleaseRunning` from ``previous_release``
+    (``query_id -> release state table``).
+    Outputs a dict: ``releases`` (rows), ``raw`` (``(query_id, window, y flat)``) and
+    ``release_state`` (``(query_id, table)``, each running query's state after the run).
     """
 
     def __init__(self, schedule: Sequence[int], *, key_path: str, plan: QueryPlan, noise_std: float,
                  window: WindowSpec, accounting: str, key_fingerprint: str, ledger_id: str,
-                 previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None) -> None:
+                 previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None,
+                 previous_release: dict[str, pa.Table] | None = None) -> None:
         super().__init__()
         self._schedule = [int(w) for w in schedule]
         self._previous_raw = dict(previous_raw or {})
+        self._previous_release = dict(previous_release or {})
+        self._running_ids = [e.query_id for e in plan.running if any(e.active_in(w) for w in self._schedule)]
         self._release = ReleaseWindow(key_path=key_path, plan=plan, noise_std=noise_std, window=window,
                                       accounting=accounting, key_fingerprint=key_fingerprint, ledger_id=ledger_id)
+        self._running = ReleaseRunning(key_path=key_path, plan=plan, noise_std=noise_std, schedule=self._schedule,
+                                       key_fingerprint=key_fingerprint, ledger_id=ledger_id)
         self._estimates = RunningEstimates(plan=plan, noise_std=noise_std, window=window, accounting=accounting,
                                            key_fingerprint=key_fingerprint)
 
@@ -625,15 +690,20 @@ class ReleaseWindows(beam.PTransform):
         sums = partial_sums | "SumShards" >> beam.CombinePerKey(add_vectors)
         released = (partial_sums.pipeline
                     | "Schedule" >> beam.Create(self._schedule, reshuffle=False)
-                    | "Release" >> beam.ParDo(self._release, sums=beam.pvalue.AsDict(sums)).with_outputs(
-                        "raw", main="rows"))
+                    | "Release" >> beam.ParDo(self._release, sums=beam.pvalue.AsDict(sums)))
+        states = partial_sums.pipeline | "PreviousRelease" >> beam.Create([self._previous_release], reshuffle=False)
+        running_out = (partial_sums.pipeline
+                       | "RunningQueries" >> beam.Create(self._running_ids, reshuffle=False)
+                       | "ReleaseRunning" >> beam.ParDo(self._running, sums=beam.pvalue.AsDict(sums),
+                                                        previous=beam.pvalue.AsSingleton(states))
+                       .with_outputs("raw", "release_state"))
         previous = partial_sums.pipeline | "PreviousRaw" >> beam.Create([self._previous_raw], reshuffle=False)
-        running = (released.raw
+        running = (running_out.raw
                    | "RawByQuery" >> beam.Map(lambda r: (r[0], (r[1], r[2]))).with_output_types(Tuple[str, Any])
                    | "GroupRaw" >> beam.GroupByKey()
                    | "RunningTotals" >> beam.ParDo(self._estimates, previous=beam.pvalue.AsSingleton(previous)))
-        rows = (released.rows, running) | "AllReleases" >> beam.Flatten()
-        return {"releases": rows, "raw": released.raw}
+        rows = (released, running) | "AllReleases" >> beam.Flatten()
+        return {"releases": rows, "raw": running_out.raw, "release_state": running_out.release_state}
 
 
 def add_vectors(parts: Iterable[Any]) -> np.ndarray:
@@ -667,7 +737,8 @@ class DailyReleases(beam.PTransform):
 
     Returns a dict of PCollections: ``releases`` (release rows, dicts of
     :data:`queries.release_store.RELEASE_SCHEMA`), ``ledger`` (shard snapshots), ``running``
-    (running-query history snapshots per shard), ``raw`` (running queries' releases ``y``),
+    (running queries' per-user prepaid rows per shard), ``raw`` (running queries' releases ``y``),
+    ``release_state`` (each running query's release state after the run),
     ``counts``, ``dead`` (dead-letter tables from reading and from the filter) and ``read`` (rows
     read per batch). With ``releases_parquet`` the releases are also written as Parquet files per
     window. ``category_columns`` are string columns read by histograms over string categories
@@ -683,7 +754,8 @@ class DailyReleases(beam.PTransform):
                  accounting: str, key_fingerprint: str, ledger_id: str,
                  previous_running: dict[str, pa.Table | str] | None = None,
                  previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None,
-                 releases_parquet: str | None = None, category_columns: Sequence[str] = ()) -> None:
+                 releases_parquet: str | None = None, category_columns: Sequence[str] = (),
+                 previous_release: dict[str, pa.Table] | None = None) -> None:
         super().__init__()
         self._read = ReadIndicators(inputs, window=window, start_window=start_window, end_window=end_window,
                                     released=released, indicator_columns=indicator_columns,
@@ -695,7 +767,8 @@ class DailyReleases(beam.PTransform):
                                         last_window=max(schedule) if schedule else None)
         self._release = ReleaseWindows(schedule, key_path=key_path, plan=plan, noise_std=noise_std, window=window,
                                        accounting=accounting, key_fingerprint=key_fingerprint,
-                                       ledger_id=ledger_id, previous_raw=previous_raw)
+                                       ledger_id=ledger_id, previous_raw=previous_raw,
+                                       previous_release=previous_release)
         self._parquet = releases_parquet
 
     def expand(self, pbegin: Any) -> dict[str, Any]:
@@ -706,4 +779,5 @@ class DailyReleases(beam.PTransform):
             _ = released["releases"] | "WriteReleaseParquet" >> WriteReleaseParquet(self._parquet)
         dead = (read.dead, filtered.dead) | "DeadLetters" >> beam.Flatten()
         return {"releases": released["releases"], "raw": released["raw"], "ledger": filtered.ledger,
-                "running": filtered.running, "counts": filtered.counts, "dead": dead, "read": read.read}
+                "running": filtered.running, "counts": filtered.counts, "dead": dead, "read": read.read,
+                "release_state": released["release_state"]}

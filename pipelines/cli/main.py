@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from pipelines.beam.job_options import RunRefused, add_ledger_options, refuse_unknown_options
 from pipelines.cli.errors import PROG, name_the_option, record_option_names
-from pipelines.cli.queries import add_query_subcommands
+from pipelines.cli.queries import add_query_subcommands, add_running_options
 from pipelines.cli.training import add_train_subcommand
 from stream.accounting import ACCOUNTINGS, calibrate, describe_accounting
 from stream.private_files import CURATOR_ONLY_NOTICE
@@ -131,9 +131,10 @@ def _run_command(args: argparse.Namespace) -> int:
     if os.path.abspath(args.store) == os.path.abspath(args.ledger):
         raise _UsageError(f"--store and --ledger must be two files (the public releases, the curator's private "
                           f"ledger), got {args.store} for both")
-    if args.strategy is not None and args.release != "running":
-        raise _UsageError(f"--strategy applies only to --release running, got --strategy {args.strategy} "
-                          f"with --release {args.release}")
+    for flag, value in (("--strategy", args.strategy), ("--horizon", args.horizon)):
+        if value is not None and args.release != "running":
+            raise _UsageError(f"{flag} applies only to --release running, got {flag} {value} "
+                              f"with --release {args.release}")
     beam_args = list(args.beam_args)
     try:
         refuse_unknown_options(beam_args, args.option_names.values(), command="run")
@@ -149,7 +150,7 @@ def _run_command(args: argparse.Namespace) -> int:
             delta=args.delta, norm_budget=args.norm_budget, start_window=start, end_window=end, window=spec,
             policy=args.policy, accounting=args.accounting, key_path=args.noise_key, n_shards=args.shards,
             beam_args=tuple(beam_args), releases_parquet=args.releases_parquet, release=args.release,
-            strategy=args.strategy,
+            strategy=args.strategy, horizon=args.horizon,
         )
     except ValueError as exc:
         raise _UsageError(str(exc)) from exc
@@ -243,9 +244,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--release", choices=("window", "running"), default="window",
                      help="on a store with no registered query: answer each numeric column as its per-window "
                      "sum (window, default) or as its running total since --start (running)")
-    run.add_argument("--strategy", choices=("sqrt", "tree"), default=None,
-                     help="with --release running: the factorisation of those running totals, sqrt "
-                     "(square-root, default) or tree (binary tree with least squares)")
+    add_running_options(run, applies_to="--release running")
     run.add_argument("--runner", default="DirectRunner", help="Beam runner (default DirectRunner)")
     run.add_argument("--quiet", action="store_true",
                      help="no progress lines, and no exact counts printed (they stay in the ledger)")

@@ -212,6 +212,20 @@ class CuratorStore:
             CREATE TABLE IF NOT EXISTS running_releases (query_id VARCHAR NOT NULL, window_id BIGINT NOT NULL,
                 y DOUBLE[] NOT NULL, run_id BIGINT NOT NULL, PRIMARY KEY (query_id, window_id))""")
         db.execute("CREATE TABLE IF NOT EXISTS running_meta (query_id VARCHAR PRIMARY KEY, meta VARCHAR NOT NULL)")
+        # ``running_state``/``running_meta`` hold the per-window histories of the square-root era
+        # (running version 1): kept as they are, and a run that would continue one is refused with
+        # the way to migrate. Prepaid running queries (version 2, docs/running_totals.md) keep per
+        # user one bounded row (``prepaid_state``, sensitive like the ledger; its metadata per query
+        # in ``prepaid_meta``) and per query one release state (``running_release_state``,
+        # sensitive until noised), all replaced in the run's transaction with the ledger.
+        db.execute("CREATE TABLE IF NOT EXISTS prepaid_meta (query_id VARCHAR PRIMARY KEY, meta VARCHAR NOT NULL)")
+        db.execute("""
+            CREATE TABLE IF NOT EXISTS prepaid_state (query_id VARCHAR NOT NULL, user_id VARCHAR NOT NULL,
+                last_window BIGINT NOT NULL, vals DOUBLE[] NOT NULL)""")
+        db.execute("""
+            CREATE TABLE IF NOT EXISTS running_release_state (query_id VARCHAR PRIMARY KEY, meta VARCHAR NOT NULL,
+                vals DOUBLE[] NOT NULL)""")
+        db.execute("ALTER TABLE window_counts ADD COLUMN IF NOT EXISTS prepaid_rows_read BIGINT DEFAULT 0")
         if version is None:
             db.execute("INSERT INTO meta VALUES ('schema_version', ?)", [str(SCHEMA_VERSION)])
         # The ledger's identity, created with it and kept for life. A ledger made before ledger
@@ -294,30 +308,51 @@ class CuratorStore:
         return table
 
     def load_running(self, id_type: str) -> dict[str, pa.Table]:
-        """Every running query's history snapshot (:meth:`RunningState.to_arrow` layout, metadata
-        included), by query id; empty when no running query has run."""
-        metas = dict(self._db.execute("SELECT query_id, meta FROM running_meta").fetchall())
+        """Every prepaid running query's per-user state (:meth:`stream.engine.running.PrepaidUsers.to_arrow`
+        layout, metadata included), by query id; empty when no running query has run."""
+        metas = dict(self._db.execute("SELECT query_id, meta FROM prepaid_meta").fetchall())
         if not metas:
             return {}
         rows = self._db.execute(
-            "SELECT query_id, user_id, window_id, vals FROM running_state ORDER BY query_id, user_id, window_id"
-        ).arrow()
+            "SELECT query_id, user_id, last_window, vals FROM prepaid_state ORDER BY query_id, user_id").arrow()
         rows = rows.read_all() if hasattr(rows, "read_all") else rows
         out = {}
         id_arrow = pa.int64() if id_type == "int64" else pa.large_string()
         for query_id, meta_json in metas.items():
             meta = json.loads(meta_json)
             part = rows.filter(pc.equal(rows.column("query_id"), query_id))
-            dim = int(meta["dim"])
+            width = int(meta["width"]) * int(meta["dim"])
             flat = pc.list_flatten(part.column("vals")).cast(pa.float64()) if part.num_rows else pa.array([], pa.float64())
-            table = pa.table({
-                "user_id": part.column("user_id").cast(id_arrow),
-                "window_id": part.column("window_id").cast(pa.int64()),
-                "values": pa.FixedSizeListArray.from_arrays(flat.combine_chunks() if isinstance(flat, pa.ChunkedArray)
-                                                            else flat, dim),
-            })
+            flat = flat.combine_chunks() if isinstance(flat, pa.ChunkedArray) else flat
+            if len(flat) != part.num_rows * width:
+                raise CuratorStoreError(f"the ledger {self.path} holds prepaid state rows of running query {query_id!r} "
+                                        f"that are not {width} numbers each: it was edited; restore it from its backup")
+            table = pa.table({"user_id": part.column("user_id").cast(id_arrow),
+                              "last_window": part.column("last_window").cast(pa.int64()),
+                              "values": pa.FixedSizeListArray.from_arrays(flat, width)})
             out[query_id] = table.replace_schema_metadata(meta)
         return out
+
+    def load_release_states(self) -> dict[str, pa.Table]:
+        """Every prepaid running query's release state (:meth:`stream.engine.running.RunningRelease.to_arrow`
+        layout), by query id."""
+        out = {}
+        for query_id, meta_json, vals in self._db.execute(
+                "SELECT query_id, meta, vals FROM running_release_state ORDER BY query_id").fetchall():
+            meta = json.loads(meta_json)
+            dim = int(meta["dim"])
+            flat = pa.array([float(v) for v in vals], type=pa.float64())
+            if len(flat) % dim:
+                raise CuratorStoreError(f"the ledger {self.path} holds a malformed release state of running query "
+                                        f"{query_id!r}: it was edited; restore it from its backup")
+            out[query_id] = pa.table({"values": pa.FixedSizeListArray.from_arrays(flat, dim)}).replace_schema_metadata(meta)
+        return out
+
+    def history_running_queries(self) -> list[str]:
+        """The running queries whose state is a per-window history of the square-root era
+        (``renyi_stream.running_version`` 1): they cannot continue under prepaid admission."""
+        return sorted(q for q, meta in self._db.execute("SELECT query_id, meta FROM running_meta").fetchall()
+                      if json.loads(meta).get("renyi_stream.running_version", "1") == "1")
 
     def load_running_releases(self) -> dict[str, list[tuple[int, list[float]]]]:
         """Every running query's released rows ``y`` so far: ``query_id -> [(window, y flat)]``."""
@@ -364,11 +399,15 @@ class CuratorStore:
         previous_users: int,
         running: Mapping[str, pa.Table] | None = None,
         running_releases: Sequence[tuple[str, int, Sequence[float]]] = (),
+        release_states: Mapping[str, pa.Table] | None = None,
     ) -> None:
         """Write one run's outcome in a single transaction (the outbox pattern).
 
         ``ledger`` is the complete new snapshot; it must hold at least ``previous_users`` users
-        (a ledger that lost users would restart their budgets: refused).
+        (a ledger that lost users would restart their budgets: refused). ``running`` (per query,
+        the per-user prepaid rows) and ``release_states`` (per query) replace the stored ones of
+        those queries, in the same transaction: a ledger that charged a prepaid admission never
+        lands without the state that remembers it (a lost row would under-charge).
         """
         if ledger.num_rows < previous_users:
             raise CuratorStoreError(
@@ -394,8 +433,14 @@ class CuratorStore:
                     "nonfinite", pa.array([0] * window_counts.num_rows, type=pa.int64()))
             counts = window_counts.append_column("run_id", pa.array([run_id] * window_counts.num_rows, type=pa.int64()))
             db.register("new_counts", counts)
-            db.execute("""INSERT INTO window_counts (run_id, window_id, admitted, clipped, dropped, nonfinite)
-                          SELECT run_id, window_id, admitted, clipped, dropped, nonfinite FROM new_counts""")
+            if "prepaid_rows_read" not in counts.column_names:
+                counts = counts.append_column("prepaid_rows_read", pa.array([0] * counts.num_rows, type=pa.int64()))
+                db.unregister("new_counts")
+                db.register("new_counts", counts)
+            db.execute("""INSERT INTO window_counts (run_id, window_id, admitted, clipped, dropped, nonfinite,
+                          prepaid_rows_read)
+                          SELECT run_id, window_id, admitted, clipped, dropped, nonfinite, prepaid_rows_read
+                          FROM new_counts""")
             db.unregister("new_counts")
             dead = dead_letters.append_column("run_id", pa.array([run_id] * dead_letters.num_rows, type=pa.int64()))
             db.register("new_dead", dead)
@@ -409,6 +454,8 @@ class CuratorStore:
             )
             if running:
                 self._write_running(running)
+            if release_states:
+                self._write_release_states(release_states)
             if running_releases:
                 raw = pa.table({
                     "query_id": pa.array([q for q, _, _ in running_releases], type=pa.string()),
@@ -425,29 +472,32 @@ class CuratorStore:
             raise
 
     def _write_running(self, running: Mapping[str, pa.Table]) -> None:
+        """Replace the per-user prepaid rows of each query in ``running`` (others are kept)."""
         db = self._db
-        parts, metas = [], []
         for query_id, table in sorted(running.items()):
             meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
-            metas.append((query_id, json.dumps(meta, sort_keys=True)))
             values = table.column("values").combine_chunks()
-            dim = values.type.list_size
+            width = values.type.list_size
             flat = values.flatten()
-            offsets = pa.array(np.arange(0, len(flat) + 1, dim, dtype=np.int32))
-            parts.append(pa.table({
+            offsets = pa.array(np.arange(0, len(flat) + 1, width, dtype=np.int32))
+            part = pa.table({
                 "query_id": pa.array([query_id] * table.num_rows, type=pa.string()),
-                "user_id": table.column("user_id").cast(pa.string() if not pa.types.is_integer(
-                    table.schema.field("user_id").type) else pa.int64()),
-                "window_id": table.column("window_id"),
+                "user_id": table.column("user_id").cast(pa.string()),
+                "last_window": table.column("last_window").cast(pa.int64()),
                 "vals": pa.ListArray.from_arrays(offsets, flat),
-            }))
-        state = pa.concat_tables(parts) if parts else None
-        if state is not None:
-            db.register("new_running", state)
-            db.execute("CREATE OR REPLACE TABLE running_state AS SELECT * FROM new_running")
-            db.unregister("new_running")
-        db.execute("DELETE FROM running_meta")
-        db.executemany("INSERT INTO running_meta VALUES (?, ?)", metas)
+            })
+            db.execute("DELETE FROM prepaid_state WHERE query_id = ?", [query_id])
+            db.register("new_prepaid", part)
+            db.execute("INSERT INTO prepaid_state SELECT query_id, user_id, last_window, vals FROM new_prepaid")
+            db.unregister("new_prepaid")
+            db.execute("INSERT OR REPLACE INTO prepaid_meta VALUES (?, ?)", [query_id, json.dumps(meta, sort_keys=True)])
+
+    def _write_release_states(self, states: Mapping[str, pa.Table]) -> None:
+        for query_id, table in sorted(states.items()):
+            meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+            flat = table.column("values").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+            self._db.execute("INSERT OR REPLACE INTO running_release_state VALUES (?, ?, ?)",
+                             [query_id, json.dumps(meta, sort_keys=True), [float(v) for v in flat]])
 
     @under_private_umask  # may create the write-ahead log
     def mark_published(self, window: int) -> None:

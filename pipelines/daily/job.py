@@ -37,13 +37,15 @@ from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
 from stream.engine.readers import declares_types, id_type_of, read_batches
-from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
+from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, running_rule_of
 from queries.registration import plan_columns
 from queries.release_files import write_release_file
 from queries.release_store import RELEASE_SCHEMA, ReleaseStore
 from stream.accounting import DEFAULT_ACCOUNTING, calibrate
 from stream.engine.ledger_config import DEFAULT_SHARDS, LedgerConfig
 from stream.columns import KEY_COLUMNS, InputColumns, declared_kind, default_columns
+from stream.continual.prepaid import DEFAULT_RUNNING_STRATEGY, RUNNING_STRATEGIES, running_factorisation
+from stream.engine.running import MIGRATION
 from stream.ledger import STATUS_NAMES, Policy
 from stream.noise import NoiseKey
 from stream.private_files import CURATOR_ONLY_NOTICE, private_umask
@@ -69,7 +71,8 @@ class JobConfig:
     beam_args: tuple[str, ...] = ()
     releases_parquet: str | None = None  # also write releases as Parquet files under this root
     release: str = "window"  # kind of the default per-column queries: "window" or "running"
-    strategy: str | None = None  # strategy of default running queries: "sqrt" (None) or "tree"
+    strategy: str | None = None  # strategy of default running queries (RUNNING_STRATEGIES; None: blt)
+    horizon: int | str | None = None  # declared schedule of default running queries (None: 365; "tail")
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -81,9 +84,14 @@ class JobConfig:
         Policy(self.policy)
         if self.release not in ("window", "running"):
             raise ValueError(f"release must be 'window' or 'running', got release={self.release!r}")
-        if self.strategy is not None and (self.release != "running" or self.strategy not in ("sqrt", "tree")):
-            raise ValueError(f"strategy must be 'sqrt' or 'tree', and only with release='running', got "
+        if self.strategy is not None and (self.release != "running" or self.strategy not in RUNNING_STRATEGIES):
+            raise ValueError(f"strategy must be one of {RUNNING_STRATEGIES}, and only with release='running', got "
                              f"strategy={self.strategy!r} with release={self.release!r}")
+        if self.horizon is not None:
+            if self.release != "running":
+                raise ValueError(f"horizon applies only with release='running', got horizon={self.horizon!r} with "
+                                 f"release={self.release!r}")
+            running_factorisation(self.strategy or DEFAULT_RUNNING_STRATEGY, self.horizon)  # ValueError by name
         # The in-process runner's limit (every shard is a keyed state cell in this process); the
         # distributed and streaming jobs take up to stream.engine.ledger_config.MAX_SHARDS.
         if not 1 <= self.n_shards <= 4096:
@@ -159,12 +167,14 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
             run_id = curator.next_run_id()
             previous = curator.load_ledger(params)
             previous_running = curator.load_running(params.id_type)
+            previous_release = curator.load_release_states()
             plan, kinds = _query_plan(store, config, _first_input(config.inputs), to_release, released, say)
+            _refuse_history_running_queries(plan, curator.history_running_queries(), to_release, config.ledger)
             columns = list(kinds.numeric)  # parsed as numbers: a value that does not parse is a dead letter
             store.record_input_columns(kinds.numeric, kinds.strings, kinds.undeclared)
         categories = sorted({c for e in plan.entries if getattr(e.query, "categorical", False)
                              for c in e.query.columns_needed})
-        _refuse_gaps_in_running_queries(plan, previous_running, to_release)
+        _refuse_gaps_in_running_queries(plan, previous_release, to_release)
         say(f"[run] {CURATOR_ONLY_NOTICE}")
         say(f"[run] run {run_id}: {len(config.inputs)} input file(s), {len(to_release)} window(s) to release, "
             f"{len(skipped)} already released, {previous.num_rows:,} users in the ledger")
@@ -172,13 +182,14 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
         with tempfile.TemporaryDirectory(prefix="renyi-run-") as scratch, private_umask():
             outputs = _run_pipeline(config, params, plan, columns, released, to_release, previous,
                                     previous_running, curator.load_running_releases(), scratch, say, categories,
-                                    ledger_id=curator.ledger_id)
+                                    ledger_id=curator.ledger_id, previous_release=previous_release)
             balance = _row_balance(outputs)
             curator.commit_run(
                 run_id=run_id, ledger=outputs["ledger"], releases=outputs["releases"],
                 window_counts=outputs["window_counts"], run_counts=balance.totals(),
                 dead_letters=outputs["dead"], previous_users=previous.num_rows,
                 running=outputs["running"], running_releases=outputs["raw"],
+                release_states=outputs["release_state"],
             )
         say(f"[run] committed the ledger ({outputs['ledger'].num_rows:,} users) and "
             f"{outputs['releases'].num_rows} releases")
@@ -333,7 +344,7 @@ def _register_defaults(registry, config: JobConfig, path: str, header: pa.Schema
     columns = default_columns(header, declared_types=declared)
     if not columns:
         raise ValueError(f"input file {path} has no numeric indicator columns")
-    for query in default_queries(columns, kind=config.release, strategy=config.strategy):
+    for query in default_queries(columns, kind=config.release, strategy=config.strategy, horizon=config.horizon):
         registry.add(query, effective_from=first_window)
     if not declared:
         say(f"[run] a CSV declares no column types: every column but user_id and the time, {columns}, is answered "
@@ -345,14 +356,27 @@ def _register_defaults(registry, config: JobConfig, path: str, header: pa.Schema
         say(f"[run] text column(s) {text} get no default query: a histogram over their categories can read them")
 
 
-def _refuse_gaps_in_running_queries(plan: QueryPlan, previous_running: dict[str, pa.Table],
+def _refuse_history_running_queries(plan: QueryPlan, history: Sequence[str], to_release: list[int],
+                                    ledger: str) -> None:
+    """A running query whose stored state is a per-window history (the square-root era, running
+    version 1) cannot continue under prepaid admission: its users' past charges are not prepaid
+    charges. Refused before anyone is charged, with the way to migrate."""
+    old = sorted(e.query_id for e in plan.running if e.query_id in set(history)
+                 and any(e.active_in(w) for w in to_release))
+    if old:
+        raise CuratorStoreError(f"the ledger {ledger} holds running query {old[0]!r} in the old per-window history "
+                                f"format (running version 1): {MIGRATION}")
+
+
+def _refuse_gaps_in_running_queries(plan: QueryPlan, previous_release: dict[str, pa.Table],
                                     to_release: list[int]) -> None:
-    """A running total is released for every window from its first, in order: a run that would
-    skip one of its windows (or go back to one) is refused before anything is charged."""
+    """A running total is released for every window from its first, in order, and not past its
+    declared schedule: a run that would skip one of its windows, go back to one, or release one
+    past the horizon is refused before anything is charged."""
     pending = set(to_release)
     for entry in plan.running:
-        snapshot = previous_running.get(entry.query_id)
-        next_window = int(snapshot.schema.metadata[b"next_window"]) if snapshot is not None else entry.first_window
+        state = previous_release.get(entry.query_id)
+        next_window = int(state.schema.metadata[b"next_window"]) if state is not None else entry.first_window
         mine = [w for w in to_release if entry.active_in(w)]
         if not mine:
             continue
@@ -365,12 +389,20 @@ def _refuse_gaps_in_running_queries(plan: QueryPlan, previous_running: dict[str,
                 f"this run would {'skip window ' + str(skipped[0]) if skipped else 'go back to window ' + str(early[0])}. "
                 "Run the missing days in order (or set --start to the first unreleased day)"
             )
+        horizon = running_rule_of(entry.query)[1].horizon
+        if horizon is not None and max(mine) >= entry.first_window + horizon:
+            raise ValueError(
+                f"running query {entry.query_id!r} was declared for {horizon} windows (windows {entry.first_window} "
+                f"to {entry.first_window + horizon - 1}); this run would release window {max(mine)}, past its "
+                "schedule, which nobody was charged for. Retire it (`renyi-stream query retire ID --from WINDOW`) "
+                "and register a new running query (a longer --horizon, or --horizon tail)")
 
 
 def _run_pipeline(config: JobConfig, params: LedgerConfig, plan: QueryPlan, columns: list[str],
                   released: set[int], to_release: list[int], previous: pa.Table,
                   previous_running: dict[str, pa.Table], previous_raw: dict, scratch: str,
-                  say, categories: Sequence[str] = (), *, ledger_id: str) -> dict[str, pa.Table]:
+                  say, categories: Sequence[str] = (), *, ledger_id: str,
+                  previous_release: dict[str, pa.Table] | None = None) -> dict[str, pa.Table]:
     beam, PipelineOptions = _beam()
     from pipelines.beam import transforms as tx
     from pipelines.beam.local_runner import batch_runner
@@ -393,7 +425,7 @@ def _run_pipeline(config: JobConfig, params: LedgerConfig, plan: QueryPlan, colu
             tracker_step=params.tracker_step, n_shards=config.n_shards, previous_ledger=str(ledger_file),
             key_path=config.resolved_key_path, accounting=params.accounting,
             key_fingerprint=params.key_fingerprint, ledger_id=ledger_id, previous_running=running_files,
-            previous_raw=previous_raw, category_columns=categories)
+            previous_raw=previous_raw, category_columns=categories, previous_release=previous_release)
         # One collection of (output, item) and one group: each extra transform costs Beam a
         # signature inspection per bundle and planning time per run (seven gathers were a tenth
         # of a run; a ToList is nine transforms, a GroupByKey one).
@@ -414,6 +446,7 @@ def _run_pipeline(config: JobConfig, params: LedgerConfig, plan: QueryPlan, colu
         "raw": [(q, int(w), y) for q, w, y in zip(*(outputs["raw"].column(c).to_pylist()
                                                     for c in ("query_id", "window_id", "y")))],
         "running": _split_running(outputs["running"]),
+        "release_state": _split_release_states(outputs["release_state"]),
     }
 
 
@@ -467,16 +500,21 @@ def _concat_ledgers(tables: list[pa.Table]) -> pa.Table:
     return merged.sort_by("user_id")
 
 
+#: The daily job's per-window counts: the filter's (WINDOW_COUNT_NAMES) and the prepaid rows the
+#: running queries' kernels read (curator only: a run's work, checked on counts by the tests).
+_COUNT_NAMES = (*WINDOW_COUNT_NAMES, "prepaid_rows_read")
+
+
 def _counts_table(items: list[tuple[int, dict]]) -> pa.Table:
     totals: dict[int, dict[str, int]] = {}
     for window, counts in items:
-        slot = totals.setdefault(window, dict.fromkeys(WINDOW_COUNT_NAMES, 0))
+        slot = totals.setdefault(window, dict.fromkeys(_COUNT_NAMES, 0))
         for name in slot:
             slot[name] += counts.get(name, 0)
     windows = sorted(totals)
     return pa.table({"window_id": pa.array(windows, type=pa.int64()),
                      **{name: pa.array([totals[w][name] for w in windows], type=pa.int64())
-                        for name in WINDOW_COUNT_NAMES}})
+                        for name in _COUNT_NAMES}})
 
 
 def _dead_table(tables: list[pa.Table]) -> pa.Table:
@@ -520,6 +558,25 @@ def _split_running(table: pa.Table) -> dict[str, pa.Table]:
     return out
 
 
+def _release_states_table(items: list[tuple[str, pa.Table]]) -> pa.Table:
+    """Every running query's release state after the run: ``query_id``, its metadata as JSON and
+    its values flat (one element per query)."""
+    rows = sorted((q, json.dumps({k.decode(): v.decode() for k, v in t.schema.metadata.items()}, sort_keys=True),
+                   t.column("values").combine_chunks().flatten().to_pylist()) for q, t in items)
+    return pa.table({"query_id": pa.array([q for q, _, _ in rows], type=pa.string()),
+                     "meta": pa.array([m for _, m, _ in rows], type=pa.string()),
+                     "vals": pa.array([v for _, _, v in rows], type=pa.list_(pa.float64()))})
+
+
+def _split_release_states(table: pa.Table) -> dict[str, pa.Table]:
+    out = {}
+    for query_id, meta, vals in zip(*(table.column(c).to_pylist() for c in ("query_id", "meta", "vals"))):
+        meta = json.loads(meta)
+        values = pa.FixedSizeListArray.from_arrays(pa.array(vals, type=pa.float64()), int(meta["dim"]))
+        out[query_id] = pa.table({"values": values}).replace_schema_metadata(meta)
+    return out
+
+
 def _read_table(items: list[tuple[str, int]]) -> pa.Table:
     return pa.table({"source": pa.array([s for s, _ in items], type=pa.string()),
                      "rows": pa.array([n for _, n in items], type=pa.int64())})
@@ -527,4 +584,5 @@ def _read_table(items: list[tuple[str, int]]) -> pa.Table:
 
 #: The pipeline's outputs the daily job gathers, and how each becomes a table.
 _OUTPUT_TABLES = {"releases": _releases_table, "ledger": _concat_ledgers, "counts": _counts_table,
-                  "dead": _dead_table, "read": _read_table, "raw": _raw_table, "running": _running_table}
+                  "dead": _dead_table, "read": _read_table, "raw": _raw_table, "running": _running_table,
+                  "release_state": _release_states_table}

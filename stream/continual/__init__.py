@@ -6,10 +6,12 @@
 * :mod:`stream.continual.blt`: the Buffered Linear Toeplitz factorisation (registered as
   ``"blt"``): shipped parameters per horizon, the optimiser, ``O(buffers x d)`` encode and decode.
 * :mod:`stream.continual.prepaid`: prepaid admission (a contribution's whole future cost charged
-  when it is admitted): per-user and per-query state, charges, the filter decision.
-* :mod:`stream.continual.running`: the per-shard state (each user's history), the query at each
-  window charged through the shared :class:`stream.ledger.Ledger`, keyed noisy releases, Arrow
-  snapshots.
+  when it is admitted): per-user and per-query state, charges, the rule of each running strategy
+  by name (``running_rule``: ``blt``, the default, ``sqrt``, ``tree``). What the jobs run, through
+  :mod:`stream.engine.running`.
+* :mod:`stream.continual.running`: the pre-prepaid mechanism (each user's whole history queried
+  and charged at every window), kept as the reference ``benchmarks/bench_continual.py`` compares
+  against.
 """
 
 from stream.continual.blt import BufferedLinearToeplitz

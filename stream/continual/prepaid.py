@@ -66,22 +66,13 @@ from typing import Any
 
 import numpy as np
 
-from stream.accounting import _validate as check
-from stream.continual.blt import BufferedLinearToeplitz
-from stream.continual.strategies import MAX_DENSE_HORIZON, BinaryTree, Strategy
-from stream.ledger import ADMITTED, CLIPPED, DROPPED, FilterDecision, Policy, individual_filter
-from stream.rounding import round_down, round_up
+from stream.continual.blt import DEFAULT_BUFFERS, DEFAULT_HORIZON, SHIPPED_HORIZONS, BufferedLinearToeplitz
+from stream.continual.strategies import MAX_DENSE_HORIZON, BinaryTree, SquareRootFactorization, Strategy
+# The charge, its rounding and the filter decision on it live with the ledger (one decision per
+# user and window over window vectors and prepaid terms: stream.ledger.Ledger.admit).
+from stream.ledger import ETA, TINY, ChargeTerms, prepaid_charge, prepaid_filter, prepaid_rho
 from stream.xp import array_module, host_all
 
-# Relative margin added to every charge: covers the float error of the terms (module docstring).
-ETA = 1e-9
-# Absolute margin added to every charge of a non-zero contribution: below the smallest normal
-# float a relative margin underflows, while each subnormal operation still errs by up to 2^-1074
-# absolute (found by the property test: contributions of 1.7e-159 whose squares are subnormal).
-TINY = float(np.finfo(np.float64).tiny)
-# A clipped contribution is scaled a hair below the root of the budget equation, as the
-# ledger's clip is (stream.ledger._CLIP_SHRINK).
-_CLIP_SHRINK = 1.0 - 1e-9
 # The infinite tail's closed forms lose relative precision like 2^-52 / (1 - theta^2); past this
 # decay they would no longer be covered by ETA.
 _MAX_TAIL_DECAY = 1.0 - 1e-6
@@ -91,99 +82,6 @@ def _integer(name: str, value: Any, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {name}={value!r}")
     return int(value)
-
-
-# --------------------------------------------------------------------------- charges
-
-
-@dataclass(frozen=True)
-class ChargeTerms:
-    """The prepaid charge ``Delta(lambda) = lambda^2 quadratic + 2 lambda cross`` of each row,
-    scaled by ``lambda`` (norm units, ``(n,)`` arrays on the rows' device).
-
-    ``quadratic = ||x||^2 sum_r C_{r,t}^2 >= 0``; ``cross = sum_r C_{r,t} <(C h)_r, x>``;
-    ``magnitude`` the same two terms over absolute values (``quadratic + 2 |cross|``-like, an
-    upper bound for the float error of both divided by ``ETA``).
-    """
-
-    quadratic: Any
-    cross: Any
-    magnitude: Any
-
-
-def prepaid_charge(terms: ChargeTerms) -> Any:
-    """Each row's prepaid charge in norm units (``||.||^2``, divide by ``2 s^2`` for zCDP):
-    ``max(quadratic + 2 cross + ETA * magnitude + TINY, 0)`` (``TINY``, the smallest normal
-    float, only for a non-zero contribution), never below the exact ``Delta``; ``inf``
-    where the terms overflow. No host traffic."""
-    xp = array_module(terms.quadratic, terms.cross, terms.magnitude)
-    with np.errstate(over="ignore", invalid="ignore"):
-        raw = terms.quadratic + 2.0 * terms.cross + ETA * terms.magnitude + xp.where(terms.magnitude > 0, TINY, 0.0)
-        finite = xp.isfinite(raw) & xp.isfinite(terms.magnitude)
-    return xp.where(finite, xp.maximum(raw, 0.0), xp.inf)
-
-
-def prepaid_rho(terms: ChargeTerms, *, noise_std: float) -> Any:
-    """Each row's prepaid charge in zCDP, ``prepaid_charge / (2 s^2)`` rounded up (0 stays 0)."""
-    noise_std = check.positive("noise_std", noise_std)
-    xp = array_module(terms.quadratic)
-    charge = prepaid_charge(terms)
-    with np.errstate(over="ignore"):
-        return xp.where(charge == 0.0, 0.0, round_up(charge / (2.0 * noise_std * noise_std)))
-
-
-def prepaid_filter(used: Any, terms: ChargeTerms, *, cap: float, noise_std: float,
-                   policy: Policy | str = Policy.DROP) -> FilterDecision:
-    """The individual filter on prepaid charges (zCDP), as :func:`stream.ledger.individual_filter`.
-
-    ``used`` the users' used budgets, ``terms`` their rows' :class:`ChargeTerms`, ``cap`` the
-    budget the sums may reach (the ledger's ``kappa * (1 - BUDGET_SAFETY)``), ``s = noise_std``.
-
-    * ``drop`` (Algorithm 3): :func:`stream.ledger.individual_filter` on :func:`prepaid_rho`.
-    * ``clip`` (Algorithm 7): a row that does not fit is scaled by the largest ``lambda`` in
-      ``[0, 1)`` whose rounded-up charge ``lambda^2 A + 2 lambda B`` fits the remaining budget (a
-      quadratic, not ``lambda^2`` times the charge as for a window sum: the cross term is linear
-      in ``lambda``), shrunk by ``1 - 1e-9``, and charged the whole remaining budget; where the
-      recomputed charge would still not fit (never seen) the row is dropped instead.
-
-    The decision for a row reads only that row's terms, that user's used budget and public
-    constants (Theorem 4.5's proof needs exactly this). Guarantees per row: ``new_used <= cap``;
-    the recorded charge is at least the exact prepaid charge of the scaled contribution. No host
-    traffic.
-    """
-    noise_std = check.positive("noise_std", noise_std)
-    try:
-        policy = Policy(policy)
-    except ValueError:
-        raise ValueError(f"policy must be one of {[p.value for p in Policy]}, got policy={policy!r}") from None
-    rho = prepaid_rho(terms, noise_std=noise_std)
-    if policy is Policy.DROP:
-        return individual_filter(used, rho, cap=cap, policy=policy)
-    xp = array_module(used, rho)
-    total = round_up(used + rho)
-    free = rho == 0.0
-    fits = (total <= cap) | free
-    two_s2 = 2.0 * noise_std * noise_std
-    remaining = xp.maximum(round_down(cap - used), 0.0)
-    budget = xp.maximum(round_down(remaining * two_s2), 0.0)  # norm units
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # overflowed rows: dropped below
-        cross_abs = xp.maximum(terms.magnitude - terms.quadratic, 0.0) / 2.0
-        a = terms.quadratic * (1.0 + ETA)
-        b = terms.cross + ETA * cross_abs
-        root = xp.sqrt(b * b + a * budget)
-        # The larger root of a l^2 + 2 b l = budget, in the form that does not cancel.
-        scale = xp.where(b >= 0.0, budget / (b + root), (root - b) / a) * _CLIP_SHRINK
-        scale = xp.where(xp.isfinite(scale), xp.clip(scale, 0.0, 1.0), 0.0)
-        recomputed = scale * scale * a + 2.0 * scale * b
-    clipped = ~fits & (scale > 0.0) & (round_up(recomputed) <= budget)
-    filled = xp.minimum(round_up(used + remaining), cap)
-    take = ~free & fits
-    return FilterDecision(
-        new_used=xp.where(take, total, xp.where(clipped, filled, used)),
-        charge=xp.where(fits, rho, xp.where(clipped, remaining, 0.0)),
-        scale=xp.where(fits, 1.0, xp.where(clipped, scale, 0.0)),
-        status=xp.where(fits, ADMITTED, xp.where(clipped, CLIPPED, DROPPED)).astype(xp.int8),
-    )
 
 
 # --------------------------------------------------------------------------- state
@@ -542,6 +440,67 @@ def prepaid_rule(strategy: Strategy, *, horizon: int | None) -> PrepaidRule:
     return DenseHistoryPrepaid(strategy, horizon=horizon)
 
 
+# --------------------------------------------------------------------------- running queries by name
+
+#: The strategies a running query may name, each under the prepaid rule (the one list: the CLI's
+#: ``--strategy`` choices and :mod:`queries.linear` take it from here). ``blt`` is the default:
+#: its max error is within 1% of the square root's (1.000024 at ``T = 365``, 4 buffers).
+RUNNING_STRATEGIES: tuple[str, ...] = ("blt", "sqrt", "tree")
+DEFAULT_RUNNING_STRATEGY = "blt"
+#: The declared schedule of a running query that names none: 365 windows from its first. Chosen
+#: over the infinite tail by measurement (docs/running_totals.md, "The declared horizon"): at the
+#: 99.9% budget rule the tail's norm budget is 1.66x (Bernoulli(0.05) users) to 1.75x
+#: (Bernoulli(0.5)) the declared one, so the day-365 RMSE is 1.19x to 1.32x higher.
+DEFAULT_PREPAID_HORIZON = 365
+#: The horizon value that charges the infinite tail (releases without end; BLT only).
+TAIL = "tail"
+
+
+def parse_horizon(value: Any) -> int | str:
+    """A running query's declared schedule: a window count ``>= 1`` or ``"tail"`` (the infinite
+    tail). Accepts the string form of either (the command line, JSON). ValueError naming
+    ``horizon`` otherwise."""
+    if isinstance(value, str) and value.strip().lower() == TAIL:
+        return TAIL
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= MAX_DENSE_HORIZON:
+        raise ValueError(f"horizon must be a number of windows in [1, {MAX_DENSE_HORIZON}] or {TAIL!r} (the infinite "
+                         f"tail, blt only), got horizon={value!r}"[:300])
+    return int(value)
+
+
+def running_factorisation(strategy: str, horizon: int | str) -> Strategy:
+    """The factorisation of a running query registered with ``strategy`` (one of
+    :data:`RUNNING_STRATEGIES`) over ``horizon`` (:func:`parse_horizon`), cheaply (no dense
+    matrix): ``blt`` with the shipped 4-buffer parameters of the smallest shipped horizon ``>= T``
+    (the largest for longer schedules; ``T = 365``'s for the tail), the square root, the binary
+    tree. ValueError naming the parameter for an unknown strategy, or the tail with a strategy
+    whose tail is not finite."""
+    horizon = parse_horizon(horizon)
+    if strategy not in RUNNING_STRATEGIES:
+        raise ValueError(f"strategy must be one of {RUNNING_STRATEGIES}, got strategy={strategy!r}"[:300])
+    if horizon == TAIL and strategy != "blt":
+        raise ValueError(f"horizon {TAIL!r} (the infinite tail) needs strategy 'blt': the {strategy!r} strategy's tail "
+                         f"is not finite; declare a number of windows, got horizon='tail' with strategy={strategy!r}")
+    if strategy == "blt":
+        fitted = DEFAULT_HORIZON if horizon == TAIL else next(
+            (h for h in SHIPPED_HORIZONS if h >= horizon), SHIPPED_HORIZONS[-1])
+        return BufferedLinearToeplitz.shipped(fitted, DEFAULT_BUFFERS)
+    return BinaryTree() if strategy == "tree" else SquareRootFactorization()
+
+
+def running_rule(strategy: str, horizon: int | str) -> PrepaidRule:
+    """The prepaid rule of a running query registered with ``strategy`` over ``horizon``
+    (:func:`running_factorisation`). Deterministic: the same name and horizon give the same public
+    constants on every worker and in every run. ``blt``: :class:`BLTPrepaid`; ``tree``:
+    :class:`TreePrepaid`; ``sqrt``: :class:`DenseHistoryPrepaid`, the exact reference, whose per-user
+    state is the whole admitted history, ``T x d`` numbers."""
+    factorisation = running_factorisation(strategy, horizon)
+    declared = None if parse_horizon(horizon) == TAIL else int(horizon)
+    return prepaid_rule(factorisation, horizon=declared)
+
+
 def realised_sq_norms(strategy: Strategy, admitted: np.ndarray) -> np.ndarray:
     """``||q_t(i)||^2`` for every user and window: the squared norm of user ``i``'s part of the
     release at ``t``, ``(C x_i)`` over the rows released at ``t``, from their admitted stream
@@ -555,6 +514,8 @@ def realised_sq_norms(strategy: Strategy, admitted: np.ndarray) -> np.ndarray:
 
 
 __all__ = [
-    "ETA", "BLTPrepaid", "ChargeTerms", "DenseHistoryPrepaid", "PrepaidRule", "ReleaseState", "TreePrepaid",
+    "ETA", "TINY", "BLTPrepaid", "ChargeTerms", "DenseHistoryPrepaid", "PrepaidRule", "ReleaseState", "TreePrepaid",
     "UserState", "prepaid_charge", "prepaid_filter", "prepaid_rho", "prepaid_rule", "realised_sq_norms",
+    "DEFAULT_PREPAID_HORIZON", "DEFAULT_RUNNING_STRATEGY", "RUNNING_STRATEGIES", "TAIL", "parse_horizon",
+    "running_factorisation", "running_rule",
 ]

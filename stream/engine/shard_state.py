@@ -4,25 +4,27 @@ A shard is restored from snapshot parts and written back to them by :class:`Shar
 the same for the batch filter, the distributed job's and the streaming filter.
 
 A shard holds the ledger of its users (:class:`stream.ledger.Ledger`) and, for every running
-query, the users' histories (:class:`stream.continual.running.RunningState`). Per window,
-:meth:`ShardState.charge_window` evaluates every query active in that window (the
-:class:`QueryPlan`), concatenates each user's vectors, charges the ledger **once** with the
-squared norm of the concatenation (Feldman & Zrnic, Algorithm 3, drop, or Algorithm 7's clip),
-and returns the per-query partial sums of what it admitted. Charging the concatenation, not each
-query on its own, is what makes the filter see the whole adaptive interaction: a user's budget
-covers window sums, running totals and every registered query together.
+query, the per-user prepaid state of its users (:class:`stream.engine.running.PrepaidUsers`:
+one bounded row per user ever admitted). Per window, :meth:`ShardState.charge_window` evaluates
+every query active in that window (the :class:`QueryPlan`) and charges the ledger **once** per
+user (Feldman & Zrnic, Algorithm 3, drop, or Algorithm 7's clip) for the squared norm of their
+window-query vectors plus the prepaid charge of their running-query contributions (each
+contribution's whole future cost, :mod:`stream.continual.prepaid`), and returns the per-query
+partial sums of what it admitted. Charging everything together, not each query on its own, is
+what makes the filter see the whole adaptive interaction: a user's budget covers window sums,
+running totals and every registered query together.
 
-A running query also queries users who have no row this window but a history (their running
-total still includes their past): they are charged like everybody else, and they are left out of
-the row counts (which count rows read, not users queried).
+A running query reads only the users with a row in the window: a user who contributed earlier
+but not today is not touched (their past is in the query's release state,
+:class:`stream.engine.running.RunningRelease`), so a shard's work in a window is proportional to
+that window's rows, whatever the day.
 
 One user's values never decide whether a window is released (docs/architecture.md, "Edges"): a
-query vector that is not finite (a weighted sum whose ``w * x`` overflows, a running total whose sum
-over one user's history overflows, each value finite) is an infinite charge for that user. The
-user is dropped at that window under either policy (a clip to norm ``sqrt(2 s^2 (kappa - used))``
-of an infinite vector has no direction, so ``clip`` scales it to zero), charged nothing, and
-counted in ``counts["nonfinite"]`` for the curator; the window is released on schedule. Their
-running histories keep only finite values: a non-finite contribution is stored as zero.
+query vector that is not finite (a weighted sum whose ``w * x`` overflows, each value finite) is
+an infinite charge for that user. The user is dropped at that window under either policy (a clip
+of an infinite vector has no direction, so ``clip`` scales it to zero), charged nothing, their
+prepaid rows left as they were, and counted in ``counts["nonfinite"]`` for the curator; the
+window is released on schedule.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stream.continual.running import RunningQuery, RunningState
-from stream.continual.strategies import Strategy, strategy_by_name
-from stream.ledger import ADMITTED, DROPPED, STATUS_NAMES, Ledger
+from stream.continual.prepaid import DEFAULT_PREPAID_HORIZON, DEFAULT_RUNNING_STRATEGY, PrepaidRule, running_rule
+from stream.continual.running import RunningQuery
+from stream.continual.strategies import Strategy
+from stream.engine.running import PrepaidUsers, rule_meta
+from stream.ledger import ADMITTED, DROPPED, STATUS_NAMES, ChargeTerms, Ledger
 from stream.schema import USER_ID
 
 KINDS = ("window", "running")
@@ -121,21 +125,25 @@ class WindowCharge:
     """What one shard charged in one window (sensitive: curator only until noised).
 
     ``sums[query_id]`` is the shard's partial sum, flat ``float64``: ``dim`` numbers for a
-    window query, ``rows * dim`` (row-major) for a running query. ``counts`` counts the
-    window's *rows* by status (history-only users of running queries are not rows), and
-    ``counts["nonfinite"]`` the users (rows or history-only) dropped because their query vector
-    was not finite; those rows are also in ``counts["dropped"]``.
+    window query, and for a running query ``a_t``, the sum of the contributions it admitted
+    (scaled ones scaled), ``dim`` numbers, which :class:`stream.engine.running.RunningRelease`
+    turns into ``(C a)_t`` once every shard's is summed. ``counts`` counts the window's rows by
+    status, and ``counts["nonfinite"]`` the users dropped because a query vector was not finite
+    (also in ``counts["dropped"]``). ``state_rows_read[query_id]``: the prepaid per-user rows the
+    running query's kernel read (this window's rows, nobody else's); in a window with a running
+    query ``counts["prepaid_rows_read"]`` is their sum (a count of work, read by the daily job).
     """
 
     window_id: int
     sums: dict[str, np.ndarray]
     counts: dict[str, int]
+    state_rows_read: dict[str, int] = field(default_factory=dict)
 
 
 class ShardState:
-    """The ledger and running-query histories of one shard of users."""
+    """The ledger and the running queries' per-user prepaid state of one shard of users."""
 
-    def __init__(self, plan: QueryPlan, ledger: Ledger, running: dict[str, RunningState] | None = None) -> None:
+    def __init__(self, plan: QueryPlan, ledger: Ledger, running: dict[str, PrepaidUsers] | None = None) -> None:
         self.plan = plan
         self.ledger = ledger
         self.running = dict(running or {})
@@ -144,174 +152,139 @@ class ShardState:
             if state is not None:
                 _refuse_a_strategy_mismatch(entry, state)
 
-    def _running_state(self, entry: PlannedQuery) -> RunningState:
+    def _running_state(self, entry: PlannedQuery) -> PrepaidUsers:
         state = self.running.get(entry.query_id)
         if state is None:
-            state = RunningState(strategy=running_strategy(entry.query), dim=entry.query.dim,
-                                 start_window=entry.first_window, id_type=self.ledger.id_type)
+            strategy, rule = running_rule_of(entry.query)
+            state = PrepaidUsers(rule, strategy=strategy, dim=entry.query.dim, start_window=entry.first_window,
+                                 id_type=self.ledger.id_type)
             self.running[entry.query_id] = state
         return state
 
-    def windows_to_step(self, data_windows: Sequence[int], last_window: int | None) -> list[int]:
-        """The windows this shard must process: those with rows, and for each running query
-        every window from its next unprocessed one through ``last_window`` (its users' histories
-        are queried whether or not they have rows)."""
-        windows = {int(w) for w in data_windows}
-        if last_window is not None:
-            for entry in self.plan.running:
-                state = self.running.get(entry.query_id)
-                first = state.next_window if state is not None else entry.first_window
-                stop = last_window + 1 if entry.retired_from is None else min(last_window + 1, entry.retired_from)
-                windows.update(range(first, stop))
-        return sorted(windows)
+    def windows_to_step(self, data_windows: Sequence[int], last_window: int | None = None) -> list[int]:
+        """The windows this shard must process: those with rows, in order. Under prepaid admission
+        a running query reads only the users with a row in a window (their past is in the
+        query's release state, advanced by :class:`stream.engine.running.RunningRelease` for every
+        window of the schedule), so a shard has nothing to do in a window without rows;
+        ``last_window`` is kept for callers and ignored."""
+        return sorted({int(w) for w in data_windows})
 
     def charge_window(self, window_id: int, rows: pa.Table, *, noise_std: float, policy: str) -> WindowCharge:
         """Evaluate, filter and charge one window; ``rows`` has one row per distinct user.
 
-        The ledger charges each user ``||v_i||^2 / (2 s^2)`` for ``v_i`` the concatenation of
-        every active query's vector (zCDP units, Section 4.2), and admits, drops or clips the
-        whole vector (one decision per user and window). Running-query histories advance only
-        after the charge succeeded, so a refused window changes nothing.
+        One decision per user and window (:meth:`stream.ledger.Ledger.admit`): each user's
+        window-query vectors ``v`` (charged ``||v||^2 / (2 s^2)``) and, for each active running
+        query, the prepaid charge of their contribution ``x`` (its whole future cost,
+        :mod:`stream.continual.prepaid`), decided together; under ``clip`` one scale applies to
+        ``v`` and every ``x``. Only this window's users' prepaid rows are read and written
+        (vectorised gather and scatter); a dropped user's row is left as it was (they keep their
+        past, only today's contribution is lost). Returns per running query the shard's ``a_t``
+        (the sum of admitted, scaled contributions, ``d`` numbers) and, curator-only, the
+        prepaid rows read. Nothing changes when the charge is refused (a row whose last
+        admission is not before this window: invariants 2 and 6).
         """
         active = self.plan.active(window_id)
         ids = rows.column(USER_ID).combine_chunks() if isinstance(rows.column(USER_ID), pa.ChunkedArray) \
             else rows.column(USER_ID)
         n = rows.num_rows
-        blocks: list[tuple[str, int]] = []  # (query id, width of its part of the vector)
+        blocks: list[tuple[str, int]] = []  # window queries: (query id, dim)
         parts: list[np.ndarray] = []
-        pending: list[tuple[RunningState, Any]] = []
-        extra_ids: list[Any] = []
-        extra_vectors: list[tuple[int, np.ndarray]] = []  # (block index, vectors of history-only users)
+        nonfinite = np.zeros(n, dtype=bool)
+        running: list[tuple[str, PrepaidUsers, np.ndarray, Any, np.ndarray, int]] = []
         for entry in active:
             values = np.asarray(entry.query.evaluate(rows), dtype=np.float64).reshape(n, entry.query.dim)
-            if entry.kind == "running":
-                # The history keeps finite values only; the row's infinite vector is still in
-                # ``parts`` below, so the user is dropped at this window.
-                values_for_history = np.where(np.isfinite(values), values, 0.0)
+            nonfinite |= ~np.isfinite(values).all(axis=1)
             if entry.kind == "window":
                 blocks.append((entry.query_id, entry.query.dim))
                 parts.append(values)
                 continue
-            state = self._running_state(entry)
-            queried = state.queries_at(_as_state_ids(ids, state), values_for_history, window_id=window_id)
-            pending.append((state, queried))
-            width = queried.rows * queried.dim
-            block = np.zeros((n, width))
-            block[~np.isfinite(values).all(axis=1)] = np.inf
-            positions = _positions_in(ids, queried.user_ids)
-            inside = positions >= 0
-            block[positions[inside]] += queried.vectors[inside]
-            blocks.append((entry.query_id, width))
-            parts.append(block)
-            if (~inside).any():
-                extra_ids.append(_take(queried.user_ids, np.flatnonzero(~inside)))
-                extra_vectors.append((len(blocks) - 1, queried.vectors[~inside]))
-        union, matrix = _union_matrix(ids, n, parts, extra_ids, extra_vectors, [w for _, w in blocks])
-        width = matrix.shape[1]
-        nonfinite = ~np.isfinite(matrix).all(axis=1)
-        if width and len(union):
-            # An infinite charge: the ledger sees a zero vector (charge 0, nothing changes) and the
-            # decision is then set to dropped, which is what the filter decides for charge = inf.
-            finite = np.where(nonfinite[:, None], 0.0, matrix)
-            result = self.ledger.admit(union, finite, noise_std=noise_std, policy=policy)
-            admitted, status = result.contributions, result.status[:n].copy()
-            status[nonfinite[:n]] = DROPPED
+            users = self._running_state(entry)
+            positions = users.positions(ids)
+            running.append((entry.query_id, users, positions, users.gather(positions), values,
+                            window_id - entry.first_window))
+        matrix = np.concatenate(parts, axis=1) if parts else np.zeros((n, 0))
+        # An infinite charge: the ledger sees a zero request (charge 0, nothing changes) and the
+        # decision is then set to dropped, which is what the filter decides for charge = inf.
+        finite = np.where(nonfinite[:, None], 0.0, matrix)
+        prepaid = []
+        for _, users, _, state, values, t in running:
+            x = np.where(nonfinite[:, None], 0.0, values)
+            terms = users.rule.charge_terms(state, x, t)  # refuses a row already admitted at or after t
+            prepaid.append(ChargeTerms(quadratic=np.where(nonfinite, 0.0, terms.quadratic),
+                                       cross=np.where(nonfinite, 0.0, terms.cross),
+                                       magnitude=np.where(nonfinite, 0.0, terms.magnitude)))
+        if active and n:
+            result = self.ledger.admit(ids, finite, noise_std=noise_std, policy=policy, prepaid=prepaid or None)
+            admitted, status = result.contributions, result.status.copy()
+            scale = np.where(nonfinite, 0.0, result.scale)
+            status[nonfinite] = DROPPED
         else:  # no query asks anything in this window: nobody is charged, every row is admitted
-            admitted, status = np.zeros((len(union), width)), np.full(n, ADMITTED, dtype=np.int8)
-        for state, queried in pending:
-            state.commit(queried)
+            admitted, status, scale = np.zeros((n, matrix.shape[1])), np.full(n, ADMITTED, dtype=np.int8), np.ones(n)
         totals = admitted.sum(axis=0)
         sums, start = {}, 0
         for query_id, w in blocks:
             sums[query_id] = totals[start:start + w].copy()
             start += w
+        reads: dict[str, int] = {}
+        for query_id, users, positions, state, values, t in running:
+            keep = np.flatnonzero(scale > 0.0)
+            scaled = values[keep] * scale[keep, None]
+            new_rows = users.rule.admit(state.take(keep), scaled, t)
+            users.put(_take(ids, keep), positions[keep], new_rows)
+            sums[query_id] = scaled.sum(axis=0)
+            reads[query_id] = int(positions.size)
         tally = np.bincount(status.astype(np.int64), minlength=len(STATUS_NAMES))
         counts = {name: int(tally[i]) for i, name in enumerate(STATUS_NAMES)}
         counts["nonfinite"] = int(np.count_nonzero(nonfinite))
-        return WindowCharge(window_id=window_id, sums=sums, counts=counts)
+        if reads:  # a window with a running query: the prepaid rows its kernels read, all queries
+            counts["prepaid_rows_read"] = sum(reads.values())
+        return WindowCharge(window_id=window_id, sums=sums, counts=counts, state_rows_read=reads)
+
+
+def running_rule_of(query: Any) -> tuple[str, PrepaidRule]:
+    """``(strategy name, prepaid rule)`` of a running query: its registered ``strategy``
+    (:data:`stream.continual.prepaid.DEFAULT_RUNNING_STRATEGY` for a query object without one)
+    over its declared ``horizon`` (:data:`~stream.continual.prepaid.DEFAULT_PREPAID_HORIZON`
+    without one, ``"tail"`` for the infinite tail)."""
+    strategy = getattr(query, "strategy", None) or DEFAULT_RUNNING_STRATEGY
+    horizon = getattr(query, "horizon", None) or DEFAULT_PREPAID_HORIZON
+    return strategy, running_rule(strategy, horizon)
 
 
 def running_strategy(query: Any) -> Strategy:
-    """The strategy object of a running query: its registered ``strategy`` name (``sqrt`` for a
-    query object without one)."""
-    return strategy_by_name(getattr(query, "strategy", None) or "sqrt")
+    """The strategy object of a running query (its prepaid rule's: a BLT carries its parameters)."""
+    return running_rule_of(query)[1].strategy
 
 
-def _refuse_a_strategy_mismatch(entry: PlannedQuery, state: RunningState) -> None:
-    """A stored history made under one strategy cannot continue under another: the queries
-    already charged and released would not be the rows of the registered query's ``C``, and the
-    running totals would post-process releases of a different mechanism."""
-    expected = running_strategy(entry.query)
-    if state.strategy != expected:
+def _refuse_a_strategy_mismatch(entry: PlannedQuery, state: PrepaidUsers) -> None:
+    """A stored state made under one strategy or horizon cannot continue under another: its rows
+    are the buffers of another ``C``, and the charges already made paid for another schedule."""
+    strategy, rule = running_rule_of(entry.query)
+    expected = rule_meta(rule, strategy=strategy, dim=entry.query.dim, start_window=entry.first_window)
+    if state.meta != expected:
         raise ValueError(
-            f"running query {entry.query_id!r} is registered with strategy {expected.spec()} but its stored "
-            f"running state (ledger database) was made with strategy {state.strategy.spec()}: refusing to "
-            "continue it. Use the ledger and release store that belong together, or register a new query id")
+            f"running query {entry.query_id!r} is registered with strategy {strategy!r} {rule.strategy.spec()} over "
+            f"horizon {expected['horizon']} from window {entry.first_window}, but its stored running state (ledger "
+            f"database) was made with {state.strategy!r} {state.rule.strategy.spec()} over horizon "
+            f"{state.meta['horizon']} from window {state.start_window}: refusing to continue it. Use the ledger and "
+            "release store that belong together, or register a new query id")
 
 
-def _as_state_ids(ids: pa.Array, state: RunningState) -> Any:
-    return ids.to_numpy(zero_copy_only=False).astype(np.int64) if state.id_type == "int64" else ids
-
-
-def _positions_in(ids: pa.Array, queried: Any) -> np.ndarray:
-    """For each queried id, its position among this window's row ids, or -1 (history only)."""
-    arr = pa.array(queried) if isinstance(queried, np.ndarray) else queried
-    if pa.types.is_large_string(arr.type):
-        arr = arr.cast(pa.string())
-    keys = ids.cast(pa.string()) if pa.types.is_large_string(ids.type) else ids
-    found = pc.index_in(arr, value_set=keys)
-    return np.asarray(found.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
-
-
-def _take(queried: Any, positions: np.ndarray) -> Any:
-    return queried[positions] if isinstance(queried, np.ndarray) else queried.take(pa.array(positions))
-
-
-def _union_matrix(ids: pa.Array, n: int, parts: list[np.ndarray], extra_ids: list[Any],
-                  extra_vectors: list[tuple[int, np.ndarray]], widths: list[int]) -> tuple[Any, np.ndarray]:
-    """The window's users (row ids first, then history-only users of running queries, each once)
-    and the matrix of their concatenated query vectors."""
-    matrix = np.concatenate(parts, axis=1) if parts else np.zeros((n, 0))
-    if not extra_ids:
-        return ids, matrix
-    offsets = np.concatenate([[0], np.cumsum(widths)])
-    if pa.types.is_integer(ids.type):
-        extra = np.concatenate([np.asarray(e, dtype=np.int64) for e in extra_ids])
-        unique_extra, inverse = np.unique(extra, return_inverse=True)
-        union = pa.concat_arrays([ids.cast(pa.int64()), pa.array(unique_extra, type=pa.int64())])
-    else:
-        extra_arr = pa.concat_arrays([pa.array(e).cast(pa.string()) for e in extra_ids])
-        unique_extra = pc.unique(extra_arr)
-        inverse = np.asarray(pc.index_in(extra_arr, value_set=unique_extra).to_numpy(zero_copy_only=False))
-        union = pa.concat_arrays([ids.cast(pa.string()), unique_extra])
-    extra_matrix = np.zeros((len(unique_extra), matrix.shape[1]))
-    start = 0
-    for block, vectors in extra_vectors:
-        rows = inverse[start:start + len(vectors)]
-        extra_matrix[rows, offsets[block]:offsets[block + 1]] = vectors
-        start += len(vectors)
-    return union, np.concatenate([matrix, extra_matrix], axis=0)
+def _take(ids: pa.Array, positions: np.ndarray) -> pa.Array:
+    return ids.take(pa.array(positions, type=pa.int64()))
 
 
 #: The kinds of a shard's snapshot parts: ``("ledger", table)`` (:meth:`stream.ledger.Ledger.to_arrow`,
 #: at most one per shard) and ``("running", (query_id, table))``
-#: (:meth:`stream.continual.running.RunningState.to_arrow`, one per running query). The filters
-#: keep a shard's state in their keyed state in this form and receive a previous run's state in it.
+#: (:meth:`stream.engine.running.PrepaidUsers.to_arrow`, one per running query: the per-user
+#: prepaid rows). The filters keep a shard's state in their keyed state in this form and receive a
+#: previous run's state in it. A query's release state is not per shard
+#: (:class:`stream.engine.running.RunningRelease`).
 LEDGER_PART, RUNNING_PART = "ledger", "running"
 #: A ledger delta part, ``("ledger_delta", (window, table))``: the :meth:`stream.ledger.Ledger.to_arrow`
 #: rows, whole, of the users charged in ``window`` (:meth:`ShardSnapshots.after_window`). A shard's
 #: ledger is its ``"ledger"`` part (the last full snapshot) with each delta's rows over it in window order.
 LEDGER_DELTA = "ledger_delta"
-
-
-def empty_running_snapshot(meta: Mapping[str, str], id_type: str) -> pa.Table:
-    """An empty running-state snapshot carrying ``meta`` (the query's strategy, ``dim``,
-    ``start_window`` and ``next_window``): the state of a shard none of whose users has history."""
-    dim = int(meta["dim"])
-    ids = pa.array([], type=pa.int64() if id_type == "int64" else pa.large_string())
-    table = pa.table({"user_id": ids, "window_id": pa.array([], type=pa.int64()),
-                      "values": pa.FixedSizeListArray.from_arrays(pa.array([], type=pa.float64()), dim)})
-    return table.replace_schema_metadata(dict(meta))
 
 
 @dataclass(frozen=True)
@@ -321,9 +294,9 @@ class ShardSnapshots:
 
     ``budget``, ``id_type`` and ``tracker_step`` make the ledger of a shard that has no snapshot
     yet (a new ledger, or a shard none of whose users was seen); ``running_meta`` holds, per
-    running query, the metadata of its history snapshot (strategy, ``dim``, ``start_window``,
-    ``next_window``), so that a shard without history continues where the query is rather than
-    at its first window. Beam-free: the DoFns keep the parts in their state and call this.
+    running query, the metadata of its per-user snapshot (:func:`stream.engine.running.rule_meta`),
+    so that a shard none of whose users has a row still checks the stored strategy and horizon
+    against the registered query. Beam-free: the DoFns keep the parts in their state and call this.
 
     Incremental snapshots (:meth:`after_window`): with ``compact_every`` ``K > 1`` a window's parts
     are a delta, the ledger rows of the users charged in it only, and every ``K``-th window (or
@@ -355,7 +328,7 @@ class ShardSnapshots:
         window order, whatever order the parts come in (:func:`merge_ledger_deltas`)."""
         ledgers: list[pa.Table] = []
         deltas: list[tuple[int, pa.Table]] = []
-        running: dict[str, RunningState] = {}
+        running: dict[str, PrepaidUsers] = {}
         for kind, payload in parts:
             if kind == LEDGER_PART:
                 ledgers.append(payload)
@@ -366,7 +339,7 @@ class ShardSnapshots:
                 query_id, table = payload
                 if query_id in running:
                     raise ValueError(f"a shard's snapshot parts hold two histories of running query {query_id!r}")
-                running[query_id] = RunningState.from_arrow(table)
+                running[query_id] = PrepaidUsers.from_arrow(table)
             else:
                 raise ValueError(f"snapshot part kind must be {LEDGER_PART!r}, {LEDGER_DELTA!r} or {RUNNING_PART!r}, "
                                  f"got kind={kind!r}")
@@ -381,13 +354,13 @@ class ShardSnapshots:
                   else Ledger(budget=self.budget, id_type=self.id_type, tracker_step=self.tracker_step))
         for query_id, meta in self.running_meta.items():
             if query_id not in running:
-                running[query_id] = RunningState.from_arrow(empty_running_snapshot(meta, self.id_type))
+                running[query_id] = PrepaidUsers.empty(meta, self.id_type)
         return ShardState(self.plan, ledger, running)
 
     @staticmethod
     def snapshot(state: ShardState) -> list[tuple[str, Any]]:
-        """``state`` as snapshot parts: the ledger first, then each running query's history by
-        query id. ``restore(snapshot(state))`` is a shard equal to ``state``."""
+        """``state`` as snapshot parts: the ledger first, then each running query's per-user
+        prepaid rows by query id. ``restore(snapshot(state))`` is a shard equal to ``state``."""
         return [(LEDGER_PART, state.ledger.to_arrow()),
                 *((RUNNING_PART, (query_id, running.to_arrow())) for query_id, running in sorted(state.running.items()))]
 
