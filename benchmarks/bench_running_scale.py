@@ -157,9 +157,9 @@ def read_state_size(ledger: str | os.PathLike, *, dim: int) -> dict[str, Any]:
                     "WHERE table_schema = 'main' ORDER BY table_name, ordinal_position").fetchall():
                 columns.setdefault(table, {})[column] = dtype
             out["all_tables"] = sorted(columns)
-            if "running_meta" in columns:
+            if columns.keys() & set(_META_TABLES):
                 try:
-                    _read_strategies(db, out)
+                    _read_strategies(db, out, [t for t in _META_TABLES if t in columns])
                 except (duckdb.Error, ValueError, KeyError, TypeError, AttributeError) as exc:
                     out["strategies_error"] = f"{type(exc).__name__}: {exc}"[:300]  # the default buffers stand
             for table, cols in sorted(columns.items()):
@@ -184,9 +184,16 @@ def read_state_size(ledger: str | os.PathLike, *, dim: int) -> dict[str, Any]:
     return out
 
 
-def _read_strategies(db: Any, out: dict[str, Any]) -> None:
-    """The running queries' recorded strategies (``running_meta``): names and, for a BLT, buffers."""
-    for _, meta_json in db.execute("SELECT query_id, meta FROM running_meta ORDER BY query_id").fetchall():
+#: Where the daily job records a running query's strategy: ``prepaid_meta`` (prepaid running totals,
+#: issue 20) and ``running_meta`` (square-root histories before it).
+_META_TABLES = ("prepaid_meta", "running_meta")
+
+
+def _read_strategies(db: Any, out: dict[str, Any], tables: list[str]) -> None:
+    """The running queries' recorded strategies: names and, for a BLT, buffers."""
+    rows = [row for table in tables
+            for row in db.execute(f"SELECT query_id, meta FROM {table} ORDER BY query_id").fetchall()]
+    for _, meta_json in rows:
         meta = json.loads(meta_json)
         spec = meta.get("strategy")
         spec = json.loads(spec) if isinstance(spec, str) else spec
