@@ -27,7 +27,7 @@ from test_streaming import (COLUMNS, SPEC, W0, _Bag, _collect, _collected, _end,
 
 from pipelines.streaming.releases import StateMark, StreamingIndividualFilterDoFn, StreamingReleases
 from stream.engine.shard_cache import ShardCache, new_token
-from stream.engine.shard_state import QueryPlan
+from stream.engine.shard_state import QueryPlan, ShardSnapshots
 from stream.ledger import Ledger
 from queries.linear import default_queries
 
@@ -37,7 +37,6 @@ TEN = 10
 # --- the cache: a shard under the token it was filed with, taken once, bounded ----------------------
 
 def _shard(budget: float = 1.0):
-    from stream.engine.shard_state import ShardSnapshots
     return ShardSnapshots(plan=QueryPlan.starting_at(default_queries(["opened"]), W0), budget=budget,
                           id_type="int64", tracker_step=1 / 32).restore([])
 
