@@ -528,19 +528,42 @@ class Ledger:
 
     # -- snapshots ------------------------------------------------------------------------------
 
-    def to_arrow(self) -> pa.Table:
-        """The ledger as an Arrow table sorted by user id, parameters in the schema metadata."""
-        n = self._n
-        if self.id_type == "int64":
-            assert self._index is not None
-            ids: Any = self._index.keys_in_order()
-            order = np.argsort(ids, kind="stable")
-            id_array = pa.array(ids[order], type=pa.int64())
+    def to_arrow(self, users: Any = None) -> pa.Table:
+        """The ledger as an Arrow table sorted by user id, parameters in the schema metadata.
+
+        With ``users`` (ids as :meth:`admit` takes them), the rows of those users only: each id the
+        ledger has seen, once, as in the whole table (same columns, types, order and metadata);
+        ids it has never seen have no row. The cost grows with ``len(users)``, not with the ledger
+        (for int64 ids; a string ledger's lookup hashes its dictionary), so a snapshot of the users
+        one window charged (:meth:`stream.engine.shard_state.ShardSnapshots.after_window`) costs
+        that window's users."""
+        if users is None:
+            if self.id_type == "int64":
+                assert self._index is not None
+                ids: Any = self._index.keys_in_order()
+                rows = np.argsort(ids, kind="stable")
+                id_array = pa.array(ids[rows], type=pa.int64())
+            else:
+                assert self._codes is not None
+                values = self._codes.values()
+                rows = np.asarray(pc.sort_indices(values)) if self._n else np.zeros(0, dtype=np.int64)
+                id_array = values.take(pa.array(rows, type=pa.int64()))
         else:
-            assert self._codes is not None
-            values = self._codes.values()
-            order = np.asarray(pc.sort_indices(values)) if n else np.zeros(0, dtype=np.int64)
-            id_array = values.take(pa.array(order, type=pa.int64()))
+            wanted = self._as_ids(users)
+            positions = self._positions(wanted, add=False)
+            known = positions >= 0
+            if self.id_type == "int64":
+                assert self._index is not None
+                ids = np.unique(wanted[known])  # sorted and distinct, as argsort orders the whole table
+                rows = self._index.lookup(ids)
+                id_array = pa.array(ids, type=pa.int64())
+            else:
+                assert self._codes is not None
+                codes = np.unique(positions[known])
+                values = self._codes.values().take(pa.array(codes, type=pa.int64()))
+                order = np.asarray(pc.sort_indices(values)) if len(codes) else np.zeros(0, dtype=np.int64)
+                rows = codes[order]
+                id_array = values.take(pa.array(order, type=pa.int64()))
         metadata = {
             "renyi_stream.ledger_version": str(SNAPSHOT_VERSION),
             "budget": repr(self.budget),
@@ -550,9 +573,9 @@ class Ledger:
         return pa.table(
             {
                 "user_id": id_array,
-                "used": pa.array(self._used[:n][order]),
-                "tracker_segment": pa.array(self._segment[:n][order]),
-                "tracker_bound": pa.array(self._tracker[:n][order]),
+                "used": pa.array(self._used[rows]),
+                "tracker_segment": pa.array(self._segment[rows]),
+                "tracker_bound": pa.array(self._tracker[rows]),
             }
         ).replace_schema_metadata(metadata)
 

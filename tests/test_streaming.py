@@ -328,6 +328,9 @@ class _Value:
     def write(self, value):
         self.value = value
 
+    def clear(self):
+        self.value = None
+
 
 class _Timer:
     def __init__(self):
@@ -345,15 +348,15 @@ def test_a_repeated_or_early_timer_firing_charges_a_window_once(tmp_path):
         plan=params["plan"], window=SPEC, start_window=W0, end_window=W0 + 1, indicator_columns=COLUMNS,
         noise_std=params["noise_std"], policy="drop", budget=1.0, id_type="int64", tracker_step=1 / 32)
     files = [_write_day(tmp_path / "d0.parquet", 0, [1, 2], [1.0, 1.0], [0.0, 1.0])]
-    rows, state, charged, books, timer = _Bag(), _Bag(), _Value(), _Value(), _Timer()
+    rows, state, charged, books, mark, timer = _Bag(), _Bag(), _Value(), _Value(), _Value(), _Timer()
     for table in _validated(files):
-        list(fn.process((0, ("rows", table)), rows=rows, state=state, charged=charged, books=books,
+        list(fn.process((0, ("rows", table)), rows=rows, state=state, charged=charged, books=books, mark=mark,
                         window_end=timer))
     assert timer.times[-1] == _end(W0)
 
     def fire(at):
         return list(fn.on_window_end(key=0, timestamp=at, rows=rows, state=state, charged=charged, books=books,
-                                     window_end=timer))
+                                     mark=mark, window_end=timer))
 
     first = fire(_end(W0))
     reports = [out for out in first if not isinstance(out, beam.pvalue.TaggedOutput)]

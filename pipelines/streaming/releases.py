@@ -37,19 +37,21 @@ restart from the ledger snapshot, see ``previous_ledger``).
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator, Sequence, Tuple
+from typing import Any, Iterator, NamedTuple, Sequence, Tuple
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from apache_beam.coders import PickleCoder
+from apache_beam.metrics import Metrics
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
 from stream.engine.dead_letters import classify_windows, window_letters
+from stream.engine.shard_cache import ShardCache, new_token
 from stream.engine.shard_state import (LEDGER_DELTA, LEDGER_PART, RUNNING_PART, QueryPlan, ShardBooks, ShardSnapshots,
-                                       ShardState)
+                                       ShardState, held_deltas)
 from pipelines.beam.transforms import (
     ReleaseWindow,
     RunningEstimates,
@@ -74,14 +76,15 @@ from stream.schema import USER_ID, WINDOW_ID, WindowSpec
 SNAPSHOT_KIND, SNAPSHOT_BASE = "renyi_stream.snapshot", "renyi_stream.base_window"
 
 
-def _snapshot_table(parts: list[tuple[str, Any]], window: int, held: list[tuple[str, Any]]) -> pa.Table:
+def _snapshot_table(parts: list[tuple[str, Any]], window: int, deltas_before: int) -> pa.Table:
     """The ledger table of the parts a shard keeps after ``window`` (a full snapshot or one delta),
-    marked as :data:`SNAPSHOT_KIND` and, for a delta, :data:`SNAPSHOT_BASE`."""
+    marked as :data:`SNAPSHOT_KIND` and, for a delta, :data:`SNAPSHOT_BASE` (``deltas_before``: the
+    deltas the shard held before this window, one per window since its full snapshot)."""
     for kind, payload in parts:
         if kind == LEDGER_PART:
             return _marked(payload, {SNAPSHOT_KIND: "full"})
         if kind == LEDGER_DELTA:
-            base = int(window) - 1 - sum(1 for k, _ in held if k == LEDGER_DELTA)
+            base = int(window) - 1 - int(deltas_before)
             return _marked(payload[1], {SNAPSHOT_KIND: "delta", SNAPSHOT_BASE: str(base)})
     raise ValueError("a shard's parts after a window hold no ledger")
 
@@ -101,6 +104,25 @@ def split_by_window(table: pa.Table) -> list[tuple[int, pa.Table]]:
     return [(int(windows[part[0]]), table.take(pa.array(part))) for part in np.split(order, bounds)]
 
 
+class StateMark(NamedTuple):
+    """What a shard's keyed state says about its ``STATE`` bag without reading it: ``token``, the
+    state token (:func:`stream.engine.shard_cache.new_token`) written with the bag's last change,
+    and ``deltas``, how many ledger deltas the bag holds after its full snapshot (what
+    :meth:`stream.engine.shard_state.ShardSnapshots.after_window` compacts on)."""
+
+    token: str
+    deltas: int
+
+
+#: The default bound of a filter's shard cache when none is given: the default ``--shards``.
+CACHED_SHARDS = 16
+
+#: Beam counters of the streaming filter's charging firings: a shard restored from its ``STATE``
+#: bag (the bag read whole, every part unpickled and the ledger rebuilt) or taken from the cache.
+RESTORED_FROM_STATE = Metrics.counter("renyi_stream.streaming_filter", "shards_restored_from_state")
+TAKEN_FROM_CACHE = Metrics.counter("renyi_stream.streaming_filter", "shards_taken_from_cache")
+
+
 class StreamingIndividualFilterDoFn(beam.DoFn):
     """The individual filter for one shard of users on an unbounded stream, in the global window.
 
@@ -116,17 +138,29 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
                  and the deltas after it (``compact_every``), never cleared but to be replaced by
                  a full snapshot.
       CHARGED -- the last window this shard charged (``start_window - 1`` before the first).
+      MARK    -- :class:`StateMark`: the state token written with STATE's last change and the
+                 deltas STATE holds, so a firing that finds its shard in the cache reads neither.
       BOOKS   -- ``(now, at the last charge)``: the shard's cumulative
                  :class:`stream.engine.shard_state.ShardBooks` (rows received, dead, charged), checked
                  against the buffer at every charged window, and as they were at the last one.
     Timer:
       WINDOW_END -- event-time timer at the end of the next uncharged window. Its callback
-                    :meth:`on_window_end` restores the shard from STATE
+                    :meth:`on_window_end` takes the shard from the worker's cache when the cached
+                    copy is the committed state (its token is MARK's), else restores it from STATE
                     (:class:`stream.engine.shard_state.ShardSnapshots`, as the batch filter),
-                    charges exactly that window, writes the shard's snapshot back to STATE, then
+                    charges exactly that window, writes the shard's snapshot back to STATE with a
+                    fresh token in MARK, files the shard in the cache under that token, then
                     re-arms at the next window's end (through ``end_window``). A firing before
                     that end (an extra or repeated firing) does nothing, so each window is
                     charged at most once (invariant 6).
+    Cache (:class:`stream.engine.shard_cache.ShardCache`, this DoFn instance's, never pickled):
+      the shards this instance charged, each under the token its firing wrote, at most
+      ``cached_shards`` of them (least recently charged evicted first). A shard's firings come
+      once per window in turn, a cycle through the worker's shards on which a least-recently-used
+      cache smaller than that cycle misses every time; the default bound is therefore the job's
+      ``n_shards`` (:class:`StreamingReleases`), so no worker evicts a shard of its own, and the
+      memory it holds is at most the decoded ledger of the shards it charges. 0 turns it off
+      (every firing restores from STATE, as before the cache).
     Outputs: ``(window_id, (shard, {query_id: partial sum vector}))`` (main: one report per
     window of the schedule, ``{}`` when nothing was charged), dead letters (tag ``dead``:
     late, out-of-range and duplicate rows), ``(window, counts)`` (tag ``counts``, windows with
@@ -143,13 +177,15 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
     STATE = BagStateSpec("state", PickleCoder())
     CHARGED = ReadModifyWriteStateSpec("charged", PickleCoder())
     BOOKS = ReadModifyWriteStateSpec("books", PickleCoder())
+    MARK = ReadModifyWriteStateSpec("mark", PickleCoder())
     WINDOW_END = TimerSpec("window_end", TimeDomain.WATERMARK)
 
     def __init__(self, *, plan: QueryPlan, window: WindowSpec, start_window: int, end_window: int,
                  indicator_columns: Sequence[str], noise_std: float, policy: str, budget: float, id_type: str,
                  tracker_step: float, released: Sequence[int] = (),
                  running_meta: dict[str, dict[str, str]] | None = None, snapshot_every_window: bool = False,
-                 resumed_through: int | None = None, window_records: bool = False, compact_every: int = 1) -> None:
+                 resumed_through: int | None = None, window_records: bool = False, compact_every: int = 1,
+                 cached_shards: int = CACHED_SHARDS) -> None:
         if end_window < start_window:
             raise ValueError(f"end_window must be >= start_window={start_window}, got end_window={end_window}")
         if resumed_through is not None and not start_window - 1 <= resumed_through <= end_window:
@@ -173,6 +209,22 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         self._shards = ShardSnapshots(plan=plan, budget=budget, id_type=id_type, tracker_step=tracker_step,
                                       running_meta=dict(running_meta or {}), compact_every=compact_every)
         self._id_type = id_type
+        if int(cached_shards) != cached_shards or cached_shards < 0:
+            raise ValueError(f"cached_shards must be an integer >= 0 (shards a worker keeps between windows), "
+                             f"got cached_shards={cached_shards!r}")
+        self._cached_shards = int(cached_shards)
+        self._cache: ShardCache | None = None  # made on first use on the worker, never pickled
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy of this DoFn (the runner pickles it to every worker, or per bundle) starts with no
+        # cache: shards are filed by the instance whose firings charged them.
+        return {**self.__dict__, "_cache": None}
+
+    def shard_cache(self) -> ShardCache:
+        """This instance's cache of restored shards (made on first use)."""
+        if self._cache is None:
+            self._cache = ShardCache(self._cached_shards)
+        return self._cache
 
     def _end_of(self, window: int) -> int:
         return int(self._window.window_end_seconds(int(window)))
@@ -184,6 +236,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
     def process(self, element: tuple[int, tuple[str, Any]],
                 rows: Any = beam.DoFn.StateParam(ROWS), state: Any = beam.DoFn.StateParam(STATE),
                 charged: Any = beam.DoFn.StateParam(CHARGED), books: Any = beam.DoFn.StateParam(BOOKS),
+                mark: Any = beam.DoFn.StateParam(MARK),
                 window_end: Any = beam.DoFn.TimerParam(WINDOW_END)) -> Iterator[Any]:
         _, (kind, payload) = element
         through = self._charged(charged)
@@ -191,6 +244,9 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             yield from self._buffer(unpacked([payload])[0], through, rows, books)
         elif kind in (LEDGER_PART, RUNNING_PART):
             state.add((kind, payload))
+            # STATE changed without a charge: no cached shard is this state any more, and the
+            # deltas it holds are unknown until it is read (the next firing restores from it).
+            mark.clear()
         elif kind != TICK:
             raise ValueError(f"element kind must be rows, tick, ledger or running, got kind={kind!r}")
         if through < self._end:
@@ -224,6 +280,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
     def on_window_end(self, key: Any = beam.DoFn.KeyParam, timestamp: Any = beam.DoFn.TimestampParam,
                       rows: Any = beam.DoFn.StateParam(ROWS), state: Any = beam.DoFn.StateParam(STATE),
                       charged: Any = beam.DoFn.StateParam(CHARGED), books: Any = beam.DoFn.StateParam(BOOKS),
+                      mark: Any = beam.DoFn.StateParam(MARK),
                       window_end: Any = beam.DoFn.TimerParam(WINDOW_END)) -> Iterator[Any]:
         through = self._charged(charged)
         window = through + 1
@@ -231,8 +288,17 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             return  # an extra firing: this window's end is not reached, or everything is charged
         buffered = list(rows.read())
         mine = unpacked(part for w, part in buffered if w == window)
-        held = list(state.read())
-        shard = self._shards.restore(held)
+        # The cached shard only if it is exactly the committed state: its token is the one committed
+        # with STATE's last change (stream.engine.shard_cache). Else restore from STATE, whole.
+        committed = mark.read()
+        shard = self.shard_cache().take(key, committed.token if committed is not None else None)
+        if shard is not None:
+            deltas = committed.deltas
+            TAKEN_FROM_CACHE.inc()
+        else:
+            held = list(state.read())
+            shard, deltas = self._shards.restore(held), held_deltas(held)
+            RESTORED_FROM_STATE.inc()
         data, duplicates = in_event_time_order(mine)  # exactly as the batch path
         if duplicates is not None and duplicates.num_rows and not self._window_records:
             yield beam.pvalue.TaggedOutput("dead", duplicates)
@@ -244,25 +310,32 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         # a job charges and its last are full, so that each job's chain of deltas starts in its own
         # snapshots and the next job continues from one full snapshot per shard.
         users = data.column(USER_ID) if data is not None else []
-        snapshot, whole = self._shards.after_window(shard, window=window, charged=users, held=held,
+        snapshot, whole = self._shards.after_window(shard, window=window, charged=users, deltas_held=deltas,
                                                     full=window in (self._resumed + 1, self._end))
         if whole:
             state.clear()
         for part in snapshot:
             state.add(part)
+        # A fresh token, committed with STATE's change or not at all (one bundle's state writes).
+        token = new_token()
+        mark.write(StateMark(token, 0 if whole else deltas + 1))
         charged.write(window)
         rows.clear()
         for w, part in buffered:
             if w != window:
                 rows.add((w, part))
         if self._snapshot_every_window or window == self._end:
-            yield beam.pvalue.TaggedOutput("ledger", (key, window, _snapshot_table(snapshot, window, held)))
+            yield beam.pvalue.TaggedOutput("ledger", (key, window, _snapshot_table(snapshot, window, deltas)))
         if window == self._end:
             for kind, payload in snapshot:
                 if kind == RUNNING_PART:
                     yield beam.pvalue.TaggedOutput("running", payload)
         else:
             window_end.set(self._end_of(window + 1))
+            # Filed last, after every state write of this firing and under the token written with
+            # them: a firing that stops before this leaves no shard in the cache. After the last
+            # window the shard fires no more and is not kept.
+            self.shard_cache().put(key, token, shard)
 
     def _charge(self, key: int, shard: ShardState, window: int, data: pa.Table | None) -> Iterator[Any]:
         # The batch path charges a window that has rows or a running query active in it; charging
@@ -423,7 +496,9 @@ class StreamingReleases(beam.PTransform):
     a full snapshot every K windows and, between, deltas of the users charged in each window
     (:meth:`stream.engine.shard_state.ShardSnapshots.after_window`; the first and last windows are
     full); 1 (the default): whole every window. ``ledger_id`` is the ledger's identifier
-    (:func:`stream.noise.new_ledger_id`), which the keyed noise is bound to.
+    (:func:`stream.noise.new_ledger_id`), which the keyed noise is bound to. ``cached_shards``: how
+    many restored shards a filter instance keeps between windows (:class:`StreamingIndividualFilterDoFn`,
+    "Cache"); default ``n_shards``, 0 restores every shard from its keyed state every window.
 
     Returns a dict: ``releases`` (release rows), ``raw`` (running queries' releases ``y``),
     ``ledger`` (``(shard, window, snapshot)``), ``running``, ``counts``, ``books`` (the shards'
@@ -439,7 +514,8 @@ class StreamingReleases(beam.PTransform):
                  previous_running: dict[str, pa.Table] | None = None,
                  released: Sequence[int] = (), snapshot_every_window: bool = False,
                  previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None,
-                 resumed_through: int | None = None, window_records: bool = False, compact_every: int = 1) -> None:
+                 resumed_through: int | None = None, window_records: bool = False, compact_every: int = 1,
+                 cached_shards: int | None = None) -> None:
         super().__init__()
         self._n_shards = n_shards
         self._previous = previous_ledger
@@ -450,7 +526,8 @@ class StreamingReleases(beam.PTransform):
             indicator_columns=indicator_columns, noise_std=noise_std, policy=policy, budget=budget, id_type=id_type,
             tracker_step=tracker_step, released=released, running_meta=meta,
             snapshot_every_window=snapshot_every_window, resumed_through=resumed_through,
-            window_records=window_records, compact_every=compact_every)
+            window_records=window_records, compact_every=compact_every,
+            cached_shards=n_shards if cached_shards is None else cached_shards)
         self._release = ReleaseCompletedWindow(
             ReleaseWindow(key_path=key_path, plan=plan, noise_std=noise_std, window=window, accounting=accounting,
                           key_fingerprint=key_fingerprint, ledger_id=ledger_id), n_shards)

@@ -364,32 +364,35 @@ class ShardSnapshots:
         return [(LEDGER_PART, state.ledger.to_arrow()),
                 *((RUNNING_PART, (query_id, running.to_arrow())) for query_id, running in sorted(state.running.items()))]
 
-    def after_window(self, state: ShardState, *, window: int, charged: Any, held: Iterable[tuple[str, Any]],
+    def after_window(self, state: ShardState, *, window: int, charged: Any,
+                     held: Iterable[tuple[str, Any]] | None = None, deltas_held: int | None = None,
                      full: bool = False) -> tuple[list[tuple[str, Any]], bool]:
         """The parts to keep after ``state`` charged window ``window``, and whether they replace
-        ``held`` (the parts it was restored from): ``(snapshot(state), True)``, a full snapshot,
-        when ``full`` is asked, when ``held`` already holds ``compact_every - 1`` deltas, or when
-        the shard has running-query histories (those are written whole); otherwise
-        ``([(LEDGER_DELTA, (window, rows))], False)``, to be kept beside ``held``: the ledger rows
-        of the users ``charged`` (their ids, e.g. the window's ``user_id`` column), so the parts
-        written per window grow with the users charged in it, not with the shard.
-        ``restore(held + delta)`` is the shard ``restore(snapshot(state))`` is, provided
+        the parts held (those it was restored from, ``held``, of which ``deltas_held`` are deltas:
+        give one of the two, the count when the caller keeps it rather than the parts):
+        ``(snapshot(state), True)``, a full snapshot, when ``full`` is asked, when ``compact_every - 1``
+        deltas are already held, or when the shard has running-query histories (those are written
+        whole); otherwise ``([(LEDGER_DELTA, (window, rows))], False)``, to be kept beside the parts
+        held: the ledger rows of the users ``charged`` (their ids, e.g. the window's ``user_id``
+        column), so the parts written per window grow with the users charged in it, not with the
+        shard. ``restore(held + delta)`` is the shard ``restore(snapshot(state))`` is, provided
         ``charged`` holds every user whose ledger row the window changed (for a window without
         running queries, the users of its rows: :meth:`ShardState.charge_window` admits no one else)."""
-        deltas = sum(1 for kind, _ in held if kind == LEDGER_DELTA)
+        if (held is None) == (deltas_held is None):
+            raise ValueError("after_window takes exactly one of held (the parts) and deltas_held (their count of "
+                             f"deltas), got held={'None' if held is None else 'parts'}, deltas_held={deltas_held!r}")
+        deltas = held_deltas(held) if held is not None else int(deltas_held)
+        if deltas < 0:
+            raise ValueError(f"deltas_held must be >= 0, got deltas_held={deltas_held!r}")
         if full or state.running or deltas + 1 >= self.compact_every:
             return self.snapshot(state), True
-        return [(LEDGER_DELTA, (int(window), ledger_rows(state.ledger.to_arrow(), charged)))], False
+        return [(LEDGER_DELTA, (int(window), state.ledger.to_arrow(users=charged)))], False
 
 
-def ledger_rows(ledger: pa.Table, users: Any) -> pa.Table:
-    """The rows of ``ledger`` (:meth:`stream.ledger.Ledger.to_arrow`) of the ids in ``users``
-    (an Arrow array, chunked array or sequence), its metadata kept."""
-    ids = ledger.column(USER_ID)
-    wanted = users.combine_chunks() if isinstance(users, pa.ChunkedArray) else pa.array(users)
-    if len(wanted) == 0:
-        return ledger.slice(0, 0)
-    return ledger.filter(pc.is_in(ids, value_set=wanted.cast(ids.type)))
+def held_deltas(parts: Iterable[tuple[str, Any]]) -> int:
+    """How many of a shard's snapshot parts are ledger deltas (:data:`LEDGER_DELTA`): the windows
+    since its last full snapshot, which :meth:`ShardSnapshots.after_window` compacts on."""
+    return sum(1 for kind, _ in parts if kind == LEDGER_DELTA)
 
 
 def merge_ledger_deltas(base: pa.Table, deltas: Iterable[tuple[int, pa.Table]]) -> pa.Table:

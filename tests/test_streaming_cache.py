@@ -1,0 +1,306 @@
+"""The streaming filter keeps a shard between windows and restores it from keyed state only when
+its cached copy may not be the committed state (issue 19: "the streaming filter restores its whole
+shard every window").
+
+A firing takes its shard from the worker's cache (:class:`stream.engine.shard_cache.ShardCache`)
+only under the state token committed with the shard's last state change, so a window costs the
+users charged in it; a retried bundle, a cleared cache or another worker restores from the
+``STATE`` bag as before. The ledgers and releases are those of a filter that restores every window
+(``cached_shards=0``, the filter before the cache), under every full-snapshot interval.
+
+Counts, not time: the filter's Beam counters (``shards_restored_from_state``,
+``shards_taken_from_cache``) and a state bag that counts its reads.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pytest
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+from test_streaming import (COLUMNS, SPEC, W0, _Bag, _collect, _collected, _end, _ledger_values, _params,
+                            _random_days, _release_values, _Timer, _validated, _Value)
+
+from pipelines.streaming.releases import StateMark, StreamingIndividualFilterDoFn, StreamingReleases
+from stream.engine.shard_cache import ShardCache, new_token
+from stream.engine.shard_state import QueryPlan, ShardSnapshots
+from stream.ledger import Ledger
+from queries.linear import default_queries
+
+TEN = 10
+
+
+# --- the cache: a shard under the token it was filed with, taken once, bounded ----------------------
+
+def _shard(budget: float = 1.0):
+    return ShardSnapshots(plan=QueryPlan.starting_at(default_queries(["opened"]), W0), budget=budget,
+                          id_type="int64", tracker_step=1 / 32).restore([])
+
+
+def test_a_cached_shard_is_taken_only_under_the_token_it_was_filed_with():
+    cache, shard, token = ShardCache(4), _shard(), new_token()
+    cache.put(0, token, shard)
+    assert cache.take(0, new_token()) is None  # another token: not the committed state
+    assert cache.take(0, token) is None  # and the stale shard is gone, not kept for later
+    cache.put(0, token, shard)
+    assert cache.take(0, None) is None and len(cache) == 0  # no token committed: never a hit
+    cache.put(0, token, shard)
+    assert cache.take(0, token) is shard
+    assert (cache.hits, cache.misses) == (1, 3)
+
+
+def test_a_taken_shard_is_out_of_the_cache_until_its_firing_files_it_again():
+    cache, shard, token = ShardCache(4), _shard(), new_token()
+    cache.put(0, token, shard)
+    assert cache.take(0, token) is shard
+    assert cache.take(0, token) is None  # a second firing under the same token cannot share it
+
+
+def test_the_cache_evicts_the_least_recently_filed_shard_beyond_its_bound():
+    cache, tokens = ShardCache(2), [new_token() for _ in range(3)]
+    for key in range(3):
+        cache.put(key, tokens[key], _shard())
+    assert len(cache) == 2 and cache.take(0, tokens[0]) is None
+    assert cache.take(1, tokens[1]) is not None and cache.take(2, tokens[2]) is not None
+
+
+def test_a_cache_of_zero_shards_holds_nothing():
+    cache, token = ShardCache(0), new_token()
+    cache.put(0, token, _shard())
+    assert len(cache) == 0 and cache.take(0, token) is None
+
+
+@pytest.mark.parametrize("bound", [-1, 1.5])
+def test_a_cache_bound_that_is_not_a_non_negative_integer_is_refused_naming_it(bound):
+    with pytest.raises(ValueError, match=f"capacity=.*{bound}"):
+        ShardCache(bound)
+    with pytest.raises(ValueError, match=f"cached_shards={bound}"):
+        _filter(cached_shards=bound)
+
+
+def test_state_tokens_are_fresh():
+    assert len({new_token() for _ in range(1000)}) == 1000
+
+
+# --- a window's snapshot costs its users: the ledger rows of some users, as in the whole table -------
+
+@pytest.mark.parametrize("id_type", ["int64", "string"])
+def test_the_ledger_rows_of_some_users_are_those_rows_of_the_whole_ledger(id_type):
+    rng = np.random.default_rng(5)
+    ledger = Ledger(budget=1.0, id_type=id_type)
+    for _ in range(3):
+        users = rng.choice(500, 200, replace=False)
+        ids = users if id_type == "int64" else pa.array([f"u{u}" for u in users])
+        ledger.admit(ids, rng.random(200), noise_std=2.0)
+    whole = ledger.to_arrow()
+    wanted = [7, 3, 7, 499, 1000, 42]  # a repeat, and 1000 the ledger has never seen
+    wanted = wanted if id_type == "int64" else [f"u{u}" for u in wanted]
+    rows = ledger.to_arrow(users=wanted)
+    expected = whole.filter(pa.compute.is_in(whole.column("user_id"), value_set=pa.array(wanted)))
+    assert rows.equals(expected, check_metadata=True) and 0 < rows.num_rows < 6
+    assert ledger.to_arrow(users=[]).equals(whole.slice(0, 0), check_metadata=True)
+
+
+# --- the filter, fired window by window on the fake state of tests/test_streaming.py ------------------
+
+class _CountingBag(_Bag):
+    """A state bag that counts its reads: the ``STATE`` bag, read whole on a restore."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+
+    def read(self):
+        self.reads += 1
+        return super().read()
+
+
+def _filter(*, compact_every: int = 1, cached_shards: int = 4, end: int = TEN - 1,
+            budget: float = 0.3) -> StreamingIndividualFilterDoFn:
+    return StreamingIndividualFilterDoFn(
+        plan=QueryPlan.starting_at(default_queries(COLUMNS), W0), window=SPEC, start_window=W0, end_window=W0 + end,
+        indicator_columns=COLUMNS, noise_std=2.0, policy="drop", budget=budget, id_type="int64",
+        tracker_step=1 / 32, snapshot_every_window=True, compact_every=compact_every, cached_shards=cached_shards)
+
+
+def _keyed_state() -> dict:
+    return dict(rows=_Bag(), state=_CountingBag(), charged=_Value(), books=_Value(), mark=_Value(),
+                window_end=_Timer())
+
+
+@pytest.fixture(scope="module")
+def days(tmp_path_factory) -> list[pa.Table]:
+    """Ten days of 70% of 40 users each, validated as the readers emit them; a tight budget (0.3)
+    drops some users on later days, so a window charged twice would show in the ledger."""
+    folder = tmp_path_factory.mktemp("days")
+    return _validated(_random_days(folder, TEN, seed=19))
+
+
+def _buffered(fn: StreamingIndividualFilterDoFn, days: list[pa.Table], state: dict) -> None:
+    for table in days:
+        list(fn.process((0, ("rows", table)), **state))
+
+
+def _fire(fn: StreamingIndividualFilterDoFn, window: int, state: dict) -> list:
+    """One firing of shard 0's timer at ``window``'s end: its report and its ledger snapshot."""
+    out = list(fn.on_window_end(key=0, timestamp=_end(window), **state))
+    reports = [o for o in out if not isinstance(o, beam.pvalue.TaggedOutput)]
+    ledgers = [o.value[2] for o in out if isinstance(o, beam.pvalue.TaggedOutput) and o.tag == "ledger"]
+    assert len(reports) == 1 and len(ledgers) == 1
+    return [reports[0], ledgers[0]]
+
+
+def _run(fn: StreamingIndividualFilterDoFn, days: list[pa.Table], *, between=None) -> tuple[list, dict]:
+    """Every window of the schedule in turn; ``between(window, fn, state)`` runs before each firing.
+    Returns each window's report and snapshot, and the keyed state."""
+    state = _keyed_state()
+    _buffered(fn, days, state)
+    out = []
+    for w in range(TEN):
+        if between is not None:
+            between(W0 + w, fn, state)
+        out.append(_fire(fn, W0 + w, state))
+    return out, state
+
+
+def _same(a: list, b: list) -> bool:
+    """Two runs' reports (window, shard and partial sums, bit for bit) and snapshots are equal."""
+    def key(report):
+        window, (shard, sums) = report
+        return window, shard, {q: v.tolist() for q, v in sums.items()}
+    return (len(a) == len(b) and all(key(x[0]) == key(y[0]) for x, y in zip(a, b))
+            and all(x[1].equals(y[1], check_metadata=True) for x, y in zip(a, b)))
+
+
+@pytest.mark.parametrize("k", [1, 3, 1000])
+def test_a_shard_is_restored_from_its_state_bag_at_its_first_window_only(days, k):
+    cached, state = _run(_filter(compact_every=k), days)
+    uncached, before = _run(_filter(compact_every=k, cached_shards=0), days)
+    assert _same(cached, uncached)  # the reports and snapshots of the filter that restores every window
+    assert (state["state"].reads, before["state"].reads) == (1, TEN)
+
+
+def test_a_cleared_cache_restores_the_shard_from_its_bag_and_charges_as_the_uninterrupted_run(days):
+    """A worker that lost its cache (a restart, a key given to it) restores the committed shard."""
+    uninterrupted, _ = _run(_filter(compact_every=3), days)
+
+    def lose_the_cache(window, fn, state):
+        if window == W0 + 5:  # a delta window: the bag holds a full snapshot and deltas
+            fn.shard_cache().clear()
+
+    cleared, state = _run(_filter(compact_every=3), days, between=lose_the_cache)
+    assert _same(cleared, uninterrupted)
+    assert state["state"].reads == 2
+
+
+def test_a_token_mismatch_restores_the_shard_from_its_bag(days):
+    """The committed token is not the cached shard's (another worker charged the key since):
+    the cached shard is not used, whatever it holds."""
+    uninterrupted, _ = _run(_filter(compact_every=3), days)
+
+    def another_token(window, fn, state):
+        if window == W0 + 4:
+            committed = state["mark"].read()
+            state["mark"].write(StateMark(new_token(), committed.deltas))
+
+    mismatched, state = _run(_filter(compact_every=3), days, between=another_token)
+    assert _same(mismatched, uninterrupted)
+    assert state["state"].reads == 2
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_failed_bundle_that_charged_the_cached_shard_is_detected_and_its_window_charged_again_from_the_bag(
+        days, k):
+    """The bundle of window W0 + 4 charges the cached shard and files it under its new token, then
+    fails: the runner discards its state writes (here: they went to a copy of the committed state)
+    and retries the firing on the committed state. The retry must not use the shard the failed
+    firing charged (its users would be charged twice): it restores from the bag, and the ledger
+    and reports are the uninterrupted run's."""
+    uninterrupted, _ = _run(_filter(compact_every=k), days)
+
+    def fail_once(window, fn, state):
+        if window == W0 + 4:
+            _fire(fn, window, copy.deepcopy(state))  # the failed bundle's writes, discarded
+
+    retried, state = _run(_filter(compact_every=k), days, between=fail_once)
+    assert _same(retried, uninterrupted)
+    assert state["state"].reads == 2  # the first window and the retry
+
+
+class _FailingOnce(_Value):
+    """Keyed state whose first write raises: a firing that fails after charging its shard."""
+
+    def __init__(self):
+        super().__init__()
+        self.failed = False
+
+    def write(self, value):
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("the worker died")
+        super().write(value)
+
+
+def test_a_firing_that_fails_after_charging_its_shard_leaves_nothing_in_the_cache(days):
+    """The shard a firing takes is out of the cache while it charges it: a firing that dies half-way
+    (after the charge, before its token is written) leaves no charged shard under the old token."""
+    uninterrupted, _ = _run(_filter(), days)
+
+    def die_once(window, fn, state):
+        if window == W0 + 6:
+            broken = {**copy.deepcopy(state), "books": _FailingOnce()}
+            broken["books"].value = copy.deepcopy(state["books"].read())
+            with pytest.raises(RuntimeError, match="the worker died"):
+                _fire(fn, window, broken)
+
+    retried, state = _run(_filter(), days, between=die_once)
+    assert _same(retried, uninterrupted)
+    assert state["state"].reads == 2
+
+
+def test_a_ledger_part_that_reaches_a_shard_after_a_charge_makes_its_next_firing_read_the_bag(days):
+    """``STATE`` changed by an element, not a firing: the next firing cannot trust the cache."""
+    fn, state = _filter(), _keyed_state()
+    _buffered(fn, days, state)
+    _fire(fn, W0, state)
+    extra = Ledger(budget=0.3, tracker_step=1 / 32)
+    extra.admit([10_001], [1.0], noise_std=2.0)
+    list(fn.process((0, ("ledger", extra.to_arrow())), **state))
+    assert state["mark"].read() is None
+    with pytest.raises(ValueError, match="at most one ledger, got 2"):  # the bag, read: two ledgers, refused
+        _fire(fn, W0 + 1, state)
+
+
+# --- a real pipeline: DirectRunner, the filter's Beam counters ------------------------------------------
+
+def _pipeline(root, days: list[pa.Table], *, params: dict, k: int, cached_shards: int | None) -> dict:
+    p = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"]))
+    graph = (p | beam.Create(days, reshuffle=False)
+             | StreamingReleases(**params, compact_every=k, cached_shards=cached_shards))
+    folders = _collect(graph, root, ["releases", "ledger"])
+    result = p.run()
+    result.wait_until_finish()
+    counters = {c.key.metric.name: c.committed for c in result.metrics().query(
+        MetricsFilter().with_namespace("renyi_stream.streaming_filter"))["counters"]}
+    return {"releases": _release_values([r for r, _ in _collected(folders["releases"])]),
+            "ledger": _ledger_values([t for (_, _, t), _ in _collected(folders["ledger"])]),
+            "restored": counters.get("shards_restored_from_state", 0),
+            "taken": counters.get("shards_taken_from_cache", 0)}
+
+
+@pytest.mark.parametrize("k", [1, 3, 1000])
+def test_a_ten_window_stream_restores_each_shard_from_keyed_state_once_and_releases_as_before(tmp_path, days, k):
+    """Two shards, ten windows: 2 restores (each shard's first window) and 18 firings from the cache,
+    where the filter without it restores 20 times; the releases and the ledger are bit for bit the
+    same."""
+    params = _params(tmp_path, end=TEN - 1, budget=0.3, n_shards=2)  # one key and ledger: the same noise
+    cached = _pipeline(tmp_path / "cached", days, params=params, k=k, cached_shards=None)
+    before = _pipeline(tmp_path / "uncached", days, params=params, k=k, cached_shards=0)
+    assert (cached["restored"], cached["taken"]) == (2, 2 * (TEN - 1))
+    assert (before["restored"], before["taken"]) == (2 * TEN, 0)
+    assert cached["releases"] == before["releases"] and len(cached["releases"]) == TEN * len(COLUMNS)
+    assert cached["ledger"] == before["ledger"] and len(cached["ledger"]) > 30
