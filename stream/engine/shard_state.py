@@ -34,7 +34,6 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from stream.continual.prepaid import DEFAULT_PREPAID_HORIZON, DEFAULT_RUNNING_STRATEGY, PrepaidRule, running_rule
 from stream.continual.running import RunningQuery
