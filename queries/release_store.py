@@ -44,7 +44,7 @@ import json
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import duckdb
 import numpy as np
@@ -325,22 +325,7 @@ class ReleaseStore:
         :class:`ReleaseConflictError` and nothing of the batch is inserted. ``ledger_id``, the
         ledger that charged for the releases, is recorded with the first publish that names one.
         """
-        return self._publish(releases, by_window=False, ledger_id=ledger_id)
-
-    def publish_by_window(self, releases: pa.Table,
-                          before_window: Callable[[int, int], None] = lambda index, window: None,
-                          after_window: Callable[[int], None] = lambda window: None, *,
-                          ledger_id: str | None = None) -> int:
-        """:meth:`publish`, one transaction per window in window order; returns the rows inserted.
-
-        The whole batch is checked first (columns, one noise key, the store's key, no row
-        differing from a released one), so a conflict anywhere inserts nothing; then each window
-        commits on its own, so a crash between two leaves the earlier windows public and the
-        rest for the next attempt (identical rows are skipped). ``before_window(i, window)`` runs
-        before the ``i``-th window's transaction, ``after_window(window)`` after its commit.
-        """
-        return self._publish(releases, by_window=True, before_window=before_window, after_window=after_window,
-                             ledger_id=ledger_id)
+        return self._publish(releases, ledger_id=ledger_id)
 
     def check_publishable(self, releases: pa.Table, *, ledger_id: str | None = None) -> None:
         """Every check :meth:`publish` makes before it inserts, inserting nothing: ValueError for
@@ -375,42 +360,31 @@ class ReleaseStore:
                 "another key would be a second, independent noisy draw)")
         return fingerprint, stored
 
-    def _publish(self, releases: pa.Table, *, by_window: bool,
-                 before_window: Callable[[int, int], None] = lambda index, window: None,
-                 after_window: Callable[[int], None] = lambda window: None, ledger_id: str | None = None) -> int:
+    def _publish(self, releases: pa.Table, *, ledger_id: str | None = None) -> int:
         if self._read_only:
             raise ReleaseStoreError(f"release store {self._path} is open read-only; cannot publish")
         table = _validate(releases)
         if table.num_rows == 0:
             return 0
         # One writer at a time: DuckDB locks the file against other processes, and this
-        # connection runs nothing else in between, so the checks hold for every window below.
+        # connection runs nothing else in between, so the checks hold for the insert below.
         fingerprint, stored = self._check_batch(table, ledger_id)
         db = self._conn
         db.register(_INCOMING, table)
         try:
             self._refuse_conflicts()
-            windows = sorted(pc.unique(table.column("window_id")).to_pylist()) if by_window else [None]
-            inserted = 0
-            for index, window in enumerate(windows):
-                if by_window:
-                    before_window(index, window)
-                db.execute("BEGIN TRANSACTION")
-                try:
-                    inserted += self._insert_new(window)
-                    if stored is None:
-                        db.execute("INSERT INTO store_meta (key, value) VALUES ('key_fingerprint', ?)",
-                                   [fingerprint])
-                        stored = fingerprint
-                    if ledger_id is not None and self.ledger_id() is None:
-                        db.execute("INSERT INTO store_meta (key, value) VALUES ('ledger_id', ?)", [ledger_id])
-                    crash_point("during_release_insert")  # test-only: rows inserted, transaction not committed
-                    db.execute("COMMIT")
-                except BaseException:
-                    _rollback(db)
-                    raise
-                if by_window:
-                    after_window(window)
+            db.execute("BEGIN TRANSACTION")
+            try:
+                inserted = self._insert_new()
+                if stored is None:
+                    db.execute("INSERT INTO store_meta (key, value) VALUES ('key_fingerprint', ?)", [fingerprint])
+                if ledger_id is not None and self.ledger_id() is None:
+                    db.execute("INSERT INTO store_meta (key, value) VALUES ('ledger_id', ?)", [ledger_id])
+                crash_point("during_release_insert")  # test-only: rows inserted, transaction not committed
+                db.execute("COMMIT")
+            except BaseException:
+                _rollback(db)
+                raise
         finally:
             db.unregister(_INCOMING)
         return inserted
@@ -434,16 +408,15 @@ class ReleaseStore:
                 f"the same (query_id, window_id, coordinate), e.g. {keys}, in column(s) {columns}: a "
                 "window is released once (first write wins); nothing from this batch was inserted")
 
-    def _insert_new(self, window: int | None) -> int:
-        """Insert the registered incoming rows (of ``window``, or all) whose key is not released yet."""
-        only = "" if window is None else "i.window_id = ? AND "
+    def _insert_new(self) -> int:
+        """Insert the registered incoming rows whose key is not released yet."""
         return int(self._conn.execute(f"""
             INSERT INTO release_data ({_COLUMNS})
             SELECT {_COLUMNS} FROM {_INCOMING} i
-            WHERE {only}NOT EXISTS (
+            WHERE NOT EXISTS (
                 SELECT 1 FROM release_data r
                 WHERE r.query_id = i.query_id AND r.window_id = i.window_id
-                  AND r.coordinate = i.coordinate)""", [] if window is None else [int(window)]).fetchone()[0])
+                  AND r.coordinate = i.coordinate)""").fetchone()[0])
 
     # --- reading ------------------------------------------------------------------------------
 

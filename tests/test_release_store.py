@@ -132,31 +132,6 @@ def test_a_different_row_for_a_released_key_is_refused_and_nothing_of_the_batch_
         assert store.released_windows("sum:opened") == [W0, W0 + 1]
 
 
-def test_publishing_by_window_commits_each_window_in_order_between_the_callbacks(store_path):
-    table = _releases(windows=(W0 + 2, W0, W0 + 1))
-    calls = []
-    with ReleaseStore(store_path) as store:
-        def after(window):
-            calls.append(("after", window, store.released_windows("sum:opened")))  # committed by now
-        inserted = store.publish_by_window(table, before_window=lambda i, w: calls.append(("before", i, w)),
-                                           after_window=after)
-        assert inserted == table.num_rows
-    assert calls == [("before", 0, W0), ("after", W0, [W0]),
-                     ("before", 1, W0 + 1), ("after", W0 + 1, [W0, W0 + 1]),
-                     ("before", 2, W0 + 2), ("after", W0 + 2, [W0, W0 + 1, W0 + 2])]
-
-
-def test_publishing_by_window_refuses_a_conflict_in_a_later_window_before_any_window_is_inserted(
-        store_path, published):
-    late = _replace(_releases(windows=(W0 + 1,), seed=3), "value", [1.0, 2.0])  # W0 + 1 differs
-    batch = pa.concat_tables([_releases(windows=(W0 - 1,), seed=4), late])  # W0 - 1 is new and comes first
-    with ReleaseStore(store_path) as store:
-        before = store.read()
-        with pytest.raises(ReleaseConflictError, match="released once"):
-            store.publish_by_window(batch)
-        assert store.read().equals(before)
-
-
 def test_a_conflict_message_does_not_quote_the_refused_value(store_path, published):
     refused = published.column("value").to_pylist()
     refused[0] = 123456.789
@@ -181,7 +156,7 @@ OTHER_LEDGER = "fedcba9876543210fedcba9876543210"
 def test_the_first_publish_naming_a_ledger_records_it(store_path):
     with ReleaseStore(store_path) as store:
         assert store.ledger_id() is None
-        store.publish_by_window(_releases(), ledger_id=LEDGER)
+        store.publish(_releases(), ledger_id=LEDGER)
         assert store.ledger_id() == LEDGER
         store.check_ledger(LEDGER)  # the same ledger goes on
         assert store.publish(_releases(windows=(W0 + 2,)), ledger_id=LEDGER) == 2
@@ -191,7 +166,7 @@ def test_a_publish_from_another_ledger_is_refused_naming_both_and_inserts_nothin
     with ReleaseStore(store_path) as store:
         store.publish(_releases(), ledger_id=LEDGER)
         with pytest.raises(ReleaseConflictError, match=f"ledger {LEDGER}.*ledger is {OTHER_LEDGER}"):
-            store.publish_by_window(_releases(windows=(W0 + 2,)), ledger_id=OTHER_LEDGER)
+            store.publish(_releases(windows=(W0 + 2,)), ledger_id=OTHER_LEDGER)
         with pytest.raises(ReleaseConflictError, match=OTHER_LEDGER):
             store.check_ledger(OTHER_LEDGER)
         assert store.released_windows("sum:opened") == [W0, W0 + 1] and store.ledger_id() == LEDGER
