@@ -98,8 +98,7 @@ def _daily_graph(tmp_path: Path, runner: str) -> beam.Pipeline:
         [path], window=WindowSpec(), start_window=W0, end_window=W0 + 1, released=[], schedule=[W0, W0 + 1],
         plan=plan, indicator_columns=["opened"], noise_std=2.0, policy="drop", budget=1.0, id_type="int64",
         tracker_step=1 / 32, n_shards=8, previous_ledger=Ledger(budget=1.0).to_arrow(),
-        key_path=key_path, accounting="gdp", key_fingerprint=key.fingerprint, ledger_id=new_ledger_id(),
-        releases_parquet="gs://my-bucket-renyi/releases")
+        key_path=key_path, accounting="gdp", key_fingerprint=key.fingerprint, ledger_id=new_ledger_id())
     return p
 
 
@@ -152,6 +151,10 @@ def test_the_graph_round_trips_through_the_portable_runner_api(tmp_path, graph, 
     assert len(again.SerializeToString()) > 0
 
 
+#: Keyed steps (shuffles and stateful DoFns) each graph has at least.
+KEYED_STEPS = {"daily": 4, "distributed": 5}
+
+
 def _keyed_inputs(proto):
     """(transform name, kind, input coder id) of every GroupByKey, CombinePerKey and stateful
     ParDo in the portable proto (side inputs excluded)."""
@@ -181,7 +184,9 @@ def test_every_shuffle_and_state_key_has_a_deterministic_coder(tmp_path, graph, 
         assert key_coder.is_deterministic(), f"{name}: key coder {key_coder} is not deterministic"
         kinds.add(kind)
         checked += 1
-    assert {"group_by_key", "combine_per_key", "stateful"} <= kinds and checked >= 5
+    # Every keyed step of each graph was seen (the daily graph publishes outside the pipeline,
+    # after its ledger commit, so it has one keyed step fewer than the distributed graph's staging).
+    assert {"group_by_key", "combine_per_key", "stateful"} <= kinds and checked >= KEYED_STEPS[graph]
     # The filter's own state key: the user shard, an integer with the portable varint coder.
     (filter_coder,) = [c for n, k, c in _keyed_inputs(proto) if k == "stateful"]
     key_id = proto.components.coders[filter_coder].component_coder_ids[0]

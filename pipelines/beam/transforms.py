@@ -12,8 +12,10 @@
   with or without rows (invariant 3), noise keyed by (query, window) (invariant 5).
 
 Composite transforms wire them together, for use from any Beam pipeline:
-:class:`ReadIndicators` -> :class:`IndividualFilter` -> :class:`ReleaseWindows` (and
-:class:`WriteReleaseParquet`), all four in :class:`DailyReleases`, which the daily job runs.
+:class:`ReadIndicators` -> :class:`IndividualFilter` -> :class:`ReleaseWindows`, all three in
+:class:`DailyReleases`, which the daily job runs; it writes nothing public: the daily job
+publishes after its ledger commit (stream/engine/publication.py). :class:`WriteReleaseParquet`
+writes release files where a job's outbox puts them (the distributed job's staging).
 
 Elements are Arrow tables (one per batch and shard), not rows: the per-row Python work of
 classic Beam DP pipelines is what this design avoids.
@@ -740,8 +742,7 @@ class DailyReleases(beam.PTransform):
     (running queries' per-user prepaid rows per shard), ``raw`` (running queries' releases ``y``),
     ``release_state`` (each running query's release state after the run),
     ``counts``, ``dead`` (dead-letter tables from reading and from the filter) and ``read`` (rows
-    read per batch). With ``releases_parquet`` the releases are also written as Parquet files per
-    window. ``category_columns`` are string columns read by histograms over string categories
+    read per batch). ``category_columns`` are string columns read by histograms over string categories
     (passed through validation unparsed). The caller decides where the curator's outputs go
     (the daily job collects them into one transaction; a distributed job writes them to its own
     sinks).
@@ -754,7 +755,7 @@ class DailyReleases(beam.PTransform):
                  accounting: str, key_fingerprint: str, ledger_id: str,
                  previous_running: dict[str, pa.Table | str] | None = None,
                  previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None,
-                 releases_parquet: str | None = None, category_columns: Sequence[str] = (),
+                 category_columns: Sequence[str] = (),
                  previous_release: dict[str, pa.Table] | None = None) -> None:
         super().__init__()
         self._read = ReadIndicators(inputs, window=window, start_window=start_window, end_window=end_window,
@@ -769,14 +770,11 @@ class DailyReleases(beam.PTransform):
                                        accounting=accounting, key_fingerprint=key_fingerprint,
                                        ledger_id=ledger_id, previous_raw=previous_raw,
                                        previous_release=previous_release)
-        self._parquet = releases_parquet
 
     def expand(self, pbegin: Any) -> dict[str, Any]:
         read = pbegin | "ReadIndicators" >> self._read
         filtered = read.valid | "IndividualFilter" >> self._filter
         released = filtered.sums | "ReleaseWindows" >> self._release
-        if self._parquet:
-            _ = released["releases"] | "WriteReleaseParquet" >> WriteReleaseParquet(self._parquet)
         dead = (read.dead, filtered.dead) | "DeadLetters" >> beam.Flatten()
         return {"releases": released["releases"], "raw": released["raw"], "ledger": filtered.ledger,
                 "running": filtered.running, "counts": filtered.counts, "dead": dead, "read": read.read,
