@@ -7,8 +7,9 @@ under the same rules (:mod:`queries.registration`). Given the same registrations
 sum, a clamp, a numeric histogram retired mid-way, a string-category histogram registered
 mid-way) and the same rows, every job releases the same rows with the same sums: each adds its
 own ledger's noise (bound to its random ledger id, :class:`stream.noise.NoiseBinding`), which
-the tests take off again with the key. A running query, which the distributed and streaming
-jobs cannot answer yet, is refused by name at launch; the streaming job takes string ids.
+the tests take off again with the key. The distributed job keeps a running query's state from
+run to run (the conformance suite compares its running totals with the daily job's); the
+streaming job takes string ids.
 """
 
 from __future__ import annotations
@@ -275,15 +276,64 @@ def _one_day(tmp_path: Path) -> tuple[str, str]:
     return files[0], messages[0][0]
 
 
-def test_the_distributed_job_refuses_a_running_query_at_launch_naming_it(tmp_path, capsys):
-    day, _ = _one_day(tmp_path)
+def _distributed_day(tmp_path: Path, day: str, run: str, previous: str, public: Path) -> tuple[int, str]:
+    argv = ["--input", day, "--start", run[1], "--end", run[1], "--previous-ledger", previous,
+            "--output", str(tmp_path / run[0]), "--releases-parquet", str(public), *_promise(tmp_path)]
+    return dist.main(argv), str(tmp_path / run[0])
+
+
+def test_the_distributed_job_keeps_a_running_querys_state_in_its_committed_manifest(tmp_path):
+    """The per-user prepaid rows beside the ledger (listed in the manifest, read back by the next
+    run), the release state and the releases ``y`` in the manifest; a window without rows still
+    advances the release state (public-schedule)."""
+    files, _ = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3]), _rows(1, [])])
     public = tmp_path / "public"
     _with_a_running_query(public)
-    argv = ["--input", day, "--start", "2026-03-01", "--end", "2026-03-01", "--previous-ledger", "none",
-            "--output", str(tmp_path / "run1"), "--releases-parquet", str(public), *_promise(tmp_path)]
-    assert dist.main(argv) == 2
-    assert _refused_running(capsys.readouterr().err)
-    assert not (tmp_path / "run1").exists() and not list(public.glob("window_id=*"))  # nothing written
+    code, run1 = _distributed_day(tmp_path, files[0], ("run1", "2026-03-01"), "none", public)
+    assert code == 0
+    code, run2 = _distributed_day(tmp_path, files[1], ("run2", "2026-03-02"), run1, public)
+    assert code == 0
+    first, second = (json.loads((Path(r) / dist.COMMITTED).read_text())["running"]["total_opened"] for r in (run1, run2))
+    assert first["prepaid"]["users"] == second["prepaid"]["users"] == 5
+    assert first["prepaid"]["meta"]["strategy_name"] == "blt" and first["prepaid"]["meta"]["horizon"] == "365"
+    rows = pa.concat_tables([pq.read_table(f) for f in second["prepaid"]["files"]])
+    assert sorted(rows.column("user_id").to_pylist()) == [1, 2, 3, 4, 5]
+    assert all(f.startswith(run2) for f in second["prepaid"]["files"])  # rewritten by the run, not linked
+    assert (int(first["release"]["meta"]["next_window"]), int(second["release"]["meta"]["next_window"])) == \
+        (W0 + 1, W0 + 2)
+    assert [w for w, _ in second["raw"]] == [W0, W0 + 1]
+    assert {(q, w) for q, w, *_ in _parquet(public)} == {(q, w) for q in ("sum:opened", "total_opened")
+                                                          for w in (W0, W0 + 1)}
+
+
+def test_the_distributed_job_refuses_a_run_that_would_skip_a_window_of_a_running_query_naming_it(tmp_path, capsys):
+    files, _ = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3]), _rows(2, [1, 2])])
+    public = tmp_path / "public"
+    _with_a_running_query(public)
+    code, run1 = _distributed_day(tmp_path, files[0], ("run1", "2026-03-01"), "none", public)
+    assert code == 0
+    code, _ = _distributed_day(tmp_path, files[1], ("run2", "2026-03-03"), run1, public)
+    err = capsys.readouterr().err
+    assert code == 2 and "running query 'total_opened'" in err and f"skip window {W0 + 1}" in err, err[-800:]
+    assert not (tmp_path / "run2").exists() and {w for _, w, *_ in _parquet(public)} == {W0}
+
+
+def test_the_distributed_job_refuses_a_stored_running_state_of_another_strategy_at_launch(tmp_path, capsys):
+    """The previous manifest's release state made under another strategy (an output of another
+    ledger, or edited) cannot be continued by the registered query: its buffers are another C's."""
+    files, _ = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3]), _rows(1, [1, 2])])
+    public = tmp_path / "public"
+    _with_a_running_query(public)
+    code, run1 = _distributed_day(tmp_path, files[0], ("run1", "2026-03-01"), "none", public)
+    assert code == 0
+    path = Path(run1) / dist.COMMITTED
+    manifest = json.loads(path.read_text())
+    manifest["running"]["total_opened"]["release"]["meta"]["horizon"] = "400"
+    path.write_text(json.dumps(manifest))
+    code, _ = _distributed_day(tmp_path, files[1], ("run2", "2026-03-02"), run1, public)
+    err = capsys.readouterr().err
+    assert code == 2 and "'total_opened'" in err and "refusing" in err, err[-800:]
+    assert not (tmp_path / "run2").exists()
 
 
 def test_the_streaming_job_refuses_a_running_query_at_launch_naming_it(tmp_path, capsys):

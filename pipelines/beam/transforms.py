@@ -604,7 +604,10 @@ class IndividualFilter(beam.PTransform):
     seconds for a 1M-user ledger). ``previous_ledger`` may also be a PCollection of
     ``(shard, ("ledger", table))`` elements, exactly one per shard that has users (the
     distributed job's ``ReadLedgerSnapshot``): a shard given two refuses to restore
-    (:meth:`stream.engine.shard_state.ShardSnapshots.restore`).
+    (:meth:`stream.engine.shard_state.ShardSnapshots.restore`); that PCollection may also carry
+    ``(shard, ("running", (query_id, table)))`` parts, one per shard and running query, whose
+    snapshot metadata (:func:`stream.engine.running.rule_meta`) is then given as ``running_meta``
+    (``query_id -> metadata``), so that a shard without a part still checks the stored strategy.
     ``last_window`` is the last window of this run's schedule: running queries step every
     window through it. Tagged outputs: ``sums`` (``((query_id, window_id), partial vector)`` per
     shard, to be summed across shards), ``ledger`` (each shard's new snapshot), ``running``
@@ -615,13 +618,15 @@ class IndividualFilter(beam.PTransform):
     def __init__(self, *, plan: QueryPlan, indicator_columns: Sequence[str], noise_std: float, policy: str,
                  budget: float, id_type: str, tracker_step: float, n_shards: int,
                  previous_ledger: pa.Table | str | beam.pvalue.PCollection,
-                 previous_running: dict[str, pa.Table | str] | None = None, last_window: int | None = None) -> None:
+                 previous_running: dict[str, pa.Table | str] | None = None, last_window: int | None = None,
+                 running_meta: dict[str, dict[str, str]] | None = None) -> None:
         super().__init__()
         self._n_shards = n_shards
         self._previous = previous_ledger
         self._running = dict(previous_running or {})
         meta = {q: {k.decode(): v.decode() for k, v in _schema_of(t).metadata.items()}
                 for q, t in self._running.items()}
+        meta.update(running_meta or {})
         self._filter = IndividualFilterDoFn(plan=plan, indicator_columns=indicator_columns, noise_std=noise_std,
                                             policy=policy, budget=budget, id_type=id_type, tracker_step=tracker_step,
                                             last_window=last_window, running_meta=meta)

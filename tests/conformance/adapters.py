@@ -243,8 +243,7 @@ class DistributedJob(JobAdapter):
 
     name = "distributed"
     module = "pipelines.distributed"
-    # Running totals: refused at launch by name (queries.registration.refuse_running).
-    supports = sc.FEATURES - {sc.RUNNING_TOTALS}
+    supports = sc.FEATURES
     # while_reading is in the read step both batch jobs share (pipelines.beam.transforms.ReadAndValidate);
     # during_publish and after_publish in the publication rule all jobs share (stream.engine.publication).
     crash_points = ("while_reading", "distributed_before_commit", "distributed_before_promote",

@@ -269,7 +269,7 @@ def test_a_job_without_running_totals_refuses_a_running_query_by_name_before_rel
 #: fails here until this list says so too: the lead sees every gap open or close.
 KNOWN_GAPS = {
     "daily": [],
-    "distributed": [sc.RUNNING_TOTALS],
+    "distributed": [],
     "streaming": [sc.RUNNING_TOTALS],
 }
 
@@ -279,7 +279,7 @@ def test_the_features_each_job_lacks_are_the_known_gaps():
         {name: sorted(gaps) for name, gaps in KNOWN_GAPS.items()}
 
 
-@pytest.mark.xfail(strict=True, reason="the jobs differ in features today: running totals (distributed, streaming); "
+@pytest.mark.xfail(strict=True, reason="the jobs differ in features today: running totals (streaming); "
                                        "see KNOWN_GAPS (issue 19)")
 def test_every_job_declares_the_same_features():
     every = frozenset().union(*(job.supports for job in JOBS.values()))
