@@ -428,12 +428,20 @@ class ReleaseRunning(beam.DoFn):
         for window in self._schedule:
             if not entry.active_in(window):
                 continue
-            a = np.asarray(sums.get((query_id, window), np.zeros(entry.query.dim)), dtype=np.float64)
-            y = noisy_release(release.release(window, a), binding=self._binding, query_id=query_id,
-                              window_id=window, noise_std=self._noise_std)
+            y = self.release_window(release, window, sums.get((query_id, window)))
             out.append(beam.pvalue.TaggedOutput("raw", (query_id, int(window), y.ravel().tolist())))
         yield from out
         yield beam.pvalue.TaggedOutput("release_state", (query_id, release.to_arrow()))
+
+
+    def release_window(self, release: RunningRelease, window: int, a: Any) -> np.ndarray:
+        """``y_t = (C a)_t + z_t`` for ``window``, the next window of ``release`` (which moves on):
+        ``a`` the sum of every shard's admitted contributions (None: no rows, 0), the keyed noise
+        of ``(query_id, window)``. Every job releases a running query's window through this."""
+        assert self._binding is not None, "setup() loads the noise key"
+        a = np.zeros(release.dim) if a is None else np.asarray(a, dtype=np.float64)
+        return noisy_release(release.release(window, a), binding=self._binding, query_id=release.query_id,
+                             window_id=int(window), noise_std=self._noise_std)
 
 
 def running_release_for(entry: Any, stored: pa.Table | None) -> RunningRelease:

@@ -308,8 +308,7 @@ class StreamingJob(JobAdapter):
 
     name = "streaming"
     module = "pipelines.streaming"
-    # Running totals: refused at launch by name (queries.registration.refuse_running).
-    supports = sc.FEATURES - {sc.RUNNING_TOTALS}
+    supports = sc.FEATURES
     # Each write of a window's commit (pipelines.streaming.job, CommitWindows), then the publication
     # rule's after_publish; its during_publish needs two windows committed at once, which a replay's
     # window-by-window commits do not reliably give (the daily and distributed jobs exercise it).

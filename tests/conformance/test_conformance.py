@@ -242,27 +242,6 @@ def test_an_option_the_job_does_not_know_is_refused_naming_it_before_anything_is
     assert read_release_files(adapter.public) == ()
 
 
-# --- running totals: refused by name where a job does not offer them -----------------------------
-
-WITHOUT_RUNNING_TOTALS = [job for job, adapter in JOBS.items() if sc.RUNNING_TOTALS not in adapter.supports]
-
-
-@pytest.mark.parametrize("job", WITHOUT_RUNNING_TOTALS)
-def test_a_job_without_running_totals_refuses_a_running_query_by_name_before_releasing_its_windows(clean, job):
-    """A running total registered in the catalogue (as a later version's catalogue could hold
-    one): the run whose windows it is active in is refused at launch, naming the query and what
-    the job does not offer (queries.registration.refuse_running), never answered as less than
-    the catalogue asks. The scenario's uninterrupted run stops there."""
-    scenario = SCENARIOS[sc.RUNNING_TOTAL]
-    at = next(i for i, step in enumerate(scenario.steps) if any(q.kind == "running" for q, _ in step.register))
-    (query,) = [q.query_id for q, _ in scenario.steps[at].register if q.kind == "running"]
-    failed, adapter = clean.failed(job, sc.RUNNING_TOTAL)
-    assert failed.step == scenario.steps[at]
-    assert repr(query) in failed.ran.err and "does not offer running totals" in failed.ran.err, failed.ran.err[-1000:]
-    released = {r["window_id"] for r in read_release_files(adapter.public)}
-    assert released == {w for step in scenario.steps[:at] for w in step.windows}  # none of the refused run's
-
-
 # --- the declarations themselves ---------------------------------------------------------------------
 
 #: What each job lacks today (issue 19: parity in flight). A change to any adapter's declaration
@@ -270,7 +249,7 @@ def test_a_job_without_running_totals_refuses_a_running_query_by_name_before_rel
 KNOWN_GAPS = {
     "daily": [],
     "distributed": [],
-    "streaming": [sc.RUNNING_TOTALS],
+    "streaming": [],
 }
 
 
@@ -279,8 +258,6 @@ def test_the_features_each_job_lacks_are_the_known_gaps():
         {name: sorted(gaps) for name, gaps in KNOWN_GAPS.items()}
 
 
-@pytest.mark.xfail(strict=True, reason="the jobs differ in features today: running totals (streaming); "
-                                       "see KNOWN_GAPS (issue 19)")
 def test_every_job_declares_the_same_features():
     every = frozenset().union(*(job.supports for job in JOBS.values()))
     assert {name: sorted(every - job.supports) for name, job in JOBS.items()} == {name: [] for name in JOBS}
