@@ -390,6 +390,25 @@ def test_the_streaming_job_refuses_a_stored_running_state_of_another_strategy_at
     assert {w for _, w, *_ in _parquet(public)} == {W0}
 
 
+def test_the_streaming_job_refuses_to_continue_when_a_shards_prepaid_rows_are_lost(tmp_path, capsys):
+    """A lost prepaid file would restart its users' prepaid charges from nothing (they would be
+    under-charged): the ledger snapshots record each shard's prepaid users, and a continuation
+    whose prepaid rows do not add up to them is refused before anything runs."""
+    _, messages = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3]), _rows(1, [1, 2])])
+    public = tmp_path / "public"
+    _with_a_running_query(public)
+    assert _streaming_days(tmp_path, messages[0], ("2026-03-01", "2026-03-01"), "job1", "none", public) == 0
+    lost = max((tmp_path / "job1" / "prepaid" / f"window_id={W0}").rglob("*.parquet"),
+               key=lambda f: pq.read_metadata(f).num_rows)
+    lost.unlink()
+    capsys.readouterr()
+    snapshots = f"{tmp_path}/job1/ledger/window_id={W0}/*/*.parquet"
+    assert _streaming_days(tmp_path, messages[1], ("2026-03-02", "2026-03-02"), "job2", snapshots, public) == 2
+    err = capsys.readouterr().err
+    assert "prepaid" in err and "'total_opened'" in err and "missing" in err, err[-800:]
+    assert {w for _, w, *_ in _parquet(public)} == {W0}
+
+
 def test_a_running_query_retired_before_the_jobs_windows_is_no_reason_to_refuse(tmp_path):
     files, messages = _files(tmp_path, [_rows(1, [5, 1, 4, 2, 3])])
     public = tmp_path / "public"

@@ -188,6 +188,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
 
 _root, _level = logging.getLogger(), logging.getLogger().level
 _root.setLevel(logging.ERROR)  # Beam's GCP extras warn at import when their optional clients are absent
@@ -207,8 +208,8 @@ try:
     from pipelines.beam import transforms as tx
     from pipelines.beam import worker_key
     from pipelines.beam.publication import PublicReleaseFiles, StagedReleases
-    from pipelines.streaming.releases import (RUNNING_QUERY_ID, SNAPSHOT_BASE, SNAPSHOT_KIND, StreamingReleases,
-                                              running_state_of)
+    from pipelines.streaming.releases import (PREPAID_USERS, RUNNING_QUERY_ID, SNAPSHOT_BASE, SNAPSHOT_KIND,
+                                              StreamingReleases, running_state_of)
 finally:
     _root.setLevel(_level)
 from stream.engine.dead_letters import DeadLetterReason, dead_letters, rejected_letters, with_input_position
@@ -1280,12 +1281,15 @@ def previous_running_state(pattern: str) -> tuple[dict[str, pa.Table], dict[str,
     with the window (:class:`StageWindowFile`). Empty for ``none`` or snapshots outside a job's
     ``--output`` (a copy made by :func:`record_snapshot_parameters`): a running query they should
     have continued is then refused by the schedule rule (:func:`stream.engine.shard_state.refuse_running_gaps`).
-    RunRefused for a file without its query id, shards disagreeing on a query's metadata, or two
-    release states of one query; the states themselves are checked when restored
+    RunRefused for a file without its query id, shards disagreeing on a query's metadata, prepaid
+    rows other than the users the shards' ledger snapshots record (:data:`PREPAID_USERS`: a lost
+    file would restart its users' prepaid charges from nothing), or two release states of one
+    query; the states themselves are checked when restored
     (:class:`stream.engine.running.PrepaidUsers`, :class:`stream.engine.running.RunningRelease`)."""
     if pattern.lower() == "none":
         return {}, {}, {}
-    places = {_snapshot_place(path) for path in _matched(store.absolute(pattern))}
+    snapshots = _matched(store.absolute(pattern))
+    places = {_snapshot_place(path) for path in snapshots}
     windows = {(root, window) for root, window, _ in places - {None}}
     if len(windows) != 1 or not next(iter(windows))[0].endswith("/ledger"):
         return {}, {}, {}
@@ -1306,6 +1310,17 @@ def previous_running_state(pattern: str) -> tuple[dict[str, pa.Table], dict[str,
             raise launch.RunRefused(f"the prepaid rows of running query {query_id!r} beside --previous-ledger "
                                     f"{pattern!r} disagree between shards on the query's strategy or schedule")
         prepaid[query_id] = pa.concat_tables(tables)
+    recorded: dict[str, int] = {}
+    for path in snapshots:
+        with FileSystems.open(path) as handle:
+            text = (pq.read_schema(handle).metadata or {}).get(PREPAID_USERS.encode())
+        for query_id, rows in (json.loads(text) if text else {}).items():
+            recorded[query_id] = recorded.get(query_id, 0) + int(rows)
+    found = {q: t.num_rows for q, t in prepaid.items() if t.num_rows}
+    if found != {q: n for q, n in recorded.items() if n}:
+        raise launch.RunRefused(f"the prepaid rows beside --previous-ledger {pattern!r} hold {found} users per running "
+                                f"query, its ledger snapshots record {recorded}: a prepaid file is missing or extra, "
+                                "and a lost row would restart its user's prepaid charge from nothing")
     releases, raw = {}, {}
     for path in _matched(store.join(base, RUNNING_STATE, f"window_id={window}", "*.parquet")):
         try:

@@ -85,6 +85,10 @@ SNAPSHOT_KIND, SNAPSHOT_BASE = "renyi_stream.snapshot", "renyi_stream.base_windo
 #: and of a release state, its releases ``y`` from its first window through the state's (JSON
 #: ``[[window, [y...]], ...]``), which the running-total estimates of later windows are computed from.
 RUNNING_QUERY_ID, RUNNING_RAW = "renyi_stream.query_id", "renyi_stream.running_raw"
+#: Schema metadata of a shard's ledger snapshot when it has running-query state: its prepaid users
+#: per running query (JSON ``{query_id: rows}``), so that a job restoring the prepaid rows beside it
+#: can tell a lost file (which would restart its users' prepaid charges from nothing) from none.
+PREPAID_USERS = "renyi_stream.prepaid_users"
 
 
 def _snapshot_table(parts: list[tuple[str, Any]], window: int, held: list[tuple[str, Any]]) -> pa.Table:
@@ -274,11 +278,13 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         for w, part in buffered:
             if w != window:
                 rows.add((w, part))
+        ledger = _snapshot_table(snapshot, window, held)
         if self._prepaid_every_window:
             parts = [payload for kind, payload in snapshot if kind == RUNNING_PART]
             yield beam.pvalue.TaggedOutput("prepaid", (key, window, parts))
+            ledger = _marked(ledger, {PREPAID_USERS: json.dumps({q: t.num_rows for q, t in parts}, sort_keys=True)})
         if self._snapshot_every_window or window == self._end:
-            yield beam.pvalue.TaggedOutput("ledger", (key, window, _snapshot_table(snapshot, window, held)))
+            yield beam.pvalue.TaggedOutput("ledger", (key, window, ledger))
         if window == self._end:
             for kind, payload in snapshot:
                 if kind == RUNNING_PART:

@@ -208,6 +208,32 @@ def test_a_run_killed_at_each_crash_point_recovers_to_the_uninterrupted_outcome(
     assert set(extra.reasons) <= set(clean_run.reasons) | {sc.LATE} and extra.reasons.get(sc.LATE)
 
 
+@pytest.mark.slow  # a child process
+def test_a_streaming_job_killed_after_committing_a_running_totals_window_resumes_its_running_state(clean, noise_key,
+                                                                                                  tmp_path):
+    """The running-tree scenario's last three days as one streaming job, killed right after its
+    first window's commit marker: run again, it must continue the running query from the state
+    committed with that window (release state, releases y, every shard's prepaid rows) and end
+    as the uninterrupted job does: the same releases less each ledger's noise, the same ledger."""
+    name = sc.RUNNING_TREE
+    first, *rest = SCENARIOS[name].steps
+    later = sc.Step(rest[0].first_day, rest[-1].last_day, tuple(m for step in rest for m in step.messages),
+                    register=rest[0].register)
+    crashed, whole = (clean.adapter("streaming", name, tmp_path / folder) for folder in ("crashed", "whole"))
+    for adapter in (crashed, whole):
+        adapter.run(first)
+    crashed.crash(later, "streaming_after_commit")
+    assert {r["window_id"] for r in read_release_files(crashed.public)} == set(first.windows)  # nothing public yet
+    crashed.recover(later, "streaming_after_commit")
+    whole.run(later)
+    got, want = crashed.outcome(), whole.outcome()
+    assert {q for q, _, _ in got.release_keys()} >= {"total:tree"}
+    assert public_part(got) == public_part(want)
+    plan = SCENARIOS[name].query_plan()
+    assert differing_sums(without_noise(got, noise_key[1], plan), without_noise(want, noise_key[1], plan)) == {}
+    assert got.ledger == want.ledger and got.runs == want.runs
+
+
 def _crash_points_in_the_code() -> set[str]:
     """Every name ``stream.faults.crash_point`` is called with in the project's packages."""
     found = set()
