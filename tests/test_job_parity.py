@@ -254,7 +254,7 @@ def test_the_jobs_ledgers_charge_the_registered_queries_alike(jobs):
     assert list(zip(streamed.column("user_id").to_pylist(), streamed.column("used").to_pylist())) == daily
 
 
-# --- running totals: refused by name where they are not offered --------------------------------------
+# --- running totals in the distributed and streaming jobs: state carried, continuations checked ------
 
 
 def _with_a_running_query(root: Path) -> None:
@@ -329,6 +329,24 @@ def test_the_distributed_job_refuses_a_stored_running_state_of_another_strategy_
     err = capsys.readouterr().err
     assert code == 2 and "'total_opened'" in err and "refusing" in err, err[-800:]
     assert not (tmp_path / "run2").exists()
+
+
+def test_the_distributed_job_does_not_commit_when_a_running_querys_prepaid_rows_come_back_short(tmp_path):
+    """A prepaid file truncated (or lost) after its run committed would restart its users'
+    prepaid charges from nothing: the next run reads back fewer users than the manifest lists
+    and fails before its commit point, so nothing it charged counts and nothing is public."""
+    files, _ = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3]), _rows(1, [1, 2])])
+    public = tmp_path / "public"
+    _with_a_running_query(public)
+    code, run1 = _distributed_day(tmp_path, files[0], ("run1", "2026-03-01"), "none", public)
+    assert code == 0
+    record = json.loads((Path(run1) / dist.COMMITTED).read_text())["running"]["total_opened"]["prepaid"]
+    fullest = max(record["files"], key=lambda f: pq.read_metadata(f).num_rows)
+    table = pq.read_table(fullest)
+    pq.write_table(table.slice(0, table.num_rows - 1), fullest)  # one user's row lost
+    with pytest.raises(Exception, match="prepaid rows hold"):
+        _distributed_day(tmp_path, files[1], ("run2", "2026-03-02"), run1, public)
+    assert not (tmp_path / "run2" / dist.COMMITTED).exists() and {w for _, w, *_ in _parquet(public)} == {W0}
 
 
 def _streaming_days(tmp_path: Path, messages: list[str], days: tuple[str, str], output: str, previous: str,
