@@ -226,21 +226,6 @@ def recorded_plan(entries: Iterable[Any]) -> list[dict]:
              "spec": json.loads(e.query.to_json())} for e in sorted(entries, key=lambda e: e.query.query_id)]
 
 
-def refuse_running(registrations: Iterable[Registration], job: str) -> None:
-    """ValueError naming every running query among ``registrations``: ``job`` keeps no per-user
-    running-total state across runs, so it offers window queries only (running totals are
-    answered by ``renyi-stream run``). A running query is never skipped silently."""
-    running = sorted(r.query_id for r in registrations if r.query.kind == "running")
-    if running:
-        raise ValueError(
-            f"running quer{'y' if len(running) == 1 else 'ies'} {running} {'is' if len(running) == 1 else 'are'} "
-            f"registered for this run's windows, but {job} does not offer running totals yet (it keeps no "
-            "per-user running state across runs); running totals are answered by renyi-stream run (the local "
-            "daily job over a DuckDB --store). Retire the running quer"
-            f"{'y' if len(running) == 1 else 'ies'} from a window after the last released one, or answer them "
-            "with renyi-stream run")
-
-
 __all__ = ["Registration", "active_between", "category_reads", "check_new", "check_retirement", "deferrals",
-           "numeric_reads", "plan_columns", "recorded_plan", "refuse_released", "refuse_running", "refuse_taken",
+           "numeric_reads", "plan_columns", "recorded_plan", "refuse_released", "refuse_taken",
            "refuse_too_wide", "window_id"]

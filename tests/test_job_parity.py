@@ -7,8 +7,9 @@ under the same rules (:mod:`queries.registration`). Given the same registrations
 sum, a clamp, a numeric histogram retired mid-way, a string-category histogram registered
 mid-way) and the same rows, every job releases the same rows with the same sums: each adds its
 own ledger's noise (bound to its random ledger id, :class:`stream.noise.NoiseBinding`), which
-the tests take off again with the key. A running query, which the distributed and streaming
-jobs cannot answer yet, is refused by name at launch; the streaming job takes string ids.
+the tests take off again with the key. The distributed and streaming jobs keep a running
+query's state from run to run and from job to job (the conformance suite compares their running
+totals with the daily job's); the streaming job takes string ids.
 """
 
 from __future__ import annotations
@@ -253,7 +254,7 @@ def test_the_jobs_ledgers_charge_the_registered_queries_alike(jobs):
     assert list(zip(streamed.column("user_id").to_pylist(), streamed.column("used").to_pylist())) == daily
 
 
-# --- running totals: refused by name where they are not offered --------------------------------------
+# --- running totals in the distributed and streaming jobs: state carried, continuations checked ------
 
 
 def _with_a_running_query(root: Path) -> None:
@@ -264,37 +265,166 @@ def _with_a_running_query(root: Path) -> None:
     catalogue.add(LinearQuery.columns("total_opened", ["opened"], kind="running"), effective_from=W0)
 
 
-def _refused_running(err: str) -> bool:
-    return ("'total_opened'" in err and "does not offer running totals yet" in err
-            and "renyi-stream run" in err)
-
-
 def _one_day(tmp_path: Path) -> tuple[str, str]:
     """A day of five users as a Parquet file and as one message."""
     files, messages = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3])])
     return files[0], messages[0][0]
 
 
-def test_the_distributed_job_refuses_a_running_query_at_launch_naming_it(tmp_path, capsys):
-    day, _ = _one_day(tmp_path)
-    public = tmp_path / "public"
-    _with_a_running_query(public)
-    argv = ["--input", day, "--start", "2026-03-01", "--end", "2026-03-01", "--previous-ledger", "none",
-            "--output", str(tmp_path / "run1"), "--releases-parquet", str(public), *_promise(tmp_path)]
-    assert dist.main(argv) == 2
-    assert _refused_running(capsys.readouterr().err)
-    assert not (tmp_path / "run1").exists() and not list(public.glob("window_id=*"))  # nothing written
+def _distributed_day(tmp_path: Path, day: str, run: str, previous: str, public: Path) -> tuple[int, str]:
+    argv = ["--input", day, "--start", run[1], "--end", run[1], "--previous-ledger", previous,
+            "--output", str(tmp_path / run[0]), "--releases-parquet", str(public), *_promise(tmp_path)]
+    return dist.main(argv), str(tmp_path / run[0])
 
 
-def test_the_streaming_job_refuses_a_running_query_at_launch_naming_it(tmp_path, capsys):
-    _, message = _one_day(tmp_path)
+def test_the_distributed_job_keeps_a_running_querys_state_in_its_committed_manifest(tmp_path):
+    """The per-user prepaid rows beside the ledger (listed in the manifest, read back by the next
+    run), the release state and the releases ``y`` in the manifest; a window without rows still
+    advances the release state (public-schedule)."""
+    files, _ = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3]), _rows(1, [])])
     public = tmp_path / "public"
     _with_a_running_query(public)
-    argv = ["--replay", message, "--start", "2026-03-01", "--end", "2026-03-01", "--output",
-            str(tmp_path / "curator"), "--releases-parquet", str(public), *_promise(tmp_path)]
-    assert sj.main(argv) == 2
-    assert _refused_running(capsys.readouterr().err)
-    assert not (tmp_path / "curator").exists() and not list(public.glob("window_id=*"))
+    code, run1 = _distributed_day(tmp_path, files[0], ("run1", "2026-03-01"), "none", public)
+    assert code == 0
+    code, run2 = _distributed_day(tmp_path, files[1], ("run2", "2026-03-02"), run1, public)
+    assert code == 0
+    first, second = (json.loads((Path(r) / dist.COMMITTED).read_text())["running"]["total_opened"] for r in (run1, run2))
+    assert first["prepaid"]["users"] == second["prepaid"]["users"] == 5
+    assert first["prepaid"]["meta"]["strategy_name"] == "blt" and first["prepaid"]["meta"]["horizon"] == "365"
+    rows = pa.concat_tables([pq.read_table(f) for f in second["prepaid"]["files"]])
+    assert sorted(rows.column("user_id").to_pylist()) == [1, 2, 3, 4, 5]
+    assert all(f.startswith(run2) for f in second["prepaid"]["files"])  # rewritten by the run, not linked
+    assert (int(first["release"]["meta"]["next_window"]), int(second["release"]["meta"]["next_window"])) == \
+        (W0 + 1, W0 + 2)
+    assert [w for w, _ in second["raw"]] == [W0, W0 + 1]
+    assert {(q, w) for q, w, *_ in _parquet(public)} == {(q, w) for q in ("sum:opened", "total_opened")
+                                                          for w in (W0, W0 + 1)}
+
+
+def test_the_distributed_job_refuses_a_run_that_would_skip_a_window_of_a_running_query_naming_it(tmp_path, capsys):
+    files, _ = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3]), _rows(2, [1, 2])])
+    public = tmp_path / "public"
+    _with_a_running_query(public)
+    code, run1 = _distributed_day(tmp_path, files[0], ("run1", "2026-03-01"), "none", public)
+    assert code == 0
+    code, _ = _distributed_day(tmp_path, files[1], ("run2", "2026-03-03"), run1, public)
+    err = capsys.readouterr().err
+    assert code == 2 and "running query 'total_opened'" in err and f"skip window {W0 + 1}" in err, err[-800:]
+    assert not (tmp_path / "run2").exists() and {w for _, w, *_ in _parquet(public)} == {W0}
+
+
+def test_the_distributed_job_refuses_a_stored_running_state_of_another_strategy_at_launch(tmp_path, capsys):
+    """The previous manifest's release state made under another strategy (an output of another
+    ledger, or edited) cannot be continued by the registered query: its buffers are another C's."""
+    files, _ = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3]), _rows(1, [1, 2])])
+    public = tmp_path / "public"
+    _with_a_running_query(public)
+    code, run1 = _distributed_day(tmp_path, files[0], ("run1", "2026-03-01"), "none", public)
+    assert code == 0
+    path = Path(run1) / dist.COMMITTED
+    manifest = json.loads(path.read_text())
+    manifest["running"]["total_opened"]["release"]["meta"]["horizon"] = "400"
+    path.write_text(json.dumps(manifest))
+    code, _ = _distributed_day(tmp_path, files[1], ("run2", "2026-03-02"), run1, public)
+    err = capsys.readouterr().err
+    assert code == 2 and "'total_opened'" in err and "refusing" in err, err[-800:]
+    assert not (tmp_path / "run2").exists()
+
+
+def test_the_distributed_job_does_not_commit_when_a_running_querys_prepaid_rows_come_back_short(tmp_path):
+    """A prepaid file truncated (or lost) after its run committed would restart its users'
+    prepaid charges from nothing: the next run reads back fewer users than the manifest lists
+    and fails before its commit point, so nothing it charged counts and nothing is public."""
+    files, _ = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3]), _rows(1, [1, 2])])
+    public = tmp_path / "public"
+    _with_a_running_query(public)
+    code, run1 = _distributed_day(tmp_path, files[0], ("run1", "2026-03-01"), "none", public)
+    assert code == 0
+    record = json.loads((Path(run1) / dist.COMMITTED).read_text())["running"]["total_opened"]["prepaid"]
+    fullest = max(record["files"], key=lambda f: pq.read_metadata(f).num_rows)
+    table = pq.read_table(fullest)
+    pq.write_table(table.slice(0, table.num_rows - 1), fullest)  # one user's row lost
+    with pytest.raises(Exception, match="prepaid rows hold"):
+        _distributed_day(tmp_path, files[1], ("run2", "2026-03-02"), run1, public)
+    assert not (tmp_path / "run2" / dist.COMMITTED).exists() and {w for _, w, *_ in _parquet(public)} == {W0}
+
+
+def _streaming_days(tmp_path: Path, messages: list[str], days: tuple[str, str], output: str, previous: str,
+                    public: Path) -> int:
+    argv = ["--replay", *messages, "--start", days[0], "--end", days[1], "--output", str(tmp_path / output),
+            "--releases-parquet", str(public), "--previous-ledger", previous, "--shards", "2", *_promise(tmp_path)]
+    return sj.main(argv)
+
+
+def test_the_streaming_job_commits_a_running_querys_state_with_each_window(tmp_path):
+    """Every shard's per-user prepaid rows and the query's release state (with its releases y)
+    are written per window beside the ledger snapshots; a window without rows still advances the
+    release state (public-schedule)."""
+    _, messages = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3]), _rows(1, [])])
+    public = tmp_path / "public"
+    _with_a_running_query(public)
+    assert _streaming_days(tmp_path, messages[0] + messages[1], ("2026-03-01", "2026-03-02"), "curator", "none",
+                           public) == 0
+    curator = tmp_path / "curator"
+    for window in (W0, W0 + 1):
+        prepaid = pa.concat_tables([pq.read_table(f) for f in (curator / "prepaid" / f"window_id={window}").rglob(
+            "*.parquet")])
+        assert sorted(prepaid.column("user_id").to_pylist()) == [1, 2, 3, 4, 5]
+        (state,) = (curator / "running" / f"window_id={window}").glob("*.parquet")
+        meta = pq.read_schema(state).metadata
+        assert meta[b"next_window"] == str(window + 1).encode() and meta[b"strategy_name"] == b"blt"
+        assert [w for w, _ in json.loads(meta[b"renyi_stream.running_raw"])] == list(range(W0, window + 1))
+    assert {(q, w) for q, w, *_ in _parquet(public)} == {(q, w) for q in ("sum:opened", "total_opened")
+                                                          for w in (W0, W0 + 1)}
+
+
+def test_the_streaming_job_refuses_a_continuation_that_would_skip_a_window_of_a_running_query(tmp_path, capsys):
+    _, messages = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3]), _rows(2, [1, 2])])
+    public = tmp_path / "public"
+    _with_a_running_query(public)
+    assert _streaming_days(tmp_path, messages[0], ("2026-03-01", "2026-03-01"), "job1", "none", public) == 0
+    snapshots = f"{tmp_path}/job1/ledger/window_id={W0}/*/*.parquet"
+    capsys.readouterr()
+    assert _streaming_days(tmp_path, messages[1], ("2026-03-03", "2026-03-03"), "job2", snapshots, public) == 2
+    err = capsys.readouterr().err
+    assert "running query 'total_opened'" in err and f"skip window {W0 + 1}" in err, err[-800:]
+    assert {w for _, w, *_ in _parquet(public)} == {W0}
+
+
+def test_the_streaming_job_refuses_a_stored_running_state_of_another_strategy_at_launch(tmp_path, capsys):
+    _, messages = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3]), _rows(1, [1, 2])])
+    public = tmp_path / "public"
+    _with_a_running_query(public)
+    assert _streaming_days(tmp_path, messages[0], ("2026-03-01", "2026-03-01"), "job1", "none", public) == 0
+    (state,) = (tmp_path / "job1" / "running" / f"window_id={W0}").glob("*.parquet")
+    table = pq.read_table(state)
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"horizon": b"400"}), state)
+    state.chmod(0o600)
+    capsys.readouterr()
+    snapshots = f"{tmp_path}/job1/ledger/window_id={W0}/*/*.parquet"
+    assert _streaming_days(tmp_path, messages[1], ("2026-03-02", "2026-03-02"), "job2", snapshots, public) == 2
+    err = capsys.readouterr().err
+    assert "'total_opened'" in err and "refusing" in err, err[-800:]
+    assert {w for _, w, *_ in _parquet(public)} == {W0}
+
+
+def test_the_streaming_job_refuses_to_continue_when_a_shards_prepaid_rows_are_lost(tmp_path, capsys):
+    """A lost prepaid file would restart its users' prepaid charges from nothing (they would be
+    under-charged): the ledger snapshots record each shard's prepaid users, and a continuation
+    whose prepaid rows do not add up to them is refused before anything runs."""
+    _, messages = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3]), _rows(1, [1, 2])])
+    public = tmp_path / "public"
+    _with_a_running_query(public)
+    assert _streaming_days(tmp_path, messages[0], ("2026-03-01", "2026-03-01"), "job1", "none", public) == 0
+    lost = max((tmp_path / "job1" / "prepaid" / f"window_id={W0}").rglob("*.parquet"),
+               key=lambda f: pq.read_metadata(f).num_rows)
+    lost.unlink()
+    capsys.readouterr()
+    snapshots = f"{tmp_path}/job1/ledger/window_id={W0}/*/*.parquet"
+    assert _streaming_days(tmp_path, messages[1], ("2026-03-02", "2026-03-02"), "job2", snapshots, public) == 2
+    err = capsys.readouterr().err
+    assert "prepaid" in err and "'total_opened'" in err and "missing" in err, err[-800:]
+    assert {w for _, w, *_ in _parquet(public)} == {W0}
 
 
 def test_a_running_query_retired_before_the_jobs_windows_is_no_reason_to_refuse(tmp_path):
@@ -308,15 +438,18 @@ def test_a_running_query_retired_before_the_jobs_windows_is_no_reason_to_refuse(
     assert {r[0] for r in _parquet(public)} == {"sum:opened"}
 
 
-def test_registering_a_running_query_beside_a_parquet_release_root_is_refused_naming_where_they_are(tmp_path,
-                                                                                                    capsys):
-    with pytest.raises(SystemExit) as exit_:
-        cli(["query", "add", "--releases-parquet", str(tmp_path / "public"), "--id", "total", "--columns", "opened",
-             "--kind", "running", "--from", "2026-03-01"])
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
-    assert "'total'" in err and "do not offer running totals yet" in err and "renyi-stream run" in err
-    assert ReleaseCatalogue(str(tmp_path / "public")).read().revision == 0
+def test_a_running_query_registered_beside_a_parquet_release_root_records_its_strategy_and_horizon(tmp_path):
+    """The catalogue the distributed and streaming jobs answer records a running query as the
+    daily registry does (one codec: queries.linear.LinearQuery.to_json), its strategy's
+    parameters included."""
+    root = str(tmp_path / "public")
+    assert cli(["query", "add", "--releases-parquet", root, "--id", "total", "--columns", "opened",
+                "--kind", "running", "--strategy", "tree", "--horizon", "30", "--from", "2026-03-01"]) == 0
+    (registration,) = ReleaseCatalogue(root).read().registrations
+    assert (registration.query.kind, registration.query.strategy, registration.query.horizon) == ("running", "tree", 30)
+    listed = {row["query_id"]: json.loads(row["spec_json"]) for row in ReleaseCatalogue(root).list().to_pylist()}
+    assert listed["total"]["strategy"] == "tree" and listed["total"]["horizon"] == 30
+    assert "strategy_spec" in listed["total"]
 
 
 # --- string ids in the streaming job --------------------------------------------------------------

@@ -283,11 +283,6 @@ def test_rows_of_a_window_arriving_out_of_order_charge_as_in_event_time_order(tm
     assert shuffled["counts"] == in_order["counts"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 20: running totals are released under prepaid admission from a per-query release state advanced in "
-    "window order (pipelines.beam.transforms.ReleaseRunning, stream.engine.running.RunningRelease); the streaming "
-    "DoFns do not carry that state yet, so they release no running total. The streaming job refuses running "
-    "totals at launch (queries.registration.refuse_running); wiring them is a later task"))
 def test_running_totals_in_streaming_equal_the_batch_path(tmp_path):
     # A running query queries users with history but no row (user 1 after day 0): every shard
     # with history must step every window, rows or not, as the batch path does.

@@ -430,12 +430,20 @@ class ReleaseRunning(beam.DoFn):
         for window in self._schedule:
             if not entry.active_in(window):
                 continue
-            a = np.asarray(sums.get((query_id, window), np.zeros(entry.query.dim)), dtype=np.float64)
-            y = noisy_release(release.release(window, a), binding=self._binding, query_id=query_id,
-                              window_id=window, noise_std=self._noise_std)
+            y = self.release_window(release, window, sums.get((query_id, window)))
             out.append(beam.pvalue.TaggedOutput("raw", (query_id, int(window), y.ravel().tolist())))
         yield from out
         yield beam.pvalue.TaggedOutput("release_state", (query_id, release.to_arrow()))
+
+
+    def release_window(self, release: RunningRelease, window: int, a: Any) -> np.ndarray:
+        """``y_t = (C a)_t + z_t`` for ``window``, the next window of ``release`` (which moves on):
+        ``a`` the sum of every shard's admitted contributions (None: no rows, 0), the keyed noise
+        of ``(query_id, window)``. Every job releases a running query's window through this."""
+        assert self._binding is not None, "setup() loads the noise key"
+        a = np.zeros(release.dim) if a is None else np.asarray(a, dtype=np.float64)
+        return noisy_release(release.release(window, a), binding=self._binding, query_id=release.query_id,
+                             window_id=int(window), noise_std=self._noise_std)
 
 
 def running_release_for(entry: Any, stored: pa.Table | None) -> RunningRelease:
@@ -606,7 +614,10 @@ class IndividualFilter(beam.PTransform):
     seconds for a 1M-user ledger). ``previous_ledger`` may also be a PCollection of
     ``(shard, ("ledger", table))`` elements, exactly one per shard that has users (the
     distributed job's ``ReadLedgerSnapshot``): a shard given two refuses to restore
-    (:meth:`stream.engine.shard_state.ShardSnapshots.restore`).
+    (:meth:`stream.engine.shard_state.ShardSnapshots.restore`); that PCollection may also carry
+    ``(shard, ("running", (query_id, table)))`` parts, one per shard and running query, whose
+    snapshot metadata (:func:`stream.engine.running.rule_meta`) is then given as ``running_meta``
+    (``query_id -> metadata``), so that a shard without a part still checks the stored strategy.
     ``last_window`` is the last window of this run's schedule: running queries step every
     window through it. Tagged outputs: ``sums`` (``((query_id, window_id), partial vector)`` per
     shard, to be summed across shards), ``ledger`` (each shard's new snapshot), ``running``
@@ -617,13 +628,15 @@ class IndividualFilter(beam.PTransform):
     def __init__(self, *, plan: QueryPlan, indicator_columns: Sequence[str], noise_std: float, policy: str,
                  budget: float, id_type: str, tracker_step: float, n_shards: int,
                  previous_ledger: pa.Table | str | beam.pvalue.PCollection,
-                 previous_running: dict[str, pa.Table | str] | None = None, last_window: int | None = None) -> None:
+                 previous_running: dict[str, pa.Table | str] | None = None, last_window: int | None = None,
+                 running_meta: dict[str, dict[str, str]] | None = None) -> None:
         super().__init__()
         self._n_shards = n_shards
         self._previous = previous_ledger
         self._running = dict(previous_running or {})
         meta = {q: {k.decode(): v.decode() for k, v in _schema_of(t).metadata.items()}
                 for q, t in self._running.items()}
+        meta.update(running_meta or {})
         self._filter = IndividualFilterDoFn(plan=plan, indicator_columns=indicator_columns, noise_std=noise_std,
                                             policy=policy, budget=budget, id_type=id_type, tracker_step=tracker_step,
                                             last_window=last_window, running_meta=meta)

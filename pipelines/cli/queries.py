@@ -184,11 +184,6 @@ def _catalogue_command(args: argparse.Namespace, command: str) -> int:
         if args.action == "retire" and catalogue.read().revision == 0:
             return _fail(command, f"release root {root} (--releases-parquet) has no query catalogue", 1, args)
         query = _query_from_args(args) if args.action == "add" else None
-        if query is not None and query.kind == "running":
-            raise _Usage(f"--kind running: query {query.query_id!r} is a running total, and the jobs that answer a "
-                         "Parquet release root's catalogue (the distributed and streaming jobs) do not offer "
-                         "running totals yet (they keep no per-user running state across runs); running totals "
-                         "are answered by renyi-stream run, registered with --store")
         _refuse_released(args, first, catalogue.last_released_window())
         if query is not None:
             catalogue.add(query, effective_from=first)

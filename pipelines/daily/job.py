@@ -37,7 +37,7 @@ from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
 from stream.engine.readers import declares_types, id_type_of, read_batches
-from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, running_rule_of
+from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, refuse_running_gaps
 from queries.registration import plan_columns
 from queries.release_files import write_release_file
 from queries.release_store import RELEASE_SCHEMA, ReleaseStore
@@ -370,32 +370,10 @@ def _refuse_history_running_queries(plan: QueryPlan, history: Sequence[str], to_
 
 def _refuse_gaps_in_running_queries(plan: QueryPlan, previous_release: dict[str, pa.Table],
                                     to_release: list[int]) -> None:
-    """A running total is released for every window from its first, in order, and not past its
-    declared schedule: a run that would skip one of its windows, go back to one, or release one
-    past the horizon is refused before anything is charged."""
-    pending = set(to_release)
-    for entry in plan.running:
-        state = previous_release.get(entry.query_id)
-        next_window = int(state.schema.metadata[b"next_window"]) if state is not None else entry.first_window
-        mine = [w for w in to_release if entry.active_in(w)]
-        if not mine:
-            continue
-        needed = [w for w in range(next_window, max(mine) + 1) if entry.active_in(w)]
-        skipped = [w for w in needed if w not in pending]
-        early = [w for w in mine if w < next_window]
-        if skipped or early:
-            raise ValueError(
-                f"running query {entry.query_id!r} must be released window by window from window {next_window}; "
-                f"this run would {'skip window ' + str(skipped[0]) if skipped else 'go back to window ' + str(early[0])}. "
-                "Run the missing days in order (or set --start to the first unreleased day)"
-            )
-        horizon = running_rule_of(entry.query)[1].horizon
-        if horizon is not None and max(mine) >= entry.first_window + horizon:
-            raise ValueError(
-                f"running query {entry.query_id!r} was declared for {horizon} windows (windows {entry.first_window} "
-                f"to {entry.first_window + horizon - 1}); this run would release window {max(mine)}, past its "
-                "schedule, which nobody was charged for. Retire it (`renyi-stream query retire ID --from WINDOW`) "
-                "and register a new running query (a longer --horizon, or --horizon tail)")
+    """The one schedule rule of running totals (:func:`stream.engine.shard_state.refuse_running_gaps`)
+    over the release states the curator store holds."""
+    refuse_running_gaps(plan, {q: int(t.schema.metadata[b"next_window"]) for q, t in previous_release.items()},
+                        to_release)
 
 
 def _run_pipeline(config: JobConfig, params: LedgerConfig, plan: QueryPlan, columns: list[str],

@@ -64,9 +64,19 @@ On a root whose catalogue has no query, the first run registers the default per-
 (``--columns``, else every declared numeric column) from its first window, as ``renyi-stream
 run`` does on a store without queries. The intent and the manifest record the run's plan
 (``query_plan``: which queries from which window) and the manifest every query the ledger has
-answered (``queries``). Running totals need per-user running state carried from run to run,
-which this job does not keep yet: a running query active in the run's windows is refused at
-launch, by name (use ``renyi-stream run`` for those).
+answered (``queries``).
+
+Running totals (docs/running_totals.md) go through the daily job's engine objects: each shard's
+per-user prepaid rows (:class:`stream.engine.running.PrepaidUsers`, one row per user and
+running query) are written beside its ledger, ``running/<attempt>/query-<i>/part-*.parquet``,
+and read back per shard by the next run like the ledger; each running query's release state
+(:class:`stream.engine.running.RunningRelease`: ``(C a)_t`` in window order) and its releases
+``y_t`` (which the running-total estimates are computed from) are recorded in the committed
+manifest (``running``: per query id, ``prepaid`` with the files, their metadata and the users,
+``release`` and ``raw``). Every window of the schedule is released for a running query active in
+it, with or without rows, in order; a continuation whose registered strategy, horizon or first
+window differs from the stored state's, or that would skip or repeat one of its windows, is
+refused at launch, by name. Its release rows are staged and published like the window sums.
 
 Recovery, in short (``deploy/README.md`` has the whole story): a failed job leaves no
 ``_COMMITTED.json`` and nothing public, so nothing it charged counts and nothing it computed was
@@ -113,10 +123,11 @@ from queries import release_lineage as lineage
 from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
 from stream.faults import crash_point
-from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan
+from stream.engine.running import PrepaidUsers
+from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, refuse_running_gaps, running_rule_of
 from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
 from queries.linear import default_queries
-from queries.registration import category_reads, plan_columns, recorded_plan, refuse_running
+from queries.registration import category_reads, plan_columns, recorded_plan
 from stream.columns import default_columns
 from stream.engine.ledger_config import LedgerConfig, LedgerConfigError
 from stream.ledger import STATUS_NAMES, Policy
@@ -238,6 +249,9 @@ class RunPlan:
     queries: tuple[PlannedQuery, ...] = ()
     category_columns: tuple[str, ...] = ()
     catalogue: LaunchQueries | None = None  # the catalogue as this run launches with it
+    # The previous manifest's running-total state (``running``: per query id, its prepaid files,
+    # release state and releases ``y``), carried into this run's manifest.
+    running_state: dict[str, dict] = field(default_factory=dict)
 
     @property
     def staging(self) -> str:
@@ -333,6 +347,44 @@ def _same_intent(stored: dict, planned: dict) -> bool:
     return stored == planned
 
 
+def release_state_record(table: pa.Table) -> dict:
+    """A running query's release state (:meth:`stream.engine.running.RunningRelease.to_arrow`) as
+    the manifest records it: its metadata and its values, flat (JSON floats round-trip exactly)."""
+    meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
+    return {"meta": dict(sorted(meta.items())),
+            "values": table.column("values").combine_chunks().flatten().to_pylist()}
+
+
+def release_state_table(record: dict) -> pa.Table:
+    """:func:`release_state_record` back to the table :meth:`RunningRelease.from_arrow` restores
+    (which refuses it when inconsistent)."""
+    meta = {str(k): str(v) for k, v in record["meta"].items()}
+    values = pa.FixedSizeListArray.from_arrays(pa.array(record["values"], type=pa.float64()), int(meta["dim"]))
+    return pa.table({"values": values}).replace_schema_metadata(meta)
+
+
+def refuse_running_continuation(plan: QueryPlan, running_state: dict[str, dict], schedule: Sequence[int]) -> None:
+    """ValueError, at launch, for a running query this run cannot continue: a stored state (the
+    previous manifest's ``running``) made under another strategy, horizon or first window than
+    the registered query (:func:`pipelines.beam.transforms.running_release_for`, as the daily job
+    refuses it), or a schedule that skips, repeats or passes one of its windows
+    (:func:`stream.engine.shard_state.refuse_running_gaps`)."""
+    states = {q: release_state_table(r["release"]) for q, r in running_state.items() if "release" in r}
+    for entry in plan.running:
+        if any(entry.active_in(w) for w in schedule):
+            try:
+                tx.running_release_for(entry, states.get(entry.query_id))
+            except ValueError as exc:
+                if repr(entry.query_id) in str(exc):
+                    raise
+                raise ValueError(f"running query {entry.query_id!r}, stored in the previous manifest: {exc}") from None
+            stored = running_state.get(entry.query_id, {}).get("prepaid")
+            if stored is not None and states.get(entry.query_id) is None:
+                raise ValueError(f"running query {entry.query_id!r} has per-user prepaid rows in the previous "
+                                 "manifest but no release state: the manifest was edited")
+    refuse_running_gaps(plan, {q: int(t.schema.metadata[b"next_window"]) for q, t in states.items()}, schedule)
+
+
 def prepare(args: argparse.Namespace) -> RunPlan:
     """Check everything that can be checked before launch and fix the run's plan. Writes nothing."""
     spec = WindowSpec(length_seconds=window_seconds(args.window))
@@ -352,6 +404,7 @@ def prepare(args: argparse.Namespace) -> RunPlan:
     requested = [c for c in (args.columns or "").split(",") if c]
 
     previous, processed, ledger_files, users, query_first, columns = None, set(), [], 0, {}, []
+    running_state: dict[str, dict] = {}
     if args.previous_ledger.lower() != "none":
         previous = absolute(args.previous_ledger)
         committed = join(previous, COMMITTED)
@@ -379,6 +432,10 @@ def prepare(args: argparse.Namespace) -> RunPlan:
         users = int(manifest["users"])
         query_first = {q: int(w) for q, w in manifest["queries"].items()}
         columns = list(manifest["columns"])
+        running_state = dict(manifest.get("running", {}))
+        for record in running_state.values():
+            for path in record.get("prepaid", {}).get("files", []):
+                refuse_if_shared_file(path, "the previous running-total state file")
     else:
         manifest = None
         check_lineage(releases, None, None)
@@ -396,7 +453,6 @@ def prepare(args: argparse.Namespace) -> RunPlan:
                             answered=set(query_first) if manifest is not None else None)
     entries = launch.plan(min(schedule), max(schedule)) if schedule else []
     try:
-        refuse_running(entries, "the distributed job (python -m pipelines.distributed)")
         # A run with nothing to release (a re-run of committed days) parses its rows as the queries
         # of its schedule did: they are then dead-lettered as late.
         readers = entries or ([] if schedule else launch.plan(start, end))
@@ -410,6 +466,10 @@ def prepare(args: argparse.Namespace) -> RunPlan:
                     for r in entries)
     for entry in planned:  # the first window each query was answered in, for this ledger's later runs
         query_first.setdefault(entry.query_id, min(w for w in schedule if entry.active_in(w)))
+    try:
+        refuse_running_continuation(QueryPlan(planned), running_state, schedule)
+    except ValueError as exc:
+        raise RunRefused(str(exc)) from None
     if previous is not None and output == previous:
         raise RunRefused("--output must be a new location, not --previous-ledger (a snapshot is never rewritten)")
     config = replace(config, ledger_id=ledger_identity(config.ledger_id, output, where=f"--previous-ledger {previous}"))
@@ -419,7 +479,7 @@ def prepare(args: argparse.Namespace) -> RunPlan:
                    previous_ledger_files=tuple(ledger_files), previous_users=users, output=output,
                    previous_attempt=manifest["attempt"] if manifest is not None else None,
                    queries=planned, category_columns=tuple(sorted(category_reads([e.query for e in planned]))),
-                   catalogue=launch)
+                   catalogue=launch, running_state=running_state)
     _check_releases_and_output(plan, processed)
     return plan
 
@@ -508,25 +568,28 @@ def _snapshot_parts(path: str, n_shards: int, schema: pa.Schema) -> Iterator[tup
             yield shard, part
 
 
-def _one_part(item: tuple[int, Iterable[pa.Table]], schema: pa.Schema) -> tuple[int, tuple[str, pa.Table]]:
+def _one_part(item: tuple[int, Iterable[pa.Table]], schema: pa.Schema,
+              query_id: str | None = None) -> tuple[int, tuple[str, Any]]:
     shard, parts = item
     table = pa.concat_tables(list(parts)).replace_schema_metadata(schema.metadata)
-    return shard, ("ledger", table)
+    return (shard, ("ledger", table)) if query_id is None else (shard, ("running", (query_id, table)))
 
 
 class ReadLedgerSnapshot(beam.PTransform):
-    """Ledger snapshot files -> ``(shard, ("ledger", table))``, exactly one table per shard.
+    """Ledger snapshot files -> ``(shard, ("ledger", table))``, exactly one table per shard; with
+    ``query_id``, a running query's prepaid-row files -> ``(shard, ("running", (query_id, table)))``.
 
     A shard must never get its users in two pieces (the second would start from zero budget;
     :meth:`stream.engine.shard_state.ShardSnapshots.restore` refuses two): the parts of a shard
-    from every file are grouped and concatenated first (``Ledger.from_arrow`` then refuses a
-    user listed twice)."""
+    from every file are grouped and concatenated first (``Ledger.from_arrow`` and
+    ``PrepaidUsers.from_arrow`` then refuse a user listed twice)."""
 
-    def __init__(self, files: Sequence[str], *, n_shards: int, schema: pa.Schema) -> None:
+    def __init__(self, files: Sequence[str], *, n_shards: int, schema: pa.Schema, query_id: str | None = None) -> None:
         super().__init__()
         self._files = list(files)
         self._n_shards = n_shards
         self._schema = schema
+        self._query_id = query_id
 
     def expand(self, pbegin: Any) -> Any:
         return (pbegin
@@ -534,7 +597,8 @@ class ReadLedgerSnapshot(beam.PTransform):
                 | "ReadSnapshot" >> beam.FlatMap(_snapshot_parts, self._n_shards, self._schema)
                 .with_output_types(Tuple[int, Any])
                 | "GroupShard" >> beam.GroupByKey()
-                | "OnePartPerShard" >> beam.Map(_one_part, self._schema).with_output_types(Tuple[int, Any]))
+                | "OnePartPerShard" >> beam.Map(_one_part, self._schema, self._query_id)
+                .with_output_types(Tuple[int, Any]))
 
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -583,6 +647,69 @@ def _part_rows(item: tuple[int, tuple[str, pa.Table]]) -> int:
     return item[1][1].num_rows
 
 
+def _running_part_rows(item: tuple[int, tuple[str, tuple[str, pa.Table]]]) -> tuple[str, int]:
+    query_id, table = item[1][1]
+    return query_id, table.num_rows
+
+
+def _is_query(item: tuple[str, pa.Table], query_id: str) -> bool:
+    return item[0] == query_id
+
+
+def _conform_running(item: tuple[str, pa.Table], schema: pa.Schema) -> pa.Table:
+    return _conform(item[1], schema)
+
+
+def _keyed(value: Any, key: str) -> tuple[str, Any]:
+    return key, value
+
+
+def _query_rows(item: tuple[str, pa.Table]) -> tuple[str, int]:
+    return item[0], item[1].num_rows
+
+
+def _release_record(item: tuple[str, pa.Table]) -> tuple[str, dict]:
+    return item[0], release_state_record(item[1])
+
+
+def running_manifest(previous: dict[str, dict], *, meta: dict[str, dict[str, str]], files: Iterable[tuple[str, str]],
+                     users: dict[str, int], previous_users: dict[str, int], release: dict[str, dict],
+                     raw: Iterable[tuple[str, int, list[float]]]) -> dict[str, dict]:
+    """The manifest's ``running`` section after a run: ``previous`` (the previous manifest's) with
+    this run's prepaid files and users for every query in ``meta``, its release states and its
+    releases ``y`` added. RuntimeError (nothing is committed) when a stored query's prepaid rows
+    read back are not the users its manifest lists, or a query has fewer users than before: a
+    lost row would restart its user's prepaid charge from nothing (a privacy failure)."""
+    out = {q: dict(r) for q, r in previous.items()}
+    for query_id, record in previous.items():
+        expected = int(record.get("prepaid", {}).get("users", 0))
+        if previous_users.get(query_id, 0) != expected:
+            raise RuntimeError(f"running query {query_id!r}: its previous prepaid rows hold "
+                               f"{previous_users.get(query_id, 0):,} users, its manifest says {expected:,}. Not committing")
+    by_query: dict[str, list[str]] = {}
+    for query_id, path in files:
+        by_query.setdefault(query_id, []).append(path)
+    for query_id, query_meta in meta.items():
+        n = int(users.get(query_id, 0))
+        if n < previous_users.get(query_id, 0):
+            raise RuntimeError(f"running query {query_id!r}: the new prepaid rows hold {n:,} users, fewer than the "
+                               f"{previous_users.get(query_id, 0):,} before. Not committing")
+        out.setdefault(query_id, {})["prepaid"] = {"meta": dict(sorted(query_meta.items())),
+                                                  "files": sorted(by_query.get(query_id, [])), "users": n}
+    for query_id, record in release.items():
+        out.setdefault(query_id, {})["release"] = record
+    fresh: dict[str, list] = {}
+    for query_id, window, y in raw:
+        fresh.setdefault(query_id, []).append([int(window), [float(v) for v in y]])
+    for query_id, items in fresh.items():
+        series = sorted(out[query_id].get("raw", []) + items, key=lambda item: item[0])
+        windows = [w for w, _ in series]
+        if len(set(windows)) != len(windows):
+            raise RuntimeError(f"running query {query_id!r} would record window(s) twice: {windows}. Not committing")
+        out[query_id]["raw"] = series
+    return dict(sorted(out.items()))
+
+
 class CommitRun(beam.DoFn):
     """Writes ``<output>/_COMMITTED.json`` once every output is complete, then publishes.
 
@@ -597,28 +724,37 @@ class CommitRun(beam.DoFn):
     output as ``--previous-ledger`` publishes them first. A retried commit rewrites nothing; a
     manifest of another attempt is never overwritten."""
 
-    def __init__(self, manifest: dict, output: str, staging: str, public: str) -> None:
+    def __init__(self, manifest: dict, output: str, staging: str, public: str, *,
+                 running_state: dict[str, dict] | None = None,
+                 running_meta: dict[str, dict[str, str]] | None = None) -> None:
         self._manifest = manifest
         self._output = output
         self._staging = staging
         self._public = public
+        self._running_state = dict(running_state or {})
+        self._running_meta = dict(running_meta or {})
 
     def process(self, _: Any, ledger_files: list, release_files: list, counts_files: list, dead_files: list,
                 read_files: list, rows_read: int, statuses: dict, reasons: dict, users: int,
-                previous_users: int) -> Iterator[str]:
+                previous_users: int, running_files: list = (), running_users: dict | None = None,
+                previous_running_users: dict | None = None, release_states: dict | None = None,
+                raw: list = ()) -> Iterator[str]:
         expected = int(self._manifest["previous_users"])
         if previous_users != expected or users < previous_users:
             # A snapshot that lost users (a missing or truncated file) would restart them from zero
             # budget: fail before the commit point, so that nothing this run charged counts.
             raise RuntimeError(f"the previous ledger snapshot holds {previous_users:,} users, its manifest says "
                                f"{expected:,}; the new ledger holds {users:,}. Not committing")
+        running = running_manifest(self._running_state, meta=self._running_meta, files=running_files,
+                                   users=dict(running_users or {}), previous_users=dict(previous_running_users or {}),
+                                   release=dict(release_states or {}), raw=raw)
         balance = RowBalance.of(rows_read=int(rows_read), statuses={k: int(v) for k, v in statuses.items()},
                                 reasons={k: int(v) for k, v in reasons.items()})
         manifest = {**self._manifest, "ledger_files": sorted(ledger_files), "users": int(users),
                     "counts_files": sorted(counts_files), "dead_files": sorted(dead_files),
                     "read_files": sorted(read_files), "release_files_written": sorted(release_files),
                     "totals": balance.totals(), "balanced": balance.balanced,
-                    "dead_reasons": dict(sorted(reasons.items())),
+                    "dead_reasons": dict(sorted(reasons.items())), "running": running,
                     "committed_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
         target = join(self._output, COMMITTED)
         if FileSystems.exists(target):
@@ -639,6 +775,21 @@ class CommitRun(beam.DoFn):
         yield target
 
 
+def running_templates(plan: RunPlan, query_plan: QueryPlan,
+                      stored_meta: dict[str, dict[str, str]]) -> dict[str, pa.Schema]:
+    """The schema (metadata included: :func:`stream.engine.running.rule_meta` and the id type) of
+    the prepaid-row files of every running query this run carries: those stored before
+    (``stored_meta``) and those its plan answers."""
+    id_type = plan.config.id_type
+    out = {q: PrepaidUsers.empty(meta, id_type).to_arrow().schema for q, meta in stored_meta.items()}
+    for entry in query_plan.running:
+        if entry.query_id not in out:
+            strategy, rule = running_rule_of(entry.query)
+            out[entry.query_id] = PrepaidUsers(rule, strategy=strategy, dim=entry.query.dim,
+                                               start_window=entry.first_window, id_type=id_type).to_arrow().schema
+    return dict(sorted(out.items()))
+
+
 def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
     """Apply the whole distributed daily graph to ``p``; returns its PCollections."""
     config = plan.config
@@ -652,14 +803,29 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
                                                           schema=template.schema)
     previous_users = (previous | "PreviousUsers" >> beam.Map(_part_rows)
                       | "SumPreviousUsers" >> beam.CombineGlobally(sum))
+    # Running totals: every stored query's prepaid rows, one part per shard, beside the ledger's.
+    stored_meta = {q: r["prepaid"]["meta"] for q, r in sorted(plan.running_state.items()) if "prepaid" in r}
+    templates = running_templates(plan, query_plan, stored_meta)
+    parts, previous_running = [previous], []
+    for i, query_id in enumerate(sorted(stored_meta)):
+        part = p | f"PreviousRunning{i}" >> ReadLedgerSnapshot(
+            plan.running_state[query_id]["prepaid"]["files"], n_shards=plan.n_shards,
+            schema=templates[query_id], query_id=query_id)
+        parts.append(part)
+        previous_running.append(part | f"PreviousRunningUsers{i}" >> beam.Map(_running_part_rows))
+    state = parts | "PreviousState" >> beam.Flatten() if len(parts) > 1 else previous
     filtered = read.valid | "IndividualFilter" >> tx.IndividualFilter(
         plan=query_plan, indicator_columns=list(plan.columns), noise_std=config.noise_std, policy=plan.policy,
         budget=config.rho, id_type=config.id_type, tracker_step=config.tracker_step,
-        n_shards=config.n_shards, previous_ledger=previous, last_window=max(plan.schedule) if plan.schedule else None)
+        n_shards=config.n_shards, previous_ledger=state, last_window=max(plan.schedule) if plan.schedule else None,
+        running_meta=stored_meta)
+    states = {q: r["release"] for q, r in plan.running_state.items() if "release" in r}
     released = filtered.sums | "ReleaseWindows" >> tx.ReleaseWindows(
         list(plan.schedule), key_path=plan.key_path, plan=query_plan, noise_std=config.noise_std,
         window=plan.window, accounting=config.accounting, key_fingerprint=config.key_fingerprint,
-        ledger_id=config.ledger_id)
+        ledger_id=config.ledger_id,
+        previous_raw={q: [(int(w), y) for w, y in r.get("raw", [])] for q, r in plan.running_state.items()},
+        previous_release={q: release_state_table(record) for q, record in states.items()})
     # Staged in the curator's output, per attempt; public only once the commit step has run.
     release_files = released["releases"] | "WriteReleaseParquet" >> tx.WriteReleaseParquet(plan.staging)
 
@@ -690,15 +856,42 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
     reasons = (dead | "Reasons" >> beam.FlatMap(_reason_items).with_output_types(Tuple[str, int])
                | "SumReasons" >> beam.CombinePerKey(sum))
     users = filtered.ledger | "Users" >> beam.Map(_num_rows) | "SumUsers" >> beam.CombineGlobally(sum)
+    running_files, running_users = [], []
+    for i, (query_id, schema) in enumerate(sorted(templates.items())):
+        mine = filtered.running | f"Running{i}" >> beam.Filter(_is_query, query_id)
+        running_users.append(mine | f"RunningUsers{i}" >> beam.Map(_query_rows))
+        running_files.append(
+            mine | f"ConformRunning{i}" >> beam.Map(_conform_running, schema)
+            | f"WriteRunning{i}" >> write.WriteToParquetBatched(
+                join(plan.output, "running", plan.attempt, f"query-{i}", "part"), schema, codec="snappy",
+                file_name_suffix=".parquet")
+            | f"RunningFiles{i}" >> beam.Map(_keyed, query_id))
+
+    def gathered(name: str, collections: list) -> Any:
+        if not collections:
+            return p | f"No{name}" >> beam.Create([])
+        return collections | f"All{name}" >> beam.Flatten()
+
     side = beam.pvalue
     committed = (p | "CommitOnce" >> beam.Create([None])
                  | "Commit" >> beam.ParDo(
-                     CommitRun(plan.manifest(), plan.output, plan.staging, plan.releases),
+                     CommitRun(plan.manifest(), plan.output, plan.staging, plan.releases,
+                               running_state=plan.running_state,
+                               running_meta={q: {k.decode(): v.decode() for k, v in schema.metadata.items()}
+                                             for q, schema in templates.items()}),
                      ledger_files=side.AsList(ledger_files), release_files=side.AsList(release_files),
                      counts_files=side.AsList(counts_files), dead_files=side.AsList(dead_files),
                      read_files=side.AsList(read_files), rows_read=side.AsSingleton(rows_read),
                      statuses=side.AsDict(statuses), reasons=side.AsDict(reasons), users=side.AsSingleton(users),
-                     previous_users=side.AsSingleton(previous_users)))
+                     previous_users=side.AsSingleton(previous_users),
+                     running_files=side.AsList(gathered("RunningFiles", running_files)),
+                     running_users=side.AsDict(gathered("RunningUsers", running_users)
+                                               | "SumRunningUsers" >> beam.CombinePerKey(sum)),
+                     previous_running_users=side.AsDict(gathered("PreviousRunningUsers", previous_running)
+                                                        | "SumPreviousRunningUsers" >> beam.CombinePerKey(sum)),
+                     release_states=side.AsDict(released["release_state"]
+                                                | "ReleaseRecords" >> beam.Map(_release_record)),
+                     raw=side.AsList(released["raw"])))
     return {"releases": released["releases"], "release_files": release_files, "ledger": filtered.ledger,
             "ledger_files": ledger_files, "counts": counts, "dead": dead, "read": read_rows, "committed": committed}
 

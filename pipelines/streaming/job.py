@@ -78,9 +78,17 @@ schedule, charged together per user through the same
 :class:`~stream.engine.shard_state.QueryPlan` as the batch jobs. On a root whose catalogue has
 no query, ``main`` registers the per-window sums of ``--columns`` from ``--start``; a query
 registered into windows already released but never answered (it was registered while an
-earlier job ran) starts at this job's first window. Running totals need per-user running state
-carried between jobs, which this job does not keep yet: a running query active in the schedule
-is refused at launch, by name (``renyi-stream run`` answers them). ``--columns`` names the
+earlier job ran) starts at this job's first window. Running totals (docs/running_totals.md) go
+through the batch jobs' engine objects: each shard's per-user prepaid rows
+(:class:`stream.engine.running.PrepaidUsers`) live in its keyed state beside its ledger and are
+written whole every window, ``<output>/prepaid/window_id=<W>/shard=<S>/`` (:class:`WritePrepaid`);
+each running query's release state (:class:`stream.engine.running.RunningRelease`) lives in the
+keyed state of :class:`pipelines.streaming.releases.ReleaseRunningInOrder`, advanced in window
+order, and is staged with the window's releases, ``<output>/running/window_id=<W>/``
+(:class:`StageWindowFile`, with the releases ``y`` the estimates need); a window's commit marker
+waits for both. A restarted or continuing job restores them from the window it continues from
+(:func:`previous_running_state`), refusing a stored state of another strategy, horizon or first
+window, and a schedule that would skip one of a running query's windows, by name. ``--columns`` names the
 numeric indicator columns (parsed as numbers, a value that does not parse a dead letter);
 string columns are passed through for the histograms over string categories that read them.
 User ids are ``int64`` or ``string``, the ledger's for life (``--id-type``; else a continuing
@@ -180,6 +188,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
 
 _root, _level = logging.getLogger(), logging.getLogger().level
 _root.setLevel(logging.ERROR)  # Beam's GCP extras warn at import when their optional clients are absent
@@ -199,17 +208,19 @@ try:
     from pipelines.beam import transforms as tx
     from pipelines.beam import worker_key
     from pipelines.beam.publication import PublicReleaseFiles, StagedReleases
-    from pipelines.streaming.releases import SNAPSHOT_BASE, SNAPSHOT_KIND, StreamingReleases
+    from pipelines.streaming.releases import (PREPAID_USERS, RUNNING_QUERY_ID, SNAPSHOT_BASE, SNAPSHOT_KIND,
+                                              StreamingReleases, running_state_of)
 finally:
     _root.setLevel(_level)
 from stream.engine.dead_letters import DeadLetterReason, dead_letters, rejected_letters, with_input_position
 from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
-from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, merge_ledger_deltas
+from stream.engine.shard_state import (WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, merge_ledger_deltas,
+                                       refuse_running_gaps)
 from stream.faults import crash_point
 from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
 from queries.linear import default_queries
-from queries.registration import category_reads, numeric_reads, plan_columns, recorded_plan, refuse_running
+from queries.registration import category_reads, numeric_reads, plan_columns, recorded_plan
 from queries.release_files import release_file_path, release_file_table
 from stream.engine.ledger_config import SNAPSHOT_PREFIX, LedgerConfig, LedgerConfigError, snapshot_key
 from stream.ledger import STATUS_NAMES, Ledger, Policy
@@ -500,17 +511,27 @@ STATE_FILE = "_STATE.json"
 #: The curator folders whose ``window_id=<W>`` sub-folders hold one window's committed state:
 #: the shards' ledger snapshots, the staged releases, the shards' books, counts and duplicate dead
 #: letters. Those of windows after the last commit marker are a crashed job's dead branch.
-WINDOW_FOLDERS = ("ledger", STAGED_RELEASES, "books", "counts", "dead")
+#: Running totals' state of a window: every shard's per-user prepaid rows (:data:`PREPAID`,
+#: ``prepaid/window_id=<W>/shard=<S>/``) and each running query's release state (:data:`RUNNING_STATE`,
+#: ``running/window_id=<W>/``), committed with the window like its ledger snapshots.
+PREPAID, RUNNING_STATE = "prepaid", "running"
+WINDOW_FOLDERS = ("ledger", STAGED_RELEASES, "books", "counts", "dead", PREPAID, RUNNING_STATE)
 #: What the commit step hears of a window: its release file is staged (shard ``-1``), one shard's
-#: ledger snapshot of it is written, or one shard's records of it (books, counts, duplicates).
-STAGED, SNAPSHOT_WRITTEN, RECORDS_WRITTEN = "staged", "snapshot", "records"
+#: ledger snapshot of it is written, one shard's records of it (books, counts, duplicates), or (with
+#: running queries) one shard's prepaid rows of it.
+STAGED, SNAPSHOT_WRITTEN, RECORDS_WRITTEN, PREPAID_WRITTEN = "staged", "snapshot", "records", "prepaid"
 
 
 class StageWindowFile(beam.DoFn):
     """``(window_id, release row)`` keyed by window -> the window's release file staged under the
     curator's ``root`` once all of its rows are in (``expected(window)`` of them: one per coordinate
-    of each query active in it); outputs ``(window, (STAGED, -1))``. Staged, not public: the file
-    is the job's outbox (:data:`STAGED_RELEASES`), published by :class:`CommitWindows`.
+    of each query active in it, and one running-query state per running query active in it);
+    outputs ``(window, (STAGED, -1))``. Staged, not public: the file is the job's outbox
+    (:data:`STAGED_RELEASES`), published by :class:`CommitWindows`. An element
+    ``(window_id, state table)`` (a table, not a row: :class:`pipelines.streaming.releases.ReleaseRunningInOrder`'s
+    ``release_state``) is a running query's state after the window, written under ``running_root``
+    (``window_id=<W>/``, named by its content) before the release file, so a staged window always
+    has the release states that continue it.
     Written whole and ``0600`` (:func:`pipelines.beam.object_store.write_parquet`); a retried
     bundle rewrites the same content (keyed noise). Crash point ``streaming_after_stage``.
 
@@ -519,9 +540,10 @@ class StageWindowFile(beam.DoFn):
 
     ROWS = BagStateSpec("rows", PickleCoder())
 
-    def __init__(self, root: str, expected: dict[int, int]) -> None:
+    def __init__(self, root: str, expected: dict[int, int], running_root: str | None = None) -> None:
         self._root = root
         self._expected = dict(expected)
+        self._running_root = running_root
 
     def process(self, element: tuple[int, dict], rows: Any = beam.DoFn.StateParam(ROWS)) -> Iterator[Any]:
         window, row = element
@@ -530,7 +552,13 @@ class StageWindowFile(beam.DoFn):
         if len(buffered) < self._expected[int(window)]:
             return
         rows.clear()
-        store.write_parquet(release_file_path(self._root, int(window)), release_file_table(buffered))
+        states = [item for item in buffered if isinstance(item, pa.Table)]
+        if states and self._running_root is None:
+            raise ValueError("a running query's state was staged, but no running_root was given to keep it")
+        for table in states:
+            _write_named(self._running_root, f"window_id={int(window)}", table)
+        store.write_parquet(release_file_path(self._root, int(window)),
+                            release_file_table([item for item in buffered if not isinstance(item, pa.Table)]))
         crash_point("streaming_after_stage")  # test-only: staged, not committed
         yield int(window), (STAGED, -1)
 
@@ -566,6 +594,26 @@ class WriteWindowRecords(beam.DoFn):
         if duplicates is not None and duplicates.num_rows:
             _write_named(store.join(self._curator, "dead"), f"window_id={int(window)}", duplicates)
         yield int(window), (RECORDS_WRITTEN, int(record["shard"]))
+
+
+class WritePrepaid(beam.DoFn):
+    """One shard's per-user prepaid rows after one window, ``(shard, window, [(query_id, table)])``
+    (:class:`pipelines.streaming.releases.StreamingReleases`' ``prepaid``) -> one file per running
+    query, ``prepaid/window_id=<W>/shard=<S>/``, named by its content and recording the query id
+    (:data:`pipelines.streaming.releases.RUNNING_QUERY_ID`); then ``(window, (PREPAID_WRITTEN,
+    shard))``, so the window's commit marker is written only once they are: a lost prepaid row
+    would restart its user's prepaid charge from nothing."""
+
+    def __init__(self, curator: str) -> None:
+        self._curator = curator
+
+    def process(self, element: tuple[int, int, list[tuple[str, pa.Table]]]) -> Iterator[tuple[int, tuple[str, int]]]:
+        shard, window, parts = element
+        for query_id, table in parts:
+            marked = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                                    RUNNING_QUERY_ID.encode(): query_id.encode()})
+            _write_named(store.join(self._curator, PREPAID), f"window_id={int(window)}/shard={int(shard)}", marked)
+        yield int(window), (PREPAID_WRITTEN, int(shard))
 
 
 def commit_marker_path(curator: str, window: int) -> str:
@@ -604,9 +652,10 @@ class CommitWindows(beam.DoFn):
     NEXT = ReadModifyWriteStateSpec("next", PickleCoder())
 
     def __init__(self, curator: str, public: str, n_shards: int, *, first_window: int, end_window: int,
-                 ledger_id: str | None = None) -> None:
+                 ledger_id: str | None = None, prepaid: bool = False) -> None:
         if n_shards < 1:
             raise ValueError(f"n_shards must be >= 1, got n_shards={n_shards}")
+        self._prepaid = prepaid  # running queries: every shard's prepaid rows of a window too
         self._curator = curator
         self._public = public
         self._n_shards = int(n_shards)
@@ -616,7 +665,9 @@ class CommitWindows(beam.DoFn):
     def _complete(self, heard: set[tuple[str, int]]) -> bool:
         snapshots = {shard for kind, shard in heard if kind == SNAPSHOT_WRITTEN}
         records = {shard for kind, shard in heard if kind == RECORDS_WRITTEN}
-        return (STAGED, -1) in heard and len(snapshots) == self._n_shards and len(records) == self._n_shards
+        prepaid = {shard for kind, shard in heard if kind == PREPAID_WRITTEN}
+        return ((STAGED, -1) in heard and len(snapshots) == self._n_shards and len(records) == self._n_shards
+                and (not self._prepaid or len(prepaid) == self._n_shards))
 
     def process(self, element: tuple[Any, tuple[int, tuple[str, int]]], events: Any = beam.DoFn.StateParam(EVENTS),
                 upcoming: Any = beam.DoFn.StateParam(NEXT)) -> Iterator[str]:
@@ -1215,6 +1266,90 @@ def recover(curator: str, releases: str) -> tuple[int | None, list[int], int]:
     return last, published, len(dead)
 
 
+def _matched(pattern: str) -> list[str]:
+    (result,) = FileSystems.match([pattern])
+    return sorted(m.path for m in result.metadata_list)
+
+
+def previous_running_state(pattern: str) -> tuple[dict[str, pa.Table], dict[str, pa.Table],
+                                                   dict[str, list[tuple[int, list[float]]]]]:
+    """The running totals' state beside the ledger snapshots ``pattern`` (``--previous-ledger``, or
+    a restarted job's own last committed window), as :class:`StreamingReleases` continues it:
+    ``(per-user prepaid rows, release states, releases y)``, each by running query id. The
+    prepaid rows are every shard's files of that window (:class:`WritePrepaid`) concatenated per
+    query (re-split by this job's ``--shards``), the release states and releases ``y`` those staged
+    with the window (:class:`StageWindowFile`). Empty for ``none`` or snapshots outside a job's
+    ``--output`` (a copy made by :func:`record_snapshot_parameters`): a running query they should
+    have continued is then refused by the schedule rule (:func:`stream.engine.shard_state.refuse_running_gaps`).
+    RunRefused for a file without its query id, shards disagreeing on a query's metadata, prepaid
+    rows other than the users the shards' ledger snapshots record (:data:`PREPAID_USERS`: a lost
+    file would restart its users' prepaid charges from nothing), or two release states of one
+    query; the states themselves are checked when restored
+    (:class:`stream.engine.running.PrepaidUsers`, :class:`stream.engine.running.RunningRelease`)."""
+    if pattern.lower() == "none":
+        return {}, {}, {}
+    snapshots = _matched(store.absolute(pattern))
+    places = {_snapshot_place(path) for path in snapshots}
+    windows = {(root, window) for root, window, _ in places - {None}}
+    if len(windows) != 1 or not next(iter(windows))[0].endswith("/ledger"):
+        return {}, {}, {}
+    root, window = windows.pop()
+    base = root[: -len("/ledger")]
+    parts: dict[str, list[pa.Table]] = {}
+    for path in _matched(store.join(base, PREPAID, f"window_id={window}", "*", "*.parquet")):
+        table = store.read_parquet(path)
+        meta = dict(table.schema.metadata or {})
+        query_id = meta.pop(RUNNING_QUERY_ID.encode(), None)
+        if query_id is None:
+            raise launch.RunRefused(f"{path} (the prepaid rows beside --previous-ledger {pattern!r}) records no "
+                                    f"{RUNNING_QUERY_ID}: it was not written by this job")
+        parts.setdefault(query_id.decode(), []).append(table.replace_schema_metadata(meta))
+    prepaid = {}
+    for query_id, tables in sorted(parts.items()):
+        if any(t.schema.metadata != tables[0].schema.metadata for t in tables):
+            raise launch.RunRefused(f"the prepaid rows of running query {query_id!r} beside --previous-ledger "
+                                    f"{pattern!r} disagree between shards on the query's strategy or schedule")
+        prepaid[query_id] = pa.concat_tables(tables)
+    recorded: dict[str, int] = {}
+    for path in snapshots:
+        with FileSystems.open(path) as handle:
+            text = (pq.read_schema(handle).metadata or {}).get(PREPAID_USERS.encode())
+        for query_id, rows in (json.loads(text) if text else {}).items():
+            recorded[query_id] = recorded.get(query_id, 0) + int(rows)
+    found = {q: t.num_rows for q, t in prepaid.items() if t.num_rows}
+    if found != {q: n for q, n in recorded.items() if n}:
+        raise launch.RunRefused(f"the prepaid rows beside --previous-ledger {pattern!r} hold {found} users per running "
+                                f"query, its ledger snapshots record {recorded}: a prepaid file is missing or extra, "
+                                "and a lost row would restart its user's prepaid charge from nothing")
+    releases, raw = {}, {}
+    for path in _matched(store.join(base, RUNNING_STATE, f"window_id={window}", "*.parquet")):
+        try:
+            query_id, table, series = running_state_of(store.read_parquet(path))
+        except ValueError as exc:
+            raise launch.RunRefused(f"{path}: {exc}") from None
+        if query_id in releases:
+            raise launch.RunRefused(f"window {window} beside --previous-ledger {pattern!r} holds two release "
+                                    f"states of running query {query_id!r}")
+        releases[query_id], raw[query_id] = table, series
+    return prepaid, releases, raw
+
+
+def refuse_running_continuation(plan: QueryPlan, releases: dict[str, pa.Table], schedule: Sequence[int]) -> None:
+    """ValueError for a running query this job cannot continue: a stored release state of another
+    strategy, horizon or first window than the registered query
+    (:func:`pipelines.beam.transforms.running_release_for`), or a schedule that skips, repeats or
+    passes one of its windows (:func:`stream.engine.shard_state.refuse_running_gaps`)."""
+    for entry in plan.running:
+        if any(entry.active_in(w) for w in schedule):
+            try:
+                tx.running_release_for(entry, releases.get(entry.query_id))
+            except ValueError as exc:
+                if repr(entry.query_id) in str(exc):
+                    raise
+                raise ValueError(f"running query {entry.query_id!r}, stored beside --previous-ledger: {exc}") from None
+    refuse_running_gaps(plan, {q: int(t.schema.metadata[b"next_window"]) for q, t in releases.items()}, schedule)
+
+
 def _snapshot_queries(pattern: str, files: dict[int, str], metadata: dict[int, dict[str, str]]) -> dict[str, int] | None:
     """``{query_id: first window answered}`` as the snapshots record it (:data:`SNAPSHOT_QUERIES`),
     None when none does (written before it was recorded). RunRefused for a malformed record."""
@@ -1331,6 +1466,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
                                        releases=releases)
     previous, config, answered = _previous_ledger(previous_ledger, wanted, released=released,
                                                   id_type_declared=id_type is not None)
+    prepaid, release_states, raw = previous_running_state(previous_ledger)
     id_type = config.id_type
     _refuse_another_jobs_output(curator, args)
     if released and max(released) > own:
@@ -1341,7 +1477,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     plan = QueryPlan(tuple(PlannedQuery(r.query, r.effective_from, r.retired_from if r.retired_from is not None
                                         and r.retired_from <= end else None) for r in queries.plan(start, end)))
     try:
-        refuse_running(plan.entries, "the streaming job (python -m pipelines.streaming)")
+        refuse_running_continuation(plan, release_states, range(own + 1, end + 1))
         # No header to read at launch: the columns are those --columns names (numbers) and those the
         # queries read, as they read them; a column read both ways is refused.
         reads = [e.query for e in plan.entries]
@@ -1380,13 +1516,17 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         previous_ledger=previous if previous.num_rows else None,
         released=[w for w in released if w < start], snapshot_every_window=True,
         resumed_through=own if own >= start else None, window_records=True,
-        compact_every=args.full_snapshot_every)
+        compact_every=args.full_snapshot_every, previous_running=prepaid, previous_release=release_states,
+        previous_raw=raw)
     graph = decoded.valid | "StreamingReleases" >> out
-    expected = {w: sum(e.query.dim for e in plan.active(w)) for w in range(start, end + 1)}
+    # One release row per coordinate of each active query, and one state per active running query.
+    expected = {w: sum(e.query.dim + (e.kind == "running") for e in plan.active(w)) for w in range(start, end + 1)}
     staging = store.join(curator, STAGED_RELEASES)
-    staged = (graph["releases"]
-              | "ByWindow" >> beam.Map(lambda row: (int(row["window_id"]), row)).with_output_types(Tuple[int, Any])
-              | "StageReleaseFiles" >> beam.ParDo(StageWindowFile(staging, expected)))
+    rows = graph["releases"] | "ByWindow" >> beam.Map(lambda row: (int(row["window_id"]), row)).with_output_types(
+        Tuple[int, Any])
+    staged = ((rows, graph["release_state"]) | "RowsAndStates" >> beam.Flatten().with_output_types(Tuple[int, Any])
+              | "StageReleaseFiles" >> beam.ParDo(StageWindowFile(staging, expected,
+                                                                 store.join(curator, RUNNING_STATE))))
     dead = (decoded.dead, graph["dead"]) | "DeadLetters" >> beam.Flatten()
     dead_files = dead | "WriteDead" >> beam.ParDo(WriteTable(store.join(curator, "dead")))
     ledger_files = graph["ledger"] | "WriteLedger" >> beam.ParDo(WriteTable(
@@ -1397,12 +1537,15 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     # A window goes public only once it is committed: staged, and every shard's snapshot and records of
     # it written; windows are committed in order, under one key (CommitWindows).
     written = ledger_files | "SnapshotWritten" >> beam.Map(_snapshot_written).with_output_types(Tuple[int, Any])
-    release_files = ((staged, written, record_files)
+    with_prepaid = bool(plan.running or prepaid)  # the filter then reports every window's prepaid rows
+    prepaid_files = (graph["prepaid"] | "WritePrepaid" >> beam.ParDo(WritePrepaid(curator))
+                     .with_output_types(Tuple[int, Any]))
+    release_files = ((staged, written, record_files, prepaid_files)
                      | "StagedSnapshotsAndRecords" >> beam.Flatten().with_output_types(Tuple[int, Any])
                      | "OneKey" >> beam.Map(lambda event: (0, event)).with_output_types(Tuple[int, Any])
                      | "CommitWindows" >> beam.ParDo(
                          CommitWindows(curator, releases, config.n_shards, first_window=own + 1, end_window=end,
-                                       ledger_id=config.ledger_id)))
+                                       ledger_id=config.ledger_id, prepaid=with_prepaid)))
     read_files = decoded.read | "WriteRead" >> beam.ParDo(WriteTable(store.join(curator, "read")))
     return {"releases": graph["releases"], "staged": staged, "release_files": release_files, "dead_files": dead_files,
             "ledger_files": ledger_files, "record_files": record_files, "read_files": read_files, "dead": dead,

@@ -16,7 +16,12 @@ passes each window's end, so a long-running pipeline releases every day as it cl
   public schedule, rows or not, with its partial sums inside; when all shards have reported, it
   releases every active query through :class:`pipelines.beam.transforms.ReleaseWindow` (the same
   keyed noise: invariants 3, 5), once.
-* :class:`RunningTotalsOnRelease` turns running queries' releases into running totals, in order.
+* :class:`ReleaseRunningInOrder`, keyed by running query: the query's release state
+  (:class:`stream.engine.running.RunningRelease`, the batch jobs' object) advanced once per window
+  of the schedule, in window order, rows or not, from each completed window's ``a_t``: ``y_t =
+  (C a)_t + z_t`` with the keyed noise (:meth:`pipelines.beam.transforms.ReleaseRunning.release_window`),
+  then the running-total estimates (:class:`pipelines.beam.transforms.RunningEstimates`), and the
+  state after the window (with the releases ``y`` so far), which the job commits with the window.
 * :class:`StreamingReleases` wires them together.
 
 Why a window is never released without a shard's rows: every shard (rows or not, started by a
@@ -36,6 +41,7 @@ restart from the ledger snapshot, see ``previous_ledger``).
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Iterator, NamedTuple, Sequence, Tuple
 
@@ -49,12 +55,15 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
 from stream.engine.dead_letters import classify_windows, window_letters
+from stream.engine.running import RunningRelease
 from stream.engine.shard_cache import ShardCache, new_token
 from stream.engine.shard_state import (LEDGER_DELTA, LEDGER_PART, RUNNING_PART, QueryPlan, ShardBooks, ShardSnapshots,
                                        ShardState, held_deltas)
 from pipelines.beam.transforms import (
+    ReleaseRunning,
     ReleaseWindow,
     RunningEstimates,
+    running_release_for,
     add_vectors,
     empty_rows,
     in_event_time_order,
@@ -74,6 +83,14 @@ from stream.schema import USER_ID, WINDOW_ID, WindowSpec
 #: full snapshot it goes over (every window between them has a delta): the shard's ledger at a
 #: delta's window is that full snapshot with the deltas through it over it, in window order.
 SNAPSHOT_KIND, SNAPSHOT_BASE = "renyi_stream.snapshot", "renyi_stream.base_window"
+#: Schema metadata of a running query's state files (per-user prepaid rows, release state): its id;
+#: and of a release state, its releases ``y`` from its first window through the state's (JSON
+#: ``[[window, [y...]], ...]``), which the running-total estimates of later windows are computed from.
+RUNNING_QUERY_ID, RUNNING_RAW = "renyi_stream.query_id", "renyi_stream.running_raw"
+#: Schema metadata of a shard's ledger snapshot when it has running-query state: its prepaid users
+#: per running query (JSON ``{query_id: rows}``), so that a job restoring the prepaid rows beside it
+#: can tell a lost file (which would restart its users' prepaid charges from nothing) from none.
+PREPAID_USERS = "renyi_stream.prepaid_users"
 
 
 def _snapshot_table(parts: list[tuple[str, Any]], window: int, deltas_before: int) -> pa.Table:
@@ -170,7 +187,11 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
     and ``balanced``, 1 or 0; with ``window_records``, ``(window, books, duplicates)``: the
     window's duplicate dead letters there rather than under ``dead``), ``(shard, window, ledger snapshot)`` (tag ``ledger``: after ``end_window``, or every
     window with ``snapshot_every_window``) and ``(query_id, snapshot)`` (tag ``running``,
-    with the final ledger).
+    with the final ledger). With ``prepaid_every_window`` (a plan or a restored state with
+    running queries), every charged window also ``(shard, window, [(query_id, prepaid rows)])``
+    (tag ``prepaid``): the shard's per-user prepaid rows after the window, whole (a shard with
+    running-query state snapshots whole every window,
+    :meth:`stream.engine.shard_state.ShardSnapshots.after_window`), ``[]`` while it has none.
     """
 
     ROWS = BagStateSpec("rows", PickleCoder())
@@ -185,7 +206,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
                  tracker_step: float, released: Sequence[int] = (),
                  running_meta: dict[str, dict[str, str]] | None = None, snapshot_every_window: bool = False,
                  resumed_through: int | None = None, window_records: bool = False, compact_every: int = 1,
-                 cached_shards: int = CACHED_SHARDS) -> None:
+                 cached_shards: int = CACHED_SHARDS, prepaid_every_window: bool = False) -> None:
         if end_window < start_window:
             raise ValueError(f"end_window must be >= start_window={start_window}, got end_window={end_window}")
         if resumed_through is not None and not start_window - 1 <= resumed_through <= end_window:
@@ -205,6 +226,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         # schedule's windows through ``resumed_through`` before: every shard starts there.
         self._resumed = self._start - 1 if resumed_through is None else int(resumed_through)
         self._window_records = window_records
+        self._prepaid_every_window = prepaid_every_window
         # The engine restores and snapshots a shard, as for the batch filter.
         self._shards = ShardSnapshots(plan=plan, budget=budget, id_type=id_type, tracker_step=tracker_step,
                                       running_meta=dict(running_meta or {}), compact_every=compact_every)
@@ -324,8 +346,13 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         for w, part in buffered:
             if w != window:
                 rows.add((w, part))
+        ledger = _snapshot_table(snapshot, window, deltas)
+        if self._prepaid_every_window:
+            parts = [payload for kind, payload in snapshot if kind == RUNNING_PART]
+            yield beam.pvalue.TaggedOutput("prepaid", (key, window, parts))
+            ledger = _marked(ledger, {PREPAID_USERS: json.dumps({q: t.num_rows for q, t in parts}, sort_keys=True)})
         if self._snapshot_every_window or window == self._end:
-            yield beam.pvalue.TaggedOutput("ledger", (key, window, _snapshot_table(snapshot, window, deltas)))
+            yield beam.pvalue.TaggedOutput("ledger", (key, window, ledger))
         if window == self._end:
             for kind, payload in snapshot:
                 if kind == RUNNING_PART:
@@ -395,18 +422,21 @@ class ReleaseCompletedWindow(beam.DoFn):
     Completion is counted, not read off the watermark: runners differ in whether a stateful
     DoFn's pending timers hold its output watermark (the Python DirectRunner's do not), and a
     release timer racing the shards' last partial sums would release a window without them.
-    State: SHARDS (bag of reports), RELEASED (flag). Outputs release rows (main) and running
-    queries' ``(query_id, window, y)`` (tag ``raw``).
+    State: SHARDS (bag of reports), RELEASED (flag). Outputs window queries' release rows (main)
+    and, for each running query active in the window, ``(query_id, (window, a_t))`` (tag
+    ``running_sums``: the sum of every shard's admitted contributions, pre-noise, for
+    :class:`ReleaseRunningInOrder`; ``a_t`` is ``None`` when no shard admitted any).
     """
 
     SHARDS = BagStateSpec("shards", PickleCoder())
     RELEASED = ReadModifyWriteStateSpec("released", PickleCoder())
 
-    def __init__(self, release: ReleaseWindow, n_shards: int) -> None:
+    def __init__(self, release: ReleaseWindow, n_shards: int, plan: QueryPlan | None = None) -> None:
         if n_shards < 1:
             raise ValueError(f"n_shards must be >= 1, got n_shards={n_shards}")
         self._release = release
         self._n_shards = int(n_shards)
+        self._plan = plan
 
     def setup(self) -> None:
         self._release.setup()
@@ -432,50 +462,100 @@ class ReleaseCompletedWindow(beam.DoFn):
         released.write(True)
         shards.clear()
         yield from self._release.process(int(window), totals)
+        for entry in self._plan.active(int(window)) if self._plan is not None else ():
+            if entry.kind == "running":
+                a = totals.get((entry.query_id, int(window)))
+                yield beam.pvalue.TaggedOutput("running_sums", (entry.query_id, (int(window), a)))
 
 
-class RunningTotalsOnRelease(beam.DoFn):
-    """Keyed by running query id: its running-total release rows as its windows are released.
+def running_state_table(release: RunningRelease, raw: Sequence[tuple[int, list[float]]]) -> pa.Table:
+    """A running query's state after a window, as the streaming job commits it with the window:
+    :meth:`RunningRelease.to_arrow` with the query's id (:data:`RUNNING_QUERY_ID`) and its releases
+    ``y`` from its first window (:data:`RUNNING_RAW`) in the schema metadata."""
+    table = release.to_arrow()
+    extra = {RUNNING_QUERY_ID: release.query_id,
+             RUNNING_RAW: json.dumps([[int(w), [float(v) for v in y]] for w, y in raw])}
+    return table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                          **{k.encode(): v.encode() for k, v in extra.items()}})
 
-    Input ``(query_id, (window_id, y flat))`` from :class:`ReleaseCompletedWindow` (tag ``raw``).
-    The estimate at ``t`` is ``(B y)_t`` over the releases from the query's first window
-    (post-processing, no privacy cost), computed by
-    :class:`pipelines.beam.transforms.RunningEstimates` as in the batch path. Releases may arrive in
-    any order; each window's estimate is emitted once, when every earlier window's ``y`` is in.
-    State: SERIES (bag of ``(window, y)``), EMITTED (last window whose estimate was emitted).
-    ``previous`` holds earlier runs' ``y`` (``query_id -> [(window, y flat)]``).
-    """
 
-    SERIES = BagStateSpec("series", PickleCoder())
-    EMITTED = ReadModifyWriteStateSpec("emitted", PickleCoder())
+def running_state_of(table: pa.Table) -> tuple[str, pa.Table, list[tuple[int, list[float]]]]:
+    """:func:`running_state_table` back: ``(query_id, release state table, releases y)``. The
+    release state is checked when it is restored (:meth:`RunningRelease.from_arrow`)."""
+    meta = dict(table.schema.metadata or {})
+    try:
+        query_id = meta.pop(RUNNING_QUERY_ID.encode()).decode()
+        raw = [(int(w), [float(v) for v in y]) for w, y in json.loads(meta.pop(RUNNING_RAW.encode()))]
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ValueError(f"a running-state file's metadata is incomplete or malformed: {exc!r}") from None
+    return query_id, table.replace_schema_metadata(meta), raw
 
-    def __init__(self, estimates: RunningEstimates, plan: QueryPlan,
-                 previous: dict[str, list[tuple[int, list[float]]]] | None = None) -> None:
+
+class ReleaseRunningInOrder(beam.DoFn):
+    """Keyed by running query id: its releases, window by window, in window order.
+
+    Input ``(query_id, (window, a_t))`` from :class:`ReleaseCompletedWindow` (tag
+    ``running_sums``), one per window of the schedule the query is active in, in any order. The
+    query's :class:`stream.engine.running.RunningRelease` (restored from ``previous_release`` or
+    new at its first window, :func:`pipelines.beam.transforms.running_release_for`, which refuses
+    another strategy's state) releases its next window as soon as that window's ``a_t`` is in:
+    ``y_t = (C a)_t + z_t`` (:meth:`pipelines.beam.transforms.ReleaseRunning.release_window`, the
+    keyed noise), so windows are released once each, in order, rows or not (invariants 3 and 5).
+    Outputs the running-total release rows (main: :class:`pipelines.beam.transforms.RunningEstimates`
+    over the releases ``y`` from the query's first window, ``previous_raw`` holding earlier
+    jobs'), ``(query_id, window, y flat)`` (tag ``raw``) and ``(window, state table)`` (tag
+    ``release_state``, :func:`running_state_table`: the state after the window, to be committed
+    with it). State: RELEASE (``(release state table, releases y)`` after the last released
+    window), PENDING (``(window, a_t)`` that came before their turn). A repeated window does
+    nothing."""
+
+    RELEASE = ReadModifyWriteStateSpec("release", PickleCoder())
+    PENDING = BagStateSpec("pending", PickleCoder())
+
+    def __init__(self, release: ReleaseRunning, estimates: RunningEstimates, plan: QueryPlan, *,
+                 previous_release: dict[str, pa.Table] | None = None,
+                 previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None) -> None:
+        self._release = release
         self._estimates = estimates
         self._plan = plan
-        self._previous = dict(previous or {})
+        self._previous_release = dict(previous_release or {})
+        self._previous_raw = {q: sorted((int(w), list(y)) for w, y in items)
+                              for q, items in (previous_raw or {}).items()}
 
-    def process(self, element: tuple[str, tuple[int, list[float]]], series: Any = beam.DoFn.StateParam(SERIES),
-                emitted: Any = beam.DoFn.StateParam(EMITTED)) -> Iterator[dict]:
-        query_id, (window, y) = element
-        before = sorted((int(w), v) for w, v in self._previous.get(query_id, []))
-        last = emitted.read()
-        if last is None:
-            last = before[-1][0] if before else self._plan.get(query_id).first_window - 1
-        known = {int(w): v for w, v in series.read()}
-        if int(window) <= last or int(window) in known:
-            return  # already counted: a repeated release is the same release (invariant 5)
-        series.add((int(window), y))
-        known[int(window)] = y
+    def setup(self) -> None:
+        self._release.setup()
+
+    def process(self, element: tuple[str, tuple[int, Any]], kept: Any = beam.DoFn.StateParam(RELEASE),
+                pending: Any = beam.DoFn.StateParam(PENDING)) -> Iterator[Any]:
+        query_id, (window, a) = element
+        held = kept.read()
+        if held is None:
+            release = running_release_for(self._plan.get(query_id), self._previous_release.get(query_id))
+            raw = list(self._previous_raw.get(query_id, []))
+        else:
+            release, raw = RunningRelease.from_arrow(held[0]), list(held[1])
+        waiting = {int(w): value for w, value in pending.read()}
+        if int(window) < release.next_window or int(window) in waiting:
+            return  # released already, or waiting already: a repeated report (invariant 5)
+        waiting[int(window)] = a
         fresh = []
-        while last + 1 in known:
-            last += 1
-            fresh.append((last, known[last]))
-        if not fresh:
-            return
-        done = before + sorted((w, v) for w, v in known.items() if w < fresh[0][0])
-        emitted.write(last)
-        yield from self._estimates.process((query_id, fresh), {query_id: done})
+        while release.next_window in waiting:
+            w = release.next_window
+            y = self._release.release_window(release, w, waiting.pop(w)).ravel().tolist()
+            fresh.append((w, y))
+            raw.append((w, y))
+            yield beam.pvalue.TaggedOutput("raw", (query_id, w, y))
+            yield beam.pvalue.TaggedOutput("release_state", (w, running_state_table(release, raw)))
+        pending.clear()
+        for w, value in sorted(waiting.items()):
+            pending.add((w, value))
+        if fresh:
+            kept.write((release.to_arrow(), raw))
+            yield from self._estimates.process((query_id, fresh), {query_id: raw[:-len(fresh)]})
+
+
+def _same(item: Any) -> Any:
+    return item
 
 
 class StreamingReleases(beam.PTransform):
@@ -486,7 +566,8 @@ class StreamingReleases(beam.PTransform):
     rows' event times so that the watermark means "this window's rows are in". The schedule is
     ``start_window..end_window``; every window of it is released for every query active in it
     (invariant 3), running queries as running totals too. ``previous_ledger`` /
-    ``previous_running`` / ``previous_raw`` are the state to continue from, ``released`` the
+    ``previous_running`` (per-user prepaid rows) / ``previous_release`` (release states) /
+    ``previous_raw`` (releases ``y``) are the state to continue from, ``released`` the
     windows released before (their rows are late). ``resumed_through``: this schedule's windows
     through it were charged by the job this one resumes (its state is then that window's), so its
     shards start after it and rows of those windows, re-delivered, are neither charged nor counted
@@ -501,6 +582,9 @@ class StreamingReleases(beam.PTransform):
     "Cache"); default ``n_shards``, 0 restores every shard from its keyed state every window.
 
     Returns a dict: ``releases`` (release rows), ``raw`` (running queries' releases ``y``),
+    ``release_state`` (``(window, state table)`` per running query and window,
+    :class:`ReleaseRunningInOrder`), ``prepaid`` (``(shard, window, [(query_id, prepaid rows)])``
+    per charged window, when the plan or the restored state has running queries),
     ``ledger`` (``(shard, window, snapshot)``), ``running``, ``counts``, ``books`` (the shards'
     row books per charged window), ``dead`` (late,
     out-of-range and duplicate rows) and ``sums`` (the shards' reports ``(window, (shard,
@@ -515,7 +599,7 @@ class StreamingReleases(beam.PTransform):
                  released: Sequence[int] = (), snapshot_every_window: bool = False,
                  previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None,
                  resumed_through: int | None = None, window_records: bool = False, compact_every: int = 1,
-                 cached_shards: int | None = None) -> None:
+                 cached_shards: int | None = None, previous_release: dict[str, pa.Table] | None = None) -> None:
         super().__init__()
         self._n_shards = n_shards
         self._previous = previous_ledger
@@ -527,13 +611,17 @@ class StreamingReleases(beam.PTransform):
             tracker_step=tracker_step, released=released, running_meta=meta,
             snapshot_every_window=snapshot_every_window, resumed_through=resumed_through,
             window_records=window_records, compact_every=compact_every,
-            cached_shards=n_shards if cached_shards is None else cached_shards)
+            cached_shards=n_shards if cached_shards is None else cached_shards,
+            prepaid_every_window=bool(plan.running or meta))
         self._release = ReleaseCompletedWindow(
             ReleaseWindow(key_path=key_path, plan=plan, noise_std=noise_std, window=window, accounting=accounting,
-                          key_fingerprint=key_fingerprint, ledger_id=ledger_id), n_shards)
-        self._running_totals = RunningTotalsOnRelease(
+                          key_fingerprint=key_fingerprint, ledger_id=ledger_id), n_shards, plan)
+        self._running_release = ReleaseRunningInOrder(
+            ReleaseRunning(key_path=key_path, plan=plan, noise_std=noise_std, schedule=(),
+                           key_fingerprint=key_fingerprint, ledger_id=ledger_id),
             RunningEstimates(plan=plan, noise_std=noise_std, window=window, accounting=accounting,
-                             key_fingerprint=key_fingerprint), plan, previous_raw)
+                             key_fingerprint=key_fingerprint), plan,
+            previous_release=previous_release, previous_raw=previous_raw)
 
     def expand(self, valid: Any) -> dict[str, Any]:
         keyed = valid | "ByShard" >> beam.FlatMap(packed_by_shard, self._n_shards)
@@ -546,13 +634,16 @@ class StreamingReleases(beam.PTransform):
         shards = valid.pipeline | "ShardTicks" >> beam.Create(initial)
         filtered = ((keyed, shards) | "MergeShards" >> beam.Flatten().with_output_types(Tuple[int, Any])
                     | "StreamingFilter" >> beam.ParDo(self._filter).with_output_types(Tuple[int, Any])
-                    .with_outputs("ledger", "running", "counts", "books", "dead", main="sums"))
+                    .with_outputs("ledger", "running", "prepaid", "counts", "books", "dead", main="sums"))
         released = (filtered.sums
-                    | "ReleaseCompletedWindow" >> beam.ParDo(self._release).with_outputs("raw", main="releases"))
-        running = (released.raw
-                   | "RawByQuery" >> beam.Map(lambda r: (r[0], (r[1], r[2]))).with_output_types(Tuple[str, Any])
-                   | "RunningTotals" >> beam.ParDo(self._running_totals))
-        releases = (released.releases, running) | "AllReleases" >> beam.Flatten()
-        return {"releases": releases, "raw": released.raw, "ledger": filtered.ledger,
+                    | "ReleaseCompletedWindow" >> beam.ParDo(self._release)
+                    .with_outputs("running_sums", main="releases"))
+        running = (released.running_sums
+                   | "RunningSumsByQuery" >> beam.Map(_same).with_output_types(Tuple[str, Any])  # a deterministic key coder
+                   | "ReleaseRunning" >> beam.ParDo(self._running_release).with_outputs("raw", "release_state",
+                                                                                         main="releases"))
+        releases = (released.releases, running.releases) | "AllReleases" >> beam.Flatten()
+        return {"releases": releases, "raw": running.raw, "release_state": running.release_state,
+                "prepaid": filtered.prepaid, "ledger": filtered.ledger,
                 "running": filtered.running, "counts": filtered.counts, "books": filtered.books,
                 "dead": filtered.dead, "sums": filtered.sums}

@@ -250,6 +250,37 @@ def running_rule_of(query: Any) -> tuple[str, PrepaidRule]:
     return strategy, running_rule(strategy, horizon)
 
 
+def refuse_running_gaps(plan: QueryPlan, next_windows: Mapping[str, int], to_release: Sequence[int]) -> None:
+    """ValueError, before anything is charged, when a run releasing ``to_release`` would skip a
+    running query's window, go back to one, or release one past its declared schedule: a running
+    total is released for every window from its first, once each, in order (invariants 3 and 5
+    (public-schedule, release-once, docs/architecture.md)). ``next_windows`` maps a running query
+    to the window its stored release state releases next (absent: none stored, its first window).
+    Every job checks its launch with this one rule."""
+    pending = set(int(w) for w in to_release)
+    for entry in plan.running:
+        next_window = int(next_windows.get(entry.query_id, entry.first_window))
+        mine = [w for w in sorted(pending) if entry.active_in(w)]
+        if not mine:
+            continue
+        needed = [w for w in range(next_window, max(mine) + 1) if entry.active_in(w)]
+        skipped = [w for w in needed if w not in pending]
+        early = [w for w in mine if w < next_window]
+        if skipped or early:
+            raise ValueError(
+                f"running query {entry.query_id!r} must be released window by window from window {next_window}; "
+                f"this run would {'skip window ' + str(skipped[0]) if skipped else 'go back to window ' + str(early[0])}. "
+                "Run the missing days in order (or set --start to the first unreleased day)"
+            )
+        horizon = running_rule_of(entry.query)[1].horizon
+        if horizon is not None and max(mine) >= entry.first_window + horizon:
+            raise ValueError(
+                f"running query {entry.query_id!r} was declared for {horizon} windows (windows {entry.first_window} "
+                f"to {entry.first_window + horizon - 1}); this run would release window {max(mine)}, past its "
+                "schedule, which nobody was charged for. Retire it (`renyi-stream query retire ID --from WINDOW`) "
+                "and register a new running query (a longer --horizon, or --horizon tail)")
+
+
 def running_strategy(query: Any) -> Strategy:
     """The strategy object of a running query (its prepaid rule's: a BLT carries its parameters)."""
     return running_rule_of(query)[1].strategy

@@ -243,8 +243,7 @@ class DistributedJob(JobAdapter):
 
     name = "distributed"
     module = "pipelines.distributed"
-    # Running totals: refused at launch by name (queries.registration.refuse_running).
-    supports = sc.FEATURES - {sc.RUNNING_TOTALS}
+    supports = sc.FEATURES
     # while_reading is in the read step both batch jobs share (pipelines.beam.transforms.ReadAndValidate);
     # during_publish and after_publish in the publication rule all jobs share (stream.engine.publication).
     crash_points = ("while_reading", "distributed_before_commit", "distributed_before_promote",
@@ -309,8 +308,7 @@ class StreamingJob(JobAdapter):
 
     name = "streaming"
     module = "pipelines.streaming"
-    # Running totals: refused at launch by name (queries.registration.refuse_running).
-    supports = sc.FEATURES - {sc.RUNNING_TOTALS}
+    supports = sc.FEATURES
     # Each write of a window's commit (pipelines.streaming.job, CommitWindows), then the publication
     # rule's after_publish; its during_publish needs two windows committed at once, which a replay's
     # window-by-window commits do not reliably give (the daily and distributed jobs exercise it).

@@ -370,9 +370,25 @@ def _running_scenario() -> Scenario:
     return Scenario(RUNNING_TOTAL, "int64", "drop", (step1, step2, step3))
 
 
-#: The scenario registering a running total (:func:`_running_scenario`).
+def _running_tree_scenario() -> Scenario:
+    """The running-total scenario under the binary-tree strategy over a declared 8 windows, with
+    a fourth run (day 4) whose users are day 1's: users admitted to the running total by one run
+    come back in a later one, so their prepaid rows must have been stored and restored by the
+    job, after a run over a window without rows (day 3)."""
+    step1, step2, step3 = _steps("int64", seed=37)
+    tree = LinearQuery.columns("total:tree", list(COLUMNS), kind="running", strategy="tree", horizon=8,
+                               description="running total of opened and bought, binary tree over 8 days")
+    step2 = Step(step2.first_day, step2.last_day, step2.messages, register=((tree, 2),))
+    again = _Builder("s4-m0", "int64").rows(4, _population(37)[1])
+    return Scenario(RUNNING_TREE, "int64", "drop", (step1, step2, step3, Step(4, 4, (again.message(),))))
+
+
+#: The scenario registering a running total (:func:`_running_scenario`), and the one under
+#: another strategy whose users come back after a restore (:func:`_running_tree_scenario`).
 RUNNING_TOTAL = "running-total"
-SCENARIOS = {s.name: s for s in (_int_scenario(), _string_scenario(), _query_scenario(), _running_scenario())}
+RUNNING_TREE = "running-tree"
+SCENARIOS = {s.name: s for s in (_int_scenario(), _string_scenario(), _query_scenario(), _running_scenario(),
+                                 _running_tree_scenario())}
 #: The scenario the crash tests interrupt (its first step: two windows, so a crash can fall between them).
 CRASH_SCENARIO = "int-ids"
 

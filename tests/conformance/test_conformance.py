@@ -208,6 +208,32 @@ def test_a_run_killed_at_each_crash_point_recovers_to_the_uninterrupted_outcome(
     assert set(extra.reasons) <= set(clean_run.reasons) | {sc.LATE} and extra.reasons.get(sc.LATE)
 
 
+@pytest.mark.slow  # a child process
+def test_a_streaming_job_killed_after_committing_a_running_totals_window_resumes_its_running_state(clean, noise_key,
+                                                                                                  tmp_path):
+    """The running-tree scenario's last three days as one streaming job, killed right after its
+    first window's commit marker: run again, it must continue the running query from the state
+    committed with that window (release state, releases y, every shard's prepaid rows) and end
+    as the uninterrupted job does: the same releases less each ledger's noise, the same ledger."""
+    name = sc.RUNNING_TREE
+    first, *rest = SCENARIOS[name].steps
+    later = sc.Step(rest[0].first_day, rest[-1].last_day, tuple(m for step in rest for m in step.messages),
+                    register=rest[0].register)
+    crashed, whole = (clean.adapter("streaming", name, tmp_path / folder) for folder in ("crashed", "whole"))
+    for adapter in (crashed, whole):
+        adapter.run(first)
+    crashed.crash(later, "streaming_after_commit")
+    assert {r["window_id"] for r in read_release_files(crashed.public)} == set(first.windows)  # nothing public yet
+    crashed.recover(later, "streaming_after_commit")
+    whole.run(later)
+    got, want = crashed.outcome(), whole.outcome()
+    assert {q for q, _, _ in got.release_keys()} >= {"total:tree"}
+    assert public_part(got) == public_part(want)
+    plan = SCENARIOS[name].query_plan()
+    assert differing_sums(without_noise(got, noise_key[1], plan), without_noise(want, noise_key[1], plan)) == {}
+    assert got.ledger == want.ledger and got.runs == want.runs
+
+
 def _crash_points_in_the_code() -> set[str]:
     """Every name ``stream.faults.crash_point`` is called with in the project's packages."""
     found = set()
@@ -242,35 +268,14 @@ def test_an_option_the_job_does_not_know_is_refused_naming_it_before_anything_is
     assert read_release_files(adapter.public) == ()
 
 
-# --- running totals: refused by name where a job does not offer them -----------------------------
-
-WITHOUT_RUNNING_TOTALS = [job for job, adapter in JOBS.items() if sc.RUNNING_TOTALS not in adapter.supports]
-
-
-@pytest.mark.parametrize("job", WITHOUT_RUNNING_TOTALS)
-def test_a_job_without_running_totals_refuses_a_running_query_by_name_before_releasing_its_windows(clean, job):
-    """A running total registered in the catalogue (as a later version's catalogue could hold
-    one): the run whose windows it is active in is refused at launch, naming the query and what
-    the job does not offer (queries.registration.refuse_running), never answered as less than
-    the catalogue asks. The scenario's uninterrupted run stops there."""
-    scenario = SCENARIOS[sc.RUNNING_TOTAL]
-    at = next(i for i, step in enumerate(scenario.steps) if any(q.kind == "running" for q, _ in step.register))
-    (query,) = [q.query_id for q, _ in scenario.steps[at].register if q.kind == "running"]
-    failed, adapter = clean.failed(job, sc.RUNNING_TOTAL)
-    assert failed.step == scenario.steps[at]
-    assert repr(query) in failed.ran.err and "does not offer running totals" in failed.ran.err, failed.ran.err[-1000:]
-    released = {r["window_id"] for r in read_release_files(adapter.public)}
-    assert released == {w for step in scenario.steps[:at] for w in step.windows}  # none of the refused run's
-
-
 # --- the declarations themselves ---------------------------------------------------------------------
 
 #: What each job lacks today (issue 19: parity in flight). A change to any adapter's declaration
 #: fails here until this list says so too: the lead sees every gap open or close.
 KNOWN_GAPS = {
     "daily": [],
-    "distributed": [sc.RUNNING_TOTALS],
-    "streaming": [sc.RUNNING_TOTALS],
+    "distributed": [],
+    "streaming": [],
 }
 
 
@@ -279,8 +284,6 @@ def test_the_features_each_job_lacks_are_the_known_gaps():
         {name: sorted(gaps) for name, gaps in KNOWN_GAPS.items()}
 
 
-@pytest.mark.xfail(strict=True, reason="the jobs differ in features today: running totals (distributed, streaming); "
-                                       "see KNOWN_GAPS (issue 19)")
 def test_every_job_declares_the_same_features():
     every = frozenset().union(*(job.supports for job in JOBS.values()))
     assert {name: sorted(every - job.supports) for name, job in JOBS.items()} == {name: [] for name in JOBS}
