@@ -104,6 +104,20 @@ def test_a_nonzero_window_vector_is_never_free_even_when_its_square_underflows()
     assert result.charge[0] > 0.0
 
 
+@pytest.mark.parametrize("strategy", ["blt", "tree", "sqrt"])
+def test_a_nonzero_running_contribution_is_never_free_even_when_its_square_underflows(strategy):
+    """x = 1e-170 in a window that asks only a running query: x^2 underflows to 0 in every term,
+    yet its true loss is positive, so it must be charged (found by the attacker's review)."""
+    from stream.continual.prepaid import running_rule
+
+    rule = running_rule(strategy, 16)
+    state = rule.new_users(1, 1)
+    terms = rule.charge_terms(state, np.full((1, 1), 1e-170), 0)
+    assert prepaid_charge(terms)[0] > 0.0
+    result = Ledger(budget=1.0).admit([1], np.zeros((1, 0)), noise_std=S, prepaid=[terms])
+    assert result.status[0] == ADMITTED and result.charge[0] > 0.0
+
+
 def test_prepaid_terms_of_the_wrong_shape_are_refused_naming_the_parameter():
     terms = ChargeTerms(quadratic=np.zeros(3), cross=np.zeros(3), magnitude=np.zeros(3))
     with pytest.raises(ValueError, match="prepaid"):

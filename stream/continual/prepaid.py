@@ -194,9 +194,19 @@ class PrepaidRule(abc.ABC):
     def charge_terms(self, state: UserState, x: Any, t: int) -> ChargeTerms:
         """:class:`ChargeTerms` of admitting ``x`` (``(n, d)``) at window offset ``t`` for users
         with ``state`` (``n`` rows, from :meth:`UserState.take`). Reads nothing but those rows,
-        ``x``, ``t`` and public constants. One transfer (the check)."""
+        ``x``, ``t`` and public constants. One transfer (the check).
+
+        A non-zero contribution is never free: where every product of the terms underflows to
+        zero (``x`` around ``1e-170``: ``||x||^2`` is below the smallest subnormal), the true
+        ``Delta`` is a sum of at most ``d + width`` products each below the smallest subnormal,
+        so below ``TINY``; ``magnitude`` is then set to ``TINY`` and :func:`prepaid_charge`
+        charges at least that (as the ledger does for a window vector)."""
         x, t = self._check(state, x, t)
-        return self._terms(state.values, state.last, x, t)
+        terms = self._terms(state.values, state.last, x, t)
+        xp = array_module(terms.magnitude, x)
+        underflowed = (terms.magnitude == 0.0) & (x != 0.0).any(axis=1)
+        return ChargeTerms(quadratic=terms.quadratic, cross=terms.cross,
+                           magnitude=xp.where(underflowed, TINY, terms.magnitude))
 
     def admit(self, state: UserState, x: Any, t: int) -> UserState:
         """The rows of ``state`` after admitting ``x`` at ``t`` (pass the scaled contribution of a
