@@ -210,6 +210,33 @@ def test_prepaid_and_release_state_round_trip_through_the_ledger_store(tmp_path)
     assert RunningRelease.from_arrow(restored_release).to_arrow().equals(release.to_arrow())
 
 
+def test_a_store_whose_prepaid_rows_were_edited_to_other_widths_is_refused(tmp_path):
+    """One row one number longer and another one shorter keep the total length: the numbers would
+    shift between users' buffers (and their cross terms) unless every row is checked."""
+    import duckdb
+
+    from pipelines.curator.store import CuratorStore, CuratorStoreError
+
+    rule = running_rule("blt", 365)
+    state = PrepaidUsers(rule, strategy="blt", dim=1, start_window=W0)
+    rows = state.gather(state.positions(np.array([1, 2])))
+    state.put(np.array([1, 2]), state.positions(np.array([1, 2])), rule.admit(rows, np.array([[1.0], [2.0]]), 0))
+    with CuratorStore(tmp_path / "l.duckdb") as curator:
+        curator.commit_run(run_id=1, ledger=Ledger(budget=10.0).to_arrow(), releases=_empty_releases(),
+                           window_counts=pa.table({"window_id": pa.array([], pa.int64()),
+                                                   "admitted": pa.array([], pa.int64()),
+                                                   "clipped": pa.array([], pa.int64()),
+                                                   "dropped": pa.array([], pa.int64())}),
+                           run_counts=dict(rows_read=0, admitted=0, clipped=0, dropped=0, rejected=0, late=0),
+                           dead_letters=_empty_dead(), previous_users=0, running={"running:x": state.to_arrow()})
+    with duckdb.connect(str(tmp_path / "l.duckdb")) as db:
+        db.execute("UPDATE prepaid_state SET vals = list_concat(vals, [0.5]) WHERE user_id = '1'")
+        db.execute("UPDATE prepaid_state SET vals = vals[1:len(vals) - 1] WHERE user_id = '2'")
+        assert db.execute("SELECT sum(len(vals)) FROM prepaid_state").fetchone()[0] == 2 * rule.width
+    with CuratorStore(tmp_path / "l.duckdb") as curator, pytest.raises(CuratorStoreError, match="edited"):
+        curator.load_running("int64")
+
+
 def _empty_releases() -> pa.Table:
     from queries.release_store import RELEASE_SCHEMA
 

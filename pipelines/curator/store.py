@@ -324,7 +324,9 @@ class CuratorStore:
             width = int(meta["width"]) * int(meta["dim"])
             flat = pc.list_flatten(part.column("vals")).cast(pa.float64()) if part.num_rows else pa.array([], pa.float64())
             flat = flat.combine_chunks() if isinstance(flat, pa.ChunkedArray) else flat
-            if len(flat) != part.num_rows * width:
+            lengths = pc.list_value_length(part.column("vals"))
+            if part.num_rows and (lengths.null_count or pc.min(lengths).as_py() != width
+                                  or pc.max(lengths).as_py() != width):
                 raise CuratorStoreError(f"the ledger {self.path} holds prepaid state rows of running query {query_id!r} "
                                         f"that are not {width} numbers each: it was edited; restore it from its backup")
             table = pa.table({"user_id": part.column("user_id").cast(id_arrow),
@@ -479,16 +481,17 @@ class CuratorStore:
             values = table.column("values").combine_chunks()
             width = values.type.list_size
             flat = values.flatten()
-            offsets = pa.array(np.arange(0, len(flat) + 1, width, dtype=np.int32))
+            # 64-bit offsets: past 2^31 stored numbers (the square root's T x d rows of a few million
+            # users) 32-bit ones would wrap negative.
+            offsets = pa.array(np.arange(0, len(flat) + 1, width, dtype=np.int64))
             part = pa.table({
-                "query_id": pa.array([query_id] * table.num_rows, type=pa.string()),
                 "user_id": table.column("user_id").cast(pa.string()),
                 "last_window": table.column("last_window").cast(pa.int64()),
-                "vals": pa.ListArray.from_arrays(offsets, flat),
+                "vals": pa.LargeListArray.from_arrays(offsets, flat),
             })
             db.execute("DELETE FROM prepaid_state WHERE query_id = ?", [query_id])
             db.register("new_prepaid", part)
-            db.execute("INSERT INTO prepaid_state SELECT query_id, user_id, last_window, vals FROM new_prepaid")
+            db.execute("INSERT INTO prepaid_state SELECT ?, user_id, last_window, vals FROM new_prepaid", [query_id])
             db.unregister("new_prepaid")
             db.execute("INSERT OR REPLACE INTO prepaid_meta VALUES (?, ?)", [query_id, json.dumps(meta, sort_keys=True)])
 
