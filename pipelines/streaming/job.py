@@ -1669,10 +1669,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"[streaming] resuming from window {resumed}, the last committed in --output "
                   f"{store.absolute(args.output)}" + (f"; published {published[:5]}, committed before a crash"
                                                       if published else "")
-                  + (f"; removed {dropped} file(s) of uncommitted windows" if dropped else ""), file=sys.stderr)
+                  # Not how many files: which ones a shard wrote (counts, duplicates) depends on its rows.
+                  + ("; removed the files of uncommitted windows" if dropped else ""), file=sys.stderr)
         elif dropped:
             print(f"[streaming] no window was committed in --output {store.absolute(args.output)}: removed "
-                  f"{dropped} file(s) a crashed job left and starting from --previous-ledger", file=sys.stderr)
+                  "the files a crashed job left and starting from --previous-ledger", file=sys.stderr)
         for attempt in range(3):  # the catalogue as planned, unless a curator changed it meanwhile
             p = beam.Pipeline(options=options)
             graph = build(p, args)
