@@ -51,7 +51,7 @@ from stream.engine.dead_letters import (
 from stream.engine.readers import read_batches
 from stream.engine.sharding import shard_of
 from stream.engine.running import RunningRelease, noisy_release, rule_meta
-from stream.engine.shard_state import QueryPlan, ShardSnapshots, ShardState, running_rule_of
+from stream.engine.shard_state import QueryPlan, ShardSnapshots, ShardState, refuse_running_gaps, running_rule_of
 from stream.faults import crash_point
 from stream.noise import NoiseBinding, NoiseKey, check_ledger_id, gaussian_noise
 from stream.schema import USER_ID, WINDOW_ID, WindowSpec, may_repeat, validate_batch
@@ -461,6 +461,24 @@ def running_release_for(entry: Any, stored: pa.Table | None) -> RunningRelease:
                          f"its stored release state (ledger database) was made as {found}: refusing to continue it. Use the ledger and release "
                          "store that belong together, or register a new query id")
     return release
+
+
+def refuse_running_continuation(plan: QueryPlan, states: dict[str, pa.Table], schedule: Sequence[int], *,
+                                stored_where: str) -> None:
+    """ValueError, at launch, for a running query a job cannot continue: a stored release state
+    (``states``, by query id) made under another strategy, horizon or first window than the
+    registered query (:func:`running_release_for`), or a schedule that skips, repeats or passes
+    one of its windows (:func:`stream.engine.shard_state.refuse_running_gaps`). ``stored_where``
+    says where the states came from, for the message (e.g. ``"the previous manifest"``)."""
+    for entry in plan.running:
+        if any(entry.active_in(w) for w in schedule):
+            try:
+                running_release_for(entry, states.get(entry.query_id))
+            except ValueError as exc:
+                if repr(entry.query_id) in str(exc):
+                    raise
+                raise ValueError(f"running query {entry.query_id!r}, stored in {stored_where}: {exc}") from None
+    refuse_running_gaps(plan, {q: int(t.schema.metadata[b"next_window"]) for q, t in states.items()}, schedule)
 
 
 def release_row(spec: WindowSpec, window: int, *, query_id: str, label: str, coordinate: int, value: float,

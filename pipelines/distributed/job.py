@@ -124,7 +124,7 @@ from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
 from stream.faults import crash_point
 from stream.engine.running import PrepaidUsers
-from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, refuse_running_gaps, running_rule_of
+from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, running_rule_of
 from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
 from queries.linear import default_queries
 from queries.registration import category_reads, plan_columns, recorded_plan
@@ -364,25 +364,17 @@ def release_state_table(record: dict) -> pa.Table:
 
 
 def refuse_running_continuation(plan: QueryPlan, running_state: dict[str, dict], schedule: Sequence[int]) -> None:
-    """ValueError, at launch, for a running query this run cannot continue: a stored state (the
-    previous manifest's ``running``) made under another strategy, horizon or first window than
-    the registered query (:func:`pipelines.beam.transforms.running_release_for`, as the daily job
-    refuses it), or a schedule that skips, repeats or passes one of its windows
-    (:func:`stream.engine.shard_state.refuse_running_gaps`)."""
+    """ValueError, at launch, for a running query this run cannot continue
+    (:func:`pipelines.beam.transforms.refuse_running_continuation` over the previous manifest's
+    ``running`` release states), or prepaid rows in the manifest without their release state (an
+    edited manifest)."""
     states = {q: release_state_table(r["release"]) for q, r in running_state.items() if "release" in r}
     for entry in plan.running:
-        if any(entry.active_in(w) for w in schedule):
-            try:
-                tx.running_release_for(entry, states.get(entry.query_id))
-            except ValueError as exc:
-                if repr(entry.query_id) in str(exc):
-                    raise
-                raise ValueError(f"running query {entry.query_id!r}, stored in the previous manifest: {exc}") from None
-            stored = running_state.get(entry.query_id, {}).get("prepaid")
-            if stored is not None and states.get(entry.query_id) is None:
-                raise ValueError(f"running query {entry.query_id!r} has per-user prepaid rows in the previous "
-                                 "manifest but no release state: the manifest was edited")
-    refuse_running_gaps(plan, {q: int(t.schema.metadata[b"next_window"]) for q, t in states.items()}, schedule)
+        if (any(entry.active_in(w) for w in schedule) and running_state.get(entry.query_id, {}).get("prepaid") is not None
+                and states.get(entry.query_id) is None):
+            raise ValueError(f"running query {entry.query_id!r} has per-user prepaid rows in the previous "
+                             "manifest but no release state: the manifest was edited")
+    tx.refuse_running_continuation(plan, states, schedule, stored_where="the previous manifest")
 
 
 def prepare(args: argparse.Namespace) -> RunPlan:

@@ -215,8 +215,7 @@ finally:
 from stream.engine.dead_letters import DeadLetterReason, dead_letters, rejected_letters, with_input_position
 from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
-from stream.engine.shard_state import (WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, merge_ledger_deltas,
-                                       refuse_running_gaps)
+from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, merge_ledger_deltas
 from stream.faults import crash_point
 from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
 from queries.linear import default_queries
@@ -1334,22 +1333,6 @@ def previous_running_state(pattern: str) -> tuple[dict[str, pa.Table], dict[str,
     return prepaid, releases, raw
 
 
-def refuse_running_continuation(plan: QueryPlan, releases: dict[str, pa.Table], schedule: Sequence[int]) -> None:
-    """ValueError for a running query this job cannot continue: a stored release state of another
-    strategy, horizon or first window than the registered query
-    (:func:`pipelines.beam.transforms.running_release_for`), or a schedule that skips, repeats or
-    passes one of its windows (:func:`stream.engine.shard_state.refuse_running_gaps`)."""
-    for entry in plan.running:
-        if any(entry.active_in(w) for w in schedule):
-            try:
-                tx.running_release_for(entry, releases.get(entry.query_id))
-            except ValueError as exc:
-                if repr(entry.query_id) in str(exc):
-                    raise
-                raise ValueError(f"running query {entry.query_id!r}, stored beside --previous-ledger: {exc}") from None
-    refuse_running_gaps(plan, {q: int(t.schema.metadata[b"next_window"]) for q, t in releases.items()}, schedule)
-
-
 def _snapshot_queries(pattern: str, files: dict[int, str], metadata: dict[int, dict[str, str]]) -> dict[str, int] | None:
     """``{query_id: first window answered}`` as the snapshots record it (:data:`SNAPSHOT_QUERIES`),
     None when none does (written before it was recorded). RunRefused for a malformed record."""
@@ -1477,7 +1460,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     plan = QueryPlan(tuple(PlannedQuery(r.query, r.effective_from, r.retired_from if r.retired_from is not None
                                         and r.retired_from <= end else None) for r in queries.plan(start, end)))
     try:
-        refuse_running_continuation(plan, release_states, range(own + 1, end + 1))
+        tx.refuse_running_continuation(plan, release_states, range(own + 1, end + 1), stored_where="beside --previous-ledger")
         # No header to read at launch: the columns are those --columns names (numbers) and those the
         # queries read, as they read them; a column read both ways is refused.
         reads = [e.query for e in plan.entries]
