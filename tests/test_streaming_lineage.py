@@ -75,38 +75,39 @@ class Race:
     messages: list[str]
     a: str  # the run of job A, a new ledger over day 0
     b: str  # job B continued A over day 1 and published first
-    c: str  # job C continued A over day 1 too, at the same time
+    c: str  # job C continued A over days 1 and 2, launched at the same time as B
     c_status: int
     c_err: str
 
 
 @pytest.fixture(scope="module")
 def race(tmp_path_factory) -> Race:
-    """Jobs B and C both continue job A's snapshot of W0 (two launches at once): C is launched and
-    built (every launch check passed, W0 the last public window), then B runs whole and publishes
-    W0 + 1 before C's first publication."""
+    """Jobs B (day 1) and C (days 1 and 2) both continue job A's snapshot of W0 (two launches at
+    once): C is launched and built (every launch check passed, W0 the last public window), then B
+    runs whole and publishes W0 + 1 before C's first publication. Without lineage C would publish
+    W0 + 2 from a ledger missing B's charges."""
     root = tmp_path_factory.mktemp("race")
     messages = _messages(root, 3)
     assert sj.main(_args(root, messages[:1], "a", start=0, end=0, previous="none")) == 0
-    continuation = functools.partial(_args, root, messages[1:2], start=1, end=1, previous=_snapshots(root, "a", W0))
+    continuation = functools.partial(_args, root, previous=_snapshots(root, "a", W0))
     record, raced = sj._record_queries, []
 
     def built_then_b_publishes(*args, **kwargs):
         if not raced:
             raced.append(True)
-            assert sj.main(continuation("b")) == 0
+            assert sj.main(continuation(messages[1:2], "b", start=1, end=1)) == 0
         return record(*args, **kwargs)
 
     err = io.StringIO()
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stderr(err):
         patch.setattr(sj, "_record_queries", built_then_b_publishes)
-        status = sj.main(continuation("c"))
+        status = sj.main(continuation(messages[1:], "c", start=1, end=2))
     return Race(root, messages, _run(root, "a"), _run(root, "b"), _run(root, "c"), status, err.getvalue())
 
 
 def test_of_two_jobs_continued_from_one_snapshot_only_the_first_to_publish_publishes(race):
-    """C refuses loudly and none of its windows is public: W0 + 1 is B's answer, recorded as
-    charged by B, and B holds the claim on A's successor."""
+    """C refuses loudly and none of its windows is public (W0 + 2 is not): W0 + 1 is B's answer,
+    recorded as charged by B, and B holds the claim on A's successor."""
     assert race.c_status == 2
     assert "refused" in race.c_err and f"run {race.c} may not publish" in race.c_err
     assert f"run {race.b} already published" in race.c_err
@@ -116,7 +117,7 @@ def test_of_two_jobs_continued_from_one_snapshot_only_the_first_to_publish_publi
     published = pq.read_table(race.root / "public" / f"window_id={W0 + 1}" / "releases.parquet")
     assert published.equals(
         pq.read_table(race.root / "b" / sj.STAGED_RELEASES / f"window_id={W0 + 1}" / "releases.parquet"))
-    assert sj.committed_windows(str(race.root / "c")) == [W0 + 1]  # C charged it too: a dead branch
+    assert sj.committed_windows(str(race.root / "c")) == [W0 + 1]  # committed, then stopped: a dead branch
     assert _public_windows(race.root) == {W0, W0 + 1}
 
 
