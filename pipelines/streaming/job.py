@@ -168,6 +168,17 @@ Kafka offsets, committed with each bundle by Dataflow's streaming engine); ``dep
 has the recovery story. A job lost for good is run again with its command line (above). A job
 given an earlier job's snapshots of a window as ``--previous-ledger`` publishes that job's staged
 windows after the last public one through that window first (:func:`publish_staged`).
+
+**Lineage: a ledger cannot fork** (:mod:`queries.release_lineage`, as the distributed job's). Each
+job is a run (:func:`job_lineage`): a random run id recorded in :data:`STATE_FILE` with its parent's
+(:data:`queries.release_lineage.ORIGIN` for a new ledger, else the run that wrote the
+``--previous-ledger`` snapshots), kept by the job's restarts, and written into every snapshot
+(:data:`SNAPSHOT_RUN`, :data:`SNAPSHOT_PREVIOUS_RUN`). Before its first public window the job claims
+the one successor of its parent (:func:`claim_lineage`, in :class:`CommitWindows` and
+:func:`recover`), and each window's lineage record names it before its file; so of two jobs
+continued from one snapshot only the first to publish does, and the other fails with nothing of it
+public. At launch :func:`check_lineage` refuses, naming the runs, a ``--previous-ledger`` outside
+the public chain.
 """
 
 from __future__ import annotations
