@@ -168,6 +168,17 @@ Kafka offsets, committed with each bundle by Dataflow's streaming engine); ``dep
 has the recovery story. A job lost for good is run again with its command line (above). A job
 given an earlier job's snapshots of a window as ``--previous-ledger`` publishes that job's staged
 windows after the last public one through that window first (:func:`publish_staged`).
+
+**Lineage: a ledger cannot fork** (:mod:`queries.release_lineage`, as the distributed job's). Each
+job is a run (:func:`job_lineage`): a random run id recorded in :data:`STATE_FILE` with its parent's
+(:data:`queries.release_lineage.ORIGIN` for a new ledger, else the run that wrote the
+``--previous-ledger`` snapshots), kept by the job's restarts, and written into every snapshot
+(:data:`SNAPSHOT_RUN`, :data:`SNAPSHOT_PREVIOUS_RUN`). Before its first public window the job claims
+the one successor of its parent (:func:`claim_lineage`, in :class:`CommitWindows` and
+:func:`recover`), and each window's lineage record names it before its file; so of two jobs
+continued from one snapshot only the first to publish does, and the other fails with nothing of it
+public. At launch :func:`check_lineage` refuses, naming the runs, a ``--previous-ledger`` outside
+the public chain.
 """
 
 from __future__ import annotations
@@ -180,6 +191,7 @@ import io
 import json
 import logging
 import re
+import secrets
 import sys
 from dataclasses import fields, replace
 from typing import Any, Iterator, Sequence, Tuple
@@ -217,6 +229,7 @@ from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, merge_ledger_deltas
 from stream.faults import crash_point
+from queries import release_lineage as lineage
 from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
 from queries.linear import default_queries
 from queries.registration import category_reads, numeric_reads, plan_columns, recorded_plan
@@ -651,7 +664,8 @@ class CommitWindows(beam.DoFn):
     NEXT = ReadModifyWriteStateSpec("next", PickleCoder())
 
     def __init__(self, curator: str, public: str, n_shards: int, *, first_window: int, end_window: int,
-                 ledger_id: str | None = None, prepaid: bool = False) -> None:
+                 ledger_id: str | None = None, prepaid: bool = False, run: str | None = None,
+                 previous_run: str | None = None) -> None:
         if n_shards < 1:
             raise ValueError(f"n_shards must be >= 1, got n_shards={n_shards}")
         self._prepaid = prepaid  # running queries: every shard's prepaid rows of a window too
@@ -660,6 +674,7 @@ class CommitWindows(beam.DoFn):
         self._n_shards = int(n_shards)
         self._first, self._end = int(first_window), int(end_window)
         self._ledger_id = ledger_id
+        self._run, self._previous_run = run, previous_run  # the job's place in the public lineage
 
     def _complete(self, heard: set[tuple[str, int]]) -> bool:
         snapshots = {shard for kind, shard in heard if kind == SNAPSHOT_WRITTEN}
@@ -695,8 +710,10 @@ class CommitWindows(beam.DoFn):
         for w, kinds in heard.items():
             for e in kinds if w >= following else ():
                 events.add((w, e))
+        # LineageConflict (the job fails, nothing of it public) when another job from our ledger claimed first.
+        claim_lineage(self._public, self._run, self._previous_run)
         done = publish_outbox(StagedReleases(store.join(self._curator, STAGED_RELEASES), committed),
-                              PublicReleaseFiles(self._public))
+                              PublicReleaseFiles(self._public, run=self._run))
         for w in done.windows:
             yield release_file_path(self._public, w)
 
@@ -721,14 +738,18 @@ SNAPSHOT_QUERY_PLAN = "renyi_stream.query_plan"
 
 
 def _ledger_file(item: tuple[int, int, pa.Table], *, recorded: dict[bytes, bytes],
-                 queries: dict[str, int] | None = None, plan: list[dict] | None = None) -> tuple[str, pa.Table]:
+                 queries: dict[str, int] | None = None, plan: list[dict] | None = None,
+                 runs: tuple[str | None, str | None] = (None, None)) -> tuple[str, pa.Table]:
     """``(shard, window, ledger)`` -> ``("window_id=W/shard=S", ledger)``, the snapshot recording
     the ledger's configuration ``recorded`` (:meth:`LedgerConfig.to_snapshot_metadata`: what it
     keeps for life, its id and the job's shard count) and its window and shard in its schema
     metadata; with ``queries`` (``{query_id: first window}``), those answered through its window
-    (:data:`SNAPSHOT_QUERIES`), and with ``plan`` the job's query plan (:data:`SNAPSHOT_QUERY_PLAN`)."""
+    (:data:`SNAPSHOT_QUERIES`), with ``plan`` the job's query plan (:data:`SNAPSHOT_QUERY_PLAN`), and
+    with ``runs`` the job's run id and its parent's (:data:`SNAPSHOT_RUN`, :data:`SNAPSHOT_PREVIOUS_RUN`)."""
     shard, window, table = item
     extra = {SNAPSHOT_WINDOW: str(int(window)), SNAPSHOT_SHARD: str(int(shard))}
+    if None not in runs:
+        extra[SNAPSHOT_RUN], extra[SNAPSHOT_PREVIOUS_RUN] = runs
     if queries is not None:
         extra[SNAPSHOT_QUERIES] = json.dumps({q: int(f) for q, f in sorted(queries.items()) if f <= int(window)},
                                              sort_keys=True)
@@ -1144,7 +1165,9 @@ def publish_staged(pattern: str, releases: str) -> list[int]:
     the last public one to ``W`` is not staged (it cannot be published, so ``W`` cannot become the
     last released: :func:`_previous_ledger` refuses ``W``'s snapshots, naming the window to continue
     from instead), or when the snapshots record another release root. RunRefused (nothing
-    published) when the snapshots of ``W`` miss a shard: the charge is not durable."""
+    published) when the snapshots of ``W`` miss a shard: the charge is not durable. The windows
+    are the earlier job's: published under its lineage claim (:func:`claim_lineage`, the run ids
+    the snapshots record), LineageConflict (nothing published) when another run holds it."""
     if pattern.lower() == "none":
         return []
     (result,) = FileSystems.match([store.absolute(pattern)])
@@ -1163,7 +1186,9 @@ def publish_staged(pattern: str, releases: str) -> list[int]:
     recorded = _recorded_config(pattern, files, {shard: _metadata(t) for shard, t in tables.items()})
     if store.absolute(recorded.releases) != releases:
         return []  # another root's ledger: _previous_ledger refuses it
-    return list(publish_outbox(StagedReleases(staging, pending), PublicReleaseFiles(releases)).windows)
+    run, previous_run = snapshot_runs(pattern)  # the earlier job's windows: published under its claim
+    claim_lineage(releases, run, previous_run)
+    return list(publish_outbox(StagedReleases(staging, pending), PublicReleaseFiles(releases, run=run)).windows)
 
 
 # --- crash recovery: the state folder's last commit marker -----------------------------------
@@ -1204,6 +1229,96 @@ def restarting(curator: str, args: argparse.Namespace) -> bool:
     :data:`STATE_FILE` records this launch's :func:`job_identity`."""
     state = _state(curator)
     return state is not None and state.get("job") == job_identity(args)
+
+
+# --- the public lineage: which job may publish as the continuation of which ledger ------------
+#: Schema metadata of every ledger snapshot: the run id of the job that wrote it (:data:`STATE_FILE`
+#: records it) and of the job whose ledger that job continued (:data:`queries.release_lineage.ORIGIN`
+#: for a new ledger). A job continuing the snapshot is the successor of its ``SNAPSHOT_RUN``.
+SNAPSHOT_RUN, SNAPSHOT_PREVIOUS_RUN = snapshot_key("run"), snapshot_key("previous_run")
+
+
+def new_run_id() -> str:
+    """A new job's run id: 48 random bits as 12 lowercase hex digits (public, like the distributed
+    job's attempt ids: it only names a branch of the ledger)."""
+    return secrets.token_hex(6)
+
+
+def snapshot_runs(pattern: str) -> tuple[str | None, str | None]:
+    """``(run, previous run)`` as the snapshots ``pattern`` matches record them
+    (:data:`SNAPSHOT_RUN`, :data:`SNAPSHOT_PREVIOUS_RUN`); ``(None, None)`` for snapshots written
+    before lineage was recorded, or when the files do not all record the same pair (then
+    :func:`_previous_ledger` refuses them as not one job's snapshots)."""
+    found = set()
+    for path in _matched(store.absolute(pattern)):
+        with FileSystems.open(path) as handle:
+            meta = pq.read_schema(handle).metadata or {}
+        found.add((meta.get(SNAPSHOT_RUN.encode()), meta.get(SNAPSHOT_PREVIOUS_RUN.encode())))
+    if len(found) != 1 or None in next(iter(found)):
+        return None, None
+    run, previous = next(iter(found))
+    return run.decode(), previous.decode()
+
+
+def job_lineage(curator: str, args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """``(run, previous run)`` of the job this launch is: a restart (:func:`restarting`) keeps the
+    run id and parent its :data:`STATE_FILE` records (``(None, None)`` for a state folder from
+    before lineage: unchecked, as snapshots without it); a new job draws a new run id
+    (:func:`new_run_id`) and continues :data:`queries.release_lineage.ORIGIN` (``--previous-ledger
+    none``) or the run that wrote its ``--previous-ledger`` snapshots (None when they do not record
+    it)."""
+    state = _state(curator)
+    if state is not None and state.get("job") == job_identity(args):
+        return state.get("run"), state.get("previous_run")
+    if args.previous_ledger.lower() == "none":
+        return new_run_id(), lineage.ORIGIN
+    return new_run_id(), snapshot_runs(args.previous_ledger)[0]
+
+
+def check_lineage(releases: str, args: argparse.Namespace, run: str | None, previous_run: str | None, *,
+                  restart: bool) -> None:
+    """Refuse (RunRefused, naming both runs and the ledger to continue instead) a job that would
+    fork the public lineage under ``releases`` (:mod:`queries.release_lineage`): a new ledger on a
+    root whose lineage another run started; a ``--previous-ledger`` that is not the public chain's
+    (:func:`queries.release_lineage.check_continuation`: another run already continued its ledger,
+    or published as the successor of its parent, or published a window it charged); a restart
+    whose parent another run continued publicly. Snapshots or state folders from before lineage
+    are not checked."""
+    if run is None:
+        return
+    if restart or args.previous_ledger.lower() == "none":
+        holder = lineage.successor(releases, previous_run) if previous_run is not None else None
+        if holder not in (None, run):
+            if previous_run == lineage.ORIGIN:
+                raise launch.RunRefused(
+                    f"--previous-ledger none, but the releases under {releases} already continue a ledger started "
+                    f"by run {holder}, not by this job (run {run}): continue from the last released window's "
+                    "snapshots of that lineage")
+            raise launch.RunRefused(
+                f"run {previous_run}'s ledger was continued publicly under {releases} by run {holder}, not by this "
+                f"job (run {run}): its releases would fork the ledger; continue from the last released window's "
+                f"snapshots of run {holder}'s lineage")
+        return
+    parent, grandparent = snapshot_runs(args.previous_ledger)
+    if parent is None:
+        return
+    root, _, _ = _snapshot_place(_matched(store.absolute(args.previous_ledger))[0]) or ("", 0, 0)
+    charged = committed_windows(root[:-len("/ledger")]) if root.endswith("/ledger") else []
+    try:
+        lineage.check_continuation(releases, run=parent, previous_run=grandparent, charged=charged)
+    except lineage.LineageConflict as exc:
+        raise launch.RunRefused(f"--previous-ledger {args.previous_ledger!r} (written by run {parent}) is not the "
+                                f"ledger of what is public: {exc}") from None
+
+
+def claim_lineage(public: str, run: str | None, previous_run: str | None) -> None:
+    """Claim run ``run`` the one public successor of ``previous_run``'s ledger under ``public``
+    before any of its windows is published (:func:`queries.release_lineage.claim`; idempotent for
+    its holder, so a restarted job keeps its claim). LineageConflict, naming both runs, when
+    another run holds it: then nothing of ``run`` may be published. Nothing to claim for a job or
+    snapshots from before lineage (either id None)."""
+    if run is not None and previous_run is not None:
+        lineage.claim(public, previous_run, run)
 
 
 def _refuse_another_jobs_output(curator: str, args: argparse.Namespace) -> None:
@@ -1252,12 +1367,20 @@ def recover(curator: str, releases: str) -> tuple[int | None, list[int], int]:
        are the crashed job's dead branch: removed, never restored nor published (no marker names
        them, so none of them is public). Their windows are charged again from ``C``'s snapshots.
 
+    Publishing first claims the job's place in the public lineage (:func:`claim_lineage`, the run
+    ids its :data:`STATE_FILE` records), so a restarted job keeps its claim, and one whose claim
+    another run holds publishes nothing (LineageConflict).
+
     Call it only for a restart (:func:`restarting`): the folder is then this job's."""
     last = last_committed(curator)
     committed = committed_windows(curator)
     pending = sorted(set(committed) - store.release_windows_present(releases))
+    state = _state(curator) or {}
+    run = state.get("run")
+    if pending:  # this job's claim first (LineageConflict when another run holds it: nothing published)
+        claim_lineage(releases, run, state.get("previous_run"))
     published = list(publish_outbox(StagedReleases(store.join(curator, STAGED_RELEASES), pending),
-                                    PublicReleaseFiles(releases)).windows) if pending else []
+                                    PublicReleaseFiles(releases, run=run)).windows) if pending else []
     dead = [path for paths in _window_files(curator).values() for path in paths
             if last is None or _window_of(path) > last]
     if dead:
@@ -1418,6 +1541,8 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     ``--replay``. Everything after the read is built exactly as for the real source, so a test
     can run the Kafka path without a Java expansion service."""
     _check_source(args)
+    # The job's place in the public lineage (main's job_lineage; a graph built without main has none).
+    runs = tuple(getattr(args, "lineage", None) or (None, None))
     spec = WindowSpec(length_seconds=launch.window_seconds(args.window))
     start, end = launch.parse_day("start", args.start, spec), launch.parse_day("end", args.end, spec)
     if start > end:
@@ -1449,6 +1574,8 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
                                        releases=releases)
     previous, config, answered = _previous_ledger(previous_ledger, wanted, released=released,
                                                   id_type_declared=id_type is not None)
+    # Only the public chain's ledger may be continued (a fork's windows could never be published).
+    check_lineage(releases, args, *runs, restart=restarting(curator, args))
     prepaid, release_states, raw = previous_running_state(previous_ledger)
     id_type = config.id_type
     _refuse_another_jobs_output(curator, args)
@@ -1514,7 +1641,8 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     dead_files = dead | "WriteDead" >> beam.ParDo(WriteTable(store.join(curator, "dead")))
     ledger_files = graph["ledger"] | "WriteLedger" >> beam.ParDo(WriteTable(
         store.join(curator, "ledger"), functools.partial(_ledger_file, recorded=config.to_snapshot_metadata(),
-                                                        queries=first_answered, plan=recorded_plan(plan.entries))))
+                                                        queries=first_answered, plan=recorded_plan(plan.entries),
+                                                        runs=runs)))
     # A shard's books, counts and duplicates of a window are written together (WriteWindowRecords).
     record_files = graph["books"] | "WriteWindowRecords" >> beam.ParDo(WriteWindowRecords(curator))
     # A window goes public only once it is committed: staged, and every shard's snapshot and records of
@@ -1528,7 +1656,8 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
                      | "OneKey" >> beam.Map(lambda event: (0, event)).with_output_types(Tuple[int, Any])
                      | "CommitWindows" >> beam.ParDo(
                          CommitWindows(curator, releases, config.n_shards, first_window=own + 1, end_window=end,
-                                       ledger_id=config.ledger_id, prepaid=with_prepaid)))
+                                       ledger_id=config.ledger_id, prepaid=with_prepaid, run=runs[0],
+                                       previous_run=runs[1])))
     read_files = decoded.read | "WriteRead" >> beam.ParDo(WriteTable(store.join(curator, "read")))
     return {"releases": graph["releases"], "staged": staged, "release_files": release_files, "dead_files": dead_files,
             "ledger_files": ledger_files, "record_files": record_files, "read_files": read_files, "dead": dead,
@@ -1640,6 +1769,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"--{worker_key.PATH_OPTION}={key_path}", f"--beam_plugins={worker_key.PLUGIN}"]
         options = PipelineOptions(flags)
         direct = "Direct" in str(options.view_as(StandardOptions).runner or "DirectRunner")
+        # The job's place in the public lineage (checked by build, after the ledger's own checks).
+        args.lineage = job_lineage(store.absolute(args.output), args)
         # An earlier job lost between a window's snapshots and its publication left it staged.
         caught_up = publish_staged(args.previous_ledger, store.absolute(args.releases_parquet))
         if caught_up:
@@ -1669,7 +1800,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             raise launch.RunRefused(f"the query catalogue under {store.absolute(args.releases_parquet)} kept "
                                     "changing while this job was launched; launch it again")
-    except (launch.RunRefused, ValueError) as exc:
+    except (launch.RunRefused, ValueError, lineage.LineageConflict) as exc:
         print(f"{parser.prog}: refused: {exc}", file=sys.stderr)
         return 2
     if args.noise_key_secret and direct:  # no worker start-up on the DirectRunner: fetch here
@@ -1678,13 +1809,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         private_dir(store.absolute(args.output))
     state = store.join(store.absolute(args.output), STATE_FILE)
     if not FileSystems.exists(state):  # from now on this --output is recovered by a restart (recover)
-        store.write_json(state, {"format": 1, "commits": COMMITS, "job": job_identity(args)})
-    result = p.run()
-    if not direct:
-        print(f"[streaming] submitted at {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}",
+        run, previous_run = args.lineage  # kept by a restart (job_lineage), so it keeps its claim
+        store.write_json(state, {"format": 1, "commits": COMMITS, "job": job_identity(args), "run": run,
+                                 "previous_run": previous_run})
+    try:
+        result = p.run()
+        if not direct:
+            print(f"[streaming] submitted at {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}",
+                  file=sys.stderr)
+            return 0
+        result.wait_until_finish()
+    except Exception as exc:  # the runner wraps what a DoFn raised; a lost lineage claim is a refusal
+        if lineage.LineageConflict.__name__ not in f"{type(exc).__name__}: {exc}":
+            raise
+        conflict = re.search(r"LineageConflict: (.*)", str(exc))
+        print(f"{parser.prog}: refused: {conflict[1] if conflict else exc} (nothing of this job was published)",
               file=sys.stderr)
-        return 0
-    result.wait_until_finish()
+        return 2
     # The replay is finite, so every row is in the books now: check and record the balance as the
     # batch jobs do (exact counts go to the curator's file only, never to the output).
     balance = books(store.absolute(args.output))
