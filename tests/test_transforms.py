@@ -108,3 +108,16 @@ def test_each_shards_part_pickles_to_its_own_rows_not_the_whole_table():
     parts = list(split_by_shard(table, 16))
     sizes = [len(pickle.dumps(part)) for _, (_, part) in parts]
     assert sum(sizes) < 1.1 * whole  # a slice would carry its parent's buffers: 16x the table
+
+
+def test_a_release_step_refuses_a_noise_key_other_than_the_ledgers(tmp_path):
+    """A swapped key file would draw a second, independent noise for windows already released."""
+    import pytest
+
+    started = NoiseKey.load_or_create(tmp_path / "started.key")
+    swapped_path = tmp_path / "swapped.key"
+    NoiseKey.load_or_create(swapped_path)
+    ledger_id = new_ledger_id()
+    assert tx.ledger_binding(str(tmp_path / "started.key"), started.fingerprint, ledger_id) is not None
+    with pytest.raises(RuntimeError, match="not the one this ledger was started with"):
+        tx.ledger_binding(str(swapped_path), started.fingerprint, ledger_id)

@@ -353,6 +353,16 @@ def _first_of_each_user_window(data: pa.Table) -> np.ndarray | None:
     return None if keep.all() else keep
 
 
+def ledger_binding(key_path: str, fingerprint: str, ledger_id: str) -> NoiseBinding:
+    """The noise key at ``key_path`` bound to ``ledger_id``, loaded on the worker (each release
+    DoFn's ``setup``); RuntimeError when it is not the key the ledger was started with (its
+    fingerprint), so a swapped key file never draws a second, independent noise."""
+    key = NoiseKey.load(key_path)
+    if key.fingerprint != fingerprint:
+        raise RuntimeError(f"the noise key at {key_path} is not the one this ledger was started with")
+    return NoiseBinding(key, ledger_id)
+
+
 class ReleaseWindow(beam.DoFn):
     """window id -> one release row per (query, coordinate) for each window query active in it:
     the sum (0 when no rows) plus keyed noise (running queries are released in window order by
@@ -372,10 +382,7 @@ class ReleaseWindow(beam.DoFn):
         self._binding: NoiseBinding | None = None
 
     def setup(self) -> None:
-        key = NoiseKey.load(self._key_path)
-        if key.fingerprint != self._fingerprint:
-            raise RuntimeError(f"the noise key at {self._key_path} is not the one this ledger was started with")
-        self._binding = NoiseBinding(key, self._ledger_id)
+        self._binding = ledger_binding(self._key_path, self._fingerprint, self._ledger_id)
 
     def process(self, window: int, sums: dict) -> Iterator[Any]:
         assert self._binding is not None
@@ -417,10 +424,7 @@ class ReleaseRunning(beam.DoFn):
         self._binding: NoiseBinding | None = None
 
     def setup(self) -> None:
-        key = NoiseKey.load(self._key_path)
-        if key.fingerprint != self._fingerprint:
-            raise RuntimeError(f"the noise key at {self._key_path} is not the one this ledger was started with")
-        self._binding = NoiseBinding(key, self._ledger_id)
+        self._binding = ledger_binding(self._key_path, self._fingerprint, self._ledger_id)
 
     def process(self, query_id: str, sums: dict, previous: dict) -> Iterator[Any]:
         assert self._binding is not None
