@@ -110,7 +110,7 @@ def test_weighted_sum_may_be_taken_once(model):
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_mlp_row_blocks_change_nothing(block_bytes, dtype, monkeypatch):
     # The CPU path runs the MLP's element-wise passes in cache-sized row blocks; any block size
-    # (one row, a few rows with a ragged last block, one block) gives the same norms bit for bit
+    # (the smallest, 8 rows; a few rows with a ragged last block; one block) gives the same norms bit for bit
     # and the same weighted sums up to the order of the bias sum.
     from stream.training import models
 

@@ -379,7 +379,8 @@ def private_gd(
         weights = xp.empty(n)
         for rows in slices:
             pe = model.per_example(params, data.x[rows], data.onehot_t[:, rows], data.x_sq_norms[rows])
-            norm = xp.sqrt(pe.sq_norms) / clip  # ||g_i|| / C
+            norm = xp.sqrt(pe.sq_norms)
+            norm /= clip  # ||g_i|| / C
             if budget is None:  # Algorithm 6: bound C
                 bound = xp.ones_like(norm)
             else:  # Algorithm 7: bound min(C, sqrt(B_i - sum ||g~||^2)) / C
@@ -396,13 +397,15 @@ def private_gd(
             spent[rows] += contributed * contributed
             weights[rows] = w
             part = pe.weighted_sum(w)
+            del pe  # frees the slice's (rows, hidden) intermediates before the next slice allocates
             if grads is None:
                 grads = part
             else:
                 for k in grads:
                     grads[k] += part[k]
-            tallies[step - 1] += xp.stack([over.sum(), (bound < 1.0).sum(), (bound == 0.0).sum(),
-                                           (scale < 1.0).sum(), (~xp.isfinite(contribution)).sum()])
+            tallies[step - 1] += xp.stack([xp.count_nonzero(over), xp.count_nonzero(bound < 1.0),
+                                           xp.count_nonzero(bound == 0.0), xp.count_nonzero(scale < 1.0),
+                                           xp.count_nonzero(~xp.isfinite(contribution))])
         assert grads is not None
         for k, p in params.items():
             noise = xp.asarray(rng.standard_normal(p.shape) * noise_std, dtype=p.dtype)

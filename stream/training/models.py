@@ -48,11 +48,20 @@ def _slack(terms: int, dtype: Any) -> float:
 _BLOCK_BYTES = 1 << 20
 
 
+# No block is shorter than this (a short tail joins the block before it): a one-row product
+# would go to BLAS's matrix-vector kernel, which sums in another order than the matrix kernel,
+# and the blocking would then change the norms' last bits.
+_MIN_BLOCK_ROWS = 8
+
+
 def _row_blocks(n: int, width: int, dtype: Any, xp: Any) -> list[slice]:
     if xp is not np:
         return [slice(0, n)]
-    rows = max(1, _BLOCK_BYTES // (max(1, width) * np.dtype(dtype).itemsize))
-    return [slice(s, min(s + rows, n)) for s in range(0, n, rows)]
+    rows = max(_MIN_BLOCK_ROWS, _BLOCK_BYTES // (max(1, width) * np.dtype(dtype).itemsize))
+    starts = list(range(0, n, rows))
+    if len(starts) > 1 and n - starts[-1] < _MIN_BLOCK_ROWS:
+        starts.pop()
+    return [slice(s, starts[i + 1] if i + 1 < len(starts) else n) for i, s in enumerate(starts)]
 
 
 class _Once:
@@ -211,22 +220,28 @@ class MLP:
     def per_example(self, params: Params, x: Any, onehot_t: Any, x_sq_norms: Any) -> PerExample:
         xp = array_module(x)
         n, hidden, dtype = x.shape[0], params["W1"].shape[1], params["W1"].dtype
+        b1, w2, b2 = params["b1"], params["W2"], params["b2"]
+        w2_t = xp.ascontiguousarray(w2.T)  # (K, hidden)
         blocks = _row_blocks(n, hidden, dtype, xp)
-        h = x @ params["W1"]
-        h_sq = xp.empty(n)  # ||h_i||^2, float64
-        for rows in blocks:  # bias, ReLU and the row norms while the block is in cache
+        h = x @ params["W1"]  # the first large product; everything else is per row block
+        delta1 = xp.empty_like(h)
+        delta2_t = xp.empty((w2.shape[1], n), dtype=dtype)
+        h_sq, d1_sq = xp.empty(n), xp.empty(n)  # ||h_i||^2, ||delta1_i||^2, float64
+
+        for rows in blocks:
+            # One visit per block of h while it is in cache: bias, ReLU, the logits, the
+            # residual, delta1 and its mask, and both row norms.
             hb = h[rows]
-            hb += params["b1"]
+            hb += b1
             xp.maximum(hb, 0, out=hb)  # h = relu(a); a > 0 exactly where h > 0
             h_sq[rows] = xp.einsum("ij,ij->i", hb, hb)
-        z = h @ params["W2"]
-        z += params["b2"]
-        delta2_t = softmax_residual(z, onehot_t)  # (K, n)
-        delta1 = delta2_t.T @ params["W2"].T  # (n, hidden)
-        d1_sq = xp.empty(n)
-        for rows in blocks:
+            zb = hb @ w2
+            zb += b2
+            d2b = softmax_residual(zb, onehot_t[:, rows])  # (K, m)
+            delta2_t[:, rows] = d2b
             db = delta1[rows]
-            db *= h[rows] > 0
+            xp.matmul(d2b.T, w2_t, out=db)
+            db *= hb > 0
             d1_sq[rows] = xp.einsum("ij,ij->i", db, db)
         row_slack = _slack(hidden, dtype)  # as row_sq_norms: float32 row sums made upper bounds
         sq = (x_sq_norms * (d1_sq * row_slack)
@@ -236,13 +251,16 @@ class MLP:
         def weighted_sum(w: Any) -> Params:
             once()
             w_d = w.astype(dtype)
-            xp.multiply(delta2_t, w_d[None, :], out=delta2_t)  # in place, same rounding
-            b1 = xp.zeros(hidden, dtype=dtype)
-            for rows in blocks:
+            g_b1 = g_w2_t = None
+            for rows in blocks:  # weights in place, and the block's b1 and W2 sums, in block order
+                d2b = delta2_t[:, rows]
+                d2b *= w_d[None, rows]
                 db = delta1[rows]
                 db *= w_d[rows, None]
-                b1 += db.sum(axis=0)
-            return {"W1": x.T @ delta1, "b1": b1, "W2": xp.ascontiguousarray((delta2_t @ h).T),
+                part_b1, part_w2_t = db.sum(axis=0), d2b @ h[rows]
+                g_b1 = part_b1 if g_b1 is None else g_b1 + part_b1
+                g_w2_t = part_w2_t if g_w2_t is None else g_w2_t + part_w2_t
+            return {"W1": x.T @ delta1, "b1": g_b1, "W2": xp.ascontiguousarray(g_w2_t.T),
                     "b2": delta2_t.sum(axis=1)}
 
         return PerExample(sq_norms=sq, weighted_sum=weighted_sum)
