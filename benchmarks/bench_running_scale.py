@@ -332,8 +332,10 @@ def run(args: argparse.Namespace, out: Any = sys.stdout) -> dict[str, Any]:
                   f"peak RSS {peak_mb:7,.0f} MB  ledger {ledger_mb:8,.1f} MB  dropped "
                   f"{'?' if dropped is None else f'{dropped:,}'}", file=out, flush=True)
             if d + 1 in (REFERENCE_DAY, args.days):
-                report["state"]["day5" if d + 1 == REFERENCE_DAY else "last"] = read_state_size(
-                    work / "ledger.duckdb", dim=1)
+                size = read_state_size(work / "ledger.duckdb", dim=1)
+                for key, day_number_ in (("day5", REFERENCE_DAY), ("last", args.days)):
+                    if d + 1 == day_number_:  # both when --days is the reference day itself
+                        report["state"][key] = size
     finally:
         if not args.keep and not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
