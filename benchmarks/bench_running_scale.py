@@ -2,7 +2,7 @@
 
 One command::
 
-    python benchmarks/bench_running_scale.py                       # 1,000,000 users x 365 days (hours)
+    python benchmarks/bench_running_scale.py                       # 1,000,000 users x 365 days (51 minutes on 2 cores)
     python benchmarks/bench_running_scale.py --short               # = --users 200000 --days 40, the
                                                                    #   short version issue 20 asks for
     python benchmarks/bench_running_scale.py --strategy blt        # passed on to every run
