@@ -12,6 +12,7 @@ or learning rate changes the parameters at the first digit. Observed: at most ``
 from __future__ import annotations
 
 import importlib
+import itertools
 import re
 import sys
 from pathlib import Path
@@ -127,6 +128,43 @@ def test_a_settings_result_does_not_depend_on_which_settings_share_its_stack(sta
     alone = run([middle])[0]
     _close(run(configs)[1], alone)
     _close(run([configs[2], configs[0], middle])[2], alone)
+
+
+def test_a_tuning_group_scores_each_grid_point_as_its_own_validation_run_does(monkeypatch):
+    """mnist_experiment's stacked tuning against digits_experiment.validation_accuracy, the
+    per-point run it replaces: same sigma, noise and initialisation seeds, same accuracy."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import digits_experiment
+    import mnist_experiment
+
+    rng = np.random.default_rng(3)
+    centres = rng.normal(size=(K, D)) * 0.5  # overlapping classes: the points score differently
+    labels = rng.integers(0, K, size=N + 100)
+    x = centres[labels] + rng.normal(size=(N + 100, D))
+    fit = prepare_data(x[:N], labels[:N], n_classes=K)
+    rho = 0.05
+    for model in MODELS:
+        points = tuple(digits_experiment.Setting(c, 5, eta_c / c) for c in (0.25, 1.0, 4.0) for eta_c in (1.0, 9.0))
+        got = mnist_experiment.group_validation_accuracies(model, fit, x[N:], labels[N:], rho=rho, settings=points,
+                                                           seed=2)
+        want = [digits_experiment.validation_accuracy(model, fit, x[N:], labels[N:], rho=rho, setting=p, seed=2)
+                for p in points]
+        assert got == want
+        assert len(set(want)) > 1  # the points differ: a mix-up of settings would show
+
+
+def test_the_tuning_groups_cover_the_grid_once_per_model_epsilon_and_seed(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import mnist_experiment as me
+
+    grid = [me.Setting(c, k, e / c) for c, k, e in itertools.product(me.GRID_C, me.GRID_K, me.GRID_ETA_C)]
+    budgets = {eps: {"thm49": eps / 10} for eps in me.EPSILONS}
+    groups = me.tuning_groups(["logreg", "mlp"], grid, budgets, seeds=2)
+    assert len(groups) == 2 * 3 * len(me.GRID_K) * 2
+    assert all(len(g.settings) == 9 and {s.steps for s in g.settings} == {g.steps} for g in groups)
+    points = [(g.model, g.epsilon, g.seed, s) for g in groups for s in g.settings]
+    assert sorted(points, key=repr) == sorted(((m, e, seed, s) for m in ("logreg", "mlp") for e in me.EPSILONS
+                                               for seed in range(2) for s in grid), key=repr)
 
 
 def _bad(stacked, **changes):
