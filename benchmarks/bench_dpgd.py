@@ -316,6 +316,61 @@ def gemm_floor(model_name: str, x: np.ndarray, chunk_rows: int, repeats: int, hi
     return {name: statistics.median(t) for name, t in time_interleaved(steps, repeats).items()}
 
 
+def gemm_floor_gpu(model_name: str, n: int, d: int, repeats: int, hidden: int = 256) -> dict[str, float]:
+    """Median seconds, timed with device events, of our step's two large products alone on the
+    GPU in float32 (``x W`` and the weighted ``x^T delta``, shapes and layouts as
+    :func:`gemm_floor`): CuPy (cuBLAS, no TF32, as our step runs) and torch on the same device
+    (its default float32 precision, also no TF32)."""
+    import cupy as cp  # type: ignore[import-not-found]
+
+    floor = _time_gpu_products(cp, model_name, n, d, repeats, 10 if model_name == "logreg" else hidden)
+    cp.get_default_memory_pool().free_all_blocks()  # the products' buffers, before the next model
+    return floor
+
+
+def _time_gpu_products(cp: Any, model_name: str, n: int, d: int, repeats: int, width: int) -> dict[str, float]:
+    rng = cp.random.default_rng(1)
+    x = rng.random((n, d), dtype=cp.float32)
+    w = rng.standard_normal((d, width), dtype=cp.float32)
+    delta = rng.standard_normal((n, width), dtype=cp.float32)
+    delta_t = cp.ascontiguousarray(delta.T)
+
+    def cupy_products() -> None:
+        x @ w
+        if model_name == "logreg":
+            delta_t @ x
+        else:
+            x.T @ delta
+
+    def timed(run: Callable[[], None]) -> float:
+        run()
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        seconds = []
+        for _ in range(repeats):
+            start.record()
+            run()
+            stop.record()
+            stop.synchronize()
+            seconds.append(cp.cuda.get_elapsed_time(start, stop) / 1e3)
+        return statistics.median(seconds)
+
+    floor = {"cupy": timed(cupy_products)}
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            xt, wt, dt = (torch.as_tensor(a, device="cuda") for a in (x, w, delta_t))
+
+            def torch_products() -> None:
+                xt @ wt
+                dt @ xt
+
+            floor["torch"] = timed(torch_products)  # same stream: cupy's events time torch's kernels
+    except ImportError:
+        pass
+    return floor
+
+
 def peak_bandwidth(xp: Any, override_gbs: float | None) -> tuple[float | None, str]:
     if override_gbs:
         return override_gbs * 1e9, "given"
@@ -328,6 +383,26 @@ def peak_bandwidth(xp: Any, override_gbs: float | None) -> tuple[float | None, s
         if key in name:
             return value, f"{name}, datasheet"
     return None, f"{name}: unknown; pass --peak-bandwidth-gbs"
+
+
+def measured_copy_bandwidth(xp: Any, nbytes: int = 2 << 30, repeats: int = 10) -> float:
+    """Bytes/s of a device-to-device copy of ``nbytes`` (bytes read plus bytes written), the
+    median of ``repeats`` copies timed with device events after one warm-up: the bandwidth this
+    device reaches in practice, beside the datasheet's peak."""
+    src = xp.ones(nbytes // 4, dtype=xp.float32)  # never zeros: compression could flatter them
+    dst = xp.empty_like(src)
+    xp.copyto(dst, src)
+    start, stop = xp.cuda.Event(), xp.cuda.Event()
+    seconds = []
+    for _ in range(repeats):
+        start.record()
+        xp.copyto(dst, src)
+        stop.record()
+        stop.synchronize()
+        seconds.append(xp.cuda.get_elapsed_time(start, stop) / 1e3)
+    del src, dst
+    xp.get_default_memory_pool().free_all_blocks()
+    return 2.0 * nbytes / statistics.median(seconds)
 
 
 def _count(text: str) -> int:
@@ -382,10 +457,12 @@ def main(argv: list[str] | None = None) -> int:
           + f"{args.warm_steps} untimed step(s), one timed step")
     if args.device == "gpu":
         bw, where = peak_bandwidth(xp, args.peak_bandwidth_gbs)
-        print(f"# peak memory bandwidth: {'?' if bw is None else f'{bw / 1e9:,.0f} GB/s'} ({where})")
+        copy_bw = measured_copy_bandwidth(xp)
+        print(f"# peak memory bandwidth: {'?' if bw is None else f'{bw / 1e9:,.0f} GB/s'} ({where}); "
+              f"a device-to-device copy measured {copy_bw / 1e9:,.0f} GB/s (read + write)")
     header = "| model | ours s/step | ours examples/s | Opacus ghost s/step | Opacus examples/s | ratio |"
     if args.device == "gpu":
-        header += " ours % of bandwidth bound |"
+        header += " ours % of bandwidth bound (peak) | (measured copy) |"
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
     sides = ["ours"] if args.skip_opacus else ["ours", "opacus"]
@@ -404,18 +481,28 @@ def main(argv: list[str] | None = None) -> int:
         ours = statistics.median(ours_runs)
         label = "logistic regression" if model_name == "logreg" else "MLP (256 hidden)"
         if isinstance(theirs, str):
-            row = f"| {label} | {ours:.3f} | {n / ours:,.0f} | {theirs} | - | - |"
+            row = f"| {label} | {ours:.4f} | {n / ours:,.0f} | {theirs} | - | - |"
         else:
             opacus = statistics.median(theirs)
-            row = f"| {label} | {ours:.3f} | {n / ours:,.0f} | {opacus:.3f} | {n / opacus:,.0f} | {opacus / ours:.2f}x |"
+            row = f"| {label} | {ours:.4f} | {n / ours:,.0f} | {opacus:.4f} | {n / opacus:,.0f} | {opacus / ours:.2f}x |"
         if args.device == "gpu":
             bound = (n * args.features * 4) / bw if bw else None
             row += f" {100 * bound / ours:.0f}% |" if bound else " ? |"
+            row += f" {100 * (n * args.features * 4) / copy_bw / ours:.0f}% |"
         print(row, flush=True)
         runs.append(f"#   {label}, every timed step in order: " + "; ".join(
-            f"{side} {', '.join(f'{t:.3f}' for t in times)}" for side, times in timed.items()
+            f"{side} {', '.join(f'{t:.4f}' for t in times)}" for side, times in timed.items()
             if isinstance(times, list)))
         gc.collect()
+        if args.gemm_floor and args.device == "gpu":
+            ours_flops, opacus_flops = gemm_flops(model_name, n, args.features)
+            floor = gemm_floor_gpu(model_name, n, args.features, max(args.repeats, 20))
+            line = (f"#   {label}: matmul FLOPs ours {ours_flops / 1e9:.1f} G, Opacus ghost {opacus_flops / 1e9:.1f} G "
+                    f"({opacus_flops / ours_flops:.2f}x); our two large matmuls alone on the GPU (CuPy, float32): "
+                    f"{floor['cupy'] * 1e3:.2f} ms ({2 * n * args.features * (10 if model_name == 'logreg' else 256) * 2 / floor['cupy'] / 1e12:.1f} TFLOP/s)")
+            if "torch" in floor:
+                line += f"; the same in torch: {floor['torch'] * 1e3:.2f} ms"
+            runs.append(line)
         if args.gemm_floor and args.device == "cpu":
             x, _ = synthetic_data(n, args.features)
             ours_flops, opacus_flops = gemm_flops(model_name, n, args.features)

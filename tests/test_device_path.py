@@ -425,3 +425,16 @@ def test_the_checked_encode_weights_make_one_transfer_their_range_check():
 def test_the_checked_encode_weights_refuse_a_lag_past_t_on_the_device_path():
     with pytest.raises(ValueError, match="lags must be in \\[0, t=3\\], got range \\[0, 4\\]"):
         SquareRootFactorization().lag_weights(3, sx.arange(5))
+
+
+@pytest.mark.parametrize("reduce, numpy_form", [
+    ("row_sq_sums", lambda a: np.einsum("ij,ij->i", a, a)),
+    ("col_sq_sums", lambda a: np.einsum("ij,ij->j", a, a)),
+    ("column_sums", lambda a: a.sum(axis=0)),
+])
+def test_the_reductions_with_a_cupy_form_keep_numpy_s_form_and_bits_off_cupy(reduce, numpy_form):
+    import stream.xp as sxp
+
+    a = np.random.default_rng(14).standard_normal((50, 6)).astype(np.float32)
+    assert _same_bits(numpy_form(a), getattr(sxp, reduce)(sx.asarray(a)))
+    assert np.ascontiguousarray(getattr(sxp, reduce)(a)).tobytes() == np.ascontiguousarray(numpy_form(a)).tobytes()

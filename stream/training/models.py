@@ -32,7 +32,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from stream.xp import array_module, to_host
+from stream.xp import array_module, col_sq_sums, column_sums, row_sq_sums, to_host
 
 Params = dict[str, Any]
 
@@ -79,8 +79,7 @@ class _Once:
 def row_sq_norms(a: Any) -> Any:
     """Upper bound on the squared L2 norm of each row of a 2-d array, as float64 ``(n,)``."""
     xp = array_module(a)
-    sq = xp.einsum("ij,ij->i", a, a)
-    return sq.astype(xp.float64) * _slack(a.shape[1], a.dtype)
+    return row_sq_sums(a).astype(xp.float64) * _slack(a.shape[1], a.dtype)
 
 
 def softmax_residual(logits: Any, onehot_t: Any) -> Any:
@@ -102,8 +101,7 @@ def softmax_residual(logits: Any, onehot_t: Any) -> Any:
 def col_sq_norms(a_t: Any) -> Any:
     """Upper bound on the squared L2 norm of each *column* of a ``(K, n)`` array, float64 ``(n,)``."""
     xp = array_module(a_t)
-    sq = xp.einsum("ij,ij->j", a_t, a_t)
-    return sq.astype(xp.float64) * _slack(a_t.shape[0], a_t.dtype)
+    return col_sq_sums(a_t).astype(xp.float64) * _slack(a_t.shape[0], a_t.dtype)
 
 
 def cross_entropy(logits: Any, labels: Any) -> Any:
@@ -234,7 +232,7 @@ class MLP:
             hb = h[rows]
             hb += b1
             xp.maximum(hb, 0, out=hb)  # h = relu(a); a > 0 exactly where h > 0
-            h_sq[rows] = xp.einsum("ij,ij->i", hb, hb)
+            h_sq[rows] = row_sq_sums(hb)
             zb = hb @ w2
             zb += b2
             d2b = softmax_residual(zb, onehot_t[:, rows])  # (K, m)
@@ -242,7 +240,7 @@ class MLP:
             db = delta1[rows]
             xp.matmul(d2b.T, w2_t, out=db)
             db *= hb > 0
-            d1_sq[rows] = xp.einsum("ij,ij->i", db, db)
+            d1_sq[rows] = row_sq_sums(db)
         row_slack = _slack(hidden, dtype)  # as row_sq_norms: float32 row sums made upper bounds
         sq = (x_sq_norms * (d1_sq * row_slack)
               + (h_sq * row_slack + 1.0) * col_sq_norms(delta2_t)) * _slack(4, np.float64)
@@ -257,7 +255,7 @@ class MLP:
                 d2b *= w_d[None, rows]
                 db = delta1[rows]
                 db *= w_d[rows, None]
-                part_b1, part_w2_t = db.sum(axis=0), d2b @ h[rows]
+                part_b1, part_w2_t = column_sums(db), d2b @ h[rows]
                 g_b1 = part_b1 if g_b1 is None else g_b1 + part_b1
                 g_w2_t = part_w2_t if g_w2_t is None else g_w2_t + part_w2_t
             return {"W1": x.T @ delta1, "b1": g_b1, "W2": xp.ascontiguousarray(g_w2_t.T),

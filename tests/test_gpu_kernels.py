@@ -1,0 +1,269 @@
+"""The device path on a real GPU (issue 21, item 4): the ledger's kernels, the filtered DP-GD step
+and the running-total kernels run on CuPy arrays and agree with NumPy.
+
+``tests/test_device_path.py`` runs the same kernels in CI on ``stream.testing.strict_xp`` and
+shows they are NumPy bit for bit with no hidden host traffic. What only a GPU can show is
+checked here: that CuPy has every function and keyword the kernels call, and that CUDA's own
+arithmetic (cuBLAS and reduction summation order, the device's exp/log and FFT) changes results
+only in the last bits, never a decision. So sums are compared within stated relative tolerances
+and every discrete outcome (a filter status, a curator count, a released accuracy count) must be
+equal. Skipped where CuPy sees no CUDA device (CI); run on a lent GPU with
+``python -m pytest tests/test_gpu_kernels.py`` after ``pip install '.[gpu,test]'``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from stream.accounting.gaussian import gaussian_charge
+from stream.accounting.odometers import advance_trackers, tracker_update
+from stream.continual.running import RunningQuery
+from stream.continual.strategies import BinaryTree, SquareRootFactorization, WindowSums
+from stream.ledger import Ledger, Policy, individual_filter
+from stream.noise import InsecureNoiseWarning
+from stream.training.budget import TrainingLedger
+from stream.training.dpgd import GDConfig, noise_multiplier_for, prepare_data, private_gd, training_generators
+from stream.training.models import MLP, LogisticRegression
+from stream.training.normaliser import private_count
+from stream.training.stopping import AccuracyStopping
+from stream.xp import array_module, col_sq_sums, column_sums, gpu_available, row_sq_sums, to_host
+
+pytestmark = pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device (pip install '.[gpu]')")
+
+if gpu_available():
+    import cupy as cp
+else:  # collected in CI, never run there
+    cp = None
+
+STRATEGIES = [WindowSums(), SquareRootFactorization(), BinaryTree(), BinaryTree(height=2)]
+MODELS = [LogisticRegression(), MLP(16)]
+F64_RTOL = 1e-12  # float64 sums of at most a few hundred terms in another order
+
+
+def _on_device(a: object) -> bool:
+    return array_module(a) is cp
+
+
+def _close(expected: np.ndarray, got: object, rtol: float, atol: float = 0.0) -> None:
+    assert _on_device(got), f"the result left the device: {type(got)}"
+    host = to_host(got)
+    assert host.dtype == expected.dtype and host.shape == expected.shape
+    np.testing.assert_allclose(host, expected, rtol=rtol, atol=atol)
+
+
+# --- the reductions stream.xp computes in CuPy's own fast forms ----------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("reduce, numpy_form", [
+    (row_sq_sums, lambda a: np.einsum("ij,ij->i", a, a)),
+    (col_sq_sums, lambda a: np.einsum("ij,ij->j", a, a)),
+    (column_sums, lambda a: a.sum(axis=0)),
+], ids=["row_sq_sums", "col_sq_sums", "column_sums"])
+def test_the_cupy_forms_of_the_reductions_match_numpy_and_keep_nan_and_inf(reduce, numpy_form, dtype):
+    a = np.random.default_rng(13).standard_normal((3000, 37)).astype(dtype)
+    a[5, 3], a[7, 4] = np.nan, np.inf  # row 5 / column 3 is NaN, row 7 / column 4 is inf
+    expected = numpy_form(a)
+    got = reduce(cp.asarray(a))
+    assert _on_device(got) and got.dtype == a.dtype
+    host = to_host(got)
+    np.testing.assert_array_equal(np.isnan(host), np.isnan(expected))
+    np.testing.assert_array_equal(np.isinf(host), np.isinf(expected))
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(host[finite], expected[finite], rtol=1e-4 if dtype == np.float32 else 1e-12,
+                               atol=1e-3 if dtype == np.float32 else 1e-10)
+
+
+# --- the ledger's kernels ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", [1, 7])
+def test_the_gaussian_charge_on_cupy_matches_numpy_including_overflowing_and_subnormal_rows(d):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((64, d)) * np.exp(rng.uniform(-8, 8, (64, 1)))
+    x[0], x[1], x[2] = 0.0, 1e200, 1e-170  # zero, squares overflow, squares underflow
+    x[3, 0] = 5e-324
+    _close(gaussian_charge(contributions=x, noise_std=0.37), gaussian_charge(contributions=cp.asarray(x),
+                                                                              noise_std=0.37), rtol=F64_RTOL)
+
+
+@pytest.mark.parametrize("policy", list(Policy), ids=lambda p: p.value)
+def test_the_filter_decision_on_cupy_is_numpy_bit_for_bit(policy):
+    # Additions, comparisons, divisions and square roots are correctly rounded on both, so the
+    # decision and the state are exact, the row that fits only by rounding included.
+    rng = np.random.default_rng(2)
+    used = rng.uniform(0.0, 1.0, 200)
+    charge = np.abs(rng.standard_normal(200)) * 0.4
+    charge[:10] = 0.0
+    charge[10] = np.inf
+    used[11], charge[11] = 0.5, math.nextafter(0.5, 1.0)
+    expected = individual_filter(used, charge, cap=1.0, policy=policy)
+    got = individual_filter(cp.asarray(used), cp.asarray(charge), cap=1.0, policy=policy)
+    for field in ("new_used", "charge", "scale", "status"):
+        assert _on_device(getattr(got, field)), field
+        np.testing.assert_array_equal(to_host(getattr(got, field)), getattr(expected, field), err_msg=field)
+
+
+def test_the_tracker_advance_on_cupy_matches_numpy():
+    rng = np.random.default_rng(3)
+    segment = rng.uniform(0.0, 0.1, 100)
+    bound = 0.1 + 0.1 * rng.integers(0, 3, 100)
+    charge = np.abs(rng.standard_normal(100)) * 0.05
+    charge[:10], charge[10:20] = 0.0, 1.0
+    charge[20:30] = 0.1 - segment[20:30]
+    expected = tracker_update(segment, bound, charge, step=0.1)
+    got = advance_trackers(cp.asarray(segment), cp.asarray(bound), cp.asarray(charge), step=0.1)
+    checked = tracker_update(cp.asarray(segment), cp.asarray(bound), cp.asarray(charge), step=0.1)
+    for e, g, c in zip(expected, got, checked):
+        _close(e, g, rtol=F64_RTOL)
+        _close(e, c, rtol=F64_RTOL)
+
+
+def test_the_training_ledger_charge_on_cupy_matches_numpy_with_the_same_scales():
+    results = []
+    for xp in (np, cp):
+        rng = np.random.default_rng(4)
+        ledger = TrainingLedger.fresh(300, budget=2.0, xp=xp)
+        scales = []
+        for i in range(5):
+            norms = np.abs(rng.standard_normal(300 if i < 3 else 100)) * (i + 1)
+            norms[:7] = 0.0
+            scales.append(ledger.charge(xp.asarray(norms), noise_std=1.3, policy="clip" if i % 2 else "drop",
+                                        rows=None if i < 3 else slice(100, 200), validate=xp is np))
+        results.append((ledger, scales))
+    (expected, expected_scales), (got, scales) = results
+    for e, g in zip(expected_scales, scales):
+        _close(e, g, rtol=F64_RTOL)
+    _close(expected.used, got.used, rtol=F64_RTOL)
+    np.testing.assert_allclose(got.personal_odometer(), expected.personal_odometer(), rtol=F64_RTOL)
+
+
+def test_the_training_ledger_check_refuses_a_nan_norm_on_cupy_before_any_charge():
+    ledger = TrainingLedger.fresh(3, budget=1.0, xp=cp)
+    with pytest.raises(ValueError, match="contributions must be finite norms >= 0"):
+        ledger.charge(cp.asarray([0.5, np.nan, 0.1]), noise_std=2.0)
+    assert to_host(ledger.used).tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("policy", list(Policy), ids=lambda p: p.value)
+def test_an_unchecked_nan_or_infinite_norm_on_cupy_is_dropped_and_charged_nothing(policy):
+    ledger = TrainingLedger.fresh(3, budget=1.0, xp=cp)
+    scale = ledger.charge(cp.asarray([0.5, np.nan, np.inf]), noise_std=2.0, policy=policy, validate=False)
+    assert to_host(scale).tolist() == [1.0, 0.0, 0.0]
+    used = to_host(ledger.used)
+    assert used[0] > 0 and used[1:].tolist() == [0.0, 0.0]
+
+
+def test_a_ledger_read_into_cupy_arrays_merges_back_as_on_numpy():
+    ledger = Ledger(budget=1.0)
+    ledger.admit(np.arange(5), np.ones((5, 2)), noise_std=3.0)
+    views = [TrainingLedger.from_ledger(ledger, np.arange(2, 9), xp=xp) for xp in (np, cp)]
+    for view in views:
+        view.charge(view.used * 0.0 + 1.5, noise_std=2.0)
+    assert views[0].merged_ledger().to_arrow().equals(views[1].merged_ledger().to_arrow())
+
+
+# --- the filtered DP-GD step ---------------------------------------------------------------------
+
+N, D, K = 240, 9, 3
+
+
+def _run(model, xp, *, filtering: bool, dtype=np.float64, steps: int = 4, stopping=None, chunk_rows=None):
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal((N, D)), rng.integers(0, K, N)
+    data = prepare_data(x, y, n_classes=K, xp=xp, dtype=dtype)
+    config = GDConfig(clip=0.7, noise_multiplier=noise_multiplier_for(steps=steps, rho=0.5), learning_rate=0.5,
+                      steps=steps, filtering=filtering, norm_budget=0.49 * steps * 0.6 if filtering else None,
+                      max_steps=steps + 2 if filtering else None)
+    ledger = TrainingLedger.fresh(N, budget=1.0, xp=xp)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InsecureNoiseWarning)
+        noise, queries = training_generators(6)
+    result = private_gd(model, data, config=config, ledger=ledger, rng=noise, query_rng=queries, stopping=stopping,
+                        chunk_rows=chunk_rows, normaliser=float(N), init_rng=np.random.default_rng(7))
+    return result, ledger
+
+
+@pytest.mark.parametrize("filtering", [False, True], ids=["algorithm-6", "algorithm-7"])
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+def test_a_float64_private_gd_run_on_cupy_matches_numpy_with_the_same_decisions(model, filtering):
+    stopping = AccuracyStopping(first_step=2, noise_std=40.0, every=2, queries=2) if filtering else None
+    expected, expected_ledger = _run(model, np, filtering=filtering, stopping=stopping, chunk_rows=N)
+    got, ledger = _run(model, cp, filtering=filtering, stopping=stopping)
+    for k in expected.params:
+        _close(expected.params[k], got.params[k], rtol=1e-9, atol=1e-12)
+        _close(expected.final_params[k], got.final_params[k], rtol=1e-9, atol=1e-12)
+    assert expected.curator == got.curator and expected.accuracy_queries == got.accuracy_queries
+    _close(expected_ledger.used, ledger.used, rtol=1e-9)
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+def test_a_float32_private_gd_run_on_cupy_matches_numpy_float32_with_the_same_decisions(model):
+    expected, _ = _run(model, np, filtering=True, dtype=np.float32, chunk_rows=N)
+    got, _ = _run(model, cp, filtering=True, dtype=np.float32)
+    for k in expected.params:
+        scale = float(np.abs(expected.params[k]).max())
+        _close(expected.params[k], got.params[k], rtol=0.0, atol=1e-4 * scale)
+    assert expected.curator == got.curator
+
+
+def test_a_sliced_private_gd_run_on_cupy_matches_one_slice():
+    whole, _ = _run(MLP(16), cp, filtering=True)
+    sliced, _ = _run(MLP(16), cp, filtering=True, chunk_rows=70)
+    for k in whole.params:
+        _close(to_host(whole.params[k]), sliced.params[k], rtol=1e-9, atol=1e-12)
+    assert whole.curator == sliced.curator
+
+
+def test_the_noisy_count_on_cupy_is_numpy_s():
+    counts = [private_count(TrainingLedger.fresh(40, budget=1.0, xp=xp), noise_std=3.0,
+                            rng=np.random.default_rng(8)) for xp in (np, cp)]
+    assert counts[0] == counts[1]
+
+
+# --- the running-total kernels -------------------------------------------------------------------
+
+
+def _releases(strategy, horizon: int, tail=(2, 3), seed: int = 12) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((strategy.rows_at(t), *tail)) for t in range(horizon)]
+
+
+@pytest.mark.parametrize("horizon", [1, 13, 100])
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=repr)
+def test_the_decode_on_cupy_matches_numpy(strategy, horizon):
+    releases = _releases(strategy, horizon)
+    _close(strategy.post_process(releases), strategy.post_process([cp.asarray(r) for r in releases]),
+           rtol=1e-12, atol=1e-12)
+
+
+def test_a_long_square_root_decode_on_cupy_matches_numpy_within_1e_12_relative():
+    strategy = SquareRootFactorization()
+    releases = _releases(strategy, 3000, tail=(2,))
+    expected = strategy.post_process(releases)
+    got = to_host(strategy.post_process([cp.asarray(r) for r in releases]))
+    assert np.abs(got - expected).max() <= 1e-12 * np.abs(expected).max()
+
+
+def test_a_running_query_estimates_cupy_releases_as_numpy():
+    query = RunningQuery(query_id="r", dim=2, start_window=0, noise_std=1.0, strategy=BinaryTree())
+    releases = _releases(query.strategy, 20, tail=(2,))
+    _close(query.estimates(releases), query.estimates([cp.asarray(r) for r in releases]), rtol=1e-12, atol=1e-12)
+
+
+def test_a_non_finite_cupy_release_is_refused_naming_its_window():
+    releases = [cp.asarray(r) for r in _releases(WindowSums(), 5)]
+    releases[3][0, 1, 2] = np.nan
+    with pytest.raises(ValueError, match="releases must be finite, got a NaN/inf at window 3"):
+        WindowSums().post_process(releases)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=repr)
+def test_the_encode_weights_on_cupy_match_numpy(strategy):
+    for t in (0, 1, 6, 31):
+        lags = np.arange(t + 1)
+        _close(strategy.lag_weights(t, lags), strategy.lag_weights(t, cp.asarray(lags)), rtol=1e-14)
