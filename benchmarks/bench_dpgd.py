@@ -118,9 +118,36 @@ def synthetic_data(n: int, features: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.random((n, features), dtype=np.float32), rng.integers(0, 10, size=n)
 
 
+def products_floor_step(model_name: str, x: np.ndarray, chunk_rows: int, hidden: int = 256) -> Step:
+    """Our step's two large products alone, in our slices (``x W`` and the weighted product with
+    ``x``, shapes, layouts and dtype as the step's): the floor a step built on them can reach.
+    Timed as a side of its own (``--gemm-floor``), in turns with ours, so that both see the same
+    machine: a floor timed minutes apart moved by up to 20% on the shared 2-core machine."""
+    n, d = x.shape
+    width = 10 if model_name == "logreg" else hidden
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((d, width), dtype=np.float32)
+    delta = rng.standard_normal((n, width), dtype=np.float32)
+    delta_t = np.ascontiguousarray(delta.T)
+
+    def products() -> None:
+        for s in range(0, n, chunk_rows):
+            rows = slice(s, min(s + chunk_rows, n))
+            x[rows] @ w
+            if model_name == "logreg":
+                delta_t[:, rows] @ x[rows]
+            else:
+                x[rows].T @ delta[rows]
+
+    return products, lambda: None
+
+
 def build_step(side: str, model_name: str, n: int, features: int, device: str, chunk_rows: int | None) -> Step | str:
-    """``side``'s step (``"ours"`` or ``"opacus"``) on :func:`synthetic_data`, or why it was skipped."""
+    """``side``'s step (``"ours"``, ``"opacus"`` or ``"floor"``, see :func:`products_floor_step`)
+    on :func:`synthetic_data`, or why it was skipped."""
     x, y = synthetic_data(n, features)
+    if side == "floor":
+        return products_floor_step(model_name, x, chunk_rows or default_chunk_rows(n, features, np.float32, np))
     if side == "opacus":
         return opacus_step(model_name, x, y, device="cuda" if device == "gpu" else "cpu")
     if device == "gpu":
@@ -466,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
     sides = ["ours"] if args.skip_opacus else ["ours", "opacus"]
+    if args.gemm_floor and args.device == "cpu":
+        sides.append("floor")
     runs: list[str] = []
     for model_name in args.models.split(","):
         if args.same_process:
@@ -475,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
             timed = time_isolated(sides, model_name, n=n, features=args.features, device=args.device,
                                   chunk_rows=args.chunk_rows, repeats=args.repeats, settle=args.settle,
                                   warm_steps=args.warm_steps)
+        floor_runs = timed.pop("floor", None)
         theirs = timed.get("opacus", "skipped (--skip-opacus)")
         ours_runs = timed["ours"]
         assert isinstance(ours_runs, list)
@@ -493,6 +523,13 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(f"#   {label}, every timed step in order: " + "; ".join(
             f"{side} {', '.join(f'{t:.4f}' for t in times)}" for side, times in timed.items()
             if isinstance(times, list)))
+        if isinstance(floor_runs, list):
+            turn_ratios = [o / f for o, f in zip(ours_runs, floor_runs)]
+            runs.append(f"#   {label}: our two large products alone, in our slices, timed in turns with the step: "
+                        f"{', '.join(f'{t:.4f}' for t in floor_runs)} s (median {statistics.median(floor_runs):.4f}); "
+                        f"ours / products: {ours / statistics.median(floor_runs):.3f}x of the medians, per turn "
+                        f"{', '.join(f'{r:.3f}' for r in turn_ratios)} (median {statistics.median(turn_ratios):.3f}x; "
+                        "issue 21's target: 1.15x)")
         gc.collect()
         if args.gemm_floor and args.device == "gpu":
             ours_flops, opacus_flops = gemm_flops(model_name, n, args.features)
