@@ -54,3 +54,15 @@ def test_without_opacus_the_benchmark_times_ours_and_says_why_opacus_was_skipped
     assert "| logistic regression |" in done.stdout
     assert "skipped: torch is not installed (pip install '.[bench]')" in done.stdout
     assert "every timed step in order: ours " in done.stdout
+
+
+def test_several_steps_per_call_are_timed_as_one_run_and_reported_per_step_beside_the_interleaved_floor():
+    out = _run("--steps-per-call", "2", "--gemm-floor", "--models", "mlp")
+    assert "one timed call of 2 step(s)" in out and "| MLP (256 hidden) |" in out
+    assert "timed in turns with the step" in out and "issue 21's target: 1.15x" in out
+
+
+def test_zero_steps_per_call_is_refused_naming_the_option():
+    done = subprocess.run([sys.executable, str(BENCH), "--steps-per-call", "0"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2 and "--steps-per-call must be an integer >= 1, got 0" in done.stderr
