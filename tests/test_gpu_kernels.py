@@ -27,7 +27,7 @@ from stream.ledger import Ledger, Policy, individual_filter
 from stream.noise import InsecureNoiseWarning
 from stream.training.budget import TrainingLedger
 from stream.training.dpgd import GDConfig, noise_multiplier_for, prepare_data, private_gd, training_generators
-from stream.training.models import MLP, LogisticRegression
+from stream.training.models import MLP, LogisticRegression, softmax_residual
 from stream.training.normaliser import private_count
 from stream.training.stopping import AccuracyStopping
 from stream.xp import array_module, col_sq_sums, column_sums, gpu_available, row_sq_sums, to_host
@@ -76,6 +76,42 @@ def test_the_cupy_forms_of_the_reductions_match_numpy_and_keep_nan_and_inf(reduc
     finite = np.isfinite(expected)
     np.testing.assert_allclose(host[finite], expected[finite], rtol=1e-4 if dtype == np.float32 else 1e-12,
                                atol=1e-3 if dtype == np.float32 else 1e-10)
+
+
+@pytest.mark.parametrize("model", [LogisticRegression(), MLP(256)], ids=lambda m: m.name)
+def test_float32_norms_on_cupy_bound_the_norms_of_what_the_device_step_contributes(model):
+    # The clip must hold for the vectors the device sums: delta computed by cuBLAS in float32, in
+    # the model's own order of operations. Their exact norms (float64, on the host) must never
+    # exceed the bounds the model computes with CuPy's reductions (row_sq_sums, col_sq_sums).
+    rng = np.random.default_rng(15)
+    n, d, k = 4000, 300, 10
+    x = (rng.random((n, d)) * rng.uniform(0.1, 4.0, (n, 1))).astype(np.float32)
+    y = rng.integers(0, k, n)
+    data = prepare_data(x, y, n_classes=k, xp=cp, dtype=np.float32)
+    params = model.init_params(d, k, rng, cp, np.float32)
+    params = {name: v + cp.asarray(rng.normal(scale=0.05, size=v.shape), dtype=np.float32)
+              for name, v in params.items()}
+    got = to_host(model.per_example(params, data.x, data.onehot_t, data.x_sq_norms).sq_norms)
+    x64 = x.astype(np.float64)
+    x_sq = (x64 * x64).sum(axis=1) + 1.0
+    if model.name == "logreg":
+        z = data.x @ params["W"]
+        z += params["b"]
+        delta = to_host(softmax_residual(z, data.onehot_t)).T.astype(np.float64)
+        exact = x_sq * (delta**2).sum(axis=1)
+    else:
+        h = data.x @ params["W1"]
+        h += params["b1"]
+        cp.maximum(h, 0, out=h)
+        z = h @ params["W2"]
+        z += params["b2"]
+        d2 = softmax_residual(z, data.onehot_t)
+        d1 = cp.matmul(d2.T, cp.ascontiguousarray(params["W2"].T))
+        d1 *= h > 0
+        h64, d1_64, d2_64 = (to_host(a).astype(np.float64) for a in (h, d1, d2.T))
+        exact = x_sq * (d1_64**2).sum(axis=1) + ((h64**2).sum(axis=1) + 1.0) * (d2_64**2).sum(axis=1)
+    np.testing.assert_allclose(got, exact, rtol=1e-4)
+    assert (got >= exact).all(), f"{int((got < exact).sum())} bounds below the exact norm"
 
 
 # --- the ledger's kernels ------------------------------------------------------------------------
