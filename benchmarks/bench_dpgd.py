@@ -123,6 +123,17 @@ def synthetic_data(n: int, features: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.random((n, features), dtype=np.float32), rng.integers(0, 10, size=n)
 
 
+def product_operands(model_name: str, n: int, d: int, hidden: int = 256) -> tuple[np.ndarray, ...]:
+    """Random float32 stand-ins (seed 1) for the step's first-layer weights ``(d, width)`` and
+    its residuals ``delta`` ``(n, width)`` and ``delta^T``, ``width`` being 10 classes or
+    ``hidden`` units."""
+    width = 10 if model_name == "logreg" else hidden
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((d, width), dtype=np.float32)
+    delta = rng.standard_normal((n, width), dtype=np.float32)
+    return w, delta, np.ascontiguousarray(delta.T)
+
+
 def products_floor_step(model_name: str, x: np.ndarray, chunk_rows: int, hidden: int = 256,
                         steps_per_call: int = 1) -> Step:
     """Our step's two large products alone, in our slices (``x W`` and the weighted product with
@@ -130,11 +141,7 @@ def products_floor_step(model_name: str, x: np.ndarray, chunk_rows: int, hidden:
     Timed as a side of its own (``--gemm-floor``), in turns with ours, so that both see the same
     machine: a floor timed minutes apart moved by up to 20% on the shared 2-core machine."""
     n, d = x.shape
-    width = 10 if model_name == "logreg" else hidden
-    rng = np.random.default_rng(1)
-    w = rng.standard_normal((d, width), dtype=np.float32)
-    delta = rng.standard_normal((n, width), dtype=np.float32)
-    delta_t = np.ascontiguousarray(delta.T)
+    w, delta, delta_t = product_operands(model_name, n, d, hidden)
 
     def products() -> None:
         for _ in range(steps_per_call):
@@ -321,11 +328,7 @@ def gemm_floor(model_name: str, x: np.ndarray, chunk_rows: int, repeats: int, hi
     ``x^T delta``), same shapes and dtype: NumPy whole batch, NumPy in ``chunk_rows`` slices,
     and torch (its own BLAS, MKL in the PyPI wheels) whole batch, in the layouts of ``nn.Linear``."""
     n, d = x.shape
-    width = 10 if model_name == "logreg" else hidden
-    rng = np.random.default_rng(1)
-    w = rng.standard_normal((d, width), dtype=np.float32)
-    delta = rng.standard_normal((n, width), dtype=np.float32)
-    delta_t = np.ascontiguousarray(delta.T)
+    w, delta, delta_t = product_operands(model_name, n, d, hidden)
 
     def numpy_whole() -> None:
         x @ w
@@ -334,16 +337,8 @@ def gemm_floor(model_name: str, x: np.ndarray, chunk_rows: int, repeats: int, hi
         else:
             x.T @ delta
 
-    def numpy_sliced() -> None:
-        for s in range(0, n, chunk_rows):
-            rows = slice(s, min(s + chunk_rows, n))
-            x[rows] @ w
-            if model_name == "logreg":
-                delta_t[:, rows] @ x[rows]
-            else:
-                x[rows].T @ delta[rows]
-
-    steps: dict[str, Step] = {"numpy": (numpy_whole, lambda: None), "numpy_sliced": (numpy_sliced, lambda: None)}
+    steps: dict[str, Step] = {"numpy": (numpy_whole, lambda: None),
+                              "numpy_sliced": products_floor_step(model_name, x, chunk_rows, hidden)}
     try:
         import torch
 

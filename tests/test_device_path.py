@@ -9,9 +9,8 @@ atomic scatter-adds, fused multiply-adds).
 
 from __future__ import annotations
 
-import math
-import warnings
 
+import device_cases as cases
 import numpy as np
 import pytest
 
@@ -20,15 +19,16 @@ from stream.accounting.odometers import advance_trackers, tracker_update
 from stream.continual.running import RunningQuery
 from stream.continual.strategies import BinaryTree, SquareRootFactorization, WindowSums
 from stream.ledger import Ledger, Policy, individual_filter
-from stream.noise import InsecureNoiseWarning
 from stream.testing import strict_xp as sx
 from stream.training.budget import TrainingLedger
-from stream.training.dpgd import GDConfig, noise_multiplier_for, prepare_data, private_gd, training_generators
+from stream.training.dpgd import prepare_data
 from stream.training.models import MLP, LogisticRegression
 from stream.training.normaliser import private_count
 from stream.training.stopping import AccuracyStopping
-from stream.xp import array_module, host_all, maybe_any, register_array_module, to_host
+from stream.xp import array_module, gpu_available, host_all, maybe_any, register_array_module, to_host
 
+# The strict module, and CuPy where a CUDA device is present (tests/test_gpu_kernels.py has the rest).
+DEVICE_MODULES = [sx] + ([__import__("cupy")] if gpu_available() else [])
 STRATEGIES = [WindowSums(), SquareRootFactorization(), BinaryTree(), BinaryTree(height=2)]
 MODELS = [LogisticRegression(), MLP(16)]
 
@@ -145,20 +145,9 @@ def test_strict_arithmetic_gives_numpy_bits():
 # --- the ledger's kernels ------------------------------------------------------------------------
 
 
-def _contributions(d: int) -> np.ndarray:
-    """Rows of every kind the charge treats apart: zero, ordinary, overflowing, subnormal."""
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((64, d)) * np.exp(rng.uniform(-8, 8, (64, 1)))
-    x[0] = 0.0
-    x[1] = 1e200  # squares overflow: the rescaled pass
-    x[2] = 1e-170  # squares underflow: the subnormal pass
-    x[3, 0] = 5e-324
-    return x
-
-
 @pytest.mark.parametrize("d", [1, 7])
 def test_the_gaussian_charge_on_the_device_path_is_numpy_bit_for_bit_with_no_host_traffic(d):
-    x = _contributions(d)
+    x = cases.contributions(d)
     device = sx.asarray(x)
     with sx.host_traffic() as traffic:
         charge = gaussian_charge(contributions=device, noise_std=0.37)
@@ -168,12 +157,7 @@ def test_the_gaussian_charge_on_the_device_path_is_numpy_bit_for_bit_with_no_hos
 
 @pytest.mark.parametrize("policy", list(Policy), ids=lambda p: p.value)
 def test_the_filter_decision_on_the_device_path_is_numpy_bit_for_bit_with_no_host_traffic(policy):
-    rng = np.random.default_rng(2)
-    used = rng.uniform(0.0, 1.0, 200)
-    charge = np.abs(rng.standard_normal(200)) * 0.4
-    charge[:10] = 0.0  # free rows
-    charge[10] = np.inf  # a charge past float64's range
-    used[11], charge[11] = 0.5, math.nextafter(0.5, 1.0)  # fits only by rounding
+    used, charge = cases.filter_inputs()
     expected = individual_filter(used, charge, cap=1.0, policy=policy)
     with sx.host_traffic() as traffic:
         got = individual_filter(sx.asarray(used), sx.asarray(charge), cap=1.0, policy=policy)
@@ -182,19 +166,8 @@ def test_the_filter_decision_on_the_device_path_is_numpy_bit_for_bit_with_no_hos
     assert (traffic.transfers, traffic.syncs) == (0, 0)
 
 
-def _tracker_state() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(3)
-    segment = rng.uniform(0.0, 0.1, 100)
-    bound = 0.1 + 0.1 * rng.integers(0, 3, 100)
-    charge = np.abs(rng.standard_normal(100)) * 0.05
-    charge[:10] = 0.0
-    charge[10:20] = 1.0  # spills over several filters
-    charge[20:30] = 0.1 - segment[20:30]  # fills the open filter to the hair
-    return segment, bound, charge
-
-
 def test_the_tracker_advance_on_the_device_path_is_numpy_bit_for_bit_with_no_host_traffic():
-    segment, bound, charge = _tracker_state()
+    segment, bound, charge = cases.tracker_state()
     expected = tracker_update(segment, bound, charge, step=0.1)
     with sx.host_traffic() as traffic:
         got = advance_trackers(sx.asarray(segment), sx.asarray(bound), sx.asarray(charge), step=0.1)
@@ -203,35 +176,22 @@ def test_the_tracker_advance_on_the_device_path_is_numpy_bit_for_bit_with_no_hos
 
 
 def test_the_checked_tracker_update_makes_one_transfer_its_check():
-    segment, bound, charge = _tracker_state()
+    segment, bound, charge = cases.tracker_state()
     with sx.host_traffic() as traffic:
         tracker_update(sx.asarray(segment), sx.asarray(bound), sx.asarray(charge), step=0.1)
     assert (traffic.transfers, traffic.syncs) == (1, 0)
 
 
 def test_the_checked_tracker_update_refuses_a_negative_charge_on_the_device_path():
-    segment, bound, charge = _tracker_state()
+    segment, bound, charge = cases.tracker_state()
     charge[5] = -1.0
     with pytest.raises(ValueError, match="charge must be finite and >= 0"):
         tracker_update(sx.asarray(segment), sx.asarray(bound), sx.asarray(charge), step=0.1)
 
 
-def _charged_ledgers(xp, *, validate: bool) -> tuple[TrainingLedger, list]:
-    """A training ledger charged five times (both policies, a slice of rows, zero norms)."""
-    rng = np.random.default_rng(4)
-    ledger = TrainingLedger.fresh(300, budget=2.0, xp=xp)
-    scales = []
-    for i in range(5):
-        norms = np.abs(rng.standard_normal(300 if i < 3 else 100)) * (i + 1)
-        norms[:7] = 0.0
-        scales.append(ledger.charge(xp.asarray(norms), noise_std=1.3, policy="clip" if i % 2 else "drop",
-                                    rows=None if i < 3 else slice(100, 200), validate=validate))
-    return ledger, scales
-
-
 def test_the_training_ledger_charge_on_the_device_path_is_numpy_bit_for_bit():
-    expected, expected_scales = _charged_ledgers(np, validate=True)
-    got, scales = _charged_ledgers(sx, validate=False)
+    expected, expected_scales = cases.charged_ledger(np, validate=True)
+    got, scales = cases.charged_ledger(sx, validate=False)
     assert all(_same_bits(e, s) for e, s in zip(expected_scales, scales))
     assert _same_bits(expected.used, got.used)
     assert np.array_equal(expected.personal_odometer(), got.personal_odometer())
@@ -254,7 +214,7 @@ def test_the_training_ledger_check_refuses_a_nan_norm_on_the_device_path():
 
 
 @pytest.mark.parametrize("policy", list(Policy), ids=lambda p: p.value)
-@pytest.mark.parametrize("xp", [np, sx], ids=["numpy", "strict"])
+@pytest.mark.parametrize("xp", [np, *DEVICE_MODULES], ids=lambda m: m.__name__)
 def test_an_unchecked_nan_or_infinite_norm_is_dropped_and_charged_nothing(xp, policy):
     ledger = TrainingLedger.fresh(3, budget=1.0, xp=xp)
     scale = ledger.charge(xp.asarray([0.5, np.nan, np.inf]), noise_std=2.0, policy=policy, validate=False)
@@ -263,10 +223,11 @@ def test_an_unchecked_nan_or_infinite_norm_is_dropped_and_charged_nothing(xp, po
     assert used[0] > 0 and used[1:].tolist() == [0.0, 0.0]
 
 
-def test_a_ledger_read_into_device_arrays_merges_back_as_on_numpy():
+@pytest.mark.parametrize("device", DEVICE_MODULES, ids=lambda m: m.__name__)
+def test_a_ledger_read_into_device_arrays_merges_back_as_on_numpy(device):
     ledger = Ledger(budget=1.0)
     ledger.admit(np.arange(5), np.ones((5, 2)), noise_std=3.0)
-    views = [TrainingLedger.from_ledger(ledger, np.arange(2, 9), xp=xp) for xp in (np, sx)]
+    views = [TrainingLedger.from_ledger(ledger, np.arange(2, 9), xp=xp) for xp in (np, device)]
     for view in views:
         view.charge(view.used * 0.0 + 1.5, noise_std=2.0)
     assert views[0].merged_ledger().to_arrow().equals(views[1].merged_ledger().to_arrow())
@@ -274,26 +235,12 @@ def test_a_ledger_read_into_device_arrays_merges_back_as_on_numpy():
 
 # --- the filtered DP-GD step ---------------------------------------------------------------------
 
-N, D, K = 240, 9, 3
+N, D, K = cases.N, cases.D, cases.K
 
 
-def _run(model, xp, *, filtering: bool, steps: int = 4, stopping: AccuracyStopping | None = None,
-         chunk_rows: int | None = None, init_params=None, ledger: TrainingLedger | None = None):
-    rng = np.random.default_rng(5)
-    x, y = rng.standard_normal((N, D)), rng.integers(0, K, N)
-    data = prepare_data(x, y, n_classes=K, xp=xp)
-    config = GDConfig(clip=0.7, noise_multiplier=noise_multiplier_for(steps=steps, rho=0.5), learning_rate=0.5,
-                      steps=steps, filtering=filtering, norm_budget=0.49 * steps * 0.6 if filtering else None,
-                      max_steps=steps + 2 if filtering else None)
-    ledger = ledger if ledger is not None else TrainingLedger.fresh(N, budget=1.0, xp=xp)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", InsecureNoiseWarning)
-        noise, queries = training_generators(6)
-    with sx.host_traffic() as traffic:
-        result = private_gd(model, data, config=config, ledger=ledger, rng=noise, query_rng=queries, stopping=stopping,
-                            chunk_rows=chunk_rows, normaliser=float(N), init_params=init_params,
-                            init_rng=np.random.default_rng(7))
-    return result, ledger, traffic
+def _run(model, xp, **kwargs):
+    """``cases.training_run`` with the run's host traffic counted."""
+    return cases.training_run(model, xp, observe=sx.host_traffic, **kwargs)
 
 
 @pytest.mark.parametrize("filtering", [False, True], ids=["algorithm-6", "algorithm-7"])
@@ -369,15 +316,10 @@ def test_per_example_norms_and_weighted_sums_on_the_device_path_are_numpy_bit_fo
 # --- the running-total kernels -------------------------------------------------------------------
 
 
-def _releases(strategy, horizon: int, tail=(2, 3), seed: int = 12) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal((strategy.rows_at(t), *tail)) for t in range(horizon)]
-
-
 @pytest.mark.parametrize("horizon", [1, 13, 100])
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=repr)
 def test_the_decode_on_the_device_path_is_numpy_bit_for_bit_with_one_transfer(strategy, horizon):
-    releases = _releases(strategy, horizon)
+    releases = cases.releases(strategy, horizon)
     device = [sx.asarray(r) for r in releases]
     with sx.host_traffic() as traffic:
         estimates = strategy.post_process(device)
@@ -387,7 +329,7 @@ def test_the_decode_on_the_device_path_is_numpy_bit_for_bit_with_one_transfer(st
 
 def test_a_long_square_root_decode_on_the_device_path_matches_numpy_within_1e_12_relative():
     strategy = SquareRootFactorization()
-    releases = _releases(strategy, 3000, tail=(2,))
+    releases = cases.releases(strategy, 3000, tail=(2,))
     expected = strategy.post_process(releases)
     got = strategy.post_process([sx.asarray(r) for r in releases]).get()  # the device's FFT, not scipy's
     assert np.abs(got - expected).max() <= 1e-12 * np.abs(expected).max()
@@ -395,12 +337,13 @@ def test_a_long_square_root_decode_on_the_device_path_matches_numpy_within_1e_12
 
 def test_a_running_query_estimates_device_releases_as_numpy():
     query = RunningQuery(query_id="r", dim=2, start_window=0, noise_std=1.0, strategy=BinaryTree())
-    releases = _releases(query.strategy, 20, tail=(2,))
+    releases = cases.releases(query.strategy, 20, tail=(2,))
     assert _same_bits(query.estimates(releases), query.estimates([sx.asarray(r) for r in releases]))
 
 
-def test_a_non_finite_device_release_is_refused_naming_its_window():
-    releases = [sx.asarray(r) for r in _releases(WindowSums(), 5)]
+@pytest.mark.parametrize("device", DEVICE_MODULES, ids=lambda m: m.__name__)
+def test_a_non_finite_device_release_is_refused_naming_its_window(device):
+    releases = [device.asarray(r) for r in cases.releases(WindowSums(), 5)]
     releases[3][0, 1, 2] = np.nan
     with pytest.raises(ValueError, match="releases must be finite, got a NaN/inf at window 3"):
         WindowSums().post_process(releases)

@@ -13,9 +13,8 @@ equal. Skipped where CuPy sees no CUDA device (CI); run on a lent GPU with
 
 from __future__ import annotations
 
-import math
-import warnings
 
+import device_cases as cases
 import numpy as np
 import pytest
 
@@ -23,10 +22,9 @@ from stream.accounting.gaussian import gaussian_charge
 from stream.accounting.odometers import advance_trackers, tracker_update
 from stream.continual.running import RunningQuery
 from stream.continual.strategies import BinaryTree, SquareRootFactorization, WindowSums
-from stream.ledger import Ledger, Policy, individual_filter
-from stream.noise import InsecureNoiseWarning
+from stream.ledger import Policy, individual_filter
 from stream.training.budget import TrainingLedger
-from stream.training.dpgd import GDConfig, noise_multiplier_for, prepare_data, private_gd, training_generators
+from stream.training.dpgd import prepare_data
 from stream.training.models import MLP, LogisticRegression, softmax_residual
 from stream.training.normaliser import private_count
 from stream.training.stopping import AccuracyStopping
@@ -119,10 +117,7 @@ def test_float32_norms_on_cupy_bound_the_norms_of_what_the_device_step_contribut
 
 @pytest.mark.parametrize("d", [1, 7])
 def test_the_gaussian_charge_on_cupy_matches_numpy_including_overflowing_and_subnormal_rows(d):
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((64, d)) * np.exp(rng.uniform(-8, 8, (64, 1)))
-    x[0], x[1], x[2] = 0.0, 1e200, 1e-170  # zero, squares overflow, squares underflow
-    x[3, 0] = 5e-324
+    x = cases.contributions(d)
     _close(gaussian_charge(contributions=x, noise_std=0.37), gaussian_charge(contributions=cp.asarray(x),
                                                                               noise_std=0.37), rtol=F64_RTOL)
 
@@ -131,12 +126,7 @@ def test_the_gaussian_charge_on_cupy_matches_numpy_including_overflowing_and_sub
 def test_the_filter_decision_on_cupy_is_numpy_bit_for_bit(policy):
     # Additions, comparisons, divisions and square roots are correctly rounded on both, so the
     # decision and the state are exact, the row that fits only by rounding included.
-    rng = np.random.default_rng(2)
-    used = rng.uniform(0.0, 1.0, 200)
-    charge = np.abs(rng.standard_normal(200)) * 0.4
-    charge[:10] = 0.0
-    charge[10] = np.inf
-    used[11], charge[11] = 0.5, math.nextafter(0.5, 1.0)
+    used, charge = cases.filter_inputs()
     expected = individual_filter(used, charge, cap=1.0, policy=policy)
     got = individual_filter(cp.asarray(used), cp.asarray(charge), cap=1.0, policy=policy)
     for field in ("new_used", "charge", "scale", "status"):
@@ -145,12 +135,7 @@ def test_the_filter_decision_on_cupy_is_numpy_bit_for_bit(policy):
 
 
 def test_the_tracker_advance_on_cupy_matches_numpy():
-    rng = np.random.default_rng(3)
-    segment = rng.uniform(0.0, 0.1, 100)
-    bound = 0.1 + 0.1 * rng.integers(0, 3, 100)
-    charge = np.abs(rng.standard_normal(100)) * 0.05
-    charge[:10], charge[10:20] = 0.0, 1.0
-    charge[20:30] = 0.1 - segment[20:30]
+    segment, bound, charge = cases.tracker_state()
     expected = tracker_update(segment, bound, charge, step=0.1)
     got = advance_trackers(cp.asarray(segment), cp.asarray(bound), cp.asarray(charge), step=0.1)
     checked = tracker_update(cp.asarray(segment), cp.asarray(bound), cp.asarray(charge), step=0.1)
@@ -160,18 +145,8 @@ def test_the_tracker_advance_on_cupy_matches_numpy():
 
 
 def test_the_training_ledger_charge_on_cupy_matches_numpy_with_the_same_scales():
-    results = []
-    for xp in (np, cp):
-        rng = np.random.default_rng(4)
-        ledger = TrainingLedger.fresh(300, budget=2.0, xp=xp)
-        scales = []
-        for i in range(5):
-            norms = np.abs(rng.standard_normal(300 if i < 3 else 100)) * (i + 1)
-            norms[:7] = 0.0
-            scales.append(ledger.charge(xp.asarray(norms), noise_std=1.3, policy="clip" if i % 2 else "drop",
-                                        rows=None if i < 3 else slice(100, 200), validate=xp is np))
-        results.append((ledger, scales))
-    (expected, expected_scales), (got, scales) = results
+    expected, expected_scales = cases.charged_ledger(np, validate=True)
+    got, scales = cases.charged_ledger(cp, validate=False)
     for e, g in zip(expected_scales, scales):
         _close(e, g, rtol=F64_RTOL)
     _close(expected.used, got.used, rtol=F64_RTOL)
@@ -185,42 +160,13 @@ def test_the_training_ledger_check_refuses_a_nan_norm_on_cupy_before_any_charge(
     assert to_host(ledger.used).tolist() == [0.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("policy", list(Policy), ids=lambda p: p.value)
-def test_an_unchecked_nan_or_infinite_norm_on_cupy_is_dropped_and_charged_nothing(policy):
-    ledger = TrainingLedger.fresh(3, budget=1.0, xp=cp)
-    scale = ledger.charge(cp.asarray([0.5, np.nan, np.inf]), noise_std=2.0, policy=policy, validate=False)
-    assert to_host(scale).tolist() == [1.0, 0.0, 0.0]
-    used = to_host(ledger.used)
-    assert used[0] > 0 and used[1:].tolist() == [0.0, 0.0]
-
-
-def test_a_ledger_read_into_cupy_arrays_merges_back_as_on_numpy():
-    ledger = Ledger(budget=1.0)
-    ledger.admit(np.arange(5), np.ones((5, 2)), noise_std=3.0)
-    views = [TrainingLedger.from_ledger(ledger, np.arange(2, 9), xp=xp) for xp in (np, cp)]
-    for view in views:
-        view.charge(view.used * 0.0 + 1.5, noise_std=2.0)
-    assert views[0].merged_ledger().to_arrow().equals(views[1].merged_ledger().to_arrow())
-
-
 # --- the filtered DP-GD step ---------------------------------------------------------------------
 
-N, D, K = 240, 9, 3
+N = cases.N
 
 
-def _run(model, xp, *, filtering: bool, dtype=np.float64, steps: int = 4, stopping=None, chunk_rows=None):
-    rng = np.random.default_rng(5)
-    x, y = rng.standard_normal((N, D)), rng.integers(0, K, N)
-    data = prepare_data(x, y, n_classes=K, xp=xp, dtype=dtype)
-    config = GDConfig(clip=0.7, noise_multiplier=noise_multiplier_for(steps=steps, rho=0.5), learning_rate=0.5,
-                      steps=steps, filtering=filtering, norm_budget=0.49 * steps * 0.6 if filtering else None,
-                      max_steps=steps + 2 if filtering else None)
-    ledger = TrainingLedger.fresh(N, budget=1.0, xp=xp)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", InsecureNoiseWarning)
-        noise, queries = training_generators(6)
-    result = private_gd(model, data, config=config, ledger=ledger, rng=noise, query_rng=queries, stopping=stopping,
-                        chunk_rows=chunk_rows, normaliser=float(N), init_rng=np.random.default_rng(7))
+def _run(model, xp, **kwargs):
+    result, ledger, _ = cases.training_run(model, xp, **kwargs)
     return result, ledger
 
 
@@ -264,22 +210,17 @@ def test_the_noisy_count_on_cupy_is_numpy_s():
 # --- the running-total kernels -------------------------------------------------------------------
 
 
-def _releases(strategy, horizon: int, tail=(2, 3), seed: int = 12) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal((strategy.rows_at(t), *tail)) for t in range(horizon)]
-
-
 @pytest.mark.parametrize("horizon", [1, 13, 100])
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=repr)
 def test_the_decode_on_cupy_matches_numpy(strategy, horizon):
-    releases = _releases(strategy, horizon)
+    releases = cases.releases(strategy, horizon)
     _close(strategy.post_process(releases), strategy.post_process([cp.asarray(r) for r in releases]),
            rtol=1e-12, atol=1e-12)
 
 
 def test_a_long_square_root_decode_on_cupy_matches_numpy_within_1e_12_relative():
     strategy = SquareRootFactorization()
-    releases = _releases(strategy, 3000, tail=(2,))
+    releases = cases.releases(strategy, 3000, tail=(2,))
     expected = strategy.post_process(releases)
     got = to_host(strategy.post_process([cp.asarray(r) for r in releases]))
     assert np.abs(got - expected).max() <= 1e-12 * np.abs(expected).max()
@@ -287,15 +228,8 @@ def test_a_long_square_root_decode_on_cupy_matches_numpy_within_1e_12_relative()
 
 def test_a_running_query_estimates_cupy_releases_as_numpy():
     query = RunningQuery(query_id="r", dim=2, start_window=0, noise_std=1.0, strategy=BinaryTree())
-    releases = _releases(query.strategy, 20, tail=(2,))
+    releases = cases.releases(query.strategy, 20, tail=(2,))
     _close(query.estimates(releases), query.estimates([cp.asarray(r) for r in releases]), rtol=1e-12, atol=1e-12)
-
-
-def test_a_non_finite_cupy_release_is_refused_naming_its_window():
-    releases = [cp.asarray(r) for r in _releases(WindowSums(), 5)]
-    releases[3][0, 1, 2] = np.nan
-    with pytest.raises(ValueError, match="releases must be finite, got a NaN/inf at window 3"):
-        WindowSums().post_process(releases)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=repr)
