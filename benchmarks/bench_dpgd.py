@@ -550,22 +550,23 @@ def main(argv: list[str] | None = None) -> int:
                         f"{', '.join(f'{r:.3f}' for r in turn_ratios)} (median {statistics.median(turn_ratios):.3f}x; "
                         "issue 21's target: 1.15x)")
         gc.collect()
-        if args.gemm_floor and args.device == "gpu":
+        if args.gemm_floor:
             ours_flops, opacus_flops = gemm_flops(model_name, n, args.features)
+            flops = (f"#   {label}: matmul FLOPs ours {ours_flops / 1e9:.1f} G, Opacus ghost {opacus_flops / 1e9:.1f} G "
+                     f"({opacus_flops / ours_flops:.2f}x)")
+        if args.gemm_floor and args.device == "gpu":
             floor = gemm_floor_gpu(model_name, n, args.features, max(args.repeats, 20))
-            line = (f"#   {label}: matmul FLOPs ours {ours_flops / 1e9:.1f} G, Opacus ghost {opacus_flops / 1e9:.1f} G "
-                    f"({opacus_flops / ours_flops:.2f}x); our two large matmuls alone on the GPU (CuPy, float32): "
-                    f"{floor['cupy'] * 1e3:.2f} ms ({2 * n * args.features * (10 if model_name == 'logreg' else 256) * 2 / floor['cupy'] / 1e12:.1f} TFLOP/s)")
+            products_flops = 2 * 2 * n * args.features * (10 if model_name == "logreg" else 256)
+            line = (f"{flops}; our two large matmuls alone on the GPU (CuPy, float32): "
+                    f"{floor['cupy'] * 1e3:.2f} ms ({products_flops / floor['cupy'] / 1e12:.1f} TFLOP/s)")
             if "torch" in floor:
                 line += f"; the same in torch: {floor['torch'] * 1e3:.2f} ms"
             runs.append(line)
         if args.gemm_floor and args.device == "cpu":
             x, _ = synthetic_data(n, args.features)
-            ours_flops, opacus_flops = gemm_flops(model_name, n, args.features)
             floor = gemm_floor(model_name, x, chunk_rows, args.repeats)
             del x
-            line = (f"#   {label}: matmul FLOPs ours {ours_flops / 1e9:.1f} G, Opacus ghost {opacus_flops / 1e9:.1f} G "
-                    f"({opacus_flops / ours_flops:.2f}x); our two large matmuls alone (NumPy): "
+            line = (f"{flops}; our two large matmuls alone (NumPy): "
                     f"{floor['numpy']:.3f} s whole batch, {floor['numpy_sliced']:.3f} s in slices")
             if "torch" in floor:
                 line += f"; the same in torch: {floor['torch']:.3f} s"
