@@ -320,12 +320,14 @@ class LinearQuery:
 
 
 def default_queries(columns: Sequence[str], *, kind: str = "window",
-                    strategy: str | None = None, horizon: int | str | None = None) -> list[LinearQuery]:
+                    strategy: str | None = None, horizon: int | str | None = None,
+                    bounds: Mapping[str, tuple[float, float]] | None = None) -> list[LinearQuery]:
     """The defaults, one per numeric indicator column ``c`` in the order given: its per-window
     sum, id ``sum:c`` (``kind="window"``), or its running total, id ``running:c``
     (``kind="running"``, released through ``strategy``, default ``blt``, over ``horizon``,
-    default 365 windows); one coordinate labelled ``c``. Existing stores use these ids: they
-    never change."""
+    default 365 windows); one coordinate labelled ``c`` (``clamp(c,lo,hi)`` when clamped to ``bounds[c]``
+    (the column's declared bound, :mod:`stream.contract`), where given). Existing stores use these
+    ids: they never change."""
     prefix = {"window": "sum", "running": "running"}.get(kind)
     if prefix is None:
         raise ValueError(f"kind must be one of {KINDS}, got kind={kind!r}")
@@ -333,9 +335,18 @@ def default_queries(columns: Sequence[str], *, kind: str = "window",
         raise ValueError(f"columns must be a sequence of column names, got the string {columns!r}")
     strategy = _strategy(kind, strategy)
     horizon = _horizon(kind, strategy, horizon)
-    return [LinearQuery.columns(f"{prefix}:{c}", [c], kind=kind, strategy=strategy, horizon=horizon,
-                                description=f"{'daily sum' if kind == 'window' else 'running total'} of {c}")
-            for c in columns]
+    bounds = bounds or {}
+
+    def one(c: str) -> LinearQuery:
+        what = f"{'daily sum' if kind == 'window' else 'running total'} of {c}"
+        if c in bounds:
+            lo, hi = bounds[c]
+            return LinearQuery.clamp(f"{prefix}:{c}", c, lo, hi, kind=kind, strategy=strategy, horizon=horizon,
+                                     description=f"{what}, each value clamped to [{lo:g}, {hi:g}]")
+        return LinearQuery.columns(f"{prefix}:{c}", [c], kind=kind, strategy=strategy, horizon=horizon,
+                                   description=what)
+
+    return [one(c) for c in columns]
 
 
 # --- validation (pure) ---------------------------------------------------------------------------

@@ -652,29 +652,30 @@ def _user_ids(arr: pa.Array, rej: _Rejections) -> pa.Array:
     return ids
 
 
-# Up to 18 digits always fit in int64 (9.2e18); a 19-digit id is checked against the bounds as text.
-_INT_TEXT = r"^[+-]?[0-9]{1,19}$"
+# A declared int64 id written as text must be the integer's one canonical spelling (no sign but a
+# minus, no leading zero, no space): "042" and "42" are not read as one person. Up to 18 digits
+# always fit in int64 (9.2e18); a 19-digit id is checked against the bounds as text.
+_INT_TEXT = r"^(0|-?[1-9][0-9]{0,18})$"
 _INT64_MAX_TEXT = str(2**63 - 1)
 
 
 def _as_id_type(users: pa.Array, id_type: str | None, rej: _Rejections) -> pa.Array:
     """``users`` (int64 or utf8, from :func:`_user_ids`) as ``id_type``; adds ``wrong_type`` for
-    text ids that are not int64 integers when ``id_type`` is ``"int64"``."""
+    text ids that are not a canonical int64 integer when ``id_type`` is ``"int64"``."""
     if id_type is None or len(users) == 0:
         return users
     if id_type == "string":
         return users if pa.types.is_string(users.type) else pc.cast(users, pa.string())
     if pa.types.is_integer(users.type):
         return users
-    text = pc.utf8_trim_whitespace(users)
-    digits = pc.utf8_ltrim(text, characters="+-")
-    fits = _mask(pc.match_substring_regex(text, _INT_TEXT)) & (
+    digits = pc.utf8_ltrim(users, characters="-")
+    fits = _mask(pc.match_substring_regex(users, _INT_TEXT)) & (
         _mask(pc.less(pc.utf8_length(digits), 19))
         | (_mask(pc.equal(pc.utf8_length(digits), 19)) & _mask(pc.less_equal(digits, _INT64_MAX_TEXT))))
-    ids = pc.if_else(pa.array(fits), pc.replace_substring_regex(text, r"^\+", ""), pa.scalar("0"))
-    parsed = pc.cast(ids, pa.int64())
+    parsed = pc.cast(pc.if_else(pa.array(fits), users, pa.scalar("0")), pa.int64())
     rej.add(_mask(users.is_valid()) & ~fits, DeadLetterReason.WRONG_TYPE,
-            lambda: _join(f"{USER_ID}: cannot parse ", _snippet(users), " as an int64 user id (the ledger's id type)"))
+            lambda: _join(f"{USER_ID}: ", _snippet(users), " is not an int64 user id written canonically (the "
+                          "ledger's declared id type)"))
     rej.add(fits & _mask(pc.equal(parsed, pa.scalar(RESERVED_USER_ID, pa.int64()))), DeadLetterReason.WRONG_TYPE,
             f"{USER_ID} {RESERVED_USER_ID} is reserved (the int64 minimum) and cannot be a user id")
     return parsed

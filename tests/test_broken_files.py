@@ -235,7 +235,9 @@ def test_a_reader_given_a_list_skips_a_csv_line_that_does_not_split_and_hands_it
     path.write_bytes(_RAGGED)
     malformed: list = []
     assert sum(b.num_rows for b in read_batches(path, malformed=malformed)) == 2
-    assert [text for _, text in malformed] == ["2,2026-03-02", "3,2026-03-02,1,extra"]
+    assert [text for _, text, _ in malformed] == ["2,2026-03-02", "3,2026-03-02,1,extra"]
+    assert [(line, why) for line, _, why in malformed] == [(3, "2 fields, not the header's 3"),
+                                                           (4, "4 fields, not the header's 3")]
 
 
 def test_a_csv_line_that_does_not_split_is_a_dead_letter_and_the_day_is_released(tmp_path):

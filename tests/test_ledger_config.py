@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from stream.contract import DeclaredColumn, InputContract
 from stream.accounting import calibrate
 from stream.accounting.calibration import NOISE_HEADROOM
 from stream.accounting.odometers import tracker_step_for
@@ -30,12 +31,13 @@ FINGERPRINT = "0123456789abcdef"
 
 def _config(*, epsilon=0.1 + 0.2, delta=1e-6 / 3, norm_budget=B, accounting="gdp", id_type="int64",
             key_fingerprint=FINGERPRINT, window_seconds=86_400, origin_seconds=0, n_shards=DEFAULT_SHARDS,
-            ledger_id="0123456789abcdef0123456789abcdef", releases=None) -> LedgerConfig:
+            ledger_id="0123456789abcdef0123456789abcdef", releases=None, contract=None) -> LedgerConfig:
     """A new ledger's configuration; floats that only an exact codec keeps (0.1 + 0.2, 1e-6 / 3)."""
     return LedgerConfig.from_promise(
         epsilon=epsilon, delta=delta, norm_budget=norm_budget, accounting=accounting, id_type=id_type,
         key_fingerprint=key_fingerprint, window=WindowSpec(length_seconds=window_seconds, origin_seconds=origin_seconds),
-        n_shards=n_shards, ledger_id=ledger_id, releases=releases)
+        n_shards=n_shards, ledger_id=ledger_id, releases=releases,
+        contract=None if contract is None else InputContract(id_type, contract))
 
 
 def _as_another_version(config: LedgerConfig, rho_factor: float) -> LedgerConfig:
@@ -148,7 +150,7 @@ def test_a_snapshot_from_before_the_job_recorded_its_parameters_says_which_it_la
                 if k.decode()[len("renyi_stream."):] not in (*FIXED, *DERIVED)}
     with pytest.raises(LedgerConfigError) as caught:
         LedgerConfig.from_snapshot_metadata(metadata, where="s")
-    assert set(caught.value.missing) == {*FIXED, *DERIVED}
+    assert set(caught.value.missing) == {*FIXED, *DERIVED} - {"columns"}  # a record may predate declarations
 
 
 def test_a_snapshot_whose_budget_is_not_a_number_records_no_budget():
@@ -165,7 +167,9 @@ CHANGES = {  # a fixed field -> another value a run might ask
     "accounting": {"accounting": "zcdp-cks"}, "id_type": {"id_type": "string"},
     "key_fingerprint": {"key_fingerprint": "fedcba9876543210"}, "window_seconds": {"window_seconds": 43_200},
     "origin_seconds": {"origin_seconds": 3_600}, "releases": {"releases": "gs://acme-staging/releases"},
+    "columns": {"contract": (DeclaredColumn("opened", "number", 0.0, 2.0),)},
 }
+DECLARED = (DeclaredColumn("opened", "number", 0.0, 1.0), DeclaredColumn("tier", "category"))
 
 
 def test_every_fixed_field_has_a_change_case():
@@ -174,8 +178,8 @@ def test_every_fixed_field_has_a_change_case():
 
 @pytest.mark.parametrize("field", sorted(CHANGES))
 def test_a_run_asking_another_value_of_a_fixed_field_is_refused_naming_the_field_both_values_and_where(field):
-    recorded = _config(releases="gs://acme-public/releases")
-    asked = _config(**{"releases": "gs://acme-public/releases", **CHANGES[field]})
+    recorded = _config(releases="gs://acme-public/releases", contract=DECLARED)
+    asked = _config(**{"releases": "gs://acme-public/releases", "contract": DECLARED, **CHANGES[field]})
     with pytest.raises(LedgerConfigError) as caught:
         asked.continued_from(recorded, where="--previous-ledger gs://c/run1")
     message = str(caught.value)
@@ -188,6 +192,30 @@ def test_a_run_asking_another_value_of_a_fixed_field_is_refused_naming_the_field
 def test_a_record_without_a_release_root_is_continued_into_this_runs_root_and_a_job_without_one_keeps_the_records():
     assert _config(releases="gs://r").continued_from(_config(), where="w").releases == "gs://r"
     assert _config().continued_from(_config(releases="gs://r"), where="w").releases == "gs://r"
+
+
+def test_a_record_without_declared_columns_is_continued_with_this_runs_and_a_run_declaring_none_keeps_the_records():
+    assert _config(contract=DECLARED).continued_from(_config(), where="w").contract == InputContract("int64", DECLARED)
+    assert _config().continued_from(_config(contract=DECLARED), where="w").contract == InputContract("int64", DECLARED)
+    assert _config().continued_from(_config(), where="w").contract is None
+
+
+@pytest.mark.parametrize("codec", ["meta", "manifest", "snapshot"])
+def test_every_record_keeps_the_declared_columns_exactly(codec):
+    config = _config(releases="/public", contract=DECLARED)
+    if codec == "meta":
+        back = LedgerConfig.from_meta(config.to_meta(), where="m")
+    elif codec == "manifest":
+        back = LedgerConfig.from_manifest(json.loads(json.dumps(config.to_manifest())), where="m")
+    else:
+        back = LedgerConfig.from_snapshot_metadata(config.to_snapshot_metadata(), where="m")
+    assert back.contract == InputContract("int64", DECLARED) and back.columns == config.columns
+
+
+def test_an_edited_declaration_in_a_record_is_refused_naming_it():
+    rows = {**_config(contract=DECLARED).to_meta(), "columns": '[{"name": "opened", "kind": "number", "lo": 1, "hi": 0}]'}
+    with pytest.raises(LedgerConfigError, match="needs lo < hi"):
+        LedgerConfig.from_meta(rows, where="m")
 
 
 def test_a_continuing_run_keeps_the_recorded_budget_noise_and_tracker_step_of_another_versions_last_bits():

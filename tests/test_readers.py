@@ -78,11 +78,12 @@ def test_an_empty_file_is_refused_naming_it(tmp_path):
         list(read_batches(tmp_path / "empty.parquet"))
 
 
-def test_a_csvs_columns_other_than_user_id_are_read_as_text_whatever_their_values_look_like(tmp_path):
+def test_every_csv_column_user_id_included_is_read_as_text_whatever_its_values_look_like(tmp_path):
     (tmp_path / "d.csv").write_text("user_id,day,count,flag,when,empty,mixed\n"
                                     "1,2026-03-01,3,true,2026-03-01,,1\n"
                                     "2,2026-03-01,4,false,2026-03-02,,x\n")
     [batch] = list(read_batches(tmp_path / "d.csv"))
-    assert batch.schema.field("user_id").type == pa.int64()
+    assert batch.schema.field("user_id").type == pa.string()  # the ledger's declared id type parses it
+    assert batch.column("user_id").to_pylist() == ["1", "2"]
     assert [batch.schema.field(c).type for c in ("day", "count", "flag", "when", "empty", "mixed")] == [pa.string()] * 6
     assert batch.column("count").to_pylist() == ["3", "4"] and batch.column("empty").to_pylist() == ["", ""]

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from stream.accounting import ACCOUNTINGS, DEFAULT_ACCOUNTING
+from stream.contract import ID_TYPES
 from stream.engine.ledger_config import DEFAULT_SHARDS
 from stream.ledger import Policy
 from stream.noise import NoiseKey
 from stream.schema import WindowSpec
+
+if TYPE_CHECKING:
+    from stream.contract import InputContract
 
 #: The option group's defaults (:func:`add_ledger_options`): one place for every job.
 DEFAULT_WINDOW = "1d"
@@ -98,6 +102,46 @@ def add_ledger_options(parser: argparse.ArgumentParser, *, key_help: str, key_al
     arg("--shards", type=int, default=DEFAULT_SHARDS,
         help=f"user shards of the stateful filter (default {DEFAULT_SHARDS}; a later run may use another count: "
              "the ledger is split again by user)")
+    contract = parser.add_argument_group(
+        "the input contract: declared on the ledger's first run, kept for its life (nothing is inferred from values)")
+    arg = contract.add_argument
+    arg("--id-type", "--id_type", dest="id_type", choices=ID_TYPES, default=None,
+        help="the ledger's user id type: int64 (ids written as canonical integers) or string (compared byte for byte)")
+    arg("--column", dest="declared_columns", action="append", default=[], metavar="NAME[=LO:HI]",
+        help="a numeric indicator column; with =LO:HI its default sum clamps each value to [LO, HI] (a column "
+             "without a bound gets no default sum); repeat per column")
+    arg("--category", dest="declared_categories", action="append", default=[], metavar="NAME",
+        help="a text column of categories, read only by histograms over declared categories; repeat per column")
+    arg("--schema", dest="schema_file", default=None, metavar="FILE.json",
+        help='the contract as a JSON file: {"id_type": "int64", "columns": [{"name": "opened", "kind": "number", '
+             '"lo": 0, "hi": 1}, {"name": "tier", "kind": "category"}]}')
+
+
+def refuse_declared_columns(args: argparse.Namespace, *, job: str) -> None:
+    """RunRefused for ``--column``/``--category``/``--schema`` in a job that does not enforce a
+    declared contract yet (it takes ``--id-type``): a declaration it would not keep must not look kept."""
+    if args.declared_columns or args.declared_categories or args.schema_file:
+        raise RunRefused(f"{job} does not take declared columns yet (--column, --category, --schema): "
+                         "renyi-stream run enforces them; here declare the id type with --id-type and the "
+                         "numeric columns with --columns")
+
+
+def declared_contract(args: argparse.Namespace) -> "InputContract | None":
+    """The contract a run's options declare (:func:`add_ledger_options`), None when they declare
+    none. :class:`stream.contract.ContractError` (a ValueError) for a malformed declaration, or
+    ``--schema`` beside the other contract options."""
+    from stream.contract import ContractError, InputContract
+
+    inline = bool(args.declared_columns or args.declared_categories)
+    if args.schema_file is not None:
+        if inline or args.id_type is not None:
+            raise ContractError("give the contract either as --schema FILE or as --id-type/--column/--category, "
+                                f"not both (got --schema {args.schema_file})")
+        return InputContract.from_file(args.schema_file)
+    if not inline:
+        return None
+    return InputContract.from_options(id_type=args.id_type, columns=args.declared_columns,
+                                      categories=args.declared_categories)
 
 
 def add_promise_options(parser: argparse.ArgumentParser) -> None:

@@ -90,7 +90,7 @@ class ReadAndValidate(beam.DoFn):
     def process(self, element: tuple[int, str]) -> Iterator[Any]:
         file_index, path = element
         offset = 0
-        malformed: list[tuple[int, str]] = []
+        malformed: list[tuple[int, str, str]] = []
         for batch in read_batches(path, batch_rows=self._batch_rows, malformed=malformed):
             yield beam.pvalue.TaggedOutput("read", (path, batch.num_rows))
             # No window bounds here: which rows are late or out of schedule is the engine's one
@@ -116,9 +116,8 @@ class ReadAndValidate(beam.DoFn):
             yield beam.pvalue.TaggedOutput("read", (path, len(malformed)))
             yield beam.pvalue.TaggedOutput("dead", dead_letters(
                 DeadLetterReason.MALFORMED_ROW, source=path, row_index=-1,
-                detail=[f"line {n}: not the header's number of fields" if n >= 0 else
-                        "a line with another number of fields than the header" for n, _ in malformed],
-                raw=[text[:256] for _, text in malformed]))
+                detail=[f"line {n}: {why}" for n, _, why in malformed],
+                raw=[text[:256] for _, text, _ in malformed]))
 
 
 def valid_mask(n: int, rejected: pa.Table) -> np.ndarray:

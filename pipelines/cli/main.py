@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from pipelines.beam.job_options import RunRefused, add_ledger_options, refuse_unknown_options
+from pipelines.beam.job_options import RunRefused, add_ledger_options, declared_contract, refuse_unknown_options
 from pipelines.cli.errors import PROG, name_the_option, record_option_names
 from pipelines.cli.queries import add_query_subcommands, add_running_options
 from pipelines.cli.training import add_train_subcommand
@@ -145,12 +145,16 @@ def _run_command(args: argparse.Namespace) -> int:
         if args.runner == "DirectRunner" and not any(a.startswith("--direct_running_mode") for a in beam_args):
             beam_args.append("--direct_running_mode=in_memory")
     try:
+        contract = declared_contract(args)
+        if contract is None and args.id_type is not None:
+            raise ValueError(f"--id-type {args.id_type} declares no column: give each indicator column with "
+                             "--column NAME=LO:HI, --column NAME or --category NAME too")
         config = JobConfig(
             inputs=tuple(args.input), store=args.store, ledger=args.ledger, epsilon=args.epsilon,
             delta=args.delta, norm_budget=args.norm_budget, start_window=start, end_window=end, window=spec,
             policy=args.policy, accounting=args.accounting, key_path=args.noise_key, n_shards=args.shards,
             beam_args=tuple(beam_args), releases_parquet=args.releases_parquet, release=args.release,
-            strategy=args.strategy, horizon=args.horizon,
+            strategy=args.strategy, horizon=args.horizon, contract=contract,
         )
     except ValueError as exc:
         raise _UsageError(str(exc)) from exc

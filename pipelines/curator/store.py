@@ -277,9 +277,12 @@ class CuratorStore:
                                  list(wanted.to_meta().items()))
             return wanted
         try:
-            return wanted.continued_from(existing, where=f"the ledger {self.path}")
+            continued = wanted.continued_from(existing, where=f"the ledger {self.path}")
         except LedgerConfigError as exc:
             raise CuratorStoreError(str(exc)) from None
+        if existing.columns is None and continued.columns is not None:  # a ledger from before declared contracts
+            self._db.execute("INSERT INTO meta VALUES ('columns', ?) ON CONFLICT DO NOTHING", [continued.columns])
+        return continued
 
     # -- reading --------------------------------------------------------------------------------
 

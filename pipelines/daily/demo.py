@@ -27,11 +27,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.daily.job import JobConfig, run_job
+from stream.contract import DeclaredColumn, InputContract
 from stream.accounting import ACCOUNTINGS, calibrate
 from stream.ledger import Policy
 from stream.private_files import private_dir
 
 INDICATORS = ("opened_app", "changed_plan", "filed_complaint")
+#: The demo's declared input: integer ids and three 0/1 indicators, each sum clamped to [0, 1].
+CONTRACT = InputContract("int64", tuple(DeclaredColumn(name, "number", 0.0, 1.0) for name in INDICATORS))
 START_DAY = dt.date(2026, 1, 1)
 _EPOCH = dt.date(1970, 1, 1)
 
@@ -149,6 +152,7 @@ def run_demo(config: DemoConfig, progress: TextIO | None = None) -> DemoSummary:
             epsilon=config.epsilon, delta=config.delta, norm_budget=config.budget,
             start_window=first_window + d, end_window=first_window + d, policy=config.policy,
             accounting=config.accounting, key_path=str(out / "curator" / "ledger.noise.key"),
+            contract=CONTRACT,
         ))
         for name in ("rows_read", "admitted", "clipped", "dropped", "rejected", "late"):
             setattr(summary, name, getattr(summary, name) + getattr(job, name))
@@ -175,13 +179,13 @@ def run_demo(config: DemoConfig, progress: TextIO | None = None) -> DemoSummary:
 def _released(store: Path, days: int) -> np.ndarray:
     db = duckdb.connect(str(store), read_only=True)
     try:
-        rows = db.execute("SELECT window_id, label, value FROM releases ORDER BY window_id").fetchall()
+        rows = db.execute("SELECT window_id, query_id, value FROM releases ORDER BY window_id").fetchall()
     finally:
         db.close()
     first = min(w for w, _, _ in rows)
     out = np.zeros((days, len(INDICATORS)))
-    for window, label, value in rows:
-        out[window - first, INDICATORS.index(label)] = value
+    for window, query_id, value in rows:
+        out[window - first, INDICATORS.index(query_id.removeprefix("sum:"))] = value
     return out
 
 

@@ -36,7 +36,7 @@ from pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock, cr
 from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
-from stream.engine.readers import declares_types, id_type_of, read_batches
+from stream.engine.readers import declares_types, id_type_of, read_batches, refuse_missing_columns
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, refuse_running_gaps
 from queries.registration import plan_columns
 from queries.release_files import write_release_file
@@ -44,6 +44,7 @@ from queries.release_store import RELEASE_SCHEMA, ReleaseStore
 from stream.accounting import DEFAULT_ACCOUNTING, calibrate
 from stream.engine.ledger_config import DEFAULT_SHARDS, LedgerConfig
 from stream.columns import KEY_COLUMNS, InputColumns, declared_kind, default_columns
+from stream.contract import ContractError, InputContract
 from stream.continual.prepaid import DEFAULT_RUNNING_STRATEGY, RUNNING_STRATEGIES, running_factorisation
 from stream.engine.running import MIGRATION
 from stream.ledger import STATUS_NAMES, Policy
@@ -73,6 +74,8 @@ class JobConfig:
     release: str = "window"  # kind of the default per-column queries: "window" or "running"
     strategy: str | None = None  # strategy of default running queries (RUNNING_STRATEGIES; None: blt)
     horizon: int | str | None = None  # declared schedule of default running queries (None: 365; "tail")
+    contract: InputContract | None = None  # the declared input (kept by the ledger for life once recorded)
+    id_type: str | None = None  # the declared id type alone, for a ledger without a declared contract
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -117,15 +120,36 @@ class JobSummary(RowBalance):
     seconds: float
 
 
+def _contract(config: JobConfig, existing: LedgerConfig | None) -> InputContract | None:
+    """The run's input contract: the one it declares, else the one the ledger records, else None
+    (a ledger without one: its columns follow the undeclared rule of :mod:`stream.columns`).
+    Every input must hold the declared columns (InputFileError, before anyone is charged)."""
+    contract = config.contract or (existing.contract if existing else None)
+    if contract is not None:
+        for path in config.inputs:
+            refuse_missing_columns(path, contract.names)
+    return contract
+
+
+def _id_type(config: JobConfig, existing: LedgerConfig | None, contract: InputContract | None) -> str:
+    """The ledger's id type: declared (the contract's, or ``--id-type``), else recorded, else the
+    first input's *declared* type: a CSV declares none, so its ids are text (compared byte for
+    byte), whatever they look like; a Parquet or Arrow file's integer id column is int64."""
+    if contract is not None:
+        return contract.id_type
+    if config.id_type is not None:
+        return config.id_type
+    if existing is not None:
+        return existing.id_type
+    return id_type_of(config.inputs[0])
+
+
 def _first_input(paths: Sequence[str]) -> tuple[str, pa.Schema, bool]:
     """The first input's path, its columns and whether their types are declared (Parquet, Arrow;
-    a CSV declares none): what :mod:`stream.columns` decides the numeric columns from."""
+    a CSV declares none): what :mod:`stream.columns` decides the numeric columns from, for a
+    ledger without a declared contract."""
     first = next(read_batches(paths[0], batch_rows=16, malformed=[]))
     return paths[0], first.schema, declares_types(paths[0])
-
-
-def _id_type(paths: Sequence[str]) -> str:
-    return id_type_of(next(read_batches(paths[0], batch_rows=16, malformed=[])).schema)
 
 
 def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
@@ -135,13 +159,12 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
     with RunLock(config.ledger), CuratorStore(config.ledger) as curator:
         key = NoiseKey.load_or_create(config.resolved_key_path)
         existing = curator.parameters()
+        contract = _contract(config, existing)
         wanted = LedgerConfig.from_promise(
             epsilon=config.epsilon, delta=config.delta, norm_budget=config.norm_budget, accounting=config.accounting,
-            # A ledger's id type is its own for life; the validator parses each row's id as it, so
-            # a later file typed otherwise (a CSV with one text id) costs its bad rows, not the day.
-            id_type=existing.id_type if existing else _id_type(config.inputs),
-            key_fingerprint=key.fingerprint, window=config.window, n_shards=config.n_shards,
-            ledger_id=curator.ledger_id)
+            # The declared id type, the ledger's for life: the validator parses each row's id as it.
+            id_type=_id_type(config, existing, contract), key_fingerprint=key.fingerprint, window=config.window,
+            n_shards=config.n_shards, ledger_id=curator.ledger_id, contract=config.contract)
         # One short session on the public store before the pipeline (analysts' readers are locked
         # out while a writer holds it; the pipeline itself runs with the store closed).
         with ReleaseStore(config.store) as store:
@@ -168,7 +191,7 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
             previous = curator.load_ledger(params)
             previous_running = curator.load_running(params.id_type)
             previous_release = curator.load_release_states()
-            plan, kinds = _query_plan(store, config, _first_input(config.inputs), to_release, released, say)
+            plan, kinds = _query_plan(store, config, params.contract, to_release, released, say)
             _refuse_history_running_queries(plan, curator.history_running_queries(), to_release, config.ledger)
             columns = list(kinds.numeric)  # parsed as numbers: a value that does not parse is a dead letter
             store.record_input_columns(kinds.numeric, kinds.strings, kinds.undeclared)
@@ -300,29 +323,36 @@ def _beam():
     return beam, PipelineOptions
 
 
-def _query_plan(store: ReleaseStore, config: JobConfig, first_input: tuple[str, pa.Schema, bool],
-                to_release: list[int], processed: set[int] | None = None,
-                say=lambda msg: None) -> tuple[QueryPlan, InputColumns]:
+def _query_plan(store: ReleaseStore, config: JobConfig, contract: InputContract, to_release: list[int],
+                processed: set[int] | None = None, say=lambda msg: None) -> tuple[QueryPlan, InputColumns]:
     """The registered queries active in this run's windows, and the kinds of the input's columns.
 
     On a store with no registered query, the default per-column queries (kind ``config.release``)
     are registered first, from this run's first window, so that the catalogue always lists what
     is answered. A query registered into a window already charged but not yet published (after a
     crash) starts at the first window after the charged ones
-    (:meth:`QueryRegistry.defer_unanswered`). Which columns are numeric is decided from the
-    registered queries and the first input's declared types, never from values
-    (:mod:`stream.columns`); a query the input cannot feed, as declared, is refused here, before
-    anyone is charged."""
+    (:meth:`QueryRegistry.defer_unanswered`). Which columns are numeric is the ledger's declared
+    contract (:mod:`stream.contract`), never the input's values or its writer's types; a query
+    the contract cannot feed is refused here, before anyone is charged."""
     from queries.registry import QueryRegistry
 
-    path, header, declared = first_input
+    if contract is not None:
+        header = pa.schema([(c, pa.float64()) for c in contract.numeric]
+                           + [(c, pa.string()) for c in contract.categories])
+        where, declared, parsed = "the declared contract", True, contract.numeric
+    else:
+        path, header, declared = _first_input(config.inputs)
+        where, parsed = f"input file {path}", ()
     registry = QueryRegistry(store)
     if processed:
         for query_id, old, new in registry.defer_unanswered(max(processed)):
             say(f"[run] query {query_id!r} was registered from window {old}, which an interrupted run had already "
                 f"answered without it; it now starts at window {new}")
     if to_release and registry.list().num_rows == 0:
-        _register_defaults(registry, config, path, header, declared, min(to_release), say)
+        if contract is not None:
+            _register_declared_defaults(registry, config, contract, min(to_release), say)
+        else:
+            _register_defaults(registry, config, path, header, declared, min(to_release), say)
     entries = [PlannedQuery(query, first, retired)
                for query, first, retired in registry.plan(min(to_release), max(to_release))] if to_release else []
     # A run with nothing to release (a re-run of released days) parses its rows as the queries of
@@ -330,8 +360,33 @@ def _query_plan(store: ReleaseStore, config: JobConfig, first_input: tuple[str, 
     readers = entries or ([] if to_release else
                           [PlannedQuery(q, f, r) for q, f, r in registry.plan(config.start_window, config.end_window)])
     kinds = plan_columns([e.query for e in readers], [e.query for e in entries], header, declared_types=declared,
-                         where=f"input file {path}")
+                         where=where, parsed=parsed)
     return QueryPlan(tuple(entries)), kinds
+
+
+def _register_declared_defaults(registry, config: JobConfig, contract: InputContract, first_window: int,
+                                say) -> None:
+    """Register the default per-column queries from ``first_window``: one clamped sum per declared
+    number column with a bound. An unbounded column gets none (its sum would charge one user's
+    large value its square); with no bounded column the run is refused, naming the columns and
+    the option."""
+    from queries.linear import default_queries
+
+    bounded = [c.name for c in contract.bounded]
+    unbounded = [c for c in contract.numeric if c not in bounded]
+    if not bounded:
+        contract.refuse_unbounded(unbounded)
+        raise ContractError("the declared contract has no number column with a bound, so no default sum: declare "
+                            "one with --column NAME=LO:HI, or register the queries first (renyi-stream query add)")
+    for query in default_queries(bounded, kind=config.release, strategy=config.strategy, horizon=config.horizon,
+                                 bounds={c.name: (c.lo, c.hi) for c in contract.bounded}):
+        registry.add(query, effective_from=first_window)
+    if unbounded:
+        say(f"[run] column(s) {unbounded} are declared without a bound: no default sum (declare --column "
+            f"{unbounded[0]}=LO:HI on a new ledger, or register a clamp query)")
+    if contract.categories:
+        say(f"[run] category column(s) {list(contract.categories)} get no default query: a histogram over their "
+            "declared categories can read them")
 
 
 def _register_defaults(registry, config: JobConfig, path: str, header: pa.Schema, declared: bool,

@@ -109,7 +109,7 @@ try:
 
     from pipelines.beam import transforms as tx
     from pipelines.beam.job_options import (RunRefused, add_promise_options, key_fingerprint, long_options, parse_day,
-                                            refuse_unknown_options, window_seconds)
+                                            refuse_declared_columns, refuse_unknown_options, window_seconds)
     from pipelines.beam.object_store import (absolute, is_uri, join, read_json, read_parquet, refuse_if_shared_file,
                                              release_windows_present, write_json)
     from pipelines.beam.publication import PublicReleaseFiles, StagedReleases
@@ -388,7 +388,8 @@ def prepare(args: argparse.Namespace) -> RunPlan:
     inputs = resolve_inputs(patterns)
     key_path, fingerprint, _ = key_fingerprint(args)
     schema = _first_input_schema(inputs[0]["path"])
-    id_type = id_type_of(schema)
+    refuse_declared_columns(args, job="the distributed job")
+    id_type = args.id_type or id_type_of(inputs[0]["path"])
     releases, output = absolute(args.releases_parquet), absolute(args.output)
     config = LedgerConfig.from_promise(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget,
                                        accounting=args.accounting, id_type=id_type, key_fingerprint=fingerprint,

@@ -64,7 +64,7 @@ from pipelines.curator.features import (LABEL, FeatureSummary, FeatureWindows, f
                                         indicator_columns_of, read_rows_record, user_features, write_features)
 from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from stream.engine.ledger_config import DEFAULT_SHARDS, MAX_SHARDS
-from stream.engine.readers import id_type_of, read_batches
+from stream.engine.readers import id_type_of
 from stream.engine.row_balance import reason_counts
 from stream.private_files import write_private
 from stream.schema import WindowSpec
@@ -193,10 +193,9 @@ def materialise_features(
         raise ValueError(f"n_shards must be an integer in [1, {MAX_SHARDS}], got n_shards={n_shards!r}")
     paths = [str(p) for p in inputs]
     columns = indicator_columns_of(paths[0], label_column, indicator_columns)
-    first = next(read_batches(paths[0], batch_rows=16, malformed=[]))
     plan = FeaturesPlan(out=str(out), dead_letters=None if dead_letters is None else str(dead_letters),
                         windows=windows, columns=tuple(columns), label_column=label_column,
-                        id_type=id_type_of(first.schema), token=uuid.uuid4().hex)
+                        id_type=id_type_of(paths[0]), token=uuid.uuid4().hex)
     options = PipelineOptions(list(beam_args) or ["--runner=DirectRunner", "--direct_running_mode=in_memory"])
     with beam.Pipeline(runner=batch_runner(options), options=options) as pipeline:
         build(pipeline, paths, plan, n_shards=n_shards)

@@ -816,9 +816,6 @@ def _parser() -> argparse.ArgumentParser:
         "that does not parse is a dead letter); on a release root whose query catalogue has no query, each gets its "
         "per-window sum (sum:<column>). The queries answered are those of the catalogue "
         "(renyi-stream query add --releases-parquet ROOT)")
-    arg("--id-type", "--id_type", dest="id_type", choices=ID_TYPES, default=None,
-        help="user id type of a new ledger (fixed for its life, recorded in its snapshots): int64 or string; "
-             "default: the first replayed message's, else int64. A continuing ledger keeps its own")
     launch.add_promise_options(parser)
     arg("--output", required=True, help="curator-only root: ledger snapshots per window, dead letters, counts; the "
         "job's state folder: run the same command again after a crash and it resumes from the last window it "
@@ -1563,6 +1560,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     # The id type is the ledger's for life: declared, else a continuing ledger's own (its snapshots
     # record it), else the first replayed message's, as the batch jobs take their first input's.
     new_ledger = previous_ledger.lower() == "none"
+    launch.refuse_declared_columns(args, job="the streaming job")
     id_type = args.id_type or (_first_message_id_type(args) if new_ledger else None)
     releases = store.absolute(args.releases_parquet)
     released = sorted(store.release_windows_present(releases))

@@ -59,6 +59,7 @@ import numpy as np
 from stream.accounting import _validate as check
 from stream.accounting.calibration import DEFAULT_ACCOUNTING, Calibration, calibrate, check_accounting, resume
 from stream.accounting.odometers import tracker_step_for
+from stream.contract import ID_TYPES, InputContract
 from stream.ledger import Ledger
 from stream.noise import check_ledger_id
 from stream.schema import MAX_ABS_SECONDS, WindowSpec
@@ -68,13 +69,11 @@ from stream.schema import MAX_ABS_SECONDS, WindowSpec
 DEFAULT_SHARDS = 16
 #: The most user shards a run may use.
 MAX_SHARDS = 65_536
-#: The kinds of user id a ledger can hold (:class:`stream.ledger.Ledger`).
-ID_TYPES = ("int64", "string")
 
 #: The promise: what every user was promised, the calibration's input.
 PROMISE = ("epsilon", "delta", "norm_budget", "accounting")
 #: Refused when a continuing run asks another value (``releases`` only where both have one).
-FIXED = (*PROMISE, "id_type", "key_fingerprint", "window_seconds", "origin_seconds", "releases")
+FIXED = (*PROMISE, "id_type", "key_fingerprint", "window_seconds", "origin_seconds", "releases", "columns")
 #: Derived from the promise by calibration, then the ledger's own: kept from the record.
 DERIVED = ("rho", "noise_std", "tracker_step")
 #: The ledger's identity, kept from the record.
@@ -128,6 +127,9 @@ class LedgerConfig:
             record that predates ledger ids.
         releases: the public release root (a path or URI, as the job normalises it), or None for
             a job that has none (the local daily job) and records that predate it.
+        columns: the declared indicator columns, as :meth:`stream.contract.InputContract.columns_json`
+            writes them (with ``id_type``, the ledger's declared contract); None for a run that
+            declares none (it continues the record's) and for records that predate declared contracts.
     """
 
     epsilon: float
@@ -144,6 +146,7 @@ class LedgerConfig:
     n_shards: int
     ledger_id: str | None = None
     releases: str | None = None
+    columns: str | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -168,6 +171,10 @@ class LedgerConfig:
             check_ledger_id(self.ledger_id)
         if self.releases is not None and (not isinstance(self.releases, str) or not self.releases):
             raise ValueError(f"releases must be a non-empty path or URI, got releases={self.releases!r}")
+        if self.columns is not None:
+            if not isinstance(self.columns, str):
+                raise ValueError(f"columns must be a contract's JSON text, got columns={self.columns!r}")
+            set_(self, "columns", InputContract.from_columns_json(self.id_type, self.columns).columns_json())
 
     # -- construction ---------------------------------------------------------------------------
 
@@ -175,7 +182,8 @@ class LedgerConfig:
     def from_promise(cls, *, epsilon: float, delta: float, norm_budget: float,
                      accounting: str = DEFAULT_ACCOUNTING, id_type: str, key_fingerprint: str,
                      window: WindowSpec | None = None, n_shards: int = DEFAULT_SHARDS,
-                     ledger_id: str | None = None, releases: str | None = None) -> "LedgerConfig":
+                     ledger_id: str | None = None, releases: str | None = None,
+                     contract: InputContract | None = None) -> "LedgerConfig":
         """A new ledger's configuration for the promise ``(epsilon, delta)`` with squared-norm
         budget ``norm_budget``: ``rho`` and ``noise_std`` from
         :func:`stream.accounting.calibrate` (Corollary 4.7, under ``accounting``), the tracker
@@ -187,7 +195,8 @@ class LedgerConfig:
         return cls(epsilon=cal.epsilon, delta=cal.delta, norm_budget=cal.norm_budget, accounting=cal.accounting,
                    rho=cal.rho, noise_std=cal.noise_std, tracker_step=tracker_step_for(cal.rho), id_type=id_type,
                    key_fingerprint=key_fingerprint, window_seconds=window.length_seconds,
-                   origin_seconds=window.origin_seconds, n_shards=n_shards, ledger_id=ledger_id, releases=releases)
+                   origin_seconds=window.origin_seconds, n_shards=n_shards, ledger_id=ledger_id, releases=releases,
+                   columns=None if contract is None else contract.columns_json())
 
     # -- what the fields give -------------------------------------------------------------------
 
@@ -195,6 +204,11 @@ class LedgerConfig:
     def window(self) -> WindowSpec:
         """The ledger's windows."""
         return WindowSpec(length_seconds=self.window_seconds, origin_seconds=self.origin_seconds)
+
+    @property
+    def contract(self) -> InputContract | None:
+        """The declared input contract (:mod:`stream.contract`), None when none is recorded."""
+        return None if self.columns is None else InputContract.from_columns_json(self.id_type, self.columns)
 
     @property
     def calibration(self) -> Calibration:
@@ -246,7 +260,8 @@ class LedgerConfig:
             raise LedgerConfigError(f"{where}: the ledger's noise or tracker step does not follow from its budget: "
                                     + "; ".join(edited), details=edited)
         return replace(kept, ledger_id=recorded.ledger_id if recorded.ledger_id is not None else self.ledger_id,
-                       releases=self.releases if self.releases is not None else recorded.releases)
+                       releases=self.releases if self.releases is not None else recorded.releases,
+                       columns=self.columns if self.columns is not None else recorded.columns)
 
     def resumed(self, recorded_rho: float, *, where: str, by: str = "this run") -> "LedgerConfig":
         """This configuration continuing a ledger whose budget is ``recorded_rho``: that budget,
@@ -376,12 +391,12 @@ class LedgerConfig:
 
 _FIELDS = tuple(f.name for f in fields(LedgerConfig))
 #: What every record must hold (``ledger_id`` and ``releases`` may predate the record).
-_REQUIRED = tuple(name for name in _FIELDS if name not in ("ledger_id", "releases"))
+_REQUIRED = tuple(name for name in _FIELDS if name not in ("ledger_id", "releases", "columns"))
 
 
 def _differs(recorded: Any, asked: Any, name: str) -> bool:
-    if name == "releases" and (recorded is None or asked is None):
-        return False  # a job without a release root, or a record from before roots were recorded
+    if name in ("releases", "columns") and (recorded is None or asked is None):
+        return False  # a job without a release root or a declaration, or a record from before they were recorded
     return recorded != asked
 
 

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Sequence
+
+import numpy as np
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -50,7 +52,7 @@ def file_format(path: str | Path) -> str:
 
 
 def read_batches(path: str | Path, *, batch_rows: int = 65_536,
-                 malformed: list[tuple[int, str]] | None = None) -> Iterator[pa.RecordBatch]:
+                 malformed: list[tuple[int, str, str]] | None = None) -> Iterator[pa.RecordBatch]:
     """Yield the file's rows as record batches of at most ``batch_rows`` rows (at least one
     batch, empty when the file has no rows).
 
@@ -73,12 +75,11 @@ def read_batches(path: str | Path, *, batch_rows: int = 65_536,
             schema, batches = _ipc_batches(path, source, batch_rows)
             _check_header(path, schema)
         else:
-            text = {name: pa.string() for name in _csv_header(path, remote) if name != "user_id"}
-            source = remote[0].open_input_stream(remote[1]) if remote else path
-            table = pacsv.read_csv(source, convert_options=pacsv.ConvertOptions(column_types=text),
-                                   parse_options=_csv_parse_options(malformed))
-            _check_header(path, table.schema)
-            schema, batches = table.schema, iter(table.to_batches(max_chunksize=batch_rows))
+            names = _csv_header(path, remote)
+            schema = pa.schema([(name, pa.string()) for name in names])
+            _check_header(path, schema)
+            source = remote[0].open_input_stream(remote[1]) if remote else open(path, "rb")
+            batches = _csv_batches(source, names, batch_rows, malformed, path)
         empty = True
         for batch in batches:
             empty = False
@@ -89,15 +90,180 @@ def read_batches(path: str | Path, *, batch_rows: int = 65_536,
         raise InputFileError(f"input file {path} is not a readable {kind} file: {_short(exc)}") from exc
 
 
-def _csv_parse_options(malformed: list[tuple[int, str]] | None) -> pacsv.ParseOptions:
+#: The longest CSV line read, in bytes: a longer one is one malformed row (it never grows a
+#: buffer without bound, and never refuses the file).
+MAX_LINE_BYTES = 1 << 20
+_CHUNK_BYTES = 8 << 20
+_NEWLINE, _QUOTE, _CR, _COMMA = 10, 34, 13, 44
+
+
+def _csv_batches(source: Any, names: list[str], batch_rows: int, malformed: list[tuple[int, str, str]] | None,
+                 path: str | Path) -> Iterator[pa.RecordBatch]:
+    """The data lines of a CSV (after its header line) as batches of text columns.
+
+    Each line is one record: it is split on ``\\n`` first, so a quote never spans lines. A line
+    that is not UTF-8, is longer than :data:`MAX_LINE_BYTES`, has an unbalanced quote or does not
+    split into the header's fields is one malformed row, appended to ``malformed`` as ``(line
+    number or -1, text, why)`` (without ``malformed``: :class:`InputFileError`). Blank lines are
+    no rows. Vectorised per chunk of lines; only a chunk whose lines the CSV parser does not map
+    one to one (a stray carriage return, a quote inside an unquoted field) is split line by line."""
+    header_seen = False
+    line_no = 0  # lines consumed so far, the header's included
+    pending = b""
+    skipping = False  # inside a line already reported as too long
+    with source:
+        while True:
+            chunk = source.read(_CHUNK_BYTES)
+            if skipping:  # drop the too-long line up to its newline
+                nl = chunk.find(b"\n")
+                if nl < 0 and chunk:
+                    continue
+                chunk, skipping, line_no = (chunk[nl + 1:] if nl >= 0 else b""), False, line_no + 1
+                if not chunk and nl < 0:
+                    break
+            data = pending + chunk
+            cut = data.rfind(b"\n") + 1 if chunk else len(data)
+            lines, pending = data[:cut], data[cut:]
+            if lines and not header_seen:
+                end = lines.index(b"\n") + 1 if b"\n" in lines else len(lines)
+                lines, header_seen, line_no = lines[end:], True, line_no + 1
+            if lines:
+                table, used = _csv_lines(lines, names, line_no, malformed, path)
+                line_no += used
+                if table.num_rows:
+                    yield from table.to_batches(max_chunksize=batch_rows)
+            if len(pending) > MAX_LINE_BYTES:  # no newline in sight: one bad row, never a growing buffer
+                _bad(malformed, path, line_no + 1, pending[:256], f"longer than {MAX_LINE_BYTES} bytes")
+                pending, skipping = b"", True
+            if not chunk:
+                break
+
+
+def _bad(malformed: list[tuple[int, str, str]] | None, path: str | Path, line: int, raw: bytes | str,
+         why: str) -> None:
+    text = raw if isinstance(raw, str) else raw.decode("utf-8", errors="replace")
     if malformed is None:
-        return pacsv.ParseOptions()
+        raise InputFileError(f"input file {path} is not a readable csv file: line {line} is {why}")
+    malformed.append((line, text[:256], why))
 
-    def skip(row: pacsv.InvalidRow) -> str:
-        malformed.append((int(row.number) if row.number is not None else -1, str(row.text)))
-        return "skip"
 
-    return pacsv.ParseOptions(invalid_row_handler=skip)
+def _csv_lines(data: bytes, names: list[str], first_line: int, malformed: list[tuple[int, str, str]] | None,
+               path: str | Path) -> tuple[pa.Table, int]:
+    """Parse whole lines ``data`` (numbered from ``first_line + 1``): the table of the good ones,
+    in line order, and how many lines ``data`` held.
+
+    A line without quotes is split on commas (vectorised: its field count is its commas plus
+    one, and the CSV parser reads it with quoting off, so it is exactly one record); a line with
+    quotes is read on its own by Python's csv module (strict), so its quotes cannot reach
+    another line. A carriage return inside a line is malformed (the parser would end a record
+    there)."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    ends = np.flatnonzero(buf == _NEWLINE)
+    if not len(data) or buf[-1] != _NEWLINE:  # the file's last line, without its newline
+        ends = np.append(ends, len(data))
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    stops = ends - ((ends > starts) & (buf[np.maximum(ends - 1, 0)] == _CR))  # CRLF: the CR is no data
+    numbers = first_line + 1 + np.arange(len(starts))
+
+    def per_line(byte: int) -> np.ndarray:
+        seen = np.concatenate(([0], np.cumsum(buf == byte)))
+        return seen[stops] - seen[starts]
+
+    long = (stops - starts) > MAX_LINE_BYTES
+    blank = stops == starts
+    carriage = (per_line(_CR) > 0) & ~long
+    bad = long | carriage
+    bad |= _undecodable(data, starts, stops) & ~bad
+    for i in np.flatnonzero(bad):
+        why = (f"longer than {MAX_LINE_BYTES} bytes" if long[i] else
+               "a line with a carriage return inside it" if carriage[i] else "not UTF-8 text")
+        _bad(malformed, path, int(numbers[i]), data[starts[i]:min(stops[i], starts[i] + 256)], why)
+    quoted = (per_line(_QUOTE) > 0) & ~bad & ~blank
+    plain = ~(bad | blank | quoted)
+    wrong = plain & (per_line(_COMMA) + 1 != len(names))
+    for i in np.flatnonzero(wrong):
+        _bad(malformed, path, int(numbers[i]), data[starts[i]:stops[i]],
+             f"{int(per_line(_COMMA)[i]) + 1} fields, not the header's {len(names)}")
+    plain &= ~wrong
+    parts, order = [], []
+    if plain.any():
+        line_of_byte = np.concatenate(([0], np.cumsum(buf[:-1] == _NEWLINE)))
+        good = buf[plain[line_of_byte] & (buf != _CR)].tobytes()
+        good += b"" if good.endswith(b"\n") else b"\n"
+        parts.append(pacsv.read_csv(
+            pa.BufferReader(good),
+            read_options=pacsv.ReadOptions(column_names=names, block_size=len(good) + 1024),
+            parse_options=pacsv.ParseOptions(quote_char=False, newlines_in_values=False, ignore_empty_lines=False),
+            convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names},
+                                                 strings_can_be_null=False)))
+        order.append(np.flatnonzero(plain))
+    if quoted.any():
+        table, kept = _quoted_lines(data, starts, stops, numbers, np.flatnonzero(quoted), names, malformed, path)
+        parts.append(table)
+        order.append(kept)
+    if not parts:
+        return _text_table(names, [[] for _ in names]), len(starts)
+    table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+    if len(parts) > 1:
+        table = table.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
+    return table, len(starts)
+
+
+def _undecodable(data: bytes, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """Per line, whether it is not UTF-8: one decode of the whole chunk, then one per bad line."""
+    bad = np.zeros(len(starts), dtype=bool)
+    at = 0
+    while at < len(data):
+        try:
+            data[at:].decode("utf-8")
+            break
+        except UnicodeDecodeError as exc:
+            line = int(np.searchsorted(starts, at + exc.start, side="right")) - 1
+            bad[line] = True
+            at = int(stops[line]) + 1
+    return bad
+
+
+def _quoted(name: str) -> bytes:
+    return ('"' + name.replace('"', '""') + '"').encode("utf-8")
+
+
+def _text_table(names: list[str], columns: list[list[str]]) -> pa.Table:
+    return pa.Table.from_arrays([pa.array(c, pa.string()) for c in columns], names=names) if names else pa.table({})
+
+
+def _quoted_lines(data: bytes, starts: np.ndarray, stops: np.ndarray, numbers: np.ndarray, lines: np.ndarray,
+                  names: list[str], malformed: list[tuple[int, str, str]] | None,
+                  path: str | Path) -> tuple[pa.Table, np.ndarray]:
+    """The lines ``lines`` (indices) that hold quotes, each read as one CSV record on its own: the
+    table of the good ones and their indices."""
+    columns: list[list[str]] = [[] for _ in names]
+    kept = []
+    for i in lines:
+        text = data[starts[i]:stops[i]].decode("utf-8")
+        try:
+            fields = next(csv.reader([text], strict=True))
+        except csv.Error as exc:
+            _bad(malformed, path, int(numbers[i]), text, f"not one CSV record: {exc} (a field's quotes must open "
+                 "and close on its own line)")
+            continue
+        if len(fields) != len(names):
+            _bad(malformed, path, int(numbers[i]), text, f"{len(fields)} fields, not the header's {len(names)}")
+            continue
+        for column, value in zip(columns, fields):
+            column.append(value)
+        kept.append(i)
+    return _text_table(names, columns), np.asarray(kept, dtype=np.int64)
+
+
+def refuse_missing_columns(path: str | Path, names: Sequence[str]) -> None:
+    """InputFileError naming the file and the columns when its header lacks any of ``names`` (the
+    declared columns): a structural fault, refused before anyone is charged."""
+    header = next(read_batches(path, batch_rows=1, malformed=[])).schema.names
+    missing = [n for n in names if n not in header]
+    if missing:
+        raise InputFileError(f"input file {path} lacks the declared column(s) {missing[:20]}; its columns: "
+                             f"{[_short(n)[:40] for n in header[:20]]}. Every input holds every declared column")
 
 
 def declares_types(path: str | Path) -> bool:
@@ -106,12 +272,14 @@ def declares_types(path: str | Path) -> bool:
     return file_format(path) != "csv"
 
 
-def id_type_of(schema: pa.Schema) -> str:
-    """The user id type an input's schema gives a new ledger: ``"string"`` for text ids, else
-    ``"int64"`` (a CSV's ids are inferred by the reader: integers when every id is one). The rule
-    of every batch job (the daily job, the distributed job, the features job), applied to the first
-    input; the validator then parses every row's id as it (:func:`stream.schema.validate_batch`)."""
-    t = schema.field("user_id").type
+def id_type_of(path: str | Path) -> str:
+    """The user id type an input's *declared* types give a new ledger that declares none: a CSV
+    declares no types, so its ids are text (``"string"``: compared byte for byte), whatever they
+    look like; a Parquet or Arrow file's string id column is ``"string"``, any other ``"int64"``.
+    Never decided from values (one user's id must not change how everybody's ids are read)."""
+    if not declares_types(path):
+        return "string"
+    t = next(read_batches(path, batch_rows=1, malformed=[])).schema.field("user_id").type
     return "string" if pa.types.is_string(t) or pa.types.is_large_string(t) else "int64"
 
 
@@ -163,7 +331,8 @@ def _check_header(path: str | Path, schema: pa.Schema) -> None:
         need = "no 'user_id' column" if "user_id" not in names else (
             "no 'day' or 'event_time' column" if not has_time else "both 'day' and 'event_time'")
         raise InputFileError(
-            f"input file {path} has {need}; columns found: {names[:20]}{' ...' if len(names) > 20 else ''}. "
+            f"input file {path} has {need}; columns found: {[_short(n)[:40] for n in names[:20]]}"
+            f"{' ...' if len(names) > 20 else ''}. "
             "An indicator file needs 'user_id' and exactly one of 'day' or 'event_time' (check its header)"
         )
 

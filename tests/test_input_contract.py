@@ -1,0 +1,179 @@
+"""Issue 28, end to end through `renyi-stream run` (real Beam DirectRunner, real files, real
+DuckDB): a row's meaning never depends on other rows' spelling or bytes, and the declaration
+the ledger keeps decides the columns, the id type and the default queries."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.cli.main import main
+
+DAY0 = dt.date(2026, 3, 1)
+
+
+def _day(offset: int) -> str:
+    return (DAY0 + dt.timedelta(days=offset)).isoformat()
+
+
+def _run(tmp_path, inputs, *declare: str, start: int = 0, end: int | None = None, budget: str = "8",
+         name: str = "a") -> int:
+    end = start if end is None else end
+    return main(["run", "--input", *map(str, inputs), "--store", str(tmp_path / f"{name}.releases.duckdb"),
+                 "--ledger", str(tmp_path / f"{name}.ledger.duckdb"), "--start", _day(start), "--end", _day(end),
+                 "--epsilon", "1", "--delta", "1e-6", "--norm-budget", budget, "--shards", "2", *declare])
+
+
+def _curator(tmp_path, sql: str, name: str = "a") -> list[tuple]:
+    db = duckdb.connect(str(tmp_path / f"{name}.ledger.duckdb"), read_only=True)
+    try:
+        return db.execute(sql).fetchall()
+    finally:
+        db.close()
+
+
+def _catalogue(tmp_path, name: str = "a") -> list[tuple]:
+    db = duckdb.connect(str(tmp_path / f"{name}.releases.duckdb"), read_only=True)
+    try:
+        return db.execute("SELECT query_id, spec_json FROM query_registry ORDER BY query_id").fetchall()
+    finally:
+        db.close()
+
+
+def _releases(tmp_path, name: str = "a") -> list[tuple]:
+    db = duckdb.connect(str(tmp_path / f"{name}.releases.duckdb"), read_only=True)
+    try:
+        return db.execute("SELECT query_id, window_id FROM releases ORDER BY query_id, window_id").fetchall()
+    finally:
+        db.close()
+
+
+def _csv(path, lines: list[str], header: str = "user_id,day,opened") -> str:
+    path.write_bytes((header + "\n" + "\n".join(lines) + "\n").encode("utf-8"))
+    return str(path)
+
+
+# --- 1. one person, one budget --------------------------------------------------------------------
+
+
+def test_a_text_id_that_looks_like_an_integer_is_one_person_whatever_the_other_ids_look_like(tmp_path):
+    # Day 0's ids all look like integers, day 1's do not: "042" must be one account either way
+    # (read as 42 on day 0, the attacker's review found two accounts at 90% of the budget each).
+    day0 = _csv(tmp_path / "d0.csv", [f"042,{_day(0)},1", f"7,{_day(0)},1"])
+    day1 = _csv(tmp_path / "d1.csv", [f"042,{_day(1)},1", f"alice,{_day(1)},1"])
+    declare = ("--id-type", "string", "--column", "opened=0:1")
+    assert _run(tmp_path, [day0], *declare, start=0) == 0
+    assert _run(tmp_path, [day1], start=1) == 0  # continues the recorded contract
+    used = dict(_curator(tmp_path, "SELECT user_id, used FROM ledger"))
+    assert set(used) == {"042", "7", "alice"}
+    assert used["042"] == pytest.approx(2 * used["7"])  # both days in one account
+
+
+def test_a_csvs_ids_are_text_on_a_ledger_that_declares_no_id_type(tmp_path):
+    day0 = _csv(tmp_path / "d0.csv", [f"042,{_day(0)},1", f"42,{_day(0)},1"])
+    assert _run(tmp_path, [day0]) == 0
+    assert sorted(u for (u,) in _curator(tmp_path, "SELECT user_id FROM ledger")) == ["042", "42"]
+
+
+def test_an_int64_ledger_reads_only_canonical_integer_ids_and_letters_the_rest(tmp_path):
+    day0 = _csv(tmp_path / "d0.csv", [f"42,{_day(0)},1", f"042,{_day(0)},1", f"2.5,{_day(0)},1",
+                                      f"99999999999999999999,{_day(0)},1", f"x,{_day(0)},1"])
+    assert _run(tmp_path, [day0], "--id-type", "int64", "--column", "opened=0:1") == 0
+    assert [u for (u,) in _curator(tmp_path, "SELECT user_id FROM ledger")] == [42]
+    assert sorted(r for (r,) in _curator(tmp_path, "SELECT reason FROM dead_letters")) == ["wrong_type"] * 4
+
+
+# --- 2. one line never swallows others ------------------------------------------------------------
+
+
+def test_an_unterminated_quote_is_one_dead_letter_and_every_line_after_it_is_read(tmp_path):
+    lines = [f"{i},{_day(0)},1" for i in range(10)] + [f'10,{_day(0)},"1'] + [f"{i},{_day(0)},1" for i in range(11, 40)]
+    assert _run(tmp_path, [_csv(tmp_path / "d0.csv", lines)], "--id-type", "int64", "--column", "opened=0:1") == 0
+    (read, admitted), = _curator(tmp_path, "SELECT rows_read, admitted FROM run_counts")
+    assert (read, admitted) == (40, 39)
+    (reason, detail), = _curator(tmp_path, "SELECT reason, detail FROM dead_letters")
+    assert reason == "malformed_row" and detail.startswith("line 12:")
+
+
+@pytest.mark.parametrize("line, why", [(b"5,2026-03-01,\xff\xfe", "not UTF-8"),
+                                       (b"5,2026-03-01," + b"9" * (1 << 21), "longer than"),
+                                       (b"5,2026-03-01,1\r6,2026-03-01,1", "carriage return")])
+def test_one_unreadable_line_is_one_dead_letter_and_the_day_is_released(tmp_path, line, why):
+    path = tmp_path / "d0.csv"
+    path.write_bytes(b"user_id,day,opened\n1,2026-03-01,1\n" + line + b"\n2,2026-03-01,1\n")
+    assert _run(tmp_path, [path], "--id-type", "int64", "--column", "opened=0:1") == 0
+    assert _curator(tmp_path, "SELECT rows_read, admitted FROM run_counts") == [(3, 2)]
+    (reason, detail), = _curator(tmp_path, "SELECT reason, detail FROM dead_letters")
+    assert reason == "malformed_row" and detail.startswith("line 3:") and why in detail
+    assert [q for q, _ in _releases(tmp_path)] == ["sum:opened"]  # the day is public
+
+
+# --- 3. the catalogue follows the declaration -----------------------------------------------------
+
+
+def _parquet(path, users, values) -> str:
+    # pa.Table.from_pylist types a column from its values: all-missing becomes type null.
+    pq.write_table(pa.Table.from_pylist([{"user_id": u, "day": DAY0, "opened": 1.0, "minutes": v}
+                                         for u, v in zip(users, values)]), path)
+    return str(path)
+
+
+def test_the_catalogue_is_the_same_whether_or_not_one_user_gave_a_value_in_a_column(tmp_path):
+    declare = ("--id-type", "int64", "--column", "opened=0:1", "--column", "minutes=0:60")
+    quiet = _parquet(tmp_path / "quiet.parquet", [1, 2, 3], [None, None, None])
+    loud = _parquet(tmp_path / "loud.parquet", [1, 2, 3], [None, 30.0, None])
+    assert pq.read_schema(quiet).field("minutes").type == pa.null()
+    assert _run(tmp_path, [quiet], *declare, name="quiet") == 0
+    assert _run(tmp_path, [loud], *declare, name="loud") == 0
+    assert _catalogue(tmp_path, "quiet") == _catalogue(tmp_path, "loud")
+    assert [q for q, _ in _catalogue(tmp_path, "quiet")] == ["sum:minutes", "sum:opened"]
+
+
+def test_a_declared_column_missing_from_an_input_refuses_the_run_before_anyone_is_charged(tmp_path, capsys):
+    day0 = _csv(tmp_path / "d0.csv", [f"1,{_day(0)},1"])
+    assert _run(tmp_path, [day0], "--id-type", "int64", "--column", "opened=0:1", "--column", "spent=0:9") == 1
+    assert "lacks the declared column(s) ['spent']" in capsys.readouterr().err
+    assert _curator(tmp_path, "SELECT count(*) FROM processed_windows") == [(0,)]
+    assert _curator(tmp_path, "SELECT count(*) FROM run_counts") == [(0,)]
+
+
+def test_a_run_declaring_another_contract_than_the_ledgers_is_refused_naming_both(tmp_path, capsys):
+    day0 = _csv(tmp_path / "d0.csv", [f"1,{_day(0)},1"])
+    day1 = _csv(tmp_path / "d1.csv", [f"1,{_day(1)},1"])
+    assert _run(tmp_path, [day0], "--id-type", "int64", "--column", "opened=0:1") == 0
+    assert _run(tmp_path, [day1], "--id-type", "int64", "--column", "opened=0:2", start=1) == 1
+    err = capsys.readouterr().err
+    assert "columns: ledger has" in err and '"hi":1.0' in err and '"hi":2.0' in err
+    assert _curator(tmp_path, "SELECT max(window_id) FROM processed_windows") == [((DAY0 - dt.date(1970, 1, 1)).days,)]
+
+
+# --- 9. an unbounded column gets no default sum -----------------------------------------------------
+
+
+def test_an_unbounded_column_gets_no_default_sum_and_a_run_with_nothing_else_is_refused_naming_the_option(tmp_path,
+                                                                                                         capsys):
+    day0 = _csv(tmp_path / "d0.csv", [f"1,{_day(0)},12.5"], header="user_id,day,minutes")
+    assert _run(tmp_path, [day0], "--id-type", "int64", "--column", "minutes") == 1
+    err = capsys.readouterr().err
+    assert "['minutes']" in err and "--column minutes=0:60" in err
+
+
+def test_a_bounded_sum_keeps_users_with_large_values_in_the_release(tmp_path):
+    # An exponential column (mean 12) answered unclamped dropped 60% of users on day 1; its
+    # declared bound clamps each value, so every user's charge is at most hi**2.
+    rng = np.random.default_rng(3)
+    minutes = rng.exponential(12.0, size=300)
+    path = _csv(tmp_path / "d0.csv", [f"{i},{_day(0)},1,{m:.3f}" for i, m in enumerate(minutes)],
+                header="user_id,day,opened,minutes")
+    assert _run(tmp_path, [path], "--id-type", "int64", "--column", "opened=0:1", "--column", "minutes=0:1",
+                budget="4") == 0
+    (admitted, dropped), = _curator(tmp_path, "SELECT admitted, dropped FROM run_counts")
+    assert (admitted, dropped) == (300, 0)
+    spec = dict(_catalogue(tmp_path))["sum:minutes"]
+    assert json.loads(spec)["spec"] == {"type": "clamp", "column": "minutes", "lo": 0.0, "hi": 1.0}
