@@ -20,7 +20,9 @@ ledger's clip factor is 1 and it scales nothing):
   (``(||x_i||^2 + 1) ||delta_i||^2`` per layer, :mod:`stream.training.models`), with the same
   float32/float64 rules (row sums in the working dtype made upper bounds by the same slack
   factors, the products in float64);
-* clip factors ``min(1, C_s / ||g_i||)`` per setting, computed as ``private_gd`` computes them;
+* clip factors ``min(1, C_s / ||g_i||)`` per setting, computed as ``private_gd`` computes them; a
+  row whose norm is not finite in a setting is dropped from that setting's step, its intermediates
+  masked with ``where`` before the products, as the models mask them;
 * noise ``N(0, (sigma C_s)^2)`` per coordinate, drawn per setting from its own generator in the
   model's parameter order (``rng.standard_normal(p.shape) * sigma C_s``, cast to the dtype), so a
   setting's noise is the noise its separate run draws from the same generator;
@@ -42,7 +44,7 @@ import numpy as np
 from stream.training.dpgd import GDConfig, TrainingData, _int_at_least, default_chunk_rows
 from stream.training.models import MLP, LogisticRegression, Params, _row_blocks, _slack
 from stream.training.normaliser import check_normaliser
-from stream.xp import array_module
+from stream.xp import array_module, maybe_any
 
 
 def _check_stack(configs: Sequence[GDConfig], rngs: Sequence[np.random.Generator],
@@ -113,9 +115,12 @@ class _StackedLogReg:
         z += self.b
         delta_t = _softmax_residual_t(z.reshape(x.shape[0], self.m, self.k).transpose(1, 0, 2), onehot_t)
         sq = (x_sq[None, :] * _col_sq_norms(delta_t)) * _slack(2, np.float64)
+        dropped = ~xp.isfinite(sq)  # (M, rows), as LogisticRegression.per_example
 
         def weighted_sum(w: Any) -> dict[str, Any]:
             xp.multiply(delta_t, w[:, None, :].astype(delta_t.dtype), out=delta_t)  # in place, as the model
+            if maybe_any(dropped):
+                delta_t[...] = xp.where(dropped[:, None, :], 0.0, delta_t)
             flat = delta_t.reshape(self.m * self.k, x.shape[0])
             # (M K, rows) @ (rows, d): the second read of the slice, still in cache
             return {"W": (flat @ x).reshape(self.m, self.k, -1).transpose(0, 2, 1), "b": delta_t.sum(axis=2)}
@@ -159,11 +164,17 @@ class _StackedMLP:
         d1_sq = xp.einsum("rmh,rmh->mr", delta1, delta1).astype(xp.float64)
         sq = (x_sq[None, :] * (d1_sq * row_slack)
               + (h_sq * row_slack + 1.0) * _col_sq_norms(delta2_t)) * _slack(4, np.float64)
+        dropped = ~xp.isfinite(sq)  # (M, rows), as MLP.per_example
 
         def weighted_sum(w: Any) -> dict[str, Any]:
             w_d = w.astype(dtype)
             xp.multiply(delta2_t, w_d[:, None, :], out=delta2_t)
             xp.multiply(delta1, w_d.T[:, :, None], out=delta1)
+            if maybe_any(dropped):  # each setting's dropped rows out of its sums, as the model masks them
+                gone = dropped.T[:, :, None]  # (rows, M, 1)
+                delta2_t[...] = xp.where(dropped[:, None, :], 0.0, delta2_t)
+                delta1[...] = xp.where(gone, 0.0, delta1)
+                h3[...] = xp.where(gone, 0.0, h3)
             g_b1 = g_w2_t = None
             # b1 and W2 summed per row block, in block order, over the blocks MLP.per_example uses:
             # the same partial sums as a separate run, so float32 rounding does not part them (a
@@ -238,28 +249,32 @@ def stacked_private_gd(
         chunk_rows = default_chunk_rows(n, data.n_features, dtype, xp)
     slices = [slice(s, min(s + chunk_rows, n)) for s in range(0, n, chunk_rows)]
 
-    for _ in range(steps):
-        grads: dict[str, Any] | None = None
-        for rows in slices:
-            sq, weighted_sum = stack.norms_and_sum(data.x[rows], data.onehot_t[:, rows], data.x_sq_norms[rows])
-            norm = xp.sqrt(sq)
-            norm /= clips  # ||g_i|| / C_s, as private_gd
-            over = norm > 1.0
-            safe_norm = xp.where(norm > 0, norm, 1.0)
-            w = xp.where(over, 1.0 / safe_norm, 1.0)  # private_gd's bound / norm with bound 1, ledger scale 1
-            part = weighted_sum(w)
-            if grads is None:
-                grads = part
-            else:
-                for key in grads:
-                    grads[key] = grads[key] + part[key]
-        assert grads is not None
-        for s, config in enumerate(configs):  # O(params) per setting: its noise and its update
-            noise_std = config.noise_std  # sigma C_s, sigma shared by the stack
-            lr = config.learning_rate / normaliser
-            params = stack.views(s)
-            for key in stack.keys:  # the model's parameter order: private_gd's order of noise draws
-                p = params[key]
-                g = grads[key][s] + xp.asarray(rngs[s].standard_normal(p.shape) * noise_std, dtype=p.dtype)
-                p -= lr * g
+    with np.errstate(over="ignore", invalid="ignore"):  # a dropped row is expected, as in private_gd
+        for _ in range(steps):
+            grads: dict[str, Any] | None = None
+            for rows in slices:
+                sq, weighted_sum = stack.norms_and_sum(data.x[rows], data.onehot_t[:, rows], data.x_sq_norms[rows])
+                norm = xp.sqrt(sq)
+                norm /= clips  # ||g_i|| / C_s, as private_gd
+                finite = xp.isfinite(norm)  # not finite: dropped from the setting's step, as private_gd
+                over = norm > 1.0
+                over &= finite
+                safe_norm = xp.where(norm > 0, norm, 1.0)
+                # private_gd's bound / norm with bound 1, ledger scale 1
+                w = xp.where(finite, xp.where(over, 1.0 / safe_norm, 1.0), 0.0)
+                part = weighted_sum(w)
+                if grads is None:
+                    grads = part
+                else:
+                    for key in grads:
+                        grads[key] = grads[key] + part[key]
+            assert grads is not None
+            for s, config in enumerate(configs):  # O(params) per setting: its noise and its update
+                noise_std = config.noise_std  # sigma C_s, sigma shared by the stack
+                lr = config.learning_rate / normaliser
+                params = stack.views(s)
+                for key in stack.keys:  # the model's parameter order: private_gd's order of noise draws
+                    p = params[key]
+                    g = grads[key][s] + xp.asarray(rngs[s].standard_normal(p.shape) * noise_std, dtype=p.dtype)
+                    p -= lr * g
     return [{key: xp.ascontiguousarray(v) for key, v in stack.views(s).items()} for s in range(m)]

@@ -19,6 +19,7 @@ from stream.training.dpgd import GDConfig, TrainResult, noise_multiplier_for, pr
 from stream.training.stopping import AccuracyStopping
 
 N, D, K = 240, 9, 3  # the DP-GD run's rows, features, classes
+OVERFLOW_ROW = 17  # training_run(overflow=True): this user's features are 1e300, their squared norm inf
 
 
 def contributions(d: int) -> np.ndarray:
@@ -73,12 +74,15 @@ def charged_ledger(xp: Any, *, validate: bool) -> tuple[TrainingLedger, list[Any
 def training_run(model: Any, xp: Any, *, filtering: bool, dtype: Any = np.float64, steps: int = 4,
                  stopping: AccuracyStopping | None = None, chunk_rows: int | None = None,
                  init_params: dict[str, Any] | None = None, ledger: TrainingLedger | None = None,
-                 observe: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
+                 observe: Callable[[], ContextManager[Any]] = contextlib.nullcontext, overflow: bool = False,
                  ) -> tuple[TrainResult, TrainingLedger, Any]:
     """A seeded ``private_gd`` run of ``steps`` steps on ``N`` random rows, on ``xp``:
-    ``(result, ledger, what observe() yielded around the run alone)``."""
+    ``(result, ledger, what observe() yielded around the run alone)``. ``overflow``: row
+    ``OVERFLOW_ROW`` holds finite features whose gradient norm (and later logits) overflow."""
     rng = np.random.default_rng(5)
     x, y = rng.standard_normal((N, D)), rng.integers(0, K, N)
+    if overflow:
+        x[OVERFLOW_ROW] = 1e300
     data = prepare_data(x, y, n_classes=K, xp=xp, dtype=dtype)
     config = GDConfig(clip=0.7, noise_multiplier=noise_multiplier_for(steps=steps, rho=0.5), learning_rate=0.5,
                       steps=steps, filtering=filtering, norm_budget=0.49 * steps * 0.6 if filtering else None,

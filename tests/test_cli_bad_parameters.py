@@ -142,7 +142,8 @@ CASES: list[tuple[str, list[str], str]] = [
     *[("train", TRAIN + [option, value], option) for option, value in (
         ("--clip", "0"), ("--steps", "0"), ("--steps", "x"), ("--hidden", "0"), ("--learning-rate", "-1"),
         ("--noise-multiplier", "0"), ("--stop-fraction", "1"), ("--train-rho", "0"), ("--norm-budget", "0"),
-        ("--stop-queries", "0"), ("--stop-every", "0"), ("--model", "x"), ("--device", "tpu"), ("--seed", "x"))],
+        ("--stop-queries", "0"), ("--stop-every", "0"), ("--model", "x"), ("--device", "tpu"), ("--seed", "x"),
+        ("--classes", "1"), ("--classes", "x"), ("--classes", "3"))],  # 3: the features file declares 2
     ("train", _set(TRAIN, "--ledger", "{w}/ledger.duckdb") + ["--train-rho", "1e9"], "--train-rho"),
     ("train", _set(TRAIN, "--ledger", "{w}/ledger.duckdb") + ["--epsilon", "2"], "epsilon"),  # not the ledger's
     ("train", _set(TRAIN, "--ledger", "{w}/store.duckdb"), "--ledger"),

@@ -288,6 +288,19 @@ def test_a_diverged_run_charges_nothing_for_nan_norms_and_raises_after_the_run(x
     assert to_host(ledger.used).max() == 0.0
 
 
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+def test_a_user_whose_gradient_overflows_is_dropped_uncharged_on_the_device_path_numpy_bit_for_bit(model):
+    # The row is masked out of the sums with where (never multiplied by a zero weight), on both
+    # modules by the same code: NumPy's bits, no host round trip more than a run without it.
+    expected, expected_ledger, _ = _run(model, np, filtering=True, chunk_rows=N, overflow=True)
+    got, ledger, traffic = _run(model, sx, filtering=True, overflow=True)
+    assert all(_same_bits(expected.final_params[k], got.final_params[k]) for k in expected.params)
+    assert expected.curator == got.curator and got.curator["not_finite"] == [1] * got.steps_run
+    assert all(np.isfinite(to_host(p)).all() for p in got.final_params.values())
+    assert _same_bits(expected_ledger.used, ledger.used) and to_host(ledger.used)[cases.OVERFLOW_ROW] == 0.0
+    assert traffic.transfers == 1 and traffic.syncs == 0
+
+
 def test_the_noisy_count_on_the_device_path_is_numpy_with_two_transfers():
     counts = []
     for xp in (np, sx):

@@ -397,3 +397,58 @@ def test_the_noisy_count_charges_each_user_once_and_drops_users_without_budget()
     assert value == pytest.approx(4 + np.random.default_rng(3).normal(0.0, std))  # user 4 is left out
     assert ledger.used[:4] == pytest.approx([1.0 / (2.0 * std**2)] * 4) and ledger.used[4] <= ledger.cap
     assert normaliser_from_count(-7.5) == 1.0 and normaliser_from_count(250.5) == 250.5
+
+
+# --- one user's overflow never stops the others (issue 28) ---------------------------------------
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+def test_a_users_1e308_feature_drops_them_uncharged_and_the_others_train_as_without_them(model):
+    """Their squared norm (and, once the weights move, their logits) overflow at every step: they are
+    dropped from each step, charged nothing, counted, and masked out of the sum before it is taken.
+    The others' model is the one trained without that user up to rounding, not bit for bit: the
+    products sum over one more row (an exact zero), which can change BLAS's blocking and so the
+    order of its sums (observed: 3e-16 relative)."""
+    x, y = _data(20)
+    bad, k = 17, 5
+    x[bad, 2] = 1e308
+    config = GDConfig(clip=1.0, noise_multiplier=3.0, learning_rate=2.0, steps=k, filtering=True)
+    runs = []
+    for rows in (np.arange(N), np.delete(np.arange(N), bad)):
+        ledger = TrainingLedger.fresh(rows.size, budget=1.0)
+        grad_rng, query_rng = training_generators(7)
+        result = private_gd(model, prepare_data(x[rows], y[rows], n_classes=K), config=config, ledger=ledger,
+                            rng=grad_rng, query_rng=query_rng, init_rng=np.random.default_rng(1), normaliser=100.0)
+        runs.append((result, ledger))
+    (with_, ledger_with), (without, ledger_without) = runs
+    assert with_.curator["not_finite"] == [1] * k and without.curator["not_finite"] == [0] * k
+    assert ledger_with.used[bad] == 0.0
+    np.testing.assert_allclose(np.delete(ledger_with.used, bad), ledger_without.used, rtol=1e-12)
+    for name, value in with_.final_params.items():
+        assert np.isfinite(value).all()
+        np.testing.assert_allclose(value, without.final_params[name], rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+def test_the_run_diverged_is_raised_when_every_users_gradient_is_not_finite(model):
+    """An absurd learning rate: the parameters overflow after the first step, and from then on
+    nobody's gradient is finite. That is the model diverging for everybody, not one user's data."""
+    x, y = _data(21)
+    config = GDConfig(clip=1.0, noise_multiplier=2.0, learning_rate=1e308, steps=5)
+    ledger = TrainingLedger.fresh(N, budget=10.0)
+    with pytest.raises(ValueError, match=r"the run diverged: per-example gradient norms were NaN at 4 step\(s\), "
+                                         r"first at step 2, for every user .*; the parameters were not finite "
+                                         r"after step 1; lower learning_rate"):
+        private_gd(model, prepare_data(x, y, n_classes=K), config=config, ledger=ledger,
+                   rng=np.random.default_rng(3), init_rng=np.random.default_rng(1), normaliser=1.0)
+    assert (ledger.used <= ledger.cap).all()
+
+
+def test_prepare_data_requires_declared_classes_and_never_reads_them_off_the_labels():
+    x, y = _data(22)
+    assert prepare_data(x, y, n_classes=7).onehot_t.shape == (7, N)  # labels 0..2, 7 classes declared
+    for bad in (1, 0, 2.0, True, None):
+        with pytest.raises(ValueError, match=f"n_classes must be an integer >= 2, got n_classes={bad!r}"):
+            prepare_data(x, y, n_classes=bad)
+    with pytest.raises(TypeError, match="n_classes"):
+        prepare_data(x, y)  # no default from the labels

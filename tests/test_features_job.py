@@ -64,8 +64,11 @@ def test_the_beam_job_writes_the_duckdb_stages_golden_file(tmp_path, name, int_r
     assert written.schema.names == golden.schema.names
     assert [(f.type, f.nullable) for f in written.schema] == [(f.type, f.nullable) for f in golden.schema]
     assert written.replace_schema_metadata(None).equals(golden.replace_schema_metadata(None))  # values, exactly
-    # The schema metadata: what the features are, as before; beside it only this run's own record.
-    assert written.schema.metadata[FEATURES_KEY] == golden.schema.metadata[FEATURES_KEY]
+    # The schema metadata: what the features are, as before, plus the classes the labels are declared
+    # in (two: 0 or 1; issue 28, a model's shape is never read off the labels); beside it only this
+    # run's own record.
+    assert json.loads(written.schema.metadata[FEATURES_KEY]) == \
+        {**json.loads(golden.schema.metadata[FEATURES_KEY]), "classes": 2}
     assert set(written.schema.metadata) - set(golden.schema.metadata) == {ROWS_KEY}
     expected = json.loads((GOLDEN / "summary.json").read_text())[name]
     assert (summary.users, summary.positives, summary.rows_read) == \

@@ -193,6 +193,17 @@ def test_a_float32_private_gd_run_on_cupy_matches_numpy_float32_with_the_same_de
     assert expected.curator == got.curator
 
 
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+def test_a_user_whose_gradient_overflows_is_dropped_uncharged_on_cupy_as_on_numpy(model):
+    expected, expected_ledger = _run(model, np, filtering=True, chunk_rows=N, overflow=True)
+    got, ledger = _run(model, cp, filtering=True, overflow=True)
+    for k in expected.params:
+        _close(expected.final_params[k], got.final_params[k], rtol=1e-9, atol=1e-12)
+    assert expected.curator == got.curator and got.curator["not_finite"] == [1] * got.steps_run
+    _close(expected_ledger.used, ledger.used, rtol=1e-9)
+    assert to_host(ledger.used)[cases.OVERFLOW_ROW] == 0.0
+
+
 def test_a_sliced_private_gd_run_on_cupy_matches_one_slice():
     whole, _ = _run(MLP(16), cp, filtering=True)
     sliced, _ = _run(MLP(16), cp, filtering=True, chunk_rows=70)

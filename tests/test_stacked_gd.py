@@ -78,6 +78,24 @@ def test_three_stacked_settings_end_where_three_separate_private_gd_runs_end(sta
         _close(got[s], alone.final_params)
 
 
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+def test_a_row_whose_gradient_overflows_is_dropped_from_each_setting_as_private_gd_drops_it(stacked, model):
+    """A 1e308 feature: that row's squared norm overflows in every setting, and its logits once
+    the weights move; the stack masks it out of each setting's sums, as the separate runs do."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(N, D)) * rng.uniform(0.2, 3.0, size=(N, 1))
+    x[7, 3] = 1e308
+    data, configs = prepare_data(x, rng.integers(0, K, size=N), n_classes=K), _configs()
+    got = stacked.stacked_private_gd(model, data, configs=configs, rngs=[np.random.default_rng(10 + s) for s in range(3)],
+                                     init_rngs=[np.random.default_rng(20 + s) for s in range(3)], normaliser=N)
+    for s, config in enumerate(configs):
+        alone = private_gd(model, data, config=config, ledger=TrainingLedger.fresh(N, budget=2 * config.rho),
+                           rng=np.random.default_rng(10 + s), init_rng=np.random.default_rng(20 + s), normaliser=N)
+        assert alone.curator["not_finite"] == [1] * STEPS
+        assert all(np.isfinite(v).all() for v in got[s].values())
+        _close(got[s], alone.final_params)
+
+
 def test_an_mlp_stack_over_several_row_blocks_sums_its_float32_gradients_as_the_separate_runs_do(stacked):
     """40,000 rows: two of MLP.per_example's row blocks (32,768 rows at 8 hidden float32 units).
     The separate run sums b1 and W2 per block; a stack summing the whole slice at once differs by

@@ -22,7 +22,7 @@ import pytest
 from pipelines.cli.main import main
 from pipelines.curator.store import CuratorStore
 from pipelines.daily.job import JobConfig, run_job
-from pipelines.curator.features import load_features
+from pipelines.curator.features import FEATURES_KEY, load_features
 from pipelines.features.job import materialise_features
 from pipelines.curator.train import TrainConfig, TrainRefused, run_train
 from stream.faults import CRASH_ENV
@@ -428,3 +428,132 @@ def test_the_noisy_count_and_the_accuracy_queries_must_leave_budget_for_the_step
     with pytest.raises(ValueError, match="normaliser must be > 0, got normaliser=0"):
         TrainConfig(**base, normaliser=0)
     assert TrainConfig(**base, stop_fraction=0.6, count_fraction=0.4, normaliser=1e5).spent_fraction == 0.6
+
+
+# -- an input contract: no row's meaning depends on other rows' values (issue 28) ---------------
+
+def _features_file(path: Path, labels, *, x=None, classes: int | None = 2, label_type=pa.int64()) -> Path:
+    """A features file as the features job writes one (``user_id``, three features, ``label``, its
+    columns and, unless ``classes`` is None, its classes in :data:`FEATURES_KEY`), ``0600``."""
+    labels = list(labels)
+    rng = np.random.default_rng(len(labels))
+    x = rng.uniform(0.0, 1.0, size=(len(labels), 3)) if x is None else x
+    meta = {"feature_columns": ["f0", "f1", "f2"], "label": "label", **({"classes": classes} if classes else {})}
+    table = pa.table({"user_id": pa.array(np.arange(len(labels), dtype=np.int64)),
+                      **{f"f{j}": pa.array(x[:, j], type=pa.float64()) for j in range(3)},
+                      "label": pa.array(labels, type=label_type)})
+    pq.write_table(table.replace_schema_metadata({FEATURES_KEY: json.dumps(meta)}), path)
+    path.chmod(0o600)
+    return path
+
+
+def _labels(n: int = 120) -> list[int]:
+    return [int(v) for v in np.random.default_rng(1).integers(0, 2, size=n)]
+
+
+def _stage(folder: Path, features: Path, *extra: str) -> tuple[int, str, dict, tuple]:
+    """``renyi-stream train`` on a new ledger in ``folder``: (exit status, stderr, report, model)."""
+    import io
+    from contextlib import redirect_stderr
+
+    folder.mkdir(exist_ok=True)
+    err = io.StringIO()
+    with redirect_stderr(err):
+        code = main(["train", "--features", str(features), "--ledger", str(folder / "l.duckdb"), "--epsilon", "1",
+                     "--delta", "1e-6", "--out", str(folder / "m.npz"), "--steps", "3", "--no-stopping",
+                     "--seed", "4", *extra])
+    if code != 0:
+        return code, err.getvalue(), {}, ()
+    return code, err.getvalue(), json.loads((folder / "m.json").read_text()), load_model(folder / "m.npz")
+
+
+def _run_line(stderr: str) -> str:
+    return next(line for line in stderr.splitlines() if line.startswith("[train] run "))
+
+
+def test_a_label_7_among_0_1_labels_changes_neither_the_models_shape_nor_the_train_line(tmp_path):
+    labels = _labels()
+    with_7 = _features_file(tmp_path / "with7.parquet", labels[:50] + [7] + labels[50:],
+                            x=np.random.default_rng(2).uniform(size=(len(labels) + 1, 3)))
+    without = _features_file(tmp_path / "without.parquet", labels,
+                             x=np.delete(np.random.default_rng(2).uniform(size=(len(labels) + 1, 3)), 50, axis=0))
+    code, err, report, (_, params, meta) = _stage(tmp_path / "a", with_7)
+    assert code == 0, err
+    _, err_without, _, (_, params_without, _) = _stage(tmp_path / "b", without)
+    assert params["W"].shape == (3, 2) and meta["n_classes"] == 2 and meta["classes_declared_by"] == "features file"
+    assert _run_line(err) == _run_line(err_without) and ", 2 classes;" in _run_line(err)
+    assert report["curator_only"]["label_dead_letters"] == {"label_null": 0, "label_not_integer": 0,
+                                                            "label_negative": 0, "label_out_of_range": 1}
+    assert report["curator_only"]["training_rows"] == len(labels)
+    assert 50 not in _used(tmp_path / "a" / "l.duckdb")  # the dead letter's user is charged nothing
+    # the other rows and ids differ only by that user: the same model (the same seed, the same count)
+    np.testing.assert_array_equal(params["W"], params_without["W"])
+
+
+@pytest.mark.parametrize("bad, label_type, reason", [
+    (-1, pa.int64(), "label_negative"),
+    (2, pa.int64(), "label_out_of_range"),
+    (None, pa.int64(), "label_null"),
+    (0.5, pa.float64(), "label_not_integer"),
+    (float("nan"), pa.float64(), "label_not_integer"),
+], ids=["negative", "two", "null", "half", "nan"])
+def test_a_label_outside_the_declared_classes_is_its_rows_dead_letter_and_the_run_completes(tmp_path, bad,
+                                                                                           label_type, reason):
+    labels = _labels()
+    features = _features_file(tmp_path / "f.parquet", labels[:10] + [bad] + labels[10:], label_type=label_type)
+    code, err, report, (_, params, _) = _stage(tmp_path / "run", features)
+    assert code == 0, err
+    dead = report["curator_only"]["label_dead_letters"]
+    assert dead[reason] == 1 and sum(dead.values()) == 1 and params["W"].shape == (3, 2)
+    assert 10 not in _used(tmp_path / "run" / "l.duckdb") and len(_used(tmp_path / "run" / "l.duckdb")) == len(labels)
+
+
+@pytest.mark.parametrize("value, dtype, reason", [
+    (None, "float64", "feature_null"),
+    (float("nan"), "float64", "feature_not_finite"),
+    (float("-inf"), "float64", "feature_not_finite"),
+    (1e39, "float32", "feature_not_finite"),  # finite, but inf in the run's float32
+], ids=["null", "nan", "-inf", "1e39-in-float32"])
+def test_a_null_or_non_finite_feature_is_its_rows_dead_letter_and_the_run_completes(tmp_path, value, dtype, reason):
+    labels = _labels()
+    x = np.random.default_rng(3).uniform(size=(len(labels), 3)).astype(object)
+    x[10, 1] = value
+    features = _features_file(tmp_path / "f.parquet", labels, x=x)
+    code, err, report, _ = _stage(tmp_path / "run", features, "--dtype", dtype)
+    assert code == 0, err
+    dead = report["curator_only"]["feature_dead_letters"]
+    assert dead[reason] == 1 and sum(dead.values()) == 1
+    assert 10 not in _used(tmp_path / "run" / "l.duckdb")
+
+
+def test_a_users_1e308_feature_is_dropped_at_each_step_uncharged_and_the_run_completes(tmp_path):
+    labels = _labels()
+    x = np.random.default_rng(3).uniform(size=(len(labels), 3))
+    x[10, 1] = 1e308  # finite in float64: trained on, but its gradient norm overflows at every step
+    code, err, report, (_, params, _) = _stage(tmp_path / "run", _features_file(tmp_path / "f.parquet", labels, x=x))
+    assert code == 0, err
+    assert report["curator_only"]["not_finite"] == [1, 1, 1] and report["curator_only"]["training_rows"] == len(labels)
+    assert _used(tmp_path / "run" / "l.duckdb")[10] < min(v for u, v in _used(tmp_path / "run" / "l.duckdb").items()
+                                                        if u != 10)  # only the noisy count's charge
+    assert all(np.isfinite(v).all() for v in params.values())
+
+
+def test_the_declared_classes_come_from_the_option_or_the_file_and_never_from_the_labels(tmp_path, capsys):
+    labels = _labels()
+    recorded = _features_file(tmp_path / "recorded.parquet", labels)
+    unrecorded = _features_file(tmp_path / "unrecorded.parquet", labels, classes=None)
+    code, err, _, _ = _stage(tmp_path / "a", unrecorded)
+    assert code == 2 and "argument --classes: classes must be declared (--classes N, an integer >= 2)" in err, err
+    assert not (tmp_path / "a" / "l.duckdb").exists()
+    code, err, report, (_, params, meta) = _stage(tmp_path / "b", unrecorded, "--classes", "3")
+    assert code == 0, err
+    assert params["W"].shape == (3, 3) and meta["classes_declared_by"] == "--classes" and report["n_classes"] == 3
+    code, err, _, _ = _stage(tmp_path / "c", recorded, "--classes", "3")
+    assert code == 2 and "argument --classes: classes must equal the features file's declared classes=2" in err
+    assert "got classes=3" in err and not (tmp_path / "c" / "l.duckdb").exists()
+    assert _stage(tmp_path / "d", recorded, "--classes", "2")[0] == 0
+    for bad in ("1", "0", "-3"):
+        code, err, _, _ = _stage(tmp_path / "e", recorded, "--classes", bad)
+        assert code == 2 and f"argument --classes: classes must be an integer >= 2, got classes={bad}" in err
+    with pytest.raises(ValueError, match="classes must be an integer >= 2, got classes=True"):
+        TrainConfig(features="f", ledger="l", epsilon=1.0, delta=0.1, out="m", classes=True)

@@ -84,6 +84,29 @@ def test_weighted_sum_is_the_weighted_sum_of_per_example_gradients(model, xp):
         np.testing.assert_allclose(_host(got[name]), np.tensordot(w, ref[name], axes=1), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("model", [LogisticRegression(), MLP(6)], ids=lambda m: m.name)
+def test_a_row_whose_gradient_is_not_finite_is_masked_out_of_the_weighted_sum(model):
+    # Row 3's logits (and the MLP's hidden units) overflow: its residual is NaN. With a weight of 0
+    # (what private_gd gives a dropped row), multiplying would put 0 * NaN into every sum; masked
+    # with where, the sum is the other rows' sum.
+    x, y, params, _ = _setup(model, seed=9)
+    x[3] = 1e308
+    first = "W" if model.name == "logreg" else "W1"
+    params[first][:, 0] = 0.5  # the row's first logit (hidden unit) is 3.5e308: inf
+    data = prepare_data(x, y, n_classes=K)
+    w = np.random.default_rng(10).uniform(0, 1, size=N)
+    w[3] = 0.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert not np.isfinite(model.logits(params, data.x)[3]).all()
+        pe = model.per_example(params, data.x, data.onehot_t, data.x_sq_norms)
+        got = pe.weighted_sum(w)
+    assert not np.isfinite(pe.sq_norms[3]) and np.isfinite(np.delete(pe.sq_norms, 3)).all()
+    others = np.delete(np.arange(N), 3)
+    ref = per_example_gradients_reference(model, params, x[others], y[others], K)
+    for name in ref:
+        np.testing.assert_allclose(got[name], np.tensordot(w[others], ref[name], axes=1), rtol=1e-10, atol=1e-12)
+
+
 def test_logistic_regression_gradient_norm_is_x_norm_times_residual_norm():
     model = LogisticRegression()
     x, y, params, data = _setup(model, seed=4)
@@ -157,5 +180,7 @@ def test_prepare_data_refuses_bad_inputs_naming_them():
         prepare_data(np.zeros((2, 2)), np.array([0, 3]), n_classes=3)
     with pytest.raises(ValueError, match="x must be finite"):
         prepare_data(np.array([[np.nan, 1.0]]), np.array([0]), n_classes=2)
+    with pytest.raises(ValueError, match="x must be finite \\(no NaN or inf\\) in dtype float32"):
+        prepare_data(np.array([[1e39, 1.0]]), np.array([0]), n_classes=2, dtype=np.float32)  # inf in float32
     with pytest.raises(ValueError, match="labels must have shape \\(2,\\)"):
-        prepare_data(np.zeros((2, 2)), np.array([0, 1, 1]))
+        prepare_data(np.zeros((2, 2)), np.array([0, 1, 1]), n_classes=2)

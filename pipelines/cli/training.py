@@ -51,7 +51,8 @@ def _train_command(args: argparse.Namespace) -> int:
     try:
         config = TrainConfig(
             features=args.features, ledger=args.ledger, epsilon=args.epsilon, delta=args.delta, out=args.out,
-            report=args.report, model=args.model, hidden=args.hidden, clip=args.clip, steps=args.steps,
+            report=args.report, classes=args.classes, model=args.model, hidden=args.hidden, clip=args.clip,
+            steps=args.steps,
             learning_rate=args.learning_rate, noise_multiplier=args.noise_multiplier,
             filtering=args.filtering, stopping=args.stopping and args.filtering,
             stop_queries=args.stop_queries, stop_every=args.stop_every, stop_fraction=args.stop_fraction,
@@ -120,6 +121,10 @@ def add_train_subcommand(subparsers: Any) -> None:
     train.add_argument("--delta", type=float, required=True, help="per-user delta in (0, 1); must equal the ledger's")
     train.add_argument("--out", required=True, help="model file to write (.npz)")
     train.add_argument("--report", default=None, help="training report (JSON; default: --out with .json)")
+    train.add_argument("--classes", type=int, default=None, metavar="N",
+                       help="number of classes N >= 2 (labels 0..N-1), declared, never read off the labels; default: "
+                       "the features file's record (the features job records 2). A row whose label is outside "
+                       "them is left out, charged nothing, and counted in the report's curator_only part")
     train.add_argument("--model", choices=("logreg", "mlp"), default="logreg", help="default logreg")
     train.add_argument("--hidden", type=int, default=64, help="MLP hidden units (default 64)")
     train.add_argument("--clip", type=float, default=1.0, help="C: per-user gradient clip, L2 (default 1)")

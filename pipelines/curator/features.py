@@ -12,7 +12,9 @@ module holds what it computes, Beam-free:
   ``c_active`` = days with ``c != 0`` / number of days; plus ``active_days`` = days with any row
   / number of days. For binary indicators every feature lies in ``[0, 1]``;
 * the **label window** ``[label_start, label_end]`` gives ``label`` = 1 if the user's
-  ``label_column`` sums to more than 0 there, else 0 (e.g. "changes plan in the next 30 days").
+  ``label_column`` sums to more than 0 there, else 0 (e.g. "changes plan in the next 30 days"):
+  two classes, recorded as ``classes: 2`` in the file's metadata, so that the trained model's
+  shape is declared and never read off the labels.
 
 A user is a training row when they have at least one valid row in the feature window. A
 repeated ``(user, day)`` keeps its first occurrence in (input, row) order, the daily job's rule
@@ -38,6 +40,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -47,7 +50,10 @@ from stream.private_files import refuse_if_shared, write_private
 from stream.schema import USER_ID, WINDOW_ID
 
 LABEL = "label"
-#: Schema-metadata key of what the features are: feature and indicator columns, windows, label.
+#: The features job's labels are 0 or 1: the classes it records (``classes`` in FEATURES_KEY).
+BINARY_CLASSES = 2
+#: Schema-metadata key of what the features are: feature and indicator columns, windows, label
+#: and its declared number of classes.
 FEATURES_KEY = b"renyi_stream.features"
 #: Schema-metadata key of the run that wrote the file: its token and exact row counts (JSON).
 ROWS_KEY = b"renyi_stream.features_rows"
@@ -198,7 +204,7 @@ def features_table(parts: Iterable[pa.Table], *, windows: FeatureWindows, column
         FEATURES_KEY: json.dumps({
             "feature_columns": feature_names(columns), "label": LABEL, "label_column": label_column,
             "feature_window": [start, end], "label_window": [label_start, label_end],
-            "indicator_columns": list(columns),
+            "indicator_columns": list(columns), "classes": BINARY_CLASSES,
         }),
         ROWS_KEY: json.dumps(dict(rows), sort_keys=True),
     }
@@ -246,26 +252,113 @@ def read_rows_record(out: str | os.PathLike) -> dict[str, Any] | None:
     return json.loads(raw) if raw is not None else None
 
 
+#: Why a features row is not trained on (curator-only counts in the training report), in the
+#: order a row is given its one reason: feature reasons first, then label reasons.
+FEATURE_DEAD_LETTERS = ("feature_null", "feature_not_finite")
+LABEL_DEAD_LETTERS = ("label_null", "label_not_integer", "label_negative", "label_out_of_range")
+
+
 @dataclass(frozen=True)
 class Features:
-    """A features file loaded for training: ids ``(n,)``, ``x`` ``(n, d)`` float64, ``labels``
-    ``(n,)`` int64 in ``[0, n_classes)``, and the feature column names."""
+    """A features file loaded for training: the rows to train on (ids ``(n,)``, ``x`` ``(n, d)``
+    float64, ``labels`` ``(n,)`` int64 in ``[0, n_classes)``), the feature column names, the
+    declared number of classes and where it was declared, and the rows left out.
+
+    ``dead_letters`` (reason -> rows, curator-only: exact counts) holds every reason of
+    :data:`FEATURE_DEAD_LETTERS` and :data:`LABEL_DEAD_LETTERS`; each row left out has one."""
 
     user_ids: pa.Array
     x: np.ndarray
     labels: np.ndarray
     feature_columns: tuple[str, ...]
     n_classes: int
+    classes_from: str = "features file"
+    dead_letters: Mapping[str, int] = field(default_factory=dict)
+
+
+def _classes_at_least_2(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 2:
+        raise ValueError(f"{name} must be an integer >= 2, got {name}={value!r}")
+    return int(value)
+
+
+def declared_classes(path: str | os.PathLike, recorded: Any, classes: int | None) -> tuple[int, str]:
+    """The number of classes a training run uses and who declared it: ``classes`` (the curator,
+    ``--classes``) or the features file's record (:data:`FEATURES_KEY` ``classes``). Never the
+    labels. ValueError naming ``classes`` when neither declares it, when they differ, or when a
+    value is not an integer >= 2."""
+    if recorded is not None:
+        try:
+            recorded = _classes_at_least_2("classes", recorded)
+        except ValueError:
+            raise ValueError(f"features file {path} records classes={recorded!r}, not an integer >= 2") from None
+    if classes is None:
+        if recorded is None:
+            raise ValueError(f"classes must be declared (--classes N, an integer >= 2): the features file {path} "
+                             "records none, and a model's shape is never read off its labels")
+        return recorded, "features file"
+    classes = _classes_at_least_2("classes", classes)
+    if recorded is not None and recorded != classes:
+        raise ValueError(f"classes must equal the features file's declared classes={recorded} (labels 0 to "
+                         f"{recorded - 1}), got classes={classes}")
+    return classes, "--classes"
+
+
+def _row_reasons(table: pa.Table, feature_columns: Sequence[str], label_column: str, n_classes: int,
+                 dtype: Any, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(x float64, labels int64, reason)`` for every row: ``reason`` indexes
+    ``FEATURE_DEAD_LETTERS + LABEL_DEAD_LETTERS`` (-1: trained on). Vectorised per column."""
+    n = table.num_rows
+    reasons = FEATURE_DEAD_LETTERS + LABEL_DEAD_LETTERS
+    reason = np.full(n, -1, dtype=np.int64)
+
+    def mark(code: str, rows: np.ndarray) -> None:  # the first reason a row meets is its reason
+        reason[(reason < 0) & rows] = reasons.index(code)
+
+    cols: list[np.ndarray] = []
+    null = np.zeros(n, dtype=bool)
+    for name in feature_columns:
+        if name not in table.column_names:
+            raise ValueError(f"features file {path} has no feature column {name!r}")
+        col = table.column(name)
+        null |= np.asarray(col.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        filled = pc.fill_null(col, pa.scalar(0).cast(col.type)) if col.null_count else col
+        cols.append(np.asarray(filled.to_numpy(zero_copy_only=False)).astype(np.float64))
+    x = np.column_stack(cols)
+    mark("feature_null", null)
+    # Not finite, or past the range of the dtype the run computes in (1e39 is inf in float32).
+    with np.errstate(over="ignore"):
+        mark("feature_not_finite", ~np.isfinite(x.astype(dtype)).all(axis=1))
+
+    label_col = table.column(label_column)
+    kind = label_col.type
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+        raise ValueError(f"label column {label_column!r} in {path} must be integers, got {kind}")
+    mark("label_null", np.asarray(label_col.is_null().to_numpy(zero_copy_only=False), dtype=bool))
+    values = np.asarray(pc.fill_null(label_col, pa.scalar(0).cast(kind)).to_numpy(zero_copy_only=False))
+    if pa.types.is_floating(kind):
+        whole = np.isfinite(values) & (np.floor(values) == values)
+        mark("label_not_integer", ~whole)
+        values = np.where(whole, values, 0.0)
+    mark("label_negative", values < 0)
+    mark("label_out_of_range", values >= n_classes)
+    labels = np.where(reason < 0, values, 0).astype(np.int64)
+    return x, labels, reason
 
 
 def load_features(path: str | os.PathLike, *, label_column: str = LABEL,
-                  feature_columns: Sequence[str] | None = None) -> Features:
-    """Read a features Parquet file (``user_id``, numeric features, integer ``label``).
+                  feature_columns: Sequence[str] | None = None, classes: int | None = None,
+                  dtype: Any = np.float64) -> Features:
+    """Read a features Parquet file (``user_id``, numeric features, a numeric ``label``) for
+    training with ``n_classes`` declared by ``classes`` or by the file (:func:`declared_classes`).
 
     ``feature_columns`` defaults to the list recorded by the features stage (:data:`FEATURES_KEY`), else every
-    numeric column other than ``user_id`` and the label. Refuses a file that group/others may
-    read (naming it and the fix, ``chmod 600``: it holds the users' data), nulls, non-finite features,
-    repeated user ids and labels that are not non-negative integers, naming the column.
+    numeric column other than ``user_id`` and the label. A row whose feature is null or not finite
+    in ``dtype`` (the run's), or whose label is null, not an integer, negative or ``>= n_classes``,
+    is left out (one user's bytes never stop the others' run) and counted by reason in
+    ``dead_letters``. Refuses a file that group/others may read (naming it and the fix,
+    ``chmod 600``: it holds the users' data), missing columns, a label column that is not numeric
+    and null user ids, naming the column.
     """
     path = Path(path)
     if not path.is_file():
@@ -278,36 +371,28 @@ def load_features(path: str | os.PathLike, *, label_column: str = LABEL,
     for needed in (USER_ID, label_column):
         if needed not in table.column_names:
             raise ValueError(f"features file {path} has no column {needed!r}")
+    raw = (table.schema.metadata or {}).get(FEATURES_KEY)
+    meta = json.loads(raw) if raw is not None else {}
     if feature_columns is None:
-        meta = (table.schema.metadata or {}).get(FEATURES_KEY)
-        if meta is not None:
-            feature_columns = json.loads(meta)["feature_columns"]
+        if raw is not None:
+            feature_columns = meta["feature_columns"]
         else:
             feature_columns = [f.name for f in table.schema if f.name not in (USER_ID, label_column)
                                and (pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
                                     or pa.types.is_boolean(f.type))]
     if not feature_columns:
         raise ValueError(f"features file {path} has no numeric feature columns")
-    cols: list[np.ndarray] = []
-    for name in feature_columns:
-        if name not in table.column_names:
-            raise ValueError(f"features file {path} has no feature column {name!r}")
-        col = table.column(name)
-        if col.null_count:
-            raise ValueError(f"feature column {name!r} in {path} has {col.null_count} null value(s)")
-        cols.append(col.to_numpy().astype(np.float64))
-    x = np.column_stack(cols)
-    if not np.isfinite(x).all():
-        bad = feature_columns[int(np.flatnonzero(~np.isfinite(x).all(axis=0))[0])]
-        raise ValueError(f"feature column {bad!r} in {path} has NaN or infinite values")
-    label_col = table.column(label_column)
-    if label_col.null_count or not pa.types.is_integer(label_col.type):
-        raise ValueError(f"label column {label_column!r} in {path} must be integers without nulls, got {label_col.type}")
-    labels = label_col.to_numpy().astype(np.int64)
-    if labels.min() < 0:
-        raise ValueError(f"label column {label_column!r} in {path} must be >= 0, got {labels.min()}")
+    n_classes, classes_from = declared_classes(path, meta.get("classes"), classes)
     ids: Any = table.column(USER_ID).combine_chunks()
     if ids.null_count:
         raise ValueError(f"user_id in {path} has null values")
-    return Features(user_ids=ids, x=x, labels=labels, feature_columns=tuple(feature_columns),
-                    n_classes=max(2, int(labels.max()) + 1))
+    x, labels, reason = _row_reasons(table, feature_columns, label_column, n_classes, dtype, path)
+    keep = reason < 0
+    if not keep.any():
+        raise ValueError(f"features file {path} has no row to train on: every row has a null or non-finite feature "
+                         f"or a label outside 0..{n_classes - 1}")
+    counts = np.bincount(reason[~keep], minlength=len(FEATURE_DEAD_LETTERS) + len(LABEL_DEAD_LETTERS))
+    dead = {code: int(c) for code, c in zip(FEATURE_DEAD_LETTERS + LABEL_DEAD_LETTERS, counts)}
+    return Features(user_ids=ids.filter(pa.array(keep)), x=x[keep], labels=labels[keep],
+                    feature_columns=tuple(feature_columns), n_classes=n_classes, classes_from=classes_from,
+                    dead_letters=dead)

@@ -25,6 +25,12 @@ re-run starts from the same ledger state, so it commits as the same run id, draw
 noise and releases the same model and values: invariant 5 (release-once, docs/architecture.md).
 After the commit the charge stands (the safe direction), and the next training draws fresh noise.
 
+**Declared, never inferred.** The number of classes (the model's shape) is ``--classes`` or the
+features file's record, never the labels; a row whose label is outside them, or whose feature is
+null or not finite in the run's dtype, is left out of the run (charged nothing) and counted by
+reason in the report's ``curator_only`` part (:func:`pipelines.curator.features.load_features`).
+A user whose gradient overflows at a step is dropped for that step (:func:`stream.training.dpgd.private_gd`).
+
 **No exact counts.** The neighbouring relation is add/remove one user, so the number of users
 is private. The update divides by a public normaliser (``--normaliser``) or, by default, by a
 noisy count of the users charged to the ledger (:mod:`stream.training.normaliser`). Before the
@@ -64,6 +70,9 @@ class TrainConfig:
     Attributes:
         features: Parquet file of the features job (:func:`pipelines.features.job.materialise_features`) (or any Parquet
             with ``user_id``, numeric features and an integer ``label``).
+        classes: the number of classes ``N`` >= 2 (labels ``0 .. N-1``), declared: default the
+            features file's record (the features job records 2); never read off the labels. A
+            row whose label is outside them is left out and counted (curator-only).
         ledger: the curator's ledger database (DuckDB); created when missing.
         epsilon, delta: the per-user promise; must equal the ledger's.
         out: the model file (``.npz``); report: the JSON report (default: ``out`` with ``.json``).
@@ -95,6 +104,7 @@ class TrainConfig:
     delta: float
     out: str
     report: str | None = None
+    classes: int | None = None
     model: str = "logreg"
     hidden: int = 64
     clip: float = 1.0
@@ -119,6 +129,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check.positive("epsilon", self.epsilon)
         check.probability("delta", self.delta)
+        if self.classes is not None and (isinstance(self.classes, bool) or not isinstance(self.classes, int)
+                                         or self.classes < 2):
+            raise ValueError(f"classes must be an integer >= 2, got classes={self.classes!r}")
         if self.model not in ("logreg", "mlp"):
             raise ValueError(f"model must be 'logreg' or 'mlp', got model={self.model!r}")
         for name in ("hidden", "steps", "stop_queries", "stop_every"):
@@ -313,7 +326,7 @@ def _release_normaliser(config: TrainConfig, view: Any, train_rho: float, rng: A
 def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSummary:
     """Run one training stage end to end; see the module docstring for the order of steps."""
     from pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock
-    from pipelines.curator.features import load_features
+    from pipelines.curator.features import FEATURE_DEAD_LETTERS, LABEL_DEAD_LETTERS, load_features
     from stream.ledger import Ledger
     from stream.training.budget import TrainingLedger
     from stream.training.dpgd import GDConfig, noise_multiplier_for, prepare_data, private_gd
@@ -323,7 +336,7 @@ def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSumma
 
     started = time.perf_counter()
     say: Callable[[str], Any] = (lambda m: (progress.write(m + "\n"), progress.flush())) if progress else (lambda m: None)
-    feats = load_features(config.features)
+    feats = load_features(config.features, classes=config.classes, dtype=config.dtype)
     id_type = "string" if (pa.types.is_string(feats.user_ids.type) or pa.types.is_large_string(feats.user_ids.type)) \
         else "int64"
     xp = _array_module(config.device)
@@ -406,7 +419,7 @@ def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSumma
             }
             save_model(tmp, model, result.params, {
                 "feature_columns": list(feats.feature_columns), "n_classes": feats.n_classes,
-                "algorithm": algorithm, "privacy": privacy})
+                "classes_declared_by": feats.classes_from, "algorithm": algorithm, "privacy": privacy})
             try:
                 _commit_ledger(curator, run_id, merged.to_arrow(), previous.num_rows)
             except BaseException:
@@ -425,6 +438,7 @@ def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSumma
         "algorithm": algorithm + ", Feldman & Zrnic",
         "model": model.config(), "model_path": str(out), "features": str(config.features),
         "feature_columns": list(feats.feature_columns), "n_classes": feats.n_classes,
+        "classes_declared_by": feats.classes_from,
         "privacy": privacy,
         "hyperparameters": {"clip": config.clip, "steps_k": config.steps, "learning_rate": config.learning_rate,
                             "noise_multiplier": sigma, "filtering": config.filtering,
@@ -437,9 +451,12 @@ def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSumma
         "seconds": seconds,
         "curator_only": {
             "note": "SENSITIVE, keep with the ledger, never publish: exact counts (training rows, users in "
-                    "the ledger, and per step the users whose gradient was clipped, bounded by their "
-                    "remaining budget, filtered out (bound 0) or scaled by the ledger cap).",
+                    "the ledger, rows left out by reason (charged nothing), and per step the users whose "
+                    "gradient was clipped, bounded by their remaining budget, filtered out (bound 0), "
+                    "scaled by the ledger cap or not finite (dropped for the step, charged nothing)).",
             "training_rows": data.n, "ledger_users": merged.to_arrow().num_rows,
+            "feature_dead_letters": {k: feats.dead_letters[k] for k in FEATURE_DEAD_LETTERS},
+            "label_dead_letters": {k: feats.dead_letters[k] for k in LABEL_DEAD_LETTERS},
             **result.curator,
         },
     }

@@ -186,10 +186,11 @@ class TrainingData:
         return int(self.x.shape[1])
 
 
-def prepare_data(x: Any, labels: Any, *, n_classes: int | None = None, xp: Any = np,
-                 dtype: Any = np.float64) -> TrainingData:
-    """Move ``x`` (``(n, d)`` finite) and ``labels`` (``(n,)`` integers in ``[0, K)``) to ``xp``
-    (``numpy`` or ``cupy``) in ``dtype``. ``n_classes`` defaults to ``max(labels) + 1``."""
+def prepare_data(x: Any, labels: Any, *, n_classes: int, xp: Any = np, dtype: Any = np.float64) -> TrainingData:
+    """Move ``x`` (``(n, d)``, finite in ``dtype``) and ``labels`` (``(n,)`` integers in
+    ``[0, n_classes)``) to ``xp`` (``numpy`` or ``cupy``) in ``dtype``. ``n_classes`` (>= 2) is
+    declared by the caller, never derived from the labels: the model's shape is public."""
+    k = _int_at_least("n_classes", n_classes, 2)
     x_host = to_host(x)
     y_host = to_host(labels)
     if x_host.ndim != 2 or x_host.shape[0] < 1 or x_host.shape[1] < 1:
@@ -198,12 +199,13 @@ def prepare_data(x: Any, labels: Any, *, n_classes: int | None = None, xp: Any =
         raise ValueError(f"labels must have shape ({x_host.shape[0]},), got shape={y_host.shape}")
     if y_host.dtype.kind not in "iu":
         raise ValueError(f"labels must be integers, got dtype {y_host.dtype}")
-    if not np.isfinite(x_host).all():
-        raise ValueError("x must be finite (no NaN or inf)")
-    k = int(y_host.max()) + 1 if n_classes is None else _int_at_least("n_classes", n_classes, 2)
+    with np.errstate(over="ignore"):  # a value past float32's range becomes inf here, refused below
+        x_cast = np.asarray(x_host, dtype=dtype)
+    if not np.isfinite(x_cast).all():
+        raise ValueError(f"x must be finite (no NaN or inf) in dtype {np.dtype(dtype).name}")
     if y_host.min() < 0 or y_host.max() >= k:
         raise ValueError(f"labels must be in [0, {k}), got labels in [{y_host.min()}, {y_host.max()}]")
-    xd = xp.asarray(x_host, dtype=dtype)
+    xd = xp.asarray(x_cast)
     yd = xp.asarray(y_host.astype(np.int64))
     onehot_t = xp.zeros((k, x_host.shape[0]), dtype=dtype)
     onehot_t[yd, xp.arange(x_host.shape[0])] = 1
@@ -260,7 +262,8 @@ class TrainResult:
         rho: zCDP bound of the run per user (gradient steps + reserved queries).
         curator: per-step counts (sensitive, curator-only): ``clipped`` (gradients scaled to
             their bound), ``budget_bound`` (bound below ``C`` because of the user's budget),
-            ``exhausted`` (bound 0: filtered out), ``ledger_scaled`` (scaled by the ledger's cap).
+            ``exhausted`` (bound 0: filtered out), ``ledger_scaled`` (scaled by the ledger's cap),
+            ``not_finite`` (gradient or its norm not finite: dropped for the step, charged nothing).
     """
 
     params: Params
@@ -326,10 +329,14 @@ def private_gd(
             ``chunk_rows=data.n`` for one slice.
         progress: called after every step with a :class:`StepReport`.
 
+    A user whose per-example gradient (or its norm) is not finite at a step (an overflowing
+    example) is dropped for that step: charged nothing, and masked out of the sum (the model's
+    ``weighted_sum``), so the others' step is what it would be without them.
+
     Raises ``ValueError`` before any charge when the run cannot fit: sizes differ, or the
     run's zCDP (``config.rho`` plus the stopping rule's reserve) exceeds the ledger budget; and
-    after the run, returning nothing, when it diverged (a NaN gradient norm: that row was
-    dropped and charged nothing, but the iterate is lost).
+    after the run, returning nothing, when it diverged for everybody: every user's gradient
+    norm was not finite at some step, or the parameters were not finite after one.
 
     Host traffic on a device (tested with ``stream.testing.strict_xp``): a gradient step moves
     nothing from the device to the host; it uploads its noise, one array per parameter, drawn
@@ -365,73 +372,83 @@ def private_gd(
     if chunk_rows is None:
         chunk_rows = default_chunk_rows(n, data.n_features, data.x.dtype, xp)
     slices = [slice(s, min(s + chunk_rows, n)) for s in range(0, n, chunk_rows)]
-    counts: dict[str, list[int]] = {"clipped": [], "budget_bound": [], "exhausted": [], "ledger_scaled": []}
+    counts: dict[str, list[int]] = {"clipped": [], "budget_bound": [], "exhausted": [], "ledger_scaled": [],
+                                    "not_finite": []}
     queries: list[tuple[int, float]] = []
     best: tuple[float, int, Params] | None = None
     started = time.perf_counter()
 
-    # Per step: clipped, budget_bound, exhausted, ledger_scaled (the curator counts) and rows whose
-    # clipped norm is not finite (NaN: the model diverged). Kept on the device and read once, after the run,
-    # so that a step makes no host round trip.
+    # Per step: the curator counts, then the parameter entries that are not finite after the step
+    # (the model diverged). Kept on the device and read once, after the run, so that a step makes
+    # no host round trip.
     tallies = xp.zeros((total, len(counts) + 1), dtype=xp.int64)
-    for step in range(1, total + 1):
-        grads: Params | None = None
-        weights = xp.empty(n)
-        for rows in slices:
-            pe = model.per_example(params, data.x[rows], data.onehot_t[:, rows], data.x_sq_norms[rows])
-            norm = xp.sqrt(pe.sq_norms)
-            norm /= clip  # ||g_i|| / C
-            if budget is None:  # Algorithm 6: bound C
-                bound = xp.ones_like(norm)
-            else:  # Algorithm 7: bound min(C, sqrt(B_i - sum ||g~||^2)) / C
-                bound = xp.minimum(xp.sqrt(xp.maximum(budget[rows] - spent[rows], 0.0)), 1.0)
-            over = norm > bound
-            contribution = xp.where(over, bound, norm)  # ||g~_t(x_i)|| / C
-            # validate=False: the norms are >= 0 by construction, and a NaN one (a diverged model;
-            # an infinite norm is clipped to the bound) is dropped by the ledger, counted below and
-            # reported after the run.
-            scale = ledger.charge(contribution, noise_std=sigma, policy=Policy.CLIP, rows=rows, validate=False)
-            safe_norm = xp.where(norm > 0, norm, 1.0)
-            w = xp.where(over, bound / safe_norm, 1.0) * scale
-            contributed = contribution * scale
-            spent[rows] += contributed * contributed
-            weights[rows] = w
-            part = pe.weighted_sum(w)
-            del pe  # frees the slice's (rows, hidden) intermediates before the next slice allocates
-            if grads is None:
-                grads = part
-            else:
-                for k in grads:
-                    grads[k] += part[k]
-            tallies[step - 1] += xp.stack([xp.count_nonzero(over), xp.count_nonzero(bound < 1.0),
-                                           xp.count_nonzero(bound == 0.0), xp.count_nonzero(scale < 1.0),
-                                           xp.count_nonzero(~xp.isfinite(contribution))])
-        assert grads is not None
-        for k, p in params.items():
-            noise = xp.asarray(rng.standard_normal(p.shape) * noise_std, dtype=p.dtype)
-            g = grads[k]
-            g += noise
-            p -= (config.learning_rate / normaliser) * g
+    # A user whose gradient overflows is dropped and counted (not_finite), so NumPy's overflow warnings
+    # would only say, on the console, that some user's data is extreme.
+    with np.errstate(over="ignore", invalid="ignore"):
+        for step in range(1, total + 1):
+            grads: Params | None = None
+            weights = xp.empty(n)
+            for rows in slices:
+                pe = model.per_example(params, data.x[rows], data.onehot_t[:, rows], data.x_sq_norms[rows])
+                norm = xp.sqrt(pe.sq_norms)
+                norm /= clip  # ||g_i|| / C
+                finite = xp.isfinite(norm)  # not finite: dropped for this step, charged nothing
+                if budget is None:  # Algorithm 6: bound C
+                    bound = xp.ones_like(norm)
+                else:  # Algorithm 7: bound min(C, sqrt(B_i - sum ||g~||^2)) / C
+                    bound = xp.minimum(xp.sqrt(xp.maximum(budget[rows] - spent[rows], 0.0)), 1.0)
+                over = norm > bound
+                over &= finite
+                contribution = xp.where(finite, xp.where(over, bound, norm), 0.0)  # ||g~_t(x_i)|| / C
+                # validate=False: the contributions are finite and >= 0 by construction.
+                scale = ledger.charge(contribution, noise_std=sigma, policy=Policy.CLIP, rows=rows, validate=False)
+                safe_norm = xp.where(norm > 0, norm, 1.0)
+                w = xp.where(finite, xp.where(over, bound / safe_norm, 1.0) * scale, 0.0)
+                contributed = contribution * scale
+                spent[rows] += contributed * contributed
+                weights[rows] = w
+                part = pe.weighted_sum(w)
+                del pe  # frees the slice's (rows, hidden) intermediates before the next slice allocates
+                if grads is None:
+                    grads = part
+                else:
+                    for k in grads:
+                        grads[k] += part[k]
+                tallies[step - 1, :-1] += xp.stack([xp.count_nonzero(over), xp.count_nonzero(bound < 1.0),
+                                                    xp.count_nonzero(bound == 0.0), xp.count_nonzero(scale < 1.0),
+                                                    xp.count_nonzero(~finite)])
+            assert grads is not None
+            for k, p in params.items():
+                noise = xp.asarray(rng.standard_normal(p.shape) * noise_std, dtype=p.dtype)
+                g = grads[k]
+                g += noise
+                p -= (config.learning_rate / normaliser) * g
+            tallies[step - 1, -1] = xp.stack([xp.count_nonzero(~xp.isfinite(p)) for p in params.values()]).sum()
 
-        noisy_acc = None
-        if stopping is not None and stopping.is_query_step(step):
-            predictions = xp.argmax(model.logits(params, data.x), axis=1)
-            noisy_acc = private_accuracy(predictions == data.labels, ledger, noise_std=stopping.noise_std,
-                                         rng=query_rng, normaliser=normaliser)
-            queries.append((step, noisy_acc))
-            if best is None or noisy_acc > best[0]:
-                best = (noisy_acc, step, _copy(params))
-        if progress is not None:
-            progress(StepReport(step=step, total_steps=total, seconds=time.perf_counter() - started,
-                                rho_bound=min(step, config.budget_steps) / (2.0 * sigma**2),
-                                noisy_accuracy=noisy_acc, params=params, weights=weights))
+            noisy_acc = None
+            if stopping is not None and stopping.is_query_step(step):
+                predictions = xp.argmax(model.logits(params, data.x), axis=1)
+                noisy_acc = private_accuracy(predictions == data.labels, ledger, noise_std=stopping.noise_std,
+                                             rng=query_rng, normaliser=normaliser)
+                queries.append((step, noisy_acc))
+                if best is None or noisy_acc > best[0]:
+                    best = (noisy_acc, step, _copy(params))
+            if progress is not None:
+                progress(StepReport(step=step, total_steps=total, seconds=time.perf_counter() - started,
+                                    rho_bound=min(step, config.budget_steps) / (2.0 * sigma**2),
+                                    noisy_accuracy=noisy_acc, params=params, weights=weights))
 
     table = to_host(tallies)  # the run's one transfer of its counts
-    not_finite = np.flatnonzero(table[:, -1])
-    if not_finite.size:
-        raise ValueError(
-            f"the run diverged: per-example gradient norms were NaN at {not_finite.size} step(s), first "
-            f"at step {int(not_finite[0]) + 1} (their rows were dropped and charged nothing); lower learning_rate")
+    everyone = np.flatnonzero(table[:, len(counts) - 1] == n)  # not_finite for every row: no user's step
+    params_lost = np.flatnonzero(table[:, -1])
+    if everyone.size or params_lost.size:
+        why = []
+        if everyone.size:
+            why.append(f"per-example gradient norms were NaN at {everyone.size} step(s), first at step "
+                       f"{int(everyone[0]) + 1}, for every user (each was dropped and charged nothing)")
+        if params_lost.size:
+            why.append(f"the parameters were not finite after step {int(params_lost[0]) + 1}")
+        raise ValueError("the run diverged: " + "; ".join(why) + "; lower learning_rate")
     for i, key in enumerate(counts):
         counts[key] = [int(v) for v in table[:, i]]
     chosen_params, chosen_step = (best[2], best[1]) if best is not None else (params, total)
