@@ -10,7 +10,10 @@ same way, whatever the umask:
   that mode, then written and renamed into place: :func:`write_private`); a library that
   creates its own files (DuckDB, its write-ahead log included) runs under
   :func:`private_umask`; files written by someone else's code (Beam's Parquet sinks) are
-  tightened by :func:`tighten_tree` before the run commits;
+  tightened by :func:`tighten_tree` before the run commits; a file written whole goes first to a
+  scratch file beside it, ``.<name>.<pid>-<random>.tmp``, created ``0600`` (:func:`private_scratch`),
+  which a failure removes and a killed process leaves private (the next writer of the same file
+  removes those of processes that are gone);
 * a folder created for curator files is ``0700`` (:func:`make_private_dirs`, each missing
   level, ``chmod``-ed so that the umask cannot loosen it). A folder that is the curator's own by
   contract (a distributed run's ``--output``, the demo's ``curator/``) is tightened to ``0700``
@@ -34,8 +37,10 @@ curator files: they keep the caller's umask.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
+import re
 import stat
 import threading
 import uuid
@@ -114,11 +119,9 @@ def write_private(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
     path = Path(path)
     if make_parents:
         make_private_dirs(path.parent)
-    scratch = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
+    scratch, fd = _new_scratch(path)
     try:
         try:
-            os.fchmod(fd, PRIVATE_FILE_MODE)  # a umask such as 0o277 would leave it unwritable
             with os.fdopen(fd, "wb", closefd=False) as handle:
                 write(handle)
             os.fsync(fd)  # durable before it is renamed into place
@@ -134,6 +137,92 @@ def write_private(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
 def write_private_bytes(path: str | os.PathLike, data: bytes, *, make_parents: bool = True) -> Path:
     """:func:`write_private` of ``data``."""
     return write_private(path, lambda handle: handle.write(data), make_parents=make_parents)
+
+
+def _scratch_pattern(path: Path) -> re.Pattern[str]:
+    """The names of ``path``'s scratch files (:func:`_new_scratch`), the writer's pid as group 1."""
+    return re.compile(rf"\.{re.escape(path.name)}\.([0-9]+)-[0-9a-f]{{32}}\.tmp")
+
+
+def _new_scratch(path: Path) -> tuple[Path, int]:
+    """A new empty scratch file beside ``path``, ``.<name>.<pid>-<random>.tmp``, created
+    ``O_CREAT | O_EXCL`` with mode ``0600`` (``fchmod``-ed, as a umask such as ``0o277`` would
+    leave it unwritable): its path and an open descriptor for writing."""
+    scratch = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex}.tmp")
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE_FILE_MODE)
+    try:
+        os.fchmod(fd, PRIVATE_FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        scratch.unlink(missing_ok=True)
+        raise
+    return scratch, fd
+
+
+@contextlib.contextmanager
+def private_scratch(path: str | os.PathLike) -> Iterator[Path]:
+    """A new empty file to write ``path`` through, for code that writes by name (``np.savez``):
+    ``.<name>.<pid>-<random>.tmp`` beside ``path``, created ``0600`` whatever the umask; the
+    block writes it and moves it into place (``os.replace``). Whatever the block does not move is
+    removed when it ends, on any exception (``KeyboardInterrupt`` included) too; a process killed
+    in the block leaves it, ``0600``. Scratch files of ``path`` left by processes that are gone
+    are removed first (:func:`remove_stale_scratch`). The folder must exist."""
+    path = Path(path)
+    remove_stale_scratch(path)
+    scratch, fd = _new_scratch(path)
+    os.close(fd)
+    try:
+        yield scratch
+    finally:
+        scratch.unlink(missing_ok=True)
+
+
+def remove_stale_scratch(path: str | os.PathLike) -> list[Path]:
+    """Remove the scratch files of ``path`` (:func:`private_scratch`, :func:`write_private`)
+    whose writing process no longer exists (killed mid-write); those of live processes, and
+    files of other names or owners, are left. Returns the paths removed."""
+    path = Path(path)
+    pattern = _scratch_pattern(path)
+    removed = []
+    try:
+        names = os.listdir(path.parent)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        match = pattern.fullmatch(name)
+        if match is None or process_alive(int(match.group(1))):
+            continue
+        stale = path.parent / name
+        try:
+            if stale.lstat().st_uid != os.geteuid():
+                continue
+            stale.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(stale)
+    return removed
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user counts: it exists)."""
+    try:
+        os.kill(pid, 0)
+    except OSError as exc:
+        return exc.errno == errno.EPERM
+    return True
+
+
+def public_file_mode() -> int:
+    """The mode a new public file gets, ``0o666`` less the caller's umask (what ``open`` gives),
+    for a file written privately and then published (a released model). Read under the lock of
+    :func:`private_umask`, so a block in progress does not make it private."""
+    with _umask_lock:
+        if _umask_depth:
+            mask = _umask_saved
+        else:  # reading the umask sets it: set a stricter one meanwhile, never a looser one
+            mask = os.umask(0o077)
+            os.umask(mask)
+    return 0o666 & ~mask
 
 
 _umask_lock = threading.Lock()

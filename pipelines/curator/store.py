@@ -25,7 +25,6 @@ it is opened (:mod:`stream.private_files`, :func:`refuse_a_shared_ledger`).
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from dataclasses import replace
@@ -42,7 +41,7 @@ from stream.engine.ledger_config import LedgerConfig, LedgerConfigError
 from stream.faults import crash_point
 from stream.ledger import Ledger
 from stream.noise import check_ledger_id, new_ledger_id
-from stream.private_files import (PrivateFileError, make_private_dirs, private_umask, refuse_if_shared,
+from stream.private_files import (PrivateFileError, make_private_dirs, private_umask, process_alive, refuse_if_shared,
                                   under_private_umask)
 
 SCHEMA_VERSION = 1
@@ -70,7 +69,7 @@ class RunLock:
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             except FileExistsError:
                 holder = self._holder()
-                if holder is not None and _alive(holder):
+                if holder is not None and process_alive(holder):
                     raise CuratorStoreError(
                         f"another renyi-stream run (pid {holder}) is using the ledger "
                         f"{str(self.path)[:-5]}; wait for it to finish (lock file {self.path})"
@@ -124,14 +123,6 @@ def _foreign_tables(path: Path, tables: set[str]) -> str | None:
                 f"{sorted(tables)[:8]} and no ledger meta); refusing to use it"
                 + ("; it is a public release store: give the curator's ledger file" if "store_meta" in tables else ""))
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError as exc:
-        return exc.errno == errno.EPERM
-    return True
 
 
 class CuratorStore:
