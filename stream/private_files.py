@@ -14,6 +14,9 @@ same way, whatever the umask:
   scratch file beside it, ``.<name>.<pid>-<random>.tmp``, created ``0600`` (:func:`private_scratch`),
   which a failure removes and a killed process leaves private (the next writer of the same file
   removes those of processes that are gone);
+* a library's temporary files about a curator file (DuckDB spills a large sort or join of the
+  ledger to disk) go to ``<file>.tmp/``, a ``0700`` folder created race-free and checked to be a
+  real folder of ours that nobody else may enter (:func:`private_temp_dir`);
 * a folder created for curator files is ``0700`` (:func:`make_private_dirs`, each missing
   level, ``chmod``-ed so that the umask cannot loosen it). A folder that is the curator's own by
   contract (a distributed run's ``--output``, the demo's ``curator/``) is tightened to ``0700``
@@ -69,6 +72,10 @@ def refuse_if_shared(path: str | os.PathLike, what: str) -> None:
         info = path.stat()
     except FileNotFoundError:
         return
+    _refuse_mode(path, info, what)
+
+
+def _refuse_mode(path: Path, info: os.stat_result, what: str) -> None:
     mode = stat.S_IMODE(info.st_mode)
     if mode & 0o077:
         fix = "700" if stat.S_ISDIR(info.st_mode) else "600"
@@ -223,6 +230,47 @@ def public_file_mode() -> int:
             mask = os.umask(0o077)
             os.umask(mask)
     return 0o666 & ~mask
+
+
+def private_temp_dir(path: str | os.PathLike) -> Path:
+    """The folder ``<path>.tmp`` for a library's temporary files about the curator file ``path``
+    (DuckDB's spill files; its own default place, which it would create with the umask's modes).
+
+    Created ``0700`` (``mkdir`` under :func:`private_umask`, then ``fchmod``), so it is never
+    open to others, even for a moment. An existing one is used only if it is a real folder (not a
+    link), owned by this user, with no group/other permission bit; otherwise
+    :class:`PrivateFileError` naming it and the fix, as for a shared curator file: what was
+    spilled there may already have been read. The folder is kept (empty once the library is
+    done), so that every connection to ``path`` uses the same one."""
+    folder = Path(f"{path}.tmp")
+    what = "the temporary folder"
+    with private_umask():
+        try:
+            folder.mkdir(mode=PRIVATE_DIR_MODE)
+            created = True
+        except FileExistsError:
+            created = False
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        raise PrivateFileError(
+            f"{what} {folder} is not a folder but a file or a symbolic link, and temporary files of curator-only "
+            f"data must not go where it points: remove it ('rm {folder}') and check who made it") from None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid():
+            raise PrivateFileError(
+                f"{what} {folder} belongs to uid {info.st_uid}, not to this user (uid {os.geteuid()}): its owner "
+                f"could read the curator-only data spilled there; remove it and check who made it")
+        if created:
+            os.fchmod(fd, PRIVATE_DIR_MODE)  # a umask such as 0o277 would leave it unwritable
+            info = os.fstat(fd)
+        _refuse_mode(folder, info, what)
+    finally:
+        os.close(fd)
+    return folder
 
 
 _umask_lock = threading.Lock()

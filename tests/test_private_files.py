@@ -11,9 +11,9 @@ import uuid
 
 import pytest
 
-from stream.private_files import (PrivateFileError, make_private_dirs, private_dir, private_scratch, private_umask,
-                                  public_file_mode, refuse_if_shared, remove_stale_scratch, tighten_tree, write_private,
-                                  write_private_bytes)
+from stream.private_files import (PrivateFileError, make_private_dirs, private_dir, private_scratch, private_temp_dir,
+                                  private_umask, public_file_mode, refuse_if_shared, remove_stale_scratch, tighten_tree,
+                                  write_private, write_private_bytes)
 
 
 def _mode(path) -> int:
@@ -137,6 +137,36 @@ def test_tighten_tree_makes_folders_0700_and_files_0600_and_leaves_links(tmp_pat
 
 
 # --- temporaries (issue 28, item 4) ---------------------------------------------------------------
+
+
+def test_private_temp_dir_is_made_0700_under_umask_022_and_the_same_folder_is_used_again(tmp_path, umask_022):
+    folder = private_temp_dir(tmp_path / "l.duckdb")
+    assert folder == tmp_path / "l.duckdb.tmp" and _mode(folder) == 0o700
+    assert private_temp_dir(tmp_path / "l.duckdb") == folder
+
+
+def test_private_temp_dir_is_0700_even_under_a_umask_that_masks_the_owners_write_bit(tmp_path):
+    old = os.umask(0o277)
+    try:
+        folder = private_temp_dir(tmp_path / "l.duckdb")
+    finally:
+        os.umask(old)
+    assert _mode(folder) == 0o700
+
+
+def test_private_temp_dir_refuses_a_symbolic_link_naming_it(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (tmp_path / "l.duckdb.tmp").symlink_to(elsewhere)
+    with pytest.raises(PrivateFileError, match=f"{tmp_path / 'l.duckdb.tmp'} is not a folder"):
+        private_temp_dir(tmp_path / "l.duckdb")
+
+
+def test_private_temp_dir_refuses_a_folder_of_another_user(tmp_path, monkeypatch):
+    (tmp_path / "l.duckdb.tmp").mkdir(mode=0o700)
+    monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)  # as if someone else had made it
+    with pytest.raises(PrivateFileError, match="not to this user"):
+        private_temp_dir(tmp_path / "l.duckdb")
 
 
 def _scratch_files(folder) -> list[str]:
