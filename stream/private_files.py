@@ -10,7 +10,13 @@ same way, whatever the umask:
   that mode, then written and renamed into place: :func:`write_private`); a library that
   creates its own files (DuckDB, its write-ahead log included) runs under
   :func:`private_umask`; files written by someone else's code (Beam's Parquet sinks) are
-  tightened by :func:`tighten_tree` before the run commits;
+  tightened by :func:`tighten_tree` before the run commits; a file written whole goes first to a
+  scratch file beside it, ``.<name>.<pid>-<random>.tmp``, created ``0600`` (:func:`private_scratch`),
+  which a failure removes and a killed process leaves private (the next writer of the same file
+  removes those of processes that are gone);
+* a library's temporary files about a curator file (DuckDB spills a large sort or join of the
+  ledger to disk) go to ``<file>.tmp/``, a ``0700`` folder created race-free and checked to be a
+  real folder of ours that nobody else may enter (:func:`private_temp_dir`);
 * a folder created for curator files is ``0700`` (:func:`make_private_dirs`, each missing
   level, ``chmod``-ed so that the umask cannot loosen it). A folder that is the curator's own by
   contract (a distributed run's ``--output``, the demo's ``curator/``) is tightened to ``0700``
@@ -34,8 +40,10 @@ curator files: they keep the caller's umask.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
+import re
 import stat
 import threading
 import uuid
@@ -64,6 +72,10 @@ def refuse_if_shared(path: str | os.PathLike, what: str) -> None:
         info = path.stat()
     except FileNotFoundError:
         return
+    _refuse_mode(path, info, what)
+
+
+def _refuse_mode(path: Path, info: os.stat_result, what: str) -> None:
     mode = stat.S_IMODE(info.st_mode)
     if mode & 0o077:
         fix = "700" if stat.S_ISDIR(info.st_mode) else "600"
@@ -114,11 +126,9 @@ def write_private(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
     path = Path(path)
     if make_parents:
         make_private_dirs(path.parent)
-    scratch = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
+    scratch, fd = _new_scratch(path)
     try:
         try:
-            os.fchmod(fd, PRIVATE_FILE_MODE)  # a umask such as 0o277 would leave it unwritable
             with os.fdopen(fd, "wb", closefd=False) as handle:
                 write(handle)
             os.fsync(fd)  # durable before it is renamed into place
@@ -134,6 +144,133 @@ def write_private(path: str | os.PathLike, write: Callable[[BinaryIO], None], *,
 def write_private_bytes(path: str | os.PathLike, data: bytes, *, make_parents: bool = True) -> Path:
     """:func:`write_private` of ``data``."""
     return write_private(path, lambda handle: handle.write(data), make_parents=make_parents)
+
+
+def _scratch_pattern(path: Path) -> re.Pattern[str]:
+    """The names of ``path``'s scratch files (:func:`_new_scratch`), the writer's pid as group 1."""
+    return re.compile(rf"\.{re.escape(path.name)}\.([0-9]+)-[0-9a-f]{{32}}\.tmp")
+
+
+def _new_scratch(path: Path) -> tuple[Path, int]:
+    """A new empty scratch file beside ``path``, ``.<name>.<pid>-<random>.tmp``, created
+    ``O_CREAT | O_EXCL`` with mode ``0600`` (``fchmod``-ed, as a umask such as ``0o277`` would
+    leave it unwritable): its path and an open descriptor for writing."""
+    scratch = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex}.tmp")
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE_FILE_MODE)
+    try:
+        os.fchmod(fd, PRIVATE_FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        scratch.unlink(missing_ok=True)
+        raise
+    return scratch, fd
+
+
+@contextlib.contextmanager
+def private_scratch(path: str | os.PathLike) -> Iterator[Path]:
+    """A new empty file to write ``path`` through, for code that writes by name (``np.savez``):
+    ``.<name>.<pid>-<random>.tmp`` beside ``path``, created ``0600`` whatever the umask; the
+    block writes it and moves it into place (``os.replace``). Whatever the block does not move is
+    removed when it ends, on any exception (``KeyboardInterrupt`` included) too; a process killed
+    in the block leaves it, ``0600``. Scratch files of ``path`` left by processes that are gone
+    are removed first (:func:`remove_stale_scratch`). The folder must exist."""
+    path = Path(path)
+    remove_stale_scratch(path)
+    scratch, fd = _new_scratch(path)
+    os.close(fd)
+    try:
+        yield scratch
+    finally:
+        scratch.unlink(missing_ok=True)
+
+
+def remove_stale_scratch(path: str | os.PathLike) -> list[Path]:
+    """Remove the scratch files of ``path`` (:func:`private_scratch`, :func:`write_private`)
+    whose writing process no longer exists (killed mid-write); those of live processes, and
+    files of other names or owners, are left. Returns the paths removed."""
+    path = Path(path)
+    pattern = _scratch_pattern(path)
+    removed = []
+    try:
+        names = os.listdir(path.parent)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        match = pattern.fullmatch(name)
+        if match is None or process_alive(int(match.group(1))):
+            continue
+        stale = path.parent / name
+        try:
+            if stale.lstat().st_uid != os.geteuid():
+                continue
+            stale.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(stale)
+    return removed
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user counts: it exists)."""
+    try:
+        os.kill(pid, 0)
+    except OSError as exc:
+        return exc.errno == errno.EPERM
+    return True
+
+
+def public_file_mode() -> int:
+    """The mode a new public file gets, ``0o666`` less the caller's umask (what ``open`` gives),
+    for a file written privately and then published (a released model). Read under the lock of
+    :func:`private_umask`, so a block in progress does not make it private."""
+    with _umask_lock:
+        if _umask_depth:
+            mask = _umask_saved
+        else:  # reading the umask sets it: set a stricter one meanwhile, never a looser one
+            mask = os.umask(0o077)
+            os.umask(mask)
+    return 0o666 & ~mask
+
+
+def private_temp_dir(path: str | os.PathLike) -> Path:
+    """The folder ``<path>.tmp`` for a library's temporary files about the curator file ``path``
+    (DuckDB's spill files; its own default place, which it would create with the umask's modes).
+
+    Created ``0700`` (``mkdir`` under :func:`private_umask`, then ``fchmod``), so it is never
+    open to others, even for a moment. An existing one is used only if it is a real folder (not a
+    link), owned by this user, with no group/other permission bit; otherwise
+    :class:`PrivateFileError` naming it and the fix, as for a shared curator file: what was
+    spilled there may already have been read. The folder is kept (empty once the library is
+    done), so that every connection to ``path`` uses the same one."""
+    folder = Path(f"{path}.tmp")
+    what = "the temporary folder"
+    with private_umask():
+        try:
+            folder.mkdir(mode=PRIVATE_DIR_MODE)
+            created = True
+        except FileExistsError:
+            created = False
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        raise PrivateFileError(
+            f"{what} {folder} is not a folder but a file or a symbolic link, and temporary files of curator-only "
+            f"data must not go where it points: remove it ('rm {folder}') and check who made it") from None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid():
+            raise PrivateFileError(
+                f"{what} {folder} belongs to uid {info.st_uid}, not to this user (uid {os.geteuid()}): its owner "
+                f"could read the curator-only data spilled there; remove it and check who made it")
+        if created:
+            os.fchmod(fd, PRIVATE_DIR_MODE)  # a umask such as 0o277 would leave it unwritable
+            info = os.fstat(fd)
+        _refuse_mode(folder, info, what)
+    finally:
+        os.close(fd)
+    return folder
 
 
 _umask_lock = threading.Lock()

@@ -16,6 +16,7 @@ import stat
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -23,7 +24,12 @@ import pytest
 from pipelines.cli.main import main
 from pipelines.curator.store import CuratorStore, CuratorStoreError
 from pipelines.curator.features import load_features
+from pipelines.curator.privacy_report import load_ledger
 from pipelines.features.job import materialise_features
+from queries.release_store import RELEASE_SCHEMA
+from stream.engine.ledger_config import LedgerConfig
+from stream.ledger import Ledger
+from stream.schema import REJECTED_SCHEMA
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -193,6 +199,83 @@ def test_the_demos_curator_folder_is_0700_with_private_files_even_if_it_was_open
     assert _not_private(tmp_path / "demo" / "curator") == {}
     out = capsys.readouterr().out
     assert "curator only: exact counts, of synthetic data here" in out  # it prints them, and says so
+
+
+# --- issue 28, item 4: DuckDB's temporary files of the ledger ---------------------------------------
+
+
+def _big_ledger(path: Path, users: int) -> LedgerConfig:
+    """A ledger of ``users`` charged users (ids in random order), written through CuratorStore."""
+    book = Ledger(budget=1.0, tracker_step=0.1)
+    ids = np.random.default_rng(0).permutation(np.arange(users, dtype=np.int64) * 7919)
+    book.admit(ids, np.full(users, 0.5), noise_std=1.0, policy="drop")
+    params = LedgerConfig(epsilon=3.0, delta=1e-6, norm_budget=2.0, accounting="zcdp-thm49", rho=1.0, noise_std=1.0,
+                          tracker_step=0.1, id_type="int64", n_shards=1, key_fingerprint="0" * 16,
+                          window_seconds=86400, origin_seconds=0)
+    with CuratorStore(path) as store:
+        store.check_or_record_parameters(params)
+        store.commit_run(run_id=1, ledger=book.to_arrow(), releases=RELEASE_SCHEMA.empty_table(),
+                         window_counts=pa.table({name: pa.array([], pa.int64())
+                                                 for name in ("window_id", "admitted", "clipped", "dropped")}),
+                         run_counts=dict.fromkeys(("rows_read", "admitted", "clipped", "dropped", "rejected", "late"), 0),
+                         dead_letters=REJECTED_SCHEMA.empty_table().append_column("source", pa.array([], pa.string())),
+                         previous_users=0)
+    return params
+
+
+class _Watched:
+    """A DuckDB connection that, after each statement, records every path under ``folder`` with
+    its mode (what DuckDB has spilled is on disk until the statement's result is read)."""
+
+    def __init__(self, db: duckdb.DuckDBPyConnection, folder: Path, seen: dict[str, int]) -> None:
+        self._db, self._folder, self._seen = db, folder, seen
+
+    def execute(self, *args, **kwargs):
+        result = self._db.execute(*args, **kwargs)
+        for path in self._folder.rglob("*"):
+            self._seen[str(path.relative_to(self._folder))] = _mode(path)
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self._db, name)
+
+
+def test_a_ledger_read_that_spills_to_disk_spills_only_into_a_0700_folder_beside_it_in_0600_files(
+        tmp_path, umask_022, monkeypatch):
+    """DuckDB spills a sort larger than its memory to ``<database>.tmp/``, which it would create
+    0755 with 0644 files: the ledger's is 0700 with 0600 files, and nothing else appears."""
+    folder = tmp_path / "books"
+    path = folder / "l.duckdb"
+    params = _big_ledger(path, 1_000_000)
+    seen: dict[str, int] = {}
+    connect = duckdb.connect
+
+    def small_memory(database, *args, config=None, **kwargs):  # so that ORDER BY spills
+        config = {**(config or {}), "memory_limit": "16MB", "threads": 1}
+        return _Watched(connect(database, *args, config=config, **kwargs), folder, seen)
+
+    monkeypatch.setattr(duckdb, "connect", small_memory)
+    with CuratorStore(path) as store:
+        assert store.load_ledger(params).num_rows == 1_000_000
+    spilled = {name: mode for name, mode in seen.items() if name.startswith("l.duckdb.tmp/")}
+    assert spilled, seen  # the read did spill
+    assert set(seen) - set(spilled) <= {"l.duckdb", "l.duckdb.wal", "l.duckdb.tmp"}, seen  # nowhere else
+    assert seen["l.duckdb.tmp"] == 0o700
+    assert {name: f"{mode:04o}" for name, mode in spilled.items() if mode != 0o600} == {}
+
+
+def test_a_ledger_whose_temporary_folder_others_may_enter_is_refused_naming_it_and_the_fix(tmp_path, umask_022):
+    """Left by DuckDB (a killed run that spilled) or by anyone: what was spilled there may have been read."""
+    path = tmp_path / "l.duckdb"
+    CuratorStore(path).close()
+    folder = Path(f"{path}.tmp")
+    folder.mkdir(exist_ok=True)
+    os.chmod(folder, 0o755)
+    with pytest.raises(CuratorStoreError, match=re.escape(f"chmod 700 {folder}")) as caught:
+        CuratorStore(path)
+    assert "mode 0755" in str(caught.value)
+    with pytest.raises(CuratorStoreError, match=re.escape(f"chmod 700 {folder}")):
+        load_ledger(path)  # the privacy report's read-only connection too
 
 
 # --- item 6: exact counts stay in the curator database --------------------------------------------

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 import threading
+import uuid
 
 import pytest
 
-from stream.private_files import (PrivateFileError, make_private_dirs, private_dir, private_umask, refuse_if_shared,
-                                  tighten_tree, write_private, write_private_bytes)
+from stream.private_files import (PrivateFileError, make_private_dirs, private_dir, private_scratch, private_temp_dir,
+                                  private_umask, public_file_mode, refuse_if_shared, remove_stale_scratch, tighten_tree,
+                                  write_private, write_private_bytes)
 
 
 def _mode(path) -> int:
@@ -130,3 +134,77 @@ def test_tighten_tree_makes_folders_0700_and_files_0600_and_leaves_links(tmp_pat
     assert {str(p.relative_to(root)): _mode(p) for p in [root, *root.rglob("*")] if not p.is_symlink()} == {
         ".": 0o700, "ledger": 0o700, "ledger/a": 0o700, "ledger/a/part-0.parquet": 0o600, "_COMMITTED.json": 0o600}
     assert _mode(outside) == 0o644  # a link's target is not the tree's
+
+
+# --- temporaries (issue 28, item 4) ---------------------------------------------------------------
+
+
+def test_private_temp_dir_is_made_0700_under_umask_022_and_the_same_folder_is_used_again(tmp_path, umask_022):
+    folder = private_temp_dir(tmp_path / "l.duckdb")
+    assert folder == tmp_path / "l.duckdb.tmp" and _mode(folder) == 0o700
+    assert private_temp_dir(tmp_path / "l.duckdb") == folder
+
+
+def test_private_temp_dir_is_0700_even_under_a_umask_that_masks_the_owners_write_bit(tmp_path):
+    old = os.umask(0o277)
+    try:
+        folder = private_temp_dir(tmp_path / "l.duckdb")
+    finally:
+        os.umask(old)
+    assert _mode(folder) == 0o700
+
+
+def test_private_temp_dir_refuses_a_symbolic_link_naming_it(tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (tmp_path / "l.duckdb.tmp").symlink_to(elsewhere)
+    with pytest.raises(PrivateFileError, match=f"{tmp_path / 'l.duckdb.tmp'} is not a folder"):
+        private_temp_dir(tmp_path / "l.duckdb")
+
+
+def test_private_temp_dir_refuses_a_folder_of_another_user(tmp_path, monkeypatch):
+    (tmp_path / "l.duckdb.tmp").mkdir(mode=0o700)
+    monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)  # as if someone else had made it
+    with pytest.raises(PrivateFileError, match="not to this user"):
+        private_temp_dir(tmp_path / "l.duckdb")
+
+
+def _scratch_files(folder) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_private_scratch_is_0600_under_umask_022_and_moved_into_place(tmp_path, umask_022):
+    target = tmp_path / "m.npz"
+    with private_scratch(target) as scratch:
+        assert scratch.parent == tmp_path and scratch.name.startswith(".m.npz.") and _mode(scratch) == 0o600
+        scratch.write_bytes(b"model")
+        os.replace(scratch, target)
+    assert target.read_bytes() == b"model" and _scratch_files(tmp_path) == []
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("disk full"), KeyboardInterrupt()], ids=["error", "interrupt"])
+def test_private_scratch_is_removed_when_the_block_fails(tmp_path, failure):
+    with pytest.raises(type(failure)):
+        with private_scratch(tmp_path / "m.npz") as scratch:
+            scratch.write_bytes(b"half")
+            raise failure
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_remove_stale_scratch_removes_those_of_processes_that_are_gone_only(tmp_path):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    stale = tmp_path / f".m.npz.{int(gone.stdout)}-{uuid.uuid4().hex}.tmp"
+    live = tmp_path / f".m.npz.{os.getppid()}-{uuid.uuid4().hex}.tmp"  # pytest's parent is running
+    other = tmp_path / f".other.npz.{int(gone.stdout)}-{uuid.uuid4().hex}.tmp"
+    for path in (stale, live, other, tmp_path / "m.npz.tmp"):
+        path.write_bytes(b"")
+    assert remove_stale_scratch(tmp_path / "m.npz") == [stale]
+    assert _scratch_files(tmp_path) == sorted([live.name, other.name, "m.npz.tmp"])
+
+
+def test_public_file_mode_is_the_callers_umask_even_inside_a_private_umask_block(umask_022):
+    assert public_file_mode() == 0o644
+    with private_umask():
+        assert public_file_mode() == 0o644
+    assert _umask() == 0o022

@@ -24,6 +24,8 @@ from pipelines.curator.store import CuratorStore
 from pipelines.daily.job import JobConfig, run_job
 from pipelines.curator.features import FEATURES_KEY, load_features
 from pipelines.features.job import materialise_features
+import pipelines.curator.train as train_module
+import stream.training.models as models_module
 from pipelines.curator.train import TrainConfig, TrainRefused, run_train
 from stream.faults import CRASH_ENV
 from stream.ledger import Ledger
@@ -230,7 +232,7 @@ def _train_in_a_child(args: list[str], crash_at: str | None = None) -> subproces
     if crash_at is not None:
         env[CRASH_ENV] = crash_at
     return subprocess.run([sys.executable, "-m", "pipelines.cli.main", *args], env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, umask=0o022)
 
 
 def _progress(stderr: str) -> list[str]:
@@ -238,27 +240,35 @@ def _progress(stderr: str) -> list[str]:
     return [_TIMING.sub("", line) for line in stderr.splitlines() if line.startswith("[train]")]
 
 
+def _model_scratch(folder: Path, name: str = "m.npz") -> list[Path]:
+    """The scratch files of the model ``name`` in ``folder`` (``.<name>.<pid>-<random>.tmp``)."""
+    return sorted(folder.glob(f".{name}.*.tmp"))
+
+
 def _crashed_before_commit(tmp_path):
-    """A training run on a new ledger, killed inside the ledger's transaction before COMMIT."""
+    """A training run on a new ledger, killed inside the ledger's transaction before COMMIT (under
+    umask 022): it leaves the unreleased model in a scratch file only the curator can read."""
     features = _features(tmp_path, _write_days(tmp_path, users=80))
     args = _train_args(features, tmp_path / "ledger.duckdb", tmp_path / "m.npz")
     crashed = _train_in_a_child(args, crash_at="after_ledger_write")
     assert crashed.returncode == -9, crashed.stderr[-2000:]
-    assert not (tmp_path / "m.npz").exists() and (tmp_path / "m.npz.tmp").exists()
-    return args, crashed
+    (scratch,) = _model_scratch(tmp_path)
+    assert not (tmp_path / "m.npz").exists() and stat.S_IMODE(scratch.stat().st_mode) == 0o600
+    return args, crashed, scratch
 
 
 def test_a_rerun_after_a_crash_before_the_ledger_commit_releases_the_same_model_and_values(tmp_path):
-    args, crashed = _crashed_before_commit(tmp_path)
+    args, crashed, scratch = _crashed_before_commit(tmp_path)
     db = duckdb.connect(str(tmp_path / "ledger.duckdb"), read_only=True)
     try:  # the crash charged nobody: the first commit never happened, no ledger table or run yet
         assert db.execute("SELECT count(*) FROM run_counts").fetchone() == (0,)
         assert "ledger" not in {t for (t,) in db.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     finally:
         db.close()
-    _, unreleased, unreleased_meta = load_model(tmp_path / "m.npz.tmp")  # what the killed run had computed
+    _, unreleased, unreleased_meta = load_model(scratch)  # what the killed run had computed
     rerun = _train_in_a_child(args)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert _model_scratch(tmp_path) == []  # the killed run's scratch file is gone with it
     _, params, meta = load_model(tmp_path / "m.npz")
     for name in params:
         np.testing.assert_array_equal(params[name], unreleased[name])  # the same noise, bit for bit
@@ -269,12 +279,83 @@ def test_a_rerun_after_a_crash_before_the_ledger_commit_releases_the_same_model_
     assert report["ledger"]["run_id"] == 1 and report["privacy"]["insecure_seed"] is False
 
 
+# -- the model's scratch file (issue 28, item 4) ---------------------------------------------------
+
+
+def test_the_model_scratch_file_is_0600_while_it_exists_under_umask_022(tmp_path, umask_022, monkeypatch):
+    """It holds a noisy model of a run not yet charged: nobody else may read it."""
+    features = _features(tmp_path, _write_days(tmp_path, users=60))
+    (tmp_path / "out").mkdir()
+    commit = train_module._commit_ledger
+    modes = {}
+
+    def watched_commit(*args, **kwargs):
+        modes.update({p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "out").iterdir()})
+        return commit(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "_commit_ledger", watched_commit)
+    assert main(_train_args(features, tmp_path / "ledger.duckdb", tmp_path / "out" / "m.npz")) == 0
+    assert list(modes.values()) == [0o600], modes  # the model, written, not yet released
+
+
+def _fail_while_writing_the_model(monkeypatch):
+    """``save_model`` that writes half a model, then fails as a full disk would."""
+
+    def half_then_full(path, *args, **kwargs):
+        Path(path).write_bytes(b"PK\x03\x04 half a model")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(models_module, "save_model", half_then_full)
+    return OSError
+
+
+def _interrupt_the_ledger_commit(monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_module, "_commit_ledger", interrupted)
+    return KeyboardInterrupt
+
+
+@pytest.mark.parametrize("fail", [_fail_while_writing_the_model, _interrupt_the_ledger_commit],
+                         ids=["disk-full-in-save", "interrupt-in-commit"])
+def test_a_run_that_fails_once_the_model_scratch_exists_leaves_no_scratch_and_no_model(tmp_path, umask_022,
+                                                                                      monkeypatch, fail):
+    features = _features(tmp_path, _write_days(tmp_path, users=60))
+    (tmp_path / "out").mkdir()
+    config = TrainConfig(features=str(features), ledger=str(tmp_path / "ledger.duckdb"), epsilon=1.0, delta=1e-6,
+                         out=str(tmp_path / "out" / "m.npz"), steps=4, stop_queries=3, stop_every=2)
+    with pytest.raises(fail(monkeypatch)):
+        run_train(config)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_training_run_removes_the_model_scratch_files_of_killed_runs_and_no_others(tmp_path):
+    features = _features(tmp_path, _write_days(tmp_path, users=60))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    killed = tmp_path / f".m.npz.{int(gone.stdout)}-{'0' * 32}.tmp"
+    running = tmp_path / f".m.npz.{os.getppid()}-{'1' * 32}.tmp"  # pytest's parent: a live process
+    killed.write_bytes(b"an unreleased model")
+    running.write_bytes(b"another run's model")
+    assert main(_train_args(features, tmp_path / "ledger.duckdb", tmp_path / "m.npz")) == 0
+    assert _model_scratch(tmp_path) == [running]
+    load_model(tmp_path / "m.npz")
+
+
+def test_the_released_model_keeps_the_callers_umask(tmp_path, umask_022):
+    """Released once the ledger is committed: public, as it always was (its report is not)."""
+    features = _features(tmp_path, _write_days(tmp_path, users=60))
+    assert main(_train_args(features, tmp_path / "ledger.duckdb", tmp_path / "m.npz")) == 0
+    assert stat.S_IMODE((tmp_path / "m.npz").stat().st_mode) == 0o644
+
+
 def test_nothing_noisy_is_printed_before_the_ledger_commit(tmp_path):
-    args, crashed = _crashed_before_commit(tmp_path)
+    args, crashed, scratch = _crashed_before_commit(tmp_path)
     printed = crashed.stdout + crashed.stderr
     assert "[train] step 8/8" in printed  # the run went through all its accuracy queries (4, 6, 8) ...
     assert "accuracy" not in printed  # ... and printed none of them
-    _, _, meta = load_model(tmp_path / "m.npz.tmp")
+    _, _, meta = load_model(scratch)
     assert f"{meta['privacy']['normaliser']:.1f}" not in printed  # nor the noisy user count
     rerun = _train_in_a_child(args)  # after the commit, the re-run prints what it released
     assert rerun.returncode == 0, rerun.stderr[-2000:]

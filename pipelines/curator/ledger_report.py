@@ -13,11 +13,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 
 from pipelines.curator.privacy_report import load_ledger
+from pipelines.curator.store import connect_curator
 from queries.report import chart_png, image_html, render_report
+from stream.private_files import private_umask
 
 
 def render_curator_report(store: str | os.PathLike, out: str | os.PathLike, ledger: str | os.PathLike) -> Path:
@@ -38,12 +39,9 @@ def curator_sections(plt: Any, ledger: Path) -> str:
     ax.set_title(f"budget used, {len(book):,} users")
     budget_png = chart_png(plt, fig)
 
-    db = duckdb.connect(str(ledger), read_only=True)
-    try:
+    with private_umask(), connect_curator(ledger, read_only=True) as db:  # spills: 0600 in <ledger>.tmp/
         rows = db.execute("SELECT window_id, sum(admitted), sum(clipped), sum(dropped) FROM window_counts "
                           "GROUP BY window_id ORDER BY window_id").fetchall()
-    finally:
-        db.close()
     fig, ax = plt.subplots(figsize=(8, 3))
     if rows:
         starts = [dt.datetime.fromtimestamp(params.origin_seconds + int(r[0]) * params.window_seconds, dt.timezone.utc)

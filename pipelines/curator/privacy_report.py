@@ -24,10 +24,11 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from pipelines.curator.store import CuratorStoreError, refuse_a_shared_ledger
+from pipelines.curator.store import CuratorStoreError, connect_curator, refuse_a_shared_ledger
 from stream.engine.ledger_config import LedgerConfig, LedgerConfigError
 from stream.accounting import epsilon_for_budget
 from stream.ledger import Ledger
+from stream.private_files import under_private_umask
 
 #: One row per user. ``used_rho``, ``remaining_rho``, ``budget_rho`` (kappa), ``odometer_rho``
 #: (``min(O^(i), kappa)``) and ``tracker_step`` (Delta) are zCDP; ``odometer_epsilon`` is the
@@ -41,6 +42,7 @@ REPORT_SCHEMA = pa.schema([
 ])
 
 
+@under_private_umask  # what DuckDB spills to <ledger>.tmp/ is 0600 (pipelines.curator.store.connect_curator)
 def load_ledger(path: str | os.PathLike, *, user: Any = None) -> tuple[LedgerConfig, Ledger]:
     """The ledger's parameters and its users (only ``user``, when given), opened read-only.
 
@@ -53,7 +55,7 @@ def load_ledger(path: str | os.PathLike, *, user: Any = None) -> tuple[LedgerCon
         raise CuratorStoreError(f"the ledger {path} does not exist")
     refuse_a_shared_ledger(path)
     try:
-        db = duckdb.connect(str(path), read_only=True)
+        db = connect_curator(path, read_only=True)
     except duckdb.Error as exc:
         raise CuratorStoreError(f"cannot open the ledger {path} read-only: {exc}") from exc
     try:

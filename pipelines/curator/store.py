@@ -20,12 +20,13 @@ leaves either the previous state or the new one, never a ledger without its rele
 
 The file, its write-ahead log and the lock file are created ``0600`` (folders made for them
 ``0700``) whatever the umask, and a ledger or log that group/others may read is refused before
-it is opened (:mod:`stream.private_files`, :func:`refuse_a_shared_ledger`).
+it is opened (:mod:`stream.private_files`, :func:`refuse_a_shared_ledger`). What DuckDB spills to
+disk (a sort or join larger than its memory) goes to ``<ledger>.tmp/``, a ``0700`` folder of ours
+(:func:`connect_curator`), in files created ``0600``.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from dataclasses import replace
@@ -42,8 +43,8 @@ from stream.engine.ledger_config import LedgerConfig, LedgerConfigError
 from stream.faults import crash_point
 from stream.ledger import Ledger
 from stream.noise import check_ledger_id, new_ledger_id
-from stream.private_files import (PrivateFileError, make_private_dirs, private_umask, refuse_if_shared,
-                                  under_private_umask)
+from stream.private_files import (PrivateFileError, make_private_dirs, private_temp_dir, private_umask,
+                                  process_alive, refuse_if_shared, under_private_umask)
 
 SCHEMA_VERSION = 1
 
@@ -70,7 +71,7 @@ class RunLock:
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             except FileExistsError:
                 holder = self._holder()
-                if holder is not None and _alive(holder):
+                if holder is not None and process_alive(holder):
                     raise CuratorStoreError(
                         f"another renyi-stream run (pid {holder}) is using the ledger "
                         f"{str(self.path)[:-5]}; wait for it to finish (lock file {self.path})"
@@ -107,11 +108,28 @@ def refuse_a_shared_ledger(path: str | os.PathLike) -> None:
         raise CuratorStoreError(_not_a_ledger(Path(path)) or str(exc)) from None
 
 
+def connect_curator(path: str | os.PathLike, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection to the curator database ``path`` (the ledger) that spills only into
+    its private folder ``<path>.tmp`` (:func:`stream.private_files.private_temp_dir`, ``0700``),
+    set at connect time (``SET temp_directory`` after connecting works too, but SQL could change
+    it). Every connection to the ledger is made here, so they agree (DuckDB refuses a second
+    connection to a file with another configuration). Run its queries under
+    :func:`stream.private_files.private_umask` so that the spill files are ``0600`` as well.
+    CuratorStoreError naming the folder and the fix when it is not private; duckdb.Error as is."""
+    try:
+        folder = private_temp_dir(path)
+    except PrivateFileError as exc:
+        raise CuratorStoreError(str(exc)) from None
+    return duckdb.connect(str(path), read_only=read_only, config={"temp_directory": str(folder)})
+
+
 def _not_a_ledger(path: Path) -> str | None:
     """Why the DuckDB file ``path`` is not a ledger, read-only; None for a ledger (or a file
-    DuckDB cannot read: its own error comes when it is opened)."""
+    DuckDB cannot read: its own error comes when it is opened). It reads only the catalogue and
+    may be a public file: DuckDB may not spill (an empty ``temp_directory``), so nothing is
+    created beside it."""
     try:
-        with duckdb.connect(str(path), read_only=True) as db:
+        with duckdb.connect(str(path), read_only=True, config={"temp_directory": ""}) as db:
             tables = {name for (name,) in db.execute("SELECT table_name FROM information_schema.tables").fetchall()}
     except duckdb.Error:
         return None
@@ -126,20 +144,13 @@ def _foreign_tables(path: Path, tables: set[str]) -> str | None:
     return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError as exc:
-        return exc.errno == errno.EPERM
-    return True
-
-
 class CuratorStore:
     """The ledger database (DuckDB), opened read-write by one run at a time.
 
     Private whatever the umask: an existing file (or write-ahead log) that group/others may
     read is refused; every step that may create the file or its log (DuckDB creates the log at
-    the first write after a checkpoint) runs under :func:`stream.private_files.private_umask`."""
+    the first write after a checkpoint), or spill a large read to ``<ledger>.tmp/``
+    (:func:`connect_curator`), runs under :func:`stream.private_files.private_umask`."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -150,7 +161,7 @@ class CuratorStore:
 
     def _open(self) -> None:
         try:
-            self._db = duckdb.connect(str(self.path))
+            self._db = connect_curator(self.path)
         except duckdb.IOException as exc:
             raise CuratorStoreError(
                 f"cannot open the ledger {self.path}: {exc}. Is another process using it?"
@@ -290,13 +301,16 @@ class CuratorStore:
         last = self._db.execute("SELECT max(run_id) FROM run_counts").fetchone()[0]
         return 1 if last is None else int(last) + 1
 
+    @under_private_umask  # a large read may spill to disk
     def processed_keys(self) -> set[tuple[str, int]]:
         """Every (query_id, window_id) this ledger has charged and released."""
         return {(q, int(w)) for q, w in self._db.execute("SELECT query_id, window_id FROM processed_windows").fetchall()}
 
+    @under_private_umask  # a large read may spill to disk
     def processed_windows(self) -> set[int]:
         return {int(w) for (w,) in self._db.execute("SELECT DISTINCT window_id FROM processed_windows").fetchall()}
 
+    @under_private_umask  # a large read may spill to disk
     def load_ledger(self, params: LedgerConfig) -> pa.Table:
         """The ledger snapshot (``Ledger.to_arrow`` layout), empty on a new ledger."""
         if not self._has_ledger_table():
@@ -310,6 +324,7 @@ class CuratorStore:
         Ledger.from_arrow(table)  # refuses a corrupted ledger (nulls, repeats, budgets out of range)
         return table
 
+    @under_private_umask  # a large read may spill to disk
     def load_running(self, id_type: str) -> dict[str, pa.Table]:
         """Every prepaid running query's per-user state (:meth:`stream.engine.running.PrepaidUsers.to_arrow`
         layout, metadata included), by query id; empty when no running query has run."""
@@ -338,6 +353,7 @@ class CuratorStore:
             out[query_id] = table.replace_schema_metadata(meta)
         return out
 
+    @under_private_umask  # a large read may spill to disk
     def load_release_states(self) -> dict[str, pa.Table]:
         """Every prepaid running query's release state (:meth:`stream.engine.running.RunningRelease.to_arrow`
         layout), by query id."""
@@ -359,6 +375,7 @@ class CuratorStore:
         return sorted(q for q, meta in self._db.execute("SELECT query_id, meta FROM running_meta").fetchall()
                       if json.loads(meta).get("renyi_stream.running_version", "1") == "1")
 
+    @under_private_umask  # a large read may spill to disk
     def load_running_releases(self) -> dict[str, list[tuple[int, list[float]]]]:
         """Every running query's released rows ``y`` so far: ``query_id -> [(window, y flat)]``."""
         out: dict[str, list[tuple[int, list[float]]]] = {}
@@ -367,12 +384,14 @@ class CuratorStore:
             out.setdefault(query_id, []).append((int(window), [float(v) for v in y]))
         return out
 
+    @under_private_umask  # a large read may spill to disk
     def pending_windows(self) -> list[int]:
         """The windows with releases in the outbox not yet marked published: committed with the
         ledger that charged them (:meth:`commit_run`), so they may be published."""
         return [int(w) for (w,) in self._db.execute(
             "SELECT DISTINCT window_id FROM outbox WHERE NOT published ORDER BY window_id").fetchall()]
 
+    @under_private_umask  # a large read may spill to disk
     def pending_releases(self, window: int | None = None) -> pa.Table:
         """The outbox's releases not yet marked published (of ``window``, or of every window),
         ordered by ``(query_id, window_id, coordinate)``."""
@@ -511,6 +530,7 @@ class CuratorStore:
         :meth:`pending_windows` no longer lists it."""
         self._db.execute("UPDATE outbox SET published = true WHERE window_id = ? AND NOT published", [int(window)])
 
+    @under_private_umask  # a large read may spill to disk
     def run_totals(self) -> pa.Table:
         table = self._db.execute("SELECT * FROM run_counts ORDER BY run_id").arrow()
         return table.read_all() if hasattr(table, "read_all") else table

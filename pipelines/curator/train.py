@@ -17,8 +17,10 @@ Order of a run (each step safe to crash after):
 3. train (:func:`stream.training.dpgd.private_gd`), reading each user's remaining budget once,
    with noise derived from the key, the ledger and the run id the training will commit as
    (:mod:`stream.training.keyed_noise`);
-4. write the model to a temporary file, commit the charged ledger in one DuckDB transaction,
-   then move the model into place, print the released noisy values and write the report.
+4. write the model to a private scratch file (``0600``, removed on any failure:
+   :func:`stream.private_files.private_scratch`), commit the charged ledger in one DuckDB
+   transaction, then move the model into place with the caller's umask's mode (it is released),
+   print the released noisy values and write the report.
 
 **Released once.** A crash before the commit charges nobody and has printed nothing noisy; the
 re-run starts from the same ledger state, so it commits as the same run id, draws the same
@@ -55,7 +57,7 @@ import pyarrow as pa
 from stream.accounting import ACCOUNTINGS, DEFAULT_ACCOUNTING, describe_accounting, epsilon_for_budget
 from stream.accounting import _validate as check
 from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
-from stream.private_files import write_private_bytes
+from stream.private_files import private_scratch, public_file_mode, write_private_bytes
 
 DEFAULT_STOP_FRACTION = 0.05
 # Share of the run's budget the default normaliser (a noisy count of the users) costs. At the
@@ -347,7 +349,8 @@ def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSumma
             raise ValueError(f"{name} must be a file to write, got the folder {name}={str(path)!r}")
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with RunLock(config.ledger), CuratorStore(config.ledger) as curator:
+        # The model goes to a private scratch file (0600), removed on any failure before its release.
+        with RunLock(config.ledger), CuratorStore(config.ledger) as curator, private_scratch(out) as tmp:
             params, key = _ledger_parameters(curator, config, id_type)
             kappa = params.rho
             train_rho = kappa if config.train_rho is None else config.train_rho
@@ -395,7 +398,6 @@ def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSumma
                                 stopping=stopping, init_rng=init_rng, progress=report_step,
                                 normaliser=normaliser.value)
             merged = view.merged_ledger()
-            tmp = out.with_name(out.name + ".tmp")
             accounting = params.accounting
             run_rho = result.rho + normaliser.rho
             privacy = {
@@ -420,11 +422,8 @@ def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSumma
             save_model(tmp, model, result.params, {
                 "feature_columns": list(feats.feature_columns), "n_classes": feats.n_classes,
                 "classes_declared_by": feats.classes_from, "algorithm": algorithm, "privacy": privacy})
-            try:
-                _commit_ledger(curator, run_id, merged.to_arrow(), previous.num_rows)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+            _commit_ledger(curator, run_id, merged.to_arrow(), previous.num_rows)
+            os.chmod(tmp, public_file_mode())  # released: the umask's mode, as a model has always had
             os.replace(tmp, out)
     except CuratorStoreError as exc:
         raise TrainRefused(str(exc)) from exc

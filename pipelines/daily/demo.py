@@ -30,7 +30,8 @@ from pipelines.daily.job import JobConfig, run_job
 from stream.contract import DeclaredColumn, InputContract
 from stream.accounting import ACCOUNTINGS, calibrate
 from stream.ledger import Policy
-from stream.private_files import private_dir
+from pipelines.curator.store import connect_curator
+from stream.private_files import private_dir, private_umask
 
 INDICATORS = ("opened_app", "changed_plan", "filed_complaint")
 #: The demo's declared input: integer ids and three 0/1 indicators, each sum clamped to [0, 1].
@@ -190,12 +191,9 @@ def _released(store: Path, days: int) -> np.ndarray:
 
 
 def _filtered_share(ledger: Path, days: int) -> np.ndarray:
-    db = duckdb.connect(str(ledger), read_only=True)
-    try:
+    with private_umask(), connect_curator(ledger, read_only=True) as db:  # spills: 0600 in <ledger>.tmp/
         rows = db.execute("""SELECT window_id, sum(clipped + dropped) / greatest(sum(admitted + clipped + dropped), 1)
                              FROM window_counts GROUP BY window_id ORDER BY window_id""").fetchall()
-    finally:
-        db.close()
     return np.array([share for _, share in rows][:days], dtype=np.float64)
 
 
