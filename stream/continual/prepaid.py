@@ -390,9 +390,10 @@ class TreePrepaid(PrepaidRule):
 class DenseHistoryPrepaid(PrepaidRule):
     """The exact reference for any strategy over a declared horizon: per user the admitted
     history (``horizon x d``), per query the aggregate history; ``C`` dense
-    (:meth:`Strategy.query_matrix`). The square root's prepaid rule (it has no finite state) and
-    the reference :class:`BLTPrepaid` and :class:`TreePrepaid` are tested against. For tests and
-    planning: ``O(horizon)`` memory per user.
+    (:meth:`Strategy.query_matrix`, ``horizon x horizon`` for one row a window). The square root's
+    prepaid rule (it has no finite state) and the reference :class:`BLTPrepaid` and
+    :class:`TreePrepaid` are tested against. Memory: ``C``, and per window a few copies of the
+    window's users' rows (``n x horizon x d``).
     """
 
     def __init__(self, strategy: Strategy, *, horizon: int) -> None:
@@ -404,6 +405,7 @@ class DenseHistoryPrepaid(PrepaidRule):
         self.strategy = strategy
         self.horizon = horizon
         self._c = strategy.query_matrix(horizon)  # (rows, T)
+        self._c_abs = self._c if bool((self._c >= 0).all()) else np.abs(self._c)  # no copy for sqrt, tree
         self._row_times = strategy.row_times(horizon)
 
     @property
@@ -411,17 +413,14 @@ class DenseHistoryPrepaid(PrepaidRule):
         return self.horizon
 
     def _terms(self, values: Any, last: Any, x: Any, t: int) -> ChargeTerms:
+        # sum_r C_{r,t} <(C h)_r, x> = sum_s v_s <h_s, x> with v = C[:, t] C (public, ``T`` numbers):
+        # no ``rows x T`` block per user (a window of ``n`` users would need ``n T^2 d`` numbers).
         xp = array_module(values, x)
         column = self._c[:, t]
-        rows = np.flatnonzero(column)  # the rows that read window t: released at t or later
-        c_rows = xp.asarray(self._c[rows])  # (k, T)
-        weights = xp.asarray(column[rows])
-        # (C h)_r for those rows, row by user row (a reference: clarity over speed)
-        future = (c_rows[None, :, :, None] * values[:, None, :, :]).sum(axis=2)  # (n, k, d)
-        future_abs = (xp.abs(c_rows)[None, :, :, None] * xp.abs(values)[:, None, :, :]).sum(axis=2)
+        v, v_abs = column @ self._c, np.abs(column) @ self._c_abs
         quadratic = xp.einsum("nd,nd->n", x, x) * float(column @ column)
-        cross = _weigh(_dot(future, x), weights)
-        cross_abs = _weigh(_dot(future_abs, xp.abs(x)), xp.abs(weights))
+        cross = _weigh(_dot(values, x), xp.asarray(v))
+        cross_abs = _weigh(_dot(xp.abs(values), xp.abs(x)), xp.asarray(v_abs))
         return ChargeTerms(quadratic=quadratic, cross=cross, magnitude=quadratic + 2.0 * cross_abs)
 
     def _admit(self, values: Any, last: Any, x: Any, t: int) -> Any:
