@@ -20,7 +20,8 @@ guaranteed on local and network filesystems; for ``gs://`` and ``s3://`` roots
 Changes follow the rules of :mod:`queries.registration`, the very functions the DuckDB registry
 (:class:`queries.registry.QueryRegistry`) applies: an id is registered once, a registration or
 retirement takes effect after the last window released under the root, a window's queries
-have at most ``MAX_DIM`` coordinates together. "Released" here means a window with a release
+have at most ``MAX_DIM`` coordinates together, a window's running queries keep at most
+``MAX_USER_STATE`` numbers a user together. "Released" here means a window with a release
 file under the root. A job changes the catalogue in two ways only, at launch
 (:func:`queries_at_launch`, :meth:`ReleaseCatalogue.record_launch`): it registers the default
 per-column sums on a root whose catalogue has no query (as ``renyi-stream run`` does on a store
@@ -193,7 +194,7 @@ class ReleaseCatalogue:
     def add(self, query: LinearQuery, *, effective_from: int) -> None:
         """Register ``query`` from ``effective_from`` (:func:`queries.registration.check_new`:
         ValueError, nothing written, for a taken id, a window not after the last released one,
-        or too many coordinates together). Re-applied on a newer revision when another writer
+        too many coordinates together, or a running query too big: docs/running_totals.md, "Bounds"). Re-applied on a newer revision when another writer
         changed the catalogue first."""
         def change(state: CatalogueState) -> tuple[list[Registration], str]:
             new = rules.check_new(state.registrations, query, effective_from,

@@ -18,6 +18,8 @@ The rules (invariant 5, release-once, docs/architecture.md: released answers nev
   (:func:`check_retirement`);
 * the queries active together in a window have at most ``MAX_DIM`` coordinates, because the
   ledger charges their concatenation (:func:`refuse_too_wide`);
+* a running query, alone and with the running queries active with it, stays within the bounds on
+  what a job keeps for it (horizon per strategy, numbers a user: :func:`refuse_too_big`, docs/running_totals.md, "Bounds");
 * a query active in window ``w`` is one with ``effective_from <= w < retired_from``
   (:func:`active_between`);
 * a query registered into a window a job had already charged, but never answered (a
@@ -33,12 +35,13 @@ from __future__ import annotations
 import json
 import numbers
 from dataclasses import dataclass, replace
-from typing import Any, Collection, Iterable, Sequence
+from typing import Any, Collection, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
 from queries.linear import LinearQuery
 from stream.accounting.gaussian import MAX_DIM
+from stream.continual.prepaid import refuse_running_too_big
 from stream.columns import InputColumns, input_columns
 
 
@@ -95,16 +98,34 @@ def refuse_taken(registrations: Iterable[Registration], query_id: str) -> None:
                          "(a retired id stays taken: its releases keep its meaning)")
 
 
+def _together(registrations: Sequence[Registration], first: int) -> Iterator[tuple[int, list[LinearQuery]]]:
+    """``(window, the queries active in it)`` for every window from ``first`` where the active set
+    can change (``first`` and each later first window): what a query active from ``first`` joins."""
+    live = [r for r in registrations if r.retired_from is None or r.retired_from > first]
+    for window in sorted({first} | {r.effective_from for r in live if r.effective_from > first}):
+        yield window, [r.query for r in live if r.active_in(window)]
+
+
 def refuse_too_wide(registrations: Sequence[Registration], query: LinearQuery, first: int) -> None:
     """ValueError when ``query``, active from ``first``, would make the queries active together in
     some window more than ``MAX_DIM`` coordinates."""
-    live = [r for r in registrations if r.retired_from is None or r.retired_from > first]
-    for window in sorted({first} | {r.effective_from for r in live if r.effective_from > first}):
-        together = query.dim + sum(r.query.dim for r in live if r.active_in(window))
+    for window, active in _together(registrations, first):
+        together = query.dim + sum(q.dim for q in active)
         if together > MAX_DIM:
             raise ValueError(f"query {query.query_id!r} (dim {query.dim}) would make the queries active in "
                              f"window {window} {together} coordinates together; at most {MAX_DIM} (MAX_DIM) "
                              "are charged in one window: retire some first")
+
+
+def refuse_too_big(registrations: Sequence[Registration], query: LinearQuery, first: int) -> None:
+    """ValueError when running ``query``, active from ``first``, is above the bounds on what a job
+    keeps for it (:func:`stream.continual.prepaid.check_running_size`: horizon per strategy,
+    numbers a user), or would put the running queries active together in some
+    window above them (:func:`stream.continual.prepaid.refuse_running_too_big`)."""
+    if query.kind != "running":
+        return
+    for window, active in _together(registrations, first):
+        refuse_running_too_big([query, *active], where=f"in window {window}")
 
 
 def check_new(registrations: Sequence[Registration], query: LinearQuery, effective_from: int, *,
@@ -113,7 +134,8 @@ def check_new(registrations: Sequence[Registration], query: LinearQuery, effecti
     """The registration of ``query`` from ``effective_from``, checked against the catalogue
     ``registrations`` whose last released window is ``last_released``. ValueError when the id is
     taken, ``effective_from`` is not after ``last_released``, the query cannot read ``schema``
-    (the input's columns, when the store knows them) or the window would get too wide."""
+    (the input's columns, when the store knows them), the window would get too wide or a running
+    query too big."""
     if not isinstance(query, LinearQuery):
         raise ValueError(f"query must be a LinearQuery, got {type(query).__name__}")
     first = window_id("effective_from", effective_from)
@@ -122,6 +144,7 @@ def check_new(registrations: Sequence[Registration], query: LinearQuery, effecti
     if schema is not None:
         query.validate_against(schema)
     refuse_too_wide(registrations, query, first)
+    refuse_too_big(registrations, query, first)
     return Registration(query, first, None, registered_at)
 
 
@@ -228,4 +251,4 @@ def recorded_plan(entries: Iterable[Any]) -> list[dict]:
 
 __all__ = ["Registration", "active_between", "category_reads", "check_new", "check_retirement", "deferrals",
            "numeric_reads", "plan_columns", "recorded_plan", "refuse_released", "refuse_taken",
-           "refuse_too_wide", "window_id"]
+           "refuse_too_big", "refuse_too_wide", "window_id"]

@@ -120,7 +120,8 @@ class QueryRegistry:
         ``effective_from`` is not after the last window released for any query (a released
         window never changes), or when the queries active together in some window from
         ``effective_from`` on would have more than ``MAX_DIM`` coordinates (the ledger charges
-        their concatenation).
+        their concatenation), or when a running query is above the bounds on what a job keeps for
+        it, alone or with the running queries active with it (docs/running_totals.md, "Bounds").
         """
         if not isinstance(query, LinearQuery):
             raise ValueError(f"query must be a LinearQuery, got {type(query).__name__}")

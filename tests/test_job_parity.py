@@ -331,6 +331,26 @@ def test_the_distributed_job_refuses_a_stored_running_state_of_another_strategy_
     assert not (tmp_path / "run2").exists()
 
 
+def test_the_distributed_job_refuses_a_catalogued_running_query_above_the_bounds_at_launch(tmp_path, capsys):
+    """A catalogue revision written by an older version (or by hand), bypassing registration: a
+    sqrt running query over 16384 windows (a dense 16384 x 16384 matrix, 2 GiB) is refused at
+    launch, naming it, before anyone is charged or anything is released."""
+    files, _ = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3])])
+    public = tmp_path / "public"
+    ReleaseCatalogue(str(public)).add(LinearQuery.columns("total_opened", ["opened"], kind="running",
+                                                          strategy="sqrt"), effective_from=W0)
+    (revision,) = (public / "_queries").iterdir()
+    data = json.loads(revision.read_text())
+    data["queries"][0]["query"]["horizon"] = 16384
+    revision.write_text(json.dumps(data))
+    assert ReleaseCatalogue(str(public)).read().registrations[0].query.horizon == 16384  # readable: retirable
+    code, _ = _distributed_day(tmp_path, files[0], ("run1", "2026-03-01"), "none", public)
+    err = capsys.readouterr().err
+    assert code == 2 and "horizon must be in [1, 1024] for strategy 'sqrt'" in err, err[-800:]
+    assert "'total_opened'" in err and "got horizon=16384" in err
+    assert not (tmp_path / "run1").exists() and not list(public.glob("*/*.parquet"))  # nothing released
+
+
 def test_the_distributed_job_does_not_commit_when_a_running_querys_prepaid_rows_come_back_short(tmp_path):
     """A prepaid file truncated (or lost) after its run committed would restart its users'
     prepaid charges from nothing: the next run reads back fewer users than the manifest lists

@@ -201,6 +201,25 @@ def test_a_users_charge_bits_depend_only_on_their_own_row_never_on_the_batch(nam
     assert together.tobytes() == np.array([alone[i] for i in order]).tobytes()
 
 
+def test_the_dense_rule_charges_a_window_in_memory_linear_in_its_users_rows():
+    # The square root's rule (the only one of the three with a dense C): a window of n users must
+    # not allocate a rows x T block per user (n T^2 d numbers: 200 users at T = 365 took 207 MiB).
+    import tracemalloc
+
+    horizon, users, dim = 365, 200, 1
+    rule = DenseHistoryPrepaid(SquareRootFactorization(), horizon=horizon)
+    state = rule.new_users(users, dim)
+    x = np.ones((users, dim))
+    tracemalloc.start()
+    try:
+        rule.charge_terms(state, x, 0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    rows = users * horizon * dim * 8  # the window's users' rows, bytes
+    assert peak < 4 * rows + 64 * horizon * 8
+
+
 # --- the filter on prepaid charges -------------------------------------------------------------
 
 

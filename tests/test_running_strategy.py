@@ -369,3 +369,39 @@ def _ledger_rows(path) -> tuple:
                 db.execute("SELECT count(*) FROM running_releases").fetchone()[0])
     finally:
         db.close()
+
+
+def test_a_registered_query_above_the_bounds_is_refused_at_launch_before_anyone_is_charged(tmp_path, capsys):
+    # A catalogue entry written by an older version (or by hand), bypassing registration: sqrt over
+    # 16384 windows, whose rule would keep a dense 16384 x 16384 matrix (2 GiB).
+    store = tmp_path / "big.releases.duckdb"
+    with QueryRegistry(store) as registry:
+        registry.add(LinearQuery.columns("running:churned", ["churned"], kind="running", strategy="sqrt"),
+                     effective_from=W0)
+    db = duckdb.connect(str(store))
+    try:
+        spec = json.loads(db.execute("SELECT spec_json FROM query_registry").fetchone()[0])
+        spec["horizon"] = 16384
+        db.execute("UPDATE query_registry SET spec_json = ?", [json.dumps(spec)])
+    finally:
+        db.close()
+    paths = _files(tmp_path, _stream()[:1])
+    capsys.readouterr()
+    try:
+        code = _run(tmp_path, paths, name="big", start=0, end=0, strategy=None)
+    except ValueError as exc:
+        message = str(exc)
+    else:
+        assert code != 0
+        message = capsys.readouterr().err
+    assert "horizon must be in [1, 1024] for strategy 'sqrt'" in message and "got horizon=16384" in message
+    assert "'running:churned'" in message and "--strategy blt" in message
+    ledger = tmp_path / "big.ledger.duckdb"
+    if ledger.exists():  # nobody charged: no ledger row, no prepaid row, nothing released
+        db = duckdb.connect(str(ledger), read_only=True)
+        try:
+            tables = {t for (t,) in db.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+            assert all(db.execute(f"SELECT count(*) FROM {t}").fetchone()[0] == 0
+                       for t in ("ledger", "prepaid_state", "running_releases") if t in tables)
+        finally:
+            db.close()

@@ -51,7 +51,8 @@ from stream.engine.dead_letters import (
 from stream.engine.readers import read_batches
 from stream.engine.sharding import shard_of
 from stream.engine.running import RunningRelease, noisy_release, rule_meta
-from stream.engine.shard_state import QueryPlan, ShardSnapshots, ShardState, refuse_running_gaps, running_rule_of
+from stream.engine.shard_state import (QueryPlan, ShardSnapshots, ShardState, refuse_oversized_running,
+                                      refuse_running_gaps, running_rule_of)
 from stream.faults import crash_point
 from stream.noise import NoiseBinding, NoiseKey, check_ledger_id, gaussian_noise
 from stream.schema import USER_ID, WINDOW_ID, WindowSpec, may_repeat, validate_batch
@@ -472,7 +473,10 @@ def refuse_running_continuation(plan: QueryPlan, states: dict[str, pa.Table], sc
     (``states``, by query id) made under another strategy, horizon or first window than the
     registered query (:func:`running_release_for`), or a schedule that skips, repeats or passes
     one of its windows (:func:`stream.engine.shard_state.refuse_running_gaps`). ``stored_where``
-    says where the states came from, for the message (e.g. ``"the previous manifest"``)."""
+    says where the states came from, for the message (e.g. ``"the previous manifest"``). A running
+    query too big for a job to keep is refused first, before its rule is built
+    (:func:`stream.engine.shard_state.refuse_oversized_running`)."""
+    refuse_oversized_running(plan, schedule)
     for entry in plan.running:
         if any(entry.active_in(w) for w in schedule):
             try:

@@ -16,8 +16,11 @@ from pipelines.cli.errors import PROG, name_the_option
 from stream.continual.prepaid import (
     DEFAULT_PREPAID_HORIZON,
     DEFAULT_RUNNING_STRATEGY,
+    MAX_RUNNING_HORIZON,
+    MAX_USER_STATE,
     RUNNING_STRATEGIES,
     TAIL,
+    check_running_size,
     running_factorisation,
 )
 
@@ -67,6 +70,18 @@ def _categories(text: str) -> list[float] | list[str]:
 
 
 def _query_from_args(args: argparse.Namespace) -> Any:
+    """The query ``query add`` registers; a running query too big for a job to keep
+    (:func:`stream.continual.prepaid.check_running_size`) is refused here, before a store opens."""
+    query = _spec_from_args(args)
+    if query.kind == "running":
+        try:
+            check_running_size(query.strategy, query.horizon, query.dim)
+        except ValueError as exc:
+            raise _Usage(str(exc)) from None
+    return query
+
+
+def _spec_from_args(args: argparse.Namespace) -> Any:
     from queries.linear import LinearQuery
 
     chosen = [flag for flag, value in (("--columns", args.columns), ("--histogram", args.histogram),
@@ -347,4 +362,8 @@ def add_running_options(parser: argparse.ArgumentParser, *, applies_to: str) -> 
         help=f"with {applies_to}: the declared schedule, N windows from the first (default "
         f"{DEFAULT_PREPAID_HORIZON}); each contribution is charged its cost over the windows left, and a window "
         f"past the schedule is refused. {TAIL}: charge the infinite tail instead (blt only): releases never end, "
-        "at 1.2x to 1.3x the error of a declared 365 (docs/running_totals.md)")
+        "at 1.2x to 1.3x the error of a declared 365 (docs/running_totals.md). Bounds: N at most "
+        f"{MAX_RUNNING_HORIZON['blt']} for blt and tree, {MAX_RUNNING_HORIZON['sqrt']} for sqrt (a user's state is "
+        f"their history, N x d numbers); the running queries active together keep at most {MAX_USER_STATE} "
+        "numbers a user (blt 4 x d, tree (floor(log2 N) + 1) x d, sqrt N x d) "
+        "(docs/running_totals.md, \"Bounds\")")

@@ -45,7 +45,7 @@ from stream.accounting import DEFAULT_ACCOUNTING, calibrate
 from stream.engine.ledger_config import DEFAULT_SHARDS, LedgerConfig
 from stream.columns import KEY_COLUMNS, InputColumns, declared_kind, default_columns
 from stream.contract import ContractError, InputContract
-from stream.continual.prepaid import DEFAULT_RUNNING_STRATEGY, RUNNING_STRATEGIES, running_factorisation
+from stream.continual.prepaid import DEFAULT_RUNNING_STRATEGY, RUNNING_STRATEGIES, check_running_size
 from stream.engine.running import MIGRATION
 from stream.ledger import STATUS_NAMES, Policy
 from stream.noise import NoiseKey
@@ -94,7 +94,8 @@ class JobConfig:
             if self.release != "running":
                 raise ValueError(f"horizon applies only with release='running', got horizon={self.horizon!r} with "
                                  f"release={self.release!r}")
-            running_factorisation(self.strategy or DEFAULT_RUNNING_STRATEGY, self.horizon)  # ValueError by name
+            # ValueError by name; the default queries have one coordinate each
+            check_running_size(self.strategy or DEFAULT_RUNNING_STRATEGY, self.horizon, 1)
         # The in-process runner's limit (every shard is a keyed state cell in this process); the
         # distributed and streaming jobs take up to stream.engine.ledger_config.MAX_SHARDS.
         if not 1 <= self.n_shards <= 4096:

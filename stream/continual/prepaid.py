@@ -62,7 +62,8 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -390,9 +391,10 @@ class TreePrepaid(PrepaidRule):
 class DenseHistoryPrepaid(PrepaidRule):
     """The exact reference for any strategy over a declared horizon: per user the admitted
     history (``horizon x d``), per query the aggregate history; ``C`` dense
-    (:meth:`Strategy.query_matrix`). The square root's prepaid rule (it has no finite state) and
-    the reference :class:`BLTPrepaid` and :class:`TreePrepaid` are tested against. For tests and
-    planning: ``O(horizon)`` memory per user.
+    (:meth:`Strategy.query_matrix`, ``horizon x horizon`` for one row a window). The square root's
+    prepaid rule (it has no finite state) and the reference :class:`BLTPrepaid` and
+    :class:`TreePrepaid` are tested against. Memory: ``C``, and per window a few copies of the
+    window's users' rows (``n x horizon x d``).
     """
 
     def __init__(self, strategy: Strategy, *, horizon: int) -> None:
@@ -404,6 +406,7 @@ class DenseHistoryPrepaid(PrepaidRule):
         self.strategy = strategy
         self.horizon = horizon
         self._c = strategy.query_matrix(horizon)  # (rows, T)
+        self._c_abs = self._c if bool((self._c >= 0).all()) else np.abs(self._c)  # no copy for sqrt, tree
         self._row_times = strategy.row_times(horizon)
 
     @property
@@ -411,17 +414,14 @@ class DenseHistoryPrepaid(PrepaidRule):
         return self.horizon
 
     def _terms(self, values: Any, last: Any, x: Any, t: int) -> ChargeTerms:
+        # sum_r C_{r,t} <(C h)_r, x> = sum_s v_s <h_s, x> with v = C[:, t] C (public, ``T`` numbers):
+        # no ``rows x T`` block per user (a window of ``n`` users would need ``n T^2 d`` numbers).
         xp = array_module(values, x)
         column = self._c[:, t]
-        rows = np.flatnonzero(column)  # the rows that read window t: released at t or later
-        c_rows = xp.asarray(self._c[rows])  # (k, T)
-        weights = xp.asarray(column[rows])
-        # (C h)_r for those rows, row by user row (a reference: clarity over speed)
-        future = (c_rows[None, :, :, None] * values[:, None, :, :]).sum(axis=2)  # (n, k, d)
-        future_abs = (xp.abs(c_rows)[None, :, :, None] * xp.abs(values)[:, None, :, :]).sum(axis=2)
+        v, v_abs = column @ self._c, np.abs(column) @ self._c_abs
         quadratic = xp.einsum("nd,nd->n", x, x) * float(column @ column)
-        cross = _weigh(_dot(future, x), weights)
-        cross_abs = _weigh(_dot(future_abs, xp.abs(x)), xp.abs(weights))
+        cross = _weigh(_dot(values, x), xp.asarray(v))
+        cross_abs = _weigh(_dot(xp.abs(values), xp.abs(x)), xp.asarray(v_abs))
         return ChargeTerms(quadratic=quadratic, cross=cross, magnitude=quadratic + 2.0 * cross_abs)
 
     def _admit(self, values: Any, last: Any, x: Any, t: int) -> Any:
@@ -505,10 +505,110 @@ def running_rule(strategy: str, horizon: int | str) -> PrepaidRule:
     (:func:`running_factorisation`). Deterministic: the same name and horizon give the same public
     constants on every worker and in every run. ``blt``: :class:`BLTPrepaid`; ``tree``:
     :class:`TreePrepaid`; ``sqrt``: :class:`DenseHistoryPrepaid`, the exact reference, whose per-user
-    state is the whole admitted history, ``T x d`` numbers."""
+    state is the whole admitted history, ``T x d`` numbers. ValueError above
+    :data:`MAX_RUNNING_HORIZON` (before anything is built)."""
+    _refuse_long_horizon(strategy, horizon)
     factorisation = running_factorisation(strategy, horizon)
     declared = None if parse_horizon(horizon) == TAIL else int(horizon)
     return prepaid_rule(factorisation, horizon=declared)
+
+
+# --------------------------------------------------------------------------- bounds on a running query
+
+#: Numbers a user, ``width x dim`` float64, that the running queries active together keep: 1024
+#: (8 KiB a user; 8 GiB for 1,000,000 users, README's running-totals scale, on a 24 GB machine).
+#: ``blt`` up to 256 coordinates, ``tree`` 113 at 365 windows, ``sqrt`` ``horizon x dim <= 1024``.
+MAX_USER_STATE = 1024
+#: The longest declared horizon a running query may name, per strategy (windows). ``sqrt`` keeps
+#: ``horizon x dim`` numbers a user and a dense ``horizon x horizon`` ``C`` (8 MiB at 1024);
+#: ``blt`` and ``tree`` ``O(horizon)`` public constants, to :data:`MAX_DENSE_HORIZON`. With
+#: :data:`MAX_USER_STATE`, a query releases at most ``2^22`` numbers over its schedule.
+MAX_RUNNING_HORIZON: Mapping[str, int] = MappingProxyType({"blt": MAX_DENSE_HORIZON, "sqrt": MAX_USER_STATE,
+                                                            "tree": MAX_DENSE_HORIZON})
+
+# The way out, per strategy, when a query is too big for it.
+_ALTERNATIVE = {"sqrt": f"use --strategy blt, whose state is {DEFAULT_BUFFERS} x dim numbers a user at any horizon",
+                "tree": f"use --strategy blt, whose state is {DEFAULT_BUFFERS} x dim numbers a user",
+                "blt": "use fewer coordinates, or a window query (kind window) for the rest"}
+
+
+@dataclass(frozen=True)
+class RunningFootprint:
+    """What a job keeps for one running query, in float64 numbers (:func:`running_footprint`):
+    ``per_user`` (``width x dim``) for every user ever admitted, ``constants`` once (the rule's
+    public constants: ``sqrt``'s dense ``C``, ``T x T``), and ``history``, the released numbers
+    over the schedule (``rows x dim``; None for the tail: ``dim`` a window, without end)."""
+
+    width: int
+    per_user: int
+    constants: int
+    history: int | None
+
+    def bytes(self, users: int) -> int:
+        """Bytes kept for ``users`` users ever admitted, the schedule's releases included."""
+        return 8 * (self.constants + (self.history or 0) + users * self.per_user)
+
+
+def running_footprint(strategy: str, horizon: int | str, dim: int) -> RunningFootprint:
+    """The footprint of a running query (``strategy``, ``horizon``, ``dim`` coordinates), by
+    arithmetic: nothing is built. Widths as the rules': ``blt`` its buffers, ``tree`` one partial
+    sum per level (``floor(log2 T) + 1``), ``sqrt`` the whole history (``T``)."""
+    running_factorisation(strategy, horizon)  # names a bad strategy or horizon
+    horizon, dim = parse_horizon(horizon), _integer("dim", dim, minimum=1)
+    if horizon == TAIL:
+        return RunningFootprint(DEFAULT_BUFFERS, DEFAULT_BUFFERS * dim, 3 * DEFAULT_BUFFERS, None)
+    if strategy == "blt":  # G, H, |H| and the powers of theta per window offset
+        width, constants, rows = DEFAULT_BUFFERS, (3 * DEFAULT_BUFFERS + 2) * (horizon + 1), horizon
+    elif strategy == "tree":  # a node of level j completes every 2^j windows
+        width = horizon.bit_length()
+        constants, rows = width, sum(horizon >> j for j in range(width))
+    else:
+        width, constants, rows = horizon, horizon * horizon, horizon
+    return RunningFootprint(width, width * dim, constants, rows * dim)
+
+
+def _refuse_long_horizon(strategy: str, horizon: int | str, query_id: str | None = None) -> None:
+    """ValueError when ``horizon`` is above ``strategy``'s :data:`MAX_RUNNING_HORIZON`."""
+    limit, declared = MAX_RUNNING_HORIZON.get(strategy), parse_horizon(horizon)
+    if limit is None or declared == TAIL or declared <= limit:
+        return
+    which = "" if query_id is None else f" for running query {query_id!r}"
+    raise ValueError(f"horizon must be in [1, {limit}] for strategy {strategy!r} (a user's state is their whole "
+                     f"admitted history, horizon x dim numbers, at most {MAX_USER_STATE}), got horizon={declared}"
+                     f"{which}: {_ALTERNATIVE[strategy]}, or declare a shorter horizon")
+
+
+def check_running_size(strategy: str, horizon: int | str, dim: int, *, query_id: str | None = None) -> RunningFootprint:
+    """The footprint of one running query, or ValueError naming the parameter (``horizon``, then
+    ``dim``), its value, the allowed range and the way out: a horizon above
+    :data:`MAX_RUNNING_HORIZON`, a per-user state above :data:`MAX_USER_STATE` numbers."""
+    _refuse_long_horizon(strategy, horizon, query_id)
+    found = running_footprint(strategy, horizon, dim)
+    if found.per_user > MAX_USER_STATE:
+        which = "" if query_id is None else f" for running query {query_id!r}"
+        state = {"sqrt": "the whole admitted history, horizon x dim", "tree": "one partial sum per level, "
+                 f"{found.width} x dim", "blt": f"its buffers, {found.width} x dim"}[strategy]
+        raise ValueError(f"dim must be in [1, {MAX_USER_STATE // found.width}] for strategy {strategy!r} over horizon "
+                         f"{horizon} (a user's state is {state} numbers, at most {MAX_USER_STATE}), got "
+                         f"dim={dim}{which}: {_ALTERNATIVE[strategy]}")
+    return found
+
+
+def refuse_running_too_big(queries: Sequence[Any], *, where: str) -> None:
+    """ValueError when a running query among ``queries`` (anything with ``query_id``, ``kind``,
+    ``strategy``, ``horizon``, ``dim``; others are skipped) is too big (:func:`check_running_size`),
+    or those active together, ``where`` (e.g. ``"in window 20512"``), keep more than
+    :data:`MAX_USER_STATE` numbers a user."""
+    running = [q for q in queries if getattr(q, "kind", None) == "running"]
+    found = [check_running_size(getattr(q, "strategy", None) or DEFAULT_RUNNING_STRATEGY,
+                                getattr(q, "horizon", None) or DEFAULT_PREPAID_HORIZON, q.dim, query_id=q.query_id)
+             for q in running]
+    per_user = sum(f.per_user for f in found)
+    if per_user > MAX_USER_STATE:
+        ids = ", ".join(repr(q.query_id) for q in running)
+        raise ValueError(f"the running queries active together {where} ({ids}) would keep {per_user} numbers a user; "
+                         f"at most {MAX_USER_STATE} (MAX_USER_STATE) are kept a user: retire some first, or use "
+                         f"--strategy blt ({DEFAULT_BUFFERS} x dim numbers a user)"[:600])
 
 
 def realised_sq_norms(strategy: Strategy, admitted: np.ndarray) -> np.ndarray:
@@ -527,5 +627,6 @@ __all__ = [
     "ETA", "TINY", "BLTPrepaid", "ChargeTerms", "DenseHistoryPrepaid", "PrepaidRule", "ReleaseState", "TreePrepaid",
     "UserState", "prepaid_charge", "prepaid_filter", "prepaid_rho", "prepaid_rule", "realised_sq_norms",
     "DEFAULT_PREPAID_HORIZON", "DEFAULT_RUNNING_STRATEGY", "RUNNING_STRATEGIES", "TAIL", "parse_horizon",
-    "running_factorisation", "running_rule",
+    "running_factorisation", "running_rule", "MAX_RUNNING_HORIZON", "MAX_USER_STATE",
+    "RunningFootprint", "check_running_size", "refuse_running_too_big", "running_footprint",
 ]

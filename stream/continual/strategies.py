@@ -174,12 +174,14 @@ class Strategy(abc.ABC):
     def query_matrix(self, horizon: int) -> np.ndarray:
         """Dense ``C``: ``(n_rows, horizon)``, rows in release order (for tests and planning)."""
         horizon = _horizon(horizon)
-        blocks = []
+        times = self.row_times(horizon)
+        out = np.zeros((times.size, horizon))  # filled in place: one copy of C, never two
+        start = 0
         for t in range(horizon):
-            block = np.zeros((self.rows_at(t), horizon))
-            block[:, : t + 1] = self._lag_weights(t, t - np.arange(t + 1))
-            blocks.append(block)
-        return np.vstack(blocks)
+            rows = self.rows_at(t)
+            out[start:start + rows, : t + 1] = self._lag_weights(t, t - np.arange(t + 1))
+            start += rows
+        return out
 
     # -- the reconstruction ``B`` -----------------------------------------------------------
 

@@ -35,7 +35,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from stream.continual.prepaid import DEFAULT_PREPAID_HORIZON, DEFAULT_RUNNING_STRATEGY, PrepaidRule, running_rule
+from stream.continual.prepaid import (DEFAULT_PREPAID_HORIZON, DEFAULT_RUNNING_STRATEGY, PrepaidRule,
+                                      refuse_running_too_big, running_rule)
 from stream.continual.running import RunningQuery
 from stream.continual.strategies import Strategy
 from stream.engine.running import PrepaidUsers, rule_meta
@@ -250,13 +251,29 @@ def running_rule_of(query: Any) -> tuple[str, PrepaidRule]:
     return strategy, running_rule(strategy, horizon)
 
 
+def refuse_oversized_running(plan: QueryPlan, to_release: Sequence[int]) -> None:
+    """ValueError, before anything is built or charged, when a running query active in one of the
+    windows ``to_release``, alone or with those active with it, is above the bounds on what a job
+    keeps (:func:`stream.continual.prepaid.refuse_running_too_big`): a catalogue written by an
+    older version or by hand is refused at launch as a registration would have been."""
+    seen: set[tuple[str, ...]] = set()
+    for window in sorted({int(w) for w in to_release}):
+        active = [e.query for e in plan.running if e.active_in(window)]
+        ids = tuple(q.query_id for q in active)
+        if active and ids not in seen:
+            seen.add(ids)
+            refuse_running_too_big(active, where=f"in window {window}")
+
+
 def refuse_running_gaps(plan: QueryPlan, next_windows: Mapping[str, int], to_release: Sequence[int]) -> None:
     """ValueError, before anything is charged, when a run releasing ``to_release`` would skip a
     running query's window, go back to one, or release one past its declared schedule: a running
     total is released for every window from its first, once each, in order (invariants 3 and 5
     (public-schedule, release-once, docs/architecture.md)). ``next_windows`` maps a running query
     to the window its stored release state releases next (absent: none stored, its first window).
-    Every job checks its launch with this one rule."""
+    Every job checks its launch with this one rule, which first refuses a running query too big
+    for a job to keep (:func:`refuse_oversized_running`)."""
+    refuse_oversized_running(plan, to_release)
     pending = set(int(w) for w in to_release)
     for entry in plan.running:
         next_window = int(next_windows.get(entry.query_id, entry.first_window))
