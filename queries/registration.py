@@ -39,10 +39,11 @@ from typing import Any, Collection, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
-from queries.linear import LinearQuery
+from queries.linear import LinearQuery, default_queries
 from stream.accounting.gaussian import MAX_DIM
 from stream.continual.prepaid import refuse_running_too_big
 from stream.columns import InputColumns, input_columns
+from stream.contract import ContractError, InputContract
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,26 @@ def plan_columns(queries: Sequence[Any], answered: Sequence[Any], header: pa.Sch
     return kinds
 
 
+def declared_header(contract: InputContract) -> pa.Schema:
+    """The columns a declared contract gives queries: its numbers as float64, its categories as text."""
+    return pa.schema([(c, pa.float64()) for c in contract.numeric] + [(c, pa.string()) for c in contract.categories])
+
+
+def contract_defaults(contract: InputContract, *, kind: str = "window", strategy: str | None = None,
+                      horizon: int | str | None = None) -> list[LinearQuery]:
+    """The default queries of a catalogue with none, from a declared contract: one sum (``kind``
+    window) or running total per *bounded* number column, each value clamped to its bound, in
+    declared order. An unbounded column gets none: its sum would charge one user's large value
+    its square. ContractError, naming the columns and the option, when no column is bounded."""
+    bounded = contract.bounded
+    if not bounded:
+        contract.refuse_unbounded(contract.numeric)
+        raise ContractError("the declared contract has no number column with a bound, so no default sum: declare "
+                            "one with --column NAME=LO:HI, or register the queries first (renyi-stream query add)")
+    return default_queries([c.name for c in bounded], kind=kind, strategy=strategy, horizon=horizon,
+                           bounds={c.name: (c.lo, c.hi) for c in bounded})
+
+
 def recorded_plan(entries: Iterable[Any]) -> list[dict]:
     """A query plan as jobs record it beside what they charged (a manifest, a snapshot's
     metadata): per query, by query id, its ``query_id``, the ``first_window`` and
@@ -249,6 +270,7 @@ def recorded_plan(entries: Iterable[Any]) -> list[dict]:
              "spec": json.loads(e.query.to_json())} for e in sorted(entries, key=lambda e: e.query.query_id)]
 
 
-__all__ = ["Registration", "active_between", "category_reads", "check_new", "check_retirement", "deferrals",
+__all__ = ["Registration", "active_between", "category_reads", "check_new", "check_retirement", "contract_defaults",
+           "declared_header", "deferrals",
            "numeric_reads", "plan_columns", "recorded_plan", "refuse_released", "refuse_taken",
            "refuse_too_big", "refuse_too_wide", "window_id"]

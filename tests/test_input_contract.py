@@ -177,3 +177,63 @@ def test_a_bounded_sum_keeps_users_with_large_values_in_the_release(tmp_path):
     assert (admitted, dropped) == (300, 0)
     spec = dict(_catalogue(tmp_path))["sum:minutes"]
     assert json.loads(spec)["spec"] == {"type": "clamp", "column": "minutes", "lo": 0.0, "hi": 1.0}
+
+
+# --- every job keeps the same declaration -------------------------------------------------------------
+
+DECLARE = ("--id-type", "int64", "--column", "opened=0:1", "--column", "minutes")
+
+
+def _distributed(tmp_path, inputs, *extra: str, start: int, previous: str = "none", out: str) -> int:
+    from pipelines.distributed import job as dist
+    from stream.noise import NoiseKey
+
+    key = tmp_path / "key" / "noise.key"
+    NoiseKey.load_or_create(key)
+    return dist.main(["--input", *map(str, inputs), "--start", _day(start), "--end", _day(start), "--epsilon", "1",
+                      "--delta", "1e-6", "--norm-budget", "8", "--previous-ledger", previous,
+                      "--output", str(tmp_path / out), "--releases-parquet", str(tmp_path / "public"),
+                      "--noise-key", str(key), "--shards", "2", "--quiet", *extra])
+
+
+def _public_catalogue(tmp_path) -> dict:
+    from queries.catalogue import ReleaseCatalogue
+
+    return {r.query_id: json.loads(r.query.to_json())["spec"]
+            for r in ReleaseCatalogue(str(tmp_path / "public")).read().registrations}
+
+
+def test_the_distributed_job_answers_the_declared_bounded_columns_and_its_next_run_keeps_the_declaration(tmp_path,
+                                                                                                        capsys):
+    header = "user_id,day,opened,minutes"
+    day0 = _csv(tmp_path / "d0.csv", [f"1,{_day(0)},1,500", f"042,{_day(0)},1,3"], header=header)
+    day1 = _csv(tmp_path / "d1.csv", [f"1,{_day(1)},1,7"], header=header)
+    assert _distributed(tmp_path, [day0], *DECLARE, start=0, out="run0") == 0
+    assert _public_catalogue(tmp_path) == {"sum:opened": {"type": "clamp", "column": "opened", "lo": 0.0, "hi": 1.0}}
+    assert _distributed(tmp_path, [day1], start=1, previous=str(tmp_path / "run0"), out="run1") == 0
+    manifest = json.loads((tmp_path / "run1" / "_COMMITTED.json").read_text())
+    assert json.loads(manifest["parameters"]["columns"]) == [{"name": "opened", "kind": "number", "lo": 0.0, "hi": 1.0},
+                                                            {"name": "minutes", "kind": "number"}]
+    assert _distributed(tmp_path, [day1], "--id-type", "int64", "--column", "opened=0:5", start=1,
+                        previous=str(tmp_path / "run0"), out="run1b") != 0
+    assert "columns: ledger has" in capsys.readouterr().err
+
+
+def test_the_streaming_job_answers_the_declared_bounded_columns_and_refuses_columns_given_both_ways(tmp_path,
+                                                                                                   capsys):
+    from pipelines.streaming import job as sj
+    from stream.engine.readers import read_batches
+    from stream.noise import NoiseKey
+
+    day0 = _csv(tmp_path / "d0.csv", [f"1,{_day(0)},1,500", f"2,{_day(0)},0,3"], header="user_id,day,opened,minutes")
+    message = tmp_path / "d0.arrows"
+    message.write_bytes(sj.encode_message(pa.Table.from_batches(list(read_batches(day0)))))
+    key = tmp_path / "key" / "noise.key"
+    NoiseKey.load_or_create(key)
+    common = ["--replay", str(message), "--start", _day(0), "--end", _day(0), "--epsilon", "1", "--delta", "1e-6",
+              "--norm-budget", "8", "--releases-parquet", str(tmp_path / "public"), "--noise-key", str(key),
+              "--shards", "2"]
+    assert sj.main([*common, *DECLARE, "--columns", "opened", "--output", str(tmp_path / "both")]) != 0
+    assert "not both" in capsys.readouterr().err
+    assert sj.main([*common, *DECLARE, "--output", str(tmp_path / "curator")]) == 0
+    assert _public_catalogue(tmp_path) == {"sum:opened": {"type": "clamp", "column": "opened", "lo": 0.0, "hi": 1.0}}

@@ -38,13 +38,13 @@ from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
 from stream.engine.readers import declares_types, id_type_of, read_batches, refuse_missing_columns
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, refuse_running_gaps
-from queries.registration import plan_columns
+from queries.registration import contract_defaults, declared_header, plan_columns
 from queries.release_files import write_release_file
 from queries.release_store import RELEASE_SCHEMA, ReleaseStore
 from stream.accounting import DEFAULT_ACCOUNTING, calibrate
 from stream.engine.ledger_config import DEFAULT_SHARDS, LedgerConfig
 from stream.columns import KEY_COLUMNS, InputColumns, declared_kind, default_columns
-from stream.contract import ContractError, InputContract
+from stream.contract import InputContract
 from stream.continual.prepaid import DEFAULT_RUNNING_STRATEGY, RUNNING_STRATEGIES, check_running_size
 from stream.engine.running import MIGRATION
 from stream.ledger import STATUS_NAMES, Policy
@@ -338,8 +338,7 @@ def _query_plan(store: ReleaseStore, config: JobConfig, contract: InputContract,
     from queries.registry import QueryRegistry
 
     if contract is not None:
-        header = pa.schema([(c, pa.float64()) for c in contract.numeric]
-                           + [(c, pa.string()) for c in contract.categories])
+        header = declared_header(contract)
         where, declared, parsed = "the declared contract", True, contract.numeric
     else:
         path, header, declared = _first_input(config.inputs)
@@ -367,24 +366,14 @@ def _query_plan(store: ReleaseStore, config: JobConfig, contract: InputContract,
 
 def _register_declared_defaults(registry, config: JobConfig, contract: InputContract, first_window: int,
                                 say) -> None:
-    """Register the default per-column queries from ``first_window``: one clamped sum per declared
-    number column with a bound. An unbounded column gets none (its sum would charge one user's
-    large value its square); with no bounded column the run is refused, naming the columns and
-    the option."""
-    from queries.linear import default_queries
-
-    bounded = [c.name for c in contract.bounded]
-    unbounded = [c for c in contract.numeric if c not in bounded]
-    if not bounded:
-        contract.refuse_unbounded(unbounded)
-        raise ContractError("the declared contract has no number column with a bound, so no default sum: declare "
-                            "one with --column NAME=LO:HI, or register the queries first (renyi-stream query add)")
-    for query in default_queries(bounded, kind=config.release, strategy=config.strategy, horizon=config.horizon,
-                                 bounds={c.name: (c.lo, c.hi) for c in contract.bounded}):
+    """Register the default queries of a declared contract from ``first_window``
+    (:func:`queries.registration.contract_defaults`: a clamped sum per bounded number column)."""
+    for query in contract_defaults(contract, kind=config.release, strategy=config.strategy, horizon=config.horizon):
         registry.add(query, effective_from=first_window)
+    unbounded = [c for c in contract.numeric if c not in {b.name for b in contract.bounded}]
     if unbounded:
-        say(f"[run] column(s) {unbounded} are declared without a bound: no default sum (declare --column "
-            f"{unbounded[0]}=LO:HI on a new ledger, or register a clamp query)")
+        say(f"[run] column(s) {unbounded} are declared without a bound: no default sum (register a clamp query "
+            "to answer one)")
     if contract.categories:
         say(f"[run] category column(s) {list(contract.categories)} get no default query: a histogram over their "
             "declared categories can read them")

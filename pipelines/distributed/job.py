@@ -108,8 +108,8 @@ try:
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
     from pipelines.beam import transforms as tx
-    from pipelines.beam.job_options import (RunRefused, add_promise_options, key_fingerprint, long_options, parse_day,
-                                            refuse_declared_columns, refuse_unknown_options, window_seconds)
+    from pipelines.beam.job_options import (RunRefused, add_promise_options, declared_contract, key_fingerprint,
+                                            long_options, parse_day, refuse_unknown_options, window_seconds)
     from pipelines.beam.object_store import (absolute, is_uri, join, read_json, read_parquet, refuse_if_shared_file,
                                              release_windows_present, write_json)
     from pipelines.beam.publication import PublicReleaseFiles, StagedReleases
@@ -118,7 +118,7 @@ try:
 finally:
     _root.setLevel(_level)
 from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
-from stream.engine.readers import declares_types, id_type_of, read_batches
+from stream.engine.readers import declares_types, id_type_of, read_batches, refuse_missing_columns
 from queries import release_lineage as lineage
 from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
@@ -127,7 +127,8 @@ from stream.engine.running import PrepaidUsers
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, running_rule_of
 from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
 from queries.linear import default_queries
-from queries.registration import category_reads, plan_columns, recorded_plan
+from queries.registration import category_reads, contract_defaults, declared_header, plan_columns, recorded_plan
+from stream.contract import InputContract
 from stream.columns import default_columns
 from stream.engine.ledger_config import LedgerConfig, LedgerConfigError
 from stream.ledger import STATUS_NAMES, Policy
@@ -388,13 +389,19 @@ def prepare(args: argparse.Namespace) -> RunPlan:
     inputs = resolve_inputs(patterns)
     key_path, fingerprint, _ = key_fingerprint(args)
     schema = _first_input_schema(inputs[0]["path"])
-    refuse_declared_columns(args, job="the distributed job")
-    id_type = args.id_type or id_type_of(inputs[0]["path"])
+    try:
+        declared_input = declared_contract(args)
+    except ValueError as exc:
+        raise RunRefused(str(exc)) from None
+    requested = [c for c in (args.columns or "").split(",") if c]
+    if declared_input is not None and requested:
+        raise RunRefused("give the indicator columns either declared (--column, --category, --schema) or as --columns, "
+                         "not both")
+    id_type = declared_input.id_type if declared_input else args.id_type or id_type_of(inputs[0]["path"])
     releases, output = absolute(args.releases_parquet), absolute(args.output)
     config = LedgerConfig.from_promise(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget,
                                        accounting=args.accounting, id_type=id_type, key_fingerprint=fingerprint,
-                                       window=spec, n_shards=args.shards, releases=releases)
-    requested = [c for c in (args.columns or "").split(",") if c]
+                                       window=spec, n_shards=args.shards, releases=releases, contract=declared_input)
 
     previous, processed, ledger_files, users, query_first, columns = None, set(), [], 0, {}, []
     running_state: dict[str, dict] = {}
@@ -414,7 +421,9 @@ def prepare(args: argparse.Namespace) -> RunPlan:
                 recorded = replace(recorded, releases=absolute(recorded.releases))
             # The ledger's id type for life: each row's id is parsed as it (stream.schema), so an
             # input typed otherwise (a CSV with one text id) costs its bad rows, not the day.
-            config = replace(config, id_type=recorded.id_type).continued_from(recorded, where=where)
+            declared_id = declared_input is not None or args.id_type is not None
+            config = (config if declared_id else replace(config, id_type=recorded.id_type)).continued_from(
+                recorded, where=where)
         except LedgerConfigError as exc:
             raise RunRefused(str(exc)) from None
         check_lineage(releases, previous, manifest)
@@ -435,13 +444,21 @@ def prepare(args: argparse.Namespace) -> RunPlan:
     missing = [c for c in requested if c not in schema.names]
     if missing:
         raise RunRefused(f"input {inputs[0]['path']} lacks the indicator column(s) {missing} given to --columns")
-
+    contract = config.contract  # declared by this run or recorded by the ledger
     schedule = [w for w in range(start, end + 1) if w not in processed]
-    declared = declares_types(inputs[0]["path"])
-    # On a release root whose catalogue has no query (a new ledger; or one started before the
-    # catalogue, whose manifest names its columns): the default sums of --columns, else of the
-    # declared numeric columns or, for a CSV (which declares none), every non-key one: never values.
-    defaults = requested or columns or default_columns(schema, declared_types=declared)
+    if contract is not None:
+        try:
+            for item in inputs:
+                refuse_missing_columns(item["path"], contract.names)
+        except ValueError as exc:
+            raise RunRefused(str(exc)) from None
+        schema, declared, requested, defaults = declared_header(contract), True, list(contract.numeric), contract
+    else:
+        declared = declares_types(inputs[0]["path"])
+        # On a release root whose catalogue has no query (a new ledger; or one started before the
+        # catalogue, whose manifest names its columns): the default sums of --columns, else of the
+        # declared numeric columns or, for a CSV (which declares none), every non-key one: never values.
+        defaults = requested or columns or default_columns(schema, declared_types=declared)
     launch = launch_queries(releases, defaults=defaults, schedule=schedule, processed=processed,
                             answered=set(query_first) if manifest is not None else None)
     entries = launch.plan(min(schedule), max(schedule)) if schedule else []
@@ -450,7 +467,8 @@ def prepare(args: argparse.Namespace) -> RunPlan:
         # of its schedule did: they are then dead-lettered as late.
         readers = entries or ([] if schedule else launch.plan(start, end))
         kinds = plan_columns([r.query for r in readers], [r.query for r in entries], schema, declared_types=declared,
-                             where=f"input {inputs[0]['path']}", parsed=requested)
+                             where="the declared contract" if contract else f"input {inputs[0]['path']}",
+                             parsed=requested)
     except ValueError as exc:
         raise RunRefused(str(exc)) from None
     last = max(schedule) if schedule else None
@@ -477,17 +495,23 @@ def prepare(args: argparse.Namespace) -> RunPlan:
     return plan
 
 
-def launch_queries(releases: str, *, defaults: Sequence[str], schedule: Sequence[int], processed: Iterable[int],
-                   answered: set[str] | None) -> LaunchQueries:
+def launch_queries(releases: str, *, defaults: "Sequence[str] | InputContract", schedule: Sequence[int],
+                   processed: Iterable[int], answered: set[str] | None) -> LaunchQueries:
     """The query catalogue under ``releases`` as this run launches with it
     (:func:`queries.catalogue.queries_at_launch`, nothing written): queries registered into
     windows the ledger charged (``processed``) but never ``answered`` move past them, and on a
     catalogue with no query the default sums of ``defaults`` are registered from the schedule's
-    first window. RunRefused when the catalogue cannot be read or a default cannot be registered."""
+    first window (a declared contract's: :func:`queries.registration.contract_defaults`). RunRefused
+    when the catalogue cannot be read or a default cannot be registered."""
     catalogue = ReleaseCatalogue(releases)
     processed = sorted(processed)
     try:
-        return queries_at_launch(catalogue.read(), defaults=default_queries(list(defaults)),
+        state = catalogue.read()
+        if isinstance(defaults, InputContract):
+            queries = [] if state.registrations else contract_defaults(defaults)
+        else:
+            queries = default_queries(list(defaults))
+        return queries_at_launch(state, defaults=queries,
                                  first_window=min(schedule) if schedule else None,
                                  processed_through=processed[-1] if processed else None, answered=answered,
                                  last_released=catalogue.last_released_window())

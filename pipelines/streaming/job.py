@@ -232,7 +232,9 @@ from stream.faults import crash_point
 from queries import release_lineage as lineage
 from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
 from queries.linear import default_queries
-from queries.registration import category_reads, numeric_reads, plan_columns, recorded_plan
+from queries.registration import (category_reads, contract_defaults, declared_header, numeric_reads, plan_columns,
+                                  recorded_plan)
+from stream.contract import InputContract
 from queries.release_files import release_file_path, release_file_table
 from stream.engine.ledger_config import SNAPSHOT_PREFIX, LedgerConfig, LedgerConfigError, snapshot_key
 from stream.ledger import STATUS_NAMES, Ledger, Policy
@@ -1560,8 +1562,15 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     # The id type is the ledger's for life: declared, else a continuing ledger's own (its snapshots
     # record it), else the first replayed message's, as the batch jobs take their first input's.
     new_ledger = previous_ledger.lower() == "none"
-    launch.refuse_declared_columns(args, job="the streaming job")
-    id_type = args.id_type or (_first_message_id_type(args) if new_ledger else None)
+    try:
+        declared_input = launch.declared_contract(args)
+    except ValueError as exc:
+        raise launch.RunRefused(str(exc)) from None
+    if declared_input is not None and columns:
+        raise launch.RunRefused("give the indicator columns either declared (--column, --category, --schema) or as "
+                                "--columns, not both")
+    id_type = (declared_input.id_type if declared_input else
+               args.id_type or (_first_message_id_type(args) if new_ledger else None))
     releases = store.absolute(args.releases_parquet)
     released = sorted(store.release_windows_present(releases))
     # Windows this job charged before a restart are its own; rows of them are not late, but re-delivered.
@@ -1569,7 +1578,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     wanted = LedgerConfig.from_promise(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget,
                                        accounting=args.accounting, id_type=id_type or ID_TYPE,
                                        key_fingerprint=fingerprint, window=spec, n_shards=args.shards,
-                                       releases=releases)
+                                       releases=releases, contract=declared_input)
     previous, config, answered = _previous_ledger(previous_ledger, wanted, released=released,
                                                   id_type_declared=id_type is not None)
     # Only the public chain's ledger may be continued (a fork's windows could never be published).
@@ -1581,7 +1590,11 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         raise launch.RunRefused(f"window {max(released)} under {releases} is already released; start after it"
                                 + (f" (this job committed windows {start}..{own} in --output {curator})"
                                    if own >= start else ""))
-    queries = _launch_queries(releases, columns=columns, start=start, released=released, answered=answered)
+    contract = config.contract  # declared by this job or recorded by the ledger's snapshots
+    if contract is not None:
+        columns = list(contract.numeric)
+    queries = _launch_queries(releases, columns=contract or columns, start=start, released=released,
+                              answered=answered)
     plan = QueryPlan(tuple(PlannedQuery(r.query, r.effective_from, r.retired_from if r.retired_from is not None
                                         and r.retired_from <= end else None) for r in queries.plan(start, end)))
     try:
@@ -1589,10 +1602,12 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         # No header to read at launch: the columns are those --columns names (numbers) and those the
         # queries read, as they read them; a column read both ways is refused.
         reads = [e.query for e in plan.entries]
-        header = pa.schema([(c, pa.float64()) for c in columns]
-                           + [(c, pa.null()) for c in sorted((numeric_reads(reads) | category_reads(reads)) - set(columns))])
-        kinds = plan_columns(reads, reads, header, declared_types=True, where="the messages (--columns and the "
-                             "registered queries)", parsed=columns)
+        header = declared_header(contract) if contract is not None else pa.schema(
+            [(c, pa.float64()) for c in columns]
+            + [(c, pa.null()) for c in sorted((numeric_reads(reads) | category_reads(reads)) - set(columns))])
+        kinds = plan_columns(reads, reads, header, declared_types=True,
+                             where="the declared contract" if contract is not None else
+                             "the messages (--columns and the registered queries)", parsed=columns)
     except ValueError as exc:
         raise launch.RunRefused(str(exc)) from None
     indicators, categories = list(kinds.numeric), sorted(category_reads(reads))
@@ -1681,21 +1696,26 @@ def _first_message_id_type(args: argparse.Namespace) -> str:
     return "string" if pa.types.is_string(t) or pa.types.is_large_string(t) else ID_TYPE
 
 
-def _launch_queries(releases: str, *, columns: Sequence[str], start: int, released: Sequence[int],
-                    answered: dict[str, int] | None) -> LaunchQueries:
+def _launch_queries(releases: str, *, columns: "Sequence[str] | InputContract", start: int,
+                    released: Sequence[int], answered: dict[str, int] | None) -> LaunchQueries:
     """The query catalogue under ``releases`` as this job launches with it
     (:func:`queries.catalogue.queries_at_launch`, nothing written): queries registered into
     windows already released (the ledger charged them) but never ``answered`` move to the first
     window after them, and on a catalogue with no query the per-window sums of ``columns`` are
-    registered from ``start``. RunRefused when there is nothing to answer, the catalogue cannot be
-    read or a default cannot be registered."""
+    registered from ``start`` (a declared contract's: :func:`queries.registration.contract_defaults`).
+    RunRefused when there is nothing to answer, the catalogue cannot be read or a default cannot be
+    registered."""
     catalogue = ReleaseCatalogue(releases)
     try:
         state = catalogue.read()
-        if not state.registrations and not columns:
+        if isinstance(columns, InputContract):
+            defaults = [] if state.registrations else contract_defaults(columns)
+        elif not state.registrations and not columns:
             raise ValueError("it has no query and --columns names no column to answer: register the queries "
                              f"(renyi-stream query add --releases-parquet {releases} ...) or give --columns")
-        return queries_at_launch(state, defaults=default_queries(list(columns)), first_window=start,
+        else:
+            defaults = default_queries(list(columns))
+        return queries_at_launch(state, defaults=defaults, first_window=start,
                                  processed_through=max(released) if released else None,
                                  answered=None if answered is None else set(answered),
                                  last_released=catalogue.last_released_window())
