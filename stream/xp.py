@@ -113,6 +113,39 @@ def row_sq_sums(a: Any) -> Any:
     return array_module(a).einsum("ij,ij->i", a, a)
 
 
+_SCALE_OR_ZERO = None
+_ZERO_WHERE = None
+
+
+def scale_in_place(a: Any, w: Any, gone: Any = None) -> None:
+    """``a *= w`` in place (``w`` broadcast against ``a``); then, with ``gone`` (a boolean mask
+    broadcast against ``a``), the flagged entries set to 0 by a select, never a product, so an
+    inf or NaN there leaves nothing behind (``0 * inf`` is NaN). One fused pass on CuPy; on
+    NumPy and registered modules the multiply, then ``where`` (the same bits)."""
+    if gone is not None and _is_cupy(a):
+        global _SCALE_OR_ZERO
+        if _SCALE_OR_ZERO is None:
+            _SCALE_OR_ZERO = _cupy.ElementwiseKernel("T w, bool g", "T a", "a = g ? (T)0 : a * w",
+                                                     "renyi_scale_or_zero")
+        _SCALE_OR_ZERO(_cupy.broadcast_to(w, a.shape), _cupy.broadcast_to(gone, a.shape), a)
+        return
+    a *= w
+    if gone is not None:
+        a[...] = array_module(a).where(gone, 0.0, a)
+
+
+def zero_where(a: Any, gone: Any) -> None:
+    """Set the entries of ``a`` where ``gone`` (broadcast) is true to 0, in place. On CuPy a kernel
+    that writes only those entries (no pass over the others' memory)."""
+    if _is_cupy(a):
+        global _ZERO_WHERE
+        if _ZERO_WHERE is None:
+            _ZERO_WHERE = _cupy.ElementwiseKernel("bool g", "T a", "if (g) a = (T)0", "renyi_zero_where")
+        _ZERO_WHERE(_cupy.broadcast_to(gone, a.shape), a)
+        return
+    a[...] = array_module(a).where(gone, 0.0, a)
+
+
 def col_sq_sums(a: Any) -> Any:
     """``sum_i a[i, j]^2`` per column of a 2-d array with few rows (a ``(K, n)`` residual), in
     ``a``'s dtype, as ``(n,)``; summation order as :func:`row_sq_sums`."""

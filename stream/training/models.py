@@ -35,7 +35,8 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from stream.xp import array_module, col_sq_sums, column_sums, maybe_any, row_sq_sums, to_host
+from stream.xp import (array_module, col_sq_sums, column_sums, maybe_any, row_sq_sums, scale_in_place, to_host,
+                       zero_where)
 
 Params = dict[str, Any]
 
@@ -171,9 +172,9 @@ class LogisticRegression:
 
         def weighted_sum(w: Any) -> Params:
             once()
-            xp.multiply(delta_t, w[None, :].astype(delta_t.dtype), out=delta_t)  # in place, same rounding
-            if maybe_any(dropped):  # where, not a zero weight: 0 * NaN would reach the sum
-                delta_t[...] = xp.where(dropped[None, :], 0.0, delta_t)
+            # In place, same rounding; a select, not a zero weight, for the dropped rows (0 * NaN
+            # would reach the sum), fused with the weighting on a device.
+            scale_in_place(delta_t, w[None, :].astype(delta_t.dtype), dropped[None, :] if maybe_any(dropped) else None)
             # (K, n) @ (n, d): the long dimension is contiguous in both operands, which BLAS
             # streams faster than x.T @ delta for K << d (measured: 60 ms against 75 ms at
             # n = 200k, d = 784, K = 10 on 2 cores)
@@ -262,15 +263,15 @@ class MLP:
             masked = maybe_any(dropped)
             g_b1 = g_w2_t = None
             for rows in blocks:  # weights in place, and the block's b1 and W2 sums, in block order
+                # A select, not a zero weight, for the dropped rows: 0 * inf in h or NaN in delta
+                # would reach the sums (fused with the weighting on a device: no extra pass).
+                gone = dropped[rows] if masked else None
                 d2b = delta2_t[:, rows]
-                d2b *= w_d[None, rows]
+                scale_in_place(d2b, w_d[None, rows], None if gone is None else gone[None, :])
                 db = delta1[rows]
-                db *= w_d[rows, None]
-                if masked:  # where, not a zero weight: 0 * inf in h or NaN in delta would reach the sums
-                    gone = dropped[rows]
-                    d2b[...] = xp.where(gone[None, :], 0.0, d2b)
-                    db[...] = xp.where(gone[:, None], 0.0, db)
-                    h[rows] = xp.where(gone[:, None], 0.0, h[rows])
+                scale_in_place(db, w_d[rows, None], None if gone is None else gone[:, None])
+                if gone is not None:
+                    zero_where(h[rows], gone[:, None])
                 part_b1, part_w2_t = column_sums(db), d2b @ h[rows]
                 g_b1 = part_b1 if g_b1 is None else g_b1 + part_b1
                 g_w2_t = part_w2_t if g_w2_t is None else g_w2_t + part_w2_t
