@@ -87,3 +87,40 @@ def test_every_csv_column_user_id_included_is_read_as_text_whatever_its_values_l
     assert batch.column("user_id").to_pylist() == ["1", "2"]
     assert [batch.schema.field(c).type for c in ("day", "count", "flag", "when", "empty", "mixed")] == [pa.string()] * 6
     assert batch.column("count").to_pylist() == ["3", "4"] and batch.column("empty").to_pylist() == ["", ""]
+
+
+# --- the line-by-line CSV reader under attack (issue 28's review) ----------------------------------
+
+
+def _csv_rows(path) -> tuple[list[dict], list[tuple[int, str, str]]]:
+    malformed: list[tuple[int, str, str]] = []
+    rows = [r for b in read_batches(path, malformed=malformed) for r in b.to_pylist()]
+    return rows, malformed
+
+
+def test_a_too_long_line_ending_exactly_at_a_chunk_boundary_loses_no_line_after_it(tmp_path):
+    # The reader reads 8 MiB chunks; a too-long line whose newline is the last byte of a chunk
+    # once ended the read there, silently: the lines after it were never read nor counted.
+    from stream.engine import readers
+
+    header = b"user_id,day,opened\n"
+    long_line = b"9" * (2 * readers._CHUNK_BYTES - len(header) - 1) + b"\n"
+    (tmp_path / "d.csv").write_bytes(header + long_line + b"1,2026-03-01,1\n2,2026-03-01,0\n")
+    rows, malformed = _csv_rows(tmp_path / "d.csv")
+    assert [r["user_id"] for r in rows] == ["1", "2"]
+    assert [(line, why) for line, _, why in malformed] == [(2, f"longer than {readers.MAX_LINE_BYTES} bytes")]
+
+
+@pytest.mark.parametrize("cut", [-2, -1, 0, 1, 2])
+def test_every_line_after_a_too_long_line_is_read_wherever_the_chunks_fall(tmp_path, monkeypatch, cut):
+    from stream.engine import readers
+
+    monkeypatch.setattr(readers, "_CHUNK_BYTES", 64)
+    monkeypatch.setattr(readers, "MAX_LINE_BYTES", 20)
+    header = b"user_id,day,opened\n"
+    long_line = b"9" * (2 * 64 - len(header) - 1 + cut) + b"\n"
+    good = b"".join(b"%d,2026-03-01,1\n" % i for i in range(30))
+    (tmp_path / "d.csv").write_bytes(header + long_line + good)
+    rows, malformed = _csv_rows(tmp_path / "d.csv")
+    assert [r["user_id"] for r in rows] == [str(i) for i in range(30)]
+    assert [line for line, _, _ in malformed] == [2]

@@ -116,11 +116,13 @@ def _csv_batches(source: Any, names: list[str], batch_rows: int, malformed: list
             chunk = source.read(_CHUNK_BYTES)
             if skipping:  # drop the too-long line up to its newline
                 nl = chunk.find(b"\n")
-                if nl < 0 and chunk:
+                if nl < 0:
+                    if chunk:
+                        continue
+                    break  # the file ends inside the too-long line
+                chunk, skipping, line_no = chunk[nl + 1:], False, line_no + 1
+                if not chunk:  # the line ended a chunk exactly: the file may go on (an empty chunk is no end)
                     continue
-                chunk, skipping, line_no = (chunk[nl + 1:] if nl >= 0 else b""), False, line_no + 1
-                if not chunk and nl < 0:
-                    break
             data = pending + chunk
             cut = data.rfind(b"\n") + 1 if chunk else len(data)
             lines, pending = data[:cut], data[cut:]
