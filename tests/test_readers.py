@@ -124,3 +124,22 @@ def test_every_line_after_a_too_long_line_is_read_wherever_the_chunks_fall(tmp_p
     rows, malformed = _csv_rows(tmp_path / "d.csv")
     assert [r["user_id"] for r in rows] == [str(i) for i in range(30)]
     assert [line for line, _, _ in malformed] == [2]
+
+
+@pytest.mark.parametrize("line", [b"a", b"\xff,b,c"])
+def test_many_malformed_lines_are_read_in_linear_time(tmp_path, line):
+    # Each line with a wrong field count recounted the commas of the whole chunk, and each line
+    # that is not UTF-8 copied the rest of the chunk: quadratic, so one 160 kB file of bad lines
+    # took most of a minute (an 8 MiB one, a day).
+    import time
+
+    def seconds(n: int) -> float:
+        (tmp_path / "d.csv").write_bytes(b"user_id,day,opened\n" + (line + b"\n") * n)
+        started = time.perf_counter()
+        rows, malformed = _csv_rows(tmp_path / "d.csv")
+        assert not rows and len(malformed) == n
+        return time.perf_counter() - started
+
+    seconds(1000)  # warm
+    small, large = seconds(20_000), seconds(160_000)
+    assert large < 20 * max(small, 0.05)  # 8x the lines: linear is ~8x, quadratic ~64x

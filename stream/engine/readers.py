@@ -182,10 +182,11 @@ def _csv_lines(data: bytes, names: list[str], first_line: int, malformed: list[t
         _bad(malformed, path, int(numbers[i]), data[starts[i]:min(stops[i], starts[i] + 256)], why)
     quoted = (per_line(_QUOTE) > 0) & ~bad & ~blank
     plain = ~(bad | blank | quoted)
-    wrong = plain & (per_line(_COMMA) + 1 != len(names))
+    fields = per_line(_COMMA) + 1  # once per chunk: never once per bad line (that was quadratic)
+    wrong = plain & (fields != len(names))
     for i in np.flatnonzero(wrong):
         _bad(malformed, path, int(numbers[i]), data[starts[i]:stops[i]],
-             f"{int(per_line(_COMMA)[i]) + 1} fields, not the header's {len(names)}")
+             f"{int(fields[i])} fields, not the header's {len(names)}")
     plain &= ~wrong
     parts, order = [], []
     if plain.any():
@@ -212,17 +213,24 @@ def _csv_lines(data: bytes, names: list[str], first_line: int, malformed: list[t
 
 
 def _undecodable(data: bytes, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
-    """Per line, whether it is not UTF-8: one decode of the whole chunk, then one per bad line."""
+    """Per line, whether it is not UTF-8, in time linear in ``data`` however many lines are bad.
+
+    One strict decode of the whole chunk; only when it fails, one decode with ``surrogateescape``
+    (each byte that is not part of valid UTF-8 becomes one lone surrogate U+DC80..U+DCFF, which no
+    valid UTF-8 gives, and a newline byte always stays a newline), whose code points are mapped to
+    their lines. (Resuming a strict decode after each bad line was quadratic: each error copies
+    the rest of the chunk into the exception.)"""
     bad = np.zeros(len(starts), dtype=bool)
-    at = 0
-    while at < len(data):
-        try:
-            data[at:].decode("utf-8")
-            break
-        except UnicodeDecodeError as exc:
-            line = int(np.searchsorted(starts, at + exc.start, side="right")) - 1
-            bad[line] = True
-            at = int(stops[line]) + 1
+    try:
+        data.decode("utf-8")
+        return bad
+    except UnicodeDecodeError:
+        pass
+    points = np.frombuffer(data.decode("utf-8", "surrogateescape").encode("utf-32-le", "surrogatepass"),
+                           dtype=np.uint32)
+    line_of_point = np.concatenate(([0], np.cumsum(points[:-1] == _NEWLINE)))
+    escaped = (points >= 0xDC80) & (points <= 0xDCFF)
+    bad[np.unique(line_of_point[escaped])] = True
     return bad
 
 
