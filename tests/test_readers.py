@@ -143,3 +143,18 @@ def test_many_malformed_lines_are_read_in_linear_time(tmp_path, line):
     seconds(1000)  # warm
     small, large = seconds(20_000), seconds(160_000)
     assert large < 20 * max(small, 0.05)  # 8x the lines: linear is ~8x, quadratic ~64x
+
+
+def test_a_byte_order_mark_starting_a_data_line_is_kept_wherever_the_line_falls(tmp_path):
+    # Arrow's CSV parser drops a BOM at the start of its input: a data line that happened to come
+    # first in a chunk's plain lines lost its BOM ("\ufeffbob" read as the user "bob"), the same
+    # bytes further down did not, so a row's id depended on the lines around it.
+    (tmp_path / "d.csv").write_bytes("\ufeffuser_id,day,opened\n\ufeffbob,2026-03-01,1\n"
+                                     "\ufeffbob,2026-03-02,1\nx,\"2026-03-01\",1\n\ufeffbob,2026-03-03,1\n"
+                                     .encode("utf-8"))
+    rows, malformed = _csv_rows(tmp_path / "d.csv")
+    assert not malformed
+    assert [r["user_id"] for r in rows] == ["\ufeffbob", "\ufeffbob", "x", "\ufeffbob"]
+    (tmp_path / "e.csv").write_bytes('user_id,day,opened\nx,"2026-03-01",1\n\ufeffbob,2026-03-02,1\n'.encode("utf-8"))
+    rows, _ = _csv_rows(tmp_path / "e.csv")
+    assert [r["user_id"] for r in rows] == ["x", "\ufeffbob"]

@@ -193,12 +193,15 @@ def _csv_lines(data: bytes, names: list[str], first_line: int, malformed: list[t
         line_of_byte = np.concatenate(([0], np.cumsum(buf[:-1] == _NEWLINE)))
         good = buf[plain[line_of_byte] & (buf != _CR)].tobytes()
         good += b"" if good.endswith(b"\n") else b"\n"
+        # Arrow's parser drops a byte order mark at the start of its input: a first line of empty
+        # fields, dropped below, keeps a data line's own BOM whether or not it comes first here.
+        good = b"," * (len(names) - 1) + b"\n" + good
         parts.append(pacsv.read_csv(
             pa.BufferReader(good),
             read_options=pacsv.ReadOptions(column_names=names, block_size=len(good) + 1024),
             parse_options=pacsv.ParseOptions(quote_char=False, newlines_in_values=False, ignore_empty_lines=False),
             convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names},
-                                                 strings_can_be_null=False)))
+                                                 strings_can_be_null=False)).slice(1))
         order.append(np.flatnonzero(plain))
     if quoted.any():
         table, kept = _quoted_lines(data, starts, stops, numbers, np.flatnonzero(quoted), names, malformed, path)
