@@ -158,3 +158,19 @@ def test_a_byte_order_mark_starting_a_data_line_is_kept_wherever_the_line_falls(
     (tmp_path / "e.csv").write_bytes('user_id,day,opened\nx,"2026-03-01",1\n\ufeffbob,2026-03-02,1\n'.encode("utf-8"))
     rows, _ = _csv_rows(tmp_path / "e.csv")
     assert [r["user_id"] for r in rows] == ["x", "\ufeffbob"]
+
+
+def test_a_csv_whose_lines_end_in_lone_carriage_returns_is_refused_naming_it(tmp_path):
+    # Old Mac line ends: the whole file is one header line with carriage returns inside.
+    (tmp_path / "mac.csv").write_bytes(b"user_id,day,opened\r1,2026-03-01,1\r2,2026-03-01,0\r")
+    with pytest.raises(InputFileError, match="mac.csv"):
+        list(read_batches(tmp_path / "mac.csv", malformed=[]))
+
+
+def test_a_header_line_longer_than_the_header_limit_is_refused_naming_the_file(tmp_path):
+    from stream.engine import readers
+
+    names = ",".join(f"c{i}" for i in range(readers._MAX_HEADER_BYTES // 4))
+    (tmp_path / "wide.csv").write_bytes(b"user_id,day," + names.encode() + b"\n1,2026-03-01\n")
+    with pytest.raises(InputFileError, match="wide.csv.*header"):
+        list(read_batches(tmp_path / "wide.csv", malformed=[]))

@@ -300,13 +300,25 @@ def _csv_header(path: str | Path, remote: tuple[pafs.FileSystem, str] | None) ->
     """The column names of a CSV file, from its first line alone (so that no later line, however
     malformed, decides anything about the file's columns)."""
     with (remote[0].open_input_stream(remote[1]) if remote else open(path, "rb")) as handle:
-        first = handle.read(_MAX_HEADER_BYTES).split(b"\n", 1)[0].rstrip(b"\r")
+        head = handle.read(_MAX_HEADER_BYTES + 1)
+    first, newline, _ = head.partition(b"\n")
+    if not newline and len(head) > _MAX_HEADER_BYTES:  # else its rest would be read as a data line
+        raise InputFileError(f"input file {path} is not a readable csv file: its header line is longer than "
+                             f"{_MAX_HEADER_BYTES} bytes")
+    first = first[:-1] if first.endswith(b"\r") else first
+    if b"\r" in first:
+        raise InputFileError(f"input file {path} is not a readable csv file: its header line holds a carriage "
+                             "return (lines ended by a lone CR are not read: end them with LF or CRLF)")
     try:
         line = first.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InputFileError(f"input file {path} is not a readable csv file: its header is not UTF-8 ({_short(exc)})") \
             from exc
-    return next(csv.reader([line]), [])
+    try:
+        return next(csv.reader([line]), [])
+    except csv.Error as exc:
+        raise InputFileError(f"input file {path} is not a readable csv file: its header is not one CSV record "
+                             f"({_short(exc)})") from None
 
 
 _MAX_HEADER_BYTES = 1 << 20
