@@ -174,3 +174,31 @@ def test_a_header_line_longer_than_the_header_limit_is_refused_naming_the_file(t
     (tmp_path / "wide.csv").write_bytes(b"user_id,day," + names.encode() + b"\n1,2026-03-01\n")
     with pytest.raises(InputFileError, match="wide.csv.*header"):
         list(read_batches(tmp_path / "wide.csv", malformed=[]))
+
+
+def _string_id_columns() -> list[pa.Array]:
+    ids = ["alice", "7"]
+    columns = [pa.array(ids).dictionary_encode(), pa.array(ids, pa.large_string()),
+               pa.array(ids, pa.large_string()).dictionary_encode()]
+    if hasattr(pa, "string_view"):
+        columns.append(pa.array(ids, pa.string_view()))
+    return columns
+
+
+@pytest.mark.parametrize("ids", _string_id_columns(), ids=lambda a: str(a.type))
+def test_a_string_id_column_gives_a_new_ledger_string_ids_whatever_its_encoding(tmp_path, ids):
+    # A dictionary-encoded id column (a pandas category, a writer's choice) declared a new ledger
+    # int64: "alice" became a wrong_type dead letter for the ledger's life, "7" the user 7.
+    import argparse
+
+    from pipelines.streaming import job as streaming
+    from stream.engine.readers import id_type_of
+
+    table = pa.table({"user_id": ids, "day": ["2026-03-01"] * 2, "opened": [1.0, 0.0]})
+    with ipc.new_file(tmp_path / "a.arrow", table.schema) as writer:
+        writer.write_table(table)
+    assert id_type_of(tmp_path / "a.arrow") == "string"
+    (tmp_path / "m.arrows").write_bytes(streaming.encode_message(table))
+    assert streaming._first_message_id_type(argparse.Namespace(replay=[str(tmp_path / "m.arrows")])) == "string"
+    pq.write_table(table, tmp_path / "a.parquet")
+    assert id_type_of(tmp_path / "a.parquet") == "string"

@@ -1692,8 +1692,9 @@ def _first_message_id_type(args: argparse.Namespace) -> str:
         return ID_TYPE
     if USER_ID not in schema.names:
         return ID_TYPE
-    t = schema.field(USER_ID).type
-    return "string" if pa.types.is_string(t) or pa.types.is_large_string(t) else ID_TYPE
+    from stream.columns import declared_kind
+
+    return "string" if declared_kind(schema.field(USER_ID).type) == "string" else ID_TYPE
 
 
 def _launch_queries(releases: str, *, columns: "Sequence[str] | InputContract", start: int,

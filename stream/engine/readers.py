@@ -288,12 +288,15 @@ def declares_types(path: str | Path) -> bool:
 def id_type_of(path: str | Path) -> str:
     """The user id type an input's *declared* types give a new ledger that declares none: a CSV
     declares no types, so its ids are text (``"string"``: compared byte for byte), whatever they
-    look like; a Parquet or Arrow file's string id column is ``"string"``, any other ``"int64"``.
+    look like; a Parquet or Arrow file's string id column (any string type, or a dictionary of
+    strings) is ``"string"``, any other ``"int64"``.
     Never decided from values (one user's id must not change how everybody's ids are read)."""
     if not declares_types(path):
         return "string"
+    from stream.columns import declared_kind
+
     t = next(read_batches(path, batch_rows=1, malformed=[])).schema.field("user_id").type
-    return "string" if pa.types.is_string(t) or pa.types.is_large_string(t) else "int64"
+    return "string" if declared_kind(t) == "string" else "int64"  # dictionaries by their values, string views
 
 
 def _csv_header(path: str | Path, remote: tuple[pafs.FileSystem, str] | None) -> list[str]:
