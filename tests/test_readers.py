@@ -9,6 +9,8 @@ import pyarrow.csv as pacsv
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from stream.engine.readers import InputFileError, read_batches
 
@@ -202,3 +204,58 @@ def test_a_string_id_column_gives_a_new_ledger_string_ids_whatever_its_encoding(
     assert streaming._first_message_id_type(argparse.Namespace(replay=[str(tmp_path / "m.arrows")])) == "string"
     pq.write_table(table, tmp_path / "a.parquet")
     assert id_type_of(tmp_path / "a.parquet") == "string"
+
+
+def test_a_crlf_line_of_exactly_the_limit_is_read_wherever_its_newline_falls(tmp_path, monkeypatch):
+    # A line of MAX_LINE_BYTES bytes ended by CRLF, its newline in the next chunk: the reader's
+    # partial line held MAX + 1 bytes (the CR counted), so it was "too long" there and read elsewhere.
+    from stream.engine import readers
+
+    monkeypatch.setattr(readers, "MAX_LINE_BYTES", 8)
+    header = b"user_id,day\n"
+    line = b"abcd,efg\r\n"  # 8 bytes, then CRLF
+    monkeypatch.setattr(readers, "_CHUNK_BYTES", len(header) + 9)  # the chunk ends between CR and LF
+    (tmp_path / "d.csv").write_bytes(header + line + b"x,y\n")
+    assert _csv_rows(tmp_path / "d.csv") == ([{"user_id": "abcd", "day": "efg"}, {"user_id": "x", "day": "y"}], [])
+
+
+def _reference_csv(body: bytes, limit: int, fields: int) -> tuple[list[tuple[str, ...]], list[int]]:
+    """What the reader must give, one line at a time: the rows and the malformed line numbers."""
+    import csv
+
+    rows, bad = [], []
+    lines = body.split(b"\n")
+    for number, line in enumerate(lines[:-1] if body.endswith(b"\n") else lines, start=2):
+        line = line[:-1] if line.endswith(b"\r") else line
+        if not line:
+            continue
+        try:
+            if len(line) > limit or b"\r" in line:
+                raise ValueError(line)
+            text = line.decode("utf-8")
+            record = next(csv.reader([text], strict=True)) if '"' in text else text.split(",")
+        except (ValueError, csv.Error):
+            bad.append(number)
+            continue
+        if len(record) != fields:
+            bad.append(number)
+            continue
+        rows.append(tuple(record))
+    return rows, bad
+
+
+@settings(derandomize=True, database=None, max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pieces=st.lists(st.sampled_from([b"1", b",", b'"', b"\r", b"\xff", b"\xef\xbb\xbf", b"x", b"\n", b"\n",
+                                        b"\xc3\xa9", b"\r\n"]), max_size=200),
+       limit=st.integers(4, 14), chunk=st.integers(12, 40))
+def test_property_each_csv_line_is_read_as_on_its_own_wherever_the_chunks_fall(tmp_path, monkeypatch, pieces,
+                                                                                 limit, chunk):
+    from stream.engine import readers
+
+    monkeypatch.setattr(readers, "MAX_LINE_BYTES", limit)
+    monkeypatch.setattr(readers, "_CHUNK_BYTES", chunk)
+    body = b"".join(pieces)
+    (tmp_path / "p.csv").write_bytes(b"user_id,day\n" + body)
+    rows, malformed = _csv_rows(tmp_path / "p.csv")
+    assert ([tuple(r.values()) for r in rows], sorted(line for line, _, _ in malformed)) == \
+        _reference_csv(body, limit, 2)

@@ -134,7 +134,9 @@ def _csv_batches(source: Any, names: list[str], batch_rows: int, malformed: list
                 line_no += used
                 if table.num_rows:
                     yield from table.to_batches(max_chunksize=batch_rows)
-            if len(pending) > MAX_LINE_BYTES:  # no newline in sight: one bad row, never a growing buffer
+            # No newline in sight: one bad row, never a growing buffer (one byte more than the limit may
+            # be the carriage return of a CRLF whose newline is in the next chunk: that line is not too long)
+            if len(pending) > MAX_LINE_BYTES + 1:
                 _bad(malformed, path, line_no + 1, pending[:256], f"longer than {MAX_LINE_BYTES} bytes")
                 pending, skipping = b"", True
             if not chunk:
