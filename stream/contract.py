@@ -147,7 +147,9 @@ class InputContract:
     @classmethod
     def from_columns_json(cls, id_type: str, text: str, *, where: str = "the declared columns") -> "InputContract":
         try:
-            columns = json.loads(text)
+            columns = _loads(text)
+        except ContractError as exc:
+            raise ContractError(f"{where}: {exc}") from None
         except (TypeError, ValueError) as exc:
             raise ContractError(f"{where} is not JSON: {exc}") from None
         return cls.from_dict({"id_type": id_type, "columns": columns}, where=where)
@@ -174,7 +176,9 @@ class InputContract:
     @classmethod
     def from_json(cls, text: str, *, where: str = "the contract") -> "InputContract":
         try:
-            data = json.loads(text)
+            data = _loads(text)
+        except ContractError as exc:
+            raise ContractError(f"{where}: {exc}") from None
         except (TypeError, ValueError) as exc:
             raise ContractError(f"{where} is not JSON: {exc}") from None
         return cls.from_dict(data, where=where)
@@ -214,9 +218,25 @@ def _parse_column(text: str) -> DeclaredColumn:
 
 
 def _finite(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
-        raise ContractError(f"{name} must be a finite number, got {value!r}")
-    return float(value)
+    try:
+        number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    except OverflowError:  # an integer beyond float64 (a JSON number of 400 digits)
+        number = math.inf
+    if not math.isfinite(number):
+        raise ContractError(f"{name} must be a finite number, got {_short(value)}")
+    return number + 0.0  # -0.0 is the bound 0.0, written as such (the recorded text is compared exactly)
+
+
+def _loads(text: str) -> Any:
+    """JSON with every object's keys distinct: a repeated key (``"id_type"`` twice) is ambiguous,
+    and json.loads would silently keep its last value."""
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in items]
+        repeated = sorted({k for k in keys if keys.count(k) > 1})
+        if repeated:
+            raise ContractError(f"key(s) {repeated} given more than once in one object")
+        return dict(items)
+    return json.loads(text, object_pairs_hook=pairs)
 
 
 def _short(value: Any) -> str:

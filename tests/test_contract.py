@@ -98,3 +98,23 @@ def test_refusing_an_unbounded_default_names_the_column_and_the_option():
     contract.refuse_unbounded(["opened"])  # bounded: nothing to refuse
     with pytest.raises(ContractError, match=r"\['minutes'\].*--column minutes=0:60"):
         contract.refuse_unbounded(["opened", "minutes"])
+
+
+def test_a_bound_of_negative_zero_is_the_bound_zero():
+    # -0.0 == 0.0, but its text differed: a ledger declared with 0:1 refused a run declaring -0:1.
+    assert InputContract.from_options(id_type="int64", columns=["opened=-0:1"]).to_json() == \
+        InputContract.from_options(id_type="int64", columns=["opened=0:1"]).to_json()
+    assert DeclaredColumn("spent", "number", -5.0, -0.0).to_dict()["hi"] == 0.0
+    assert json.dumps(DeclaredColumn("spent", "number", -5.0, -0.0).to_dict()["hi"]) == "0.0"
+
+
+@pytest.mark.parametrize("text, match", [
+    ('{"id_type": "int64", "columns": [{"name": "opened", "lo": 0, "hi": 1' + "0" * 400 + '}]}', "finite"),
+    ('{"id_type": "int64", "id_type": "string", "columns": [{"name": "opened"}]}', "id_type.*more than once"),
+    ('{"id_type": "int64", "columns": [{"name": "opened", "lo": 0, "hi": 1, "hi": 5}]}', "hi.*more than once"),
+])
+def test_a_schema_file_with_a_huge_integer_or_a_repeated_key_is_refused_as_a_contract_error(tmp_path, text, match):
+    # A 400-digit integer raised OverflowError (a traceback); a repeated key silently took its last value.
+    (tmp_path / "s.json").write_text(text)
+    with pytest.raises(ContractError, match=match):
+        InputContract.from_file(tmp_path / "s.json")

@@ -9,6 +9,8 @@ import pyarrow.csv as pacsv
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from stream.engine.readers import InputFileError, read_batches
 
@@ -87,3 +89,173 @@ def test_every_csv_column_user_id_included_is_read_as_text_whatever_its_values_l
     assert batch.column("user_id").to_pylist() == ["1", "2"]
     assert [batch.schema.field(c).type for c in ("day", "count", "flag", "when", "empty", "mixed")] == [pa.string()] * 6
     assert batch.column("count").to_pylist() == ["3", "4"] and batch.column("empty").to_pylist() == ["", ""]
+
+
+# --- the line-by-line CSV reader under attack (issue 28's review) ----------------------------------
+
+
+def _csv_rows(path) -> tuple[list[dict], list[tuple[int, str, str]]]:
+    malformed: list[tuple[int, str, str]] = []
+    rows = [r for b in read_batches(path, malformed=malformed) for r in b.to_pylist()]
+    return rows, malformed
+
+
+def test_a_too_long_line_ending_exactly_at_a_chunk_boundary_loses_no_line_after_it(tmp_path):
+    # The reader reads 8 MiB chunks; a too-long line whose newline is the last byte of a chunk
+    # once ended the read there, silently: the lines after it were never read nor counted.
+    from stream.engine import readers
+
+    header = b"user_id,day,opened\n"
+    long_line = b"9" * (2 * readers._CHUNK_BYTES - len(header) - 1) + b"\n"
+    (tmp_path / "d.csv").write_bytes(header + long_line + b"1,2026-03-01,1\n2,2026-03-01,0\n")
+    rows, malformed = _csv_rows(tmp_path / "d.csv")
+    assert [r["user_id"] for r in rows] == ["1", "2"]
+    assert [(line, why) for line, _, why in malformed] == [(2, f"longer than {readers.MAX_LINE_BYTES} bytes")]
+
+
+@pytest.mark.parametrize("cut", [-2, -1, 0, 1, 2])
+def test_every_line_after_a_too_long_line_is_read_wherever_the_chunks_fall(tmp_path, monkeypatch, cut):
+    from stream.engine import readers
+
+    monkeypatch.setattr(readers, "_CHUNK_BYTES", 64)
+    monkeypatch.setattr(readers, "MAX_LINE_BYTES", 20)
+    header = b"user_id,day,opened\n"
+    long_line = b"9" * (2 * 64 - len(header) - 1 + cut) + b"\n"
+    good = b"".join(b"%d,2026-03-01,1\n" % i for i in range(30))
+    (tmp_path / "d.csv").write_bytes(header + long_line + good)
+    rows, malformed = _csv_rows(tmp_path / "d.csv")
+    assert [r["user_id"] for r in rows] == [str(i) for i in range(30)]
+    assert [line for line, _, _ in malformed] == [2]
+
+
+@pytest.mark.parametrize("line", [b"a", b"\xff,b,c"])
+def test_many_malformed_lines_are_read_in_linear_time(tmp_path, line):
+    # Each line with a wrong field count recounted the commas of the whole chunk, and each line
+    # that is not UTF-8 copied the rest of the chunk: quadratic, so one 160 kB file of bad lines
+    # took most of a minute (an 8 MiB one, a day).
+    import time
+
+    def seconds(n: int) -> float:
+        (tmp_path / "d.csv").write_bytes(b"user_id,day,opened\n" + (line + b"\n") * n)
+        started = time.perf_counter()
+        rows, malformed = _csv_rows(tmp_path / "d.csv")
+        assert not rows and len(malformed) == n
+        return time.perf_counter() - started
+
+    seconds(1000)  # warm
+    small, large = seconds(20_000), seconds(160_000)
+    assert large < 20 * max(small, 0.05)  # 8x the lines: linear is ~8x, quadratic ~64x
+
+
+def test_a_byte_order_mark_starting_a_data_line_is_kept_wherever_the_line_falls(tmp_path):
+    # Arrow's CSV parser drops a BOM at the start of its input: a data line that happened to come
+    # first in a chunk's plain lines lost its BOM ("\ufeffbob" read as the user "bob"), the same
+    # bytes further down did not, so a row's id depended on the lines around it.
+    (tmp_path / "d.csv").write_bytes("\ufeffuser_id,day,opened\n\ufeffbob,2026-03-01,1\n"
+                                     "\ufeffbob,2026-03-02,1\nx,\"2026-03-01\",1\n\ufeffbob,2026-03-03,1\n"
+                                     .encode("utf-8"))
+    rows, malformed = _csv_rows(tmp_path / "d.csv")
+    assert not malformed
+    assert [r["user_id"] for r in rows] == ["\ufeffbob", "\ufeffbob", "x", "\ufeffbob"]
+    (tmp_path / "e.csv").write_bytes('user_id,day,opened\nx,"2026-03-01",1\n\ufeffbob,2026-03-02,1\n'.encode("utf-8"))
+    rows, _ = _csv_rows(tmp_path / "e.csv")
+    assert [r["user_id"] for r in rows] == ["x", "\ufeffbob"]
+
+
+def test_a_csv_whose_lines_end_in_lone_carriage_returns_is_refused_naming_it(tmp_path):
+    # Old Mac line ends: the whole file is one header line with carriage returns inside.
+    (tmp_path / "mac.csv").write_bytes(b"user_id,day,opened\r1,2026-03-01,1\r2,2026-03-01,0\r")
+    with pytest.raises(InputFileError, match="mac.csv"):
+        list(read_batches(tmp_path / "mac.csv", malformed=[]))
+
+
+def test_a_header_line_longer_than_the_header_limit_is_refused_naming_the_file(tmp_path):
+    from stream.engine import readers
+
+    names = ",".join(f"c{i}" for i in range(readers._MAX_HEADER_BYTES // 4))
+    (tmp_path / "wide.csv").write_bytes(b"user_id,day," + names.encode() + b"\n1,2026-03-01\n")
+    with pytest.raises(InputFileError, match="wide.csv.*header"):
+        list(read_batches(tmp_path / "wide.csv", malformed=[]))
+
+
+def _string_id_columns() -> list[pa.Array]:
+    ids = ["alice", "7"]
+    columns = [pa.array(ids).dictionary_encode(), pa.array(ids, pa.large_string()),
+               pa.array(ids, pa.large_string()).dictionary_encode()]
+    if hasattr(pa, "string_view"):
+        columns.append(pa.array(ids, pa.string_view()))
+    return columns
+
+
+@pytest.mark.parametrize("ids", _string_id_columns(), ids=lambda a: str(a.type))
+def test_a_string_id_column_gives_a_new_ledger_string_ids_whatever_its_encoding(tmp_path, ids):
+    # A dictionary-encoded id column (a pandas category, a writer's choice) declared a new ledger
+    # int64: "alice" became a wrong_type dead letter for the ledger's life, "7" the user 7.
+    import argparse
+
+    from pipelines.streaming import job as streaming
+    from stream.engine.readers import id_type_of
+
+    table = pa.table({"user_id": ids, "day": ["2026-03-01"] * 2, "opened": [1.0, 0.0]})
+    with ipc.new_file(tmp_path / "a.arrow", table.schema) as writer:
+        writer.write_table(table)
+    assert id_type_of(tmp_path / "a.arrow") == "string"
+    (tmp_path / "m.arrows").write_bytes(streaming.encode_message(table))
+    assert streaming._first_message_id_type(argparse.Namespace(replay=[str(tmp_path / "m.arrows")])) == "string"
+    pq.write_table(table, tmp_path / "a.parquet")
+    assert id_type_of(tmp_path / "a.parquet") == "string"
+
+
+def test_a_crlf_line_of_exactly_the_limit_is_read_wherever_its_newline_falls(tmp_path, monkeypatch):
+    # A line of MAX_LINE_BYTES bytes ended by CRLF, its newline in the next chunk: the reader's
+    # partial line held MAX + 1 bytes (the CR counted), so it was "too long" there and read elsewhere.
+    from stream.engine import readers
+
+    monkeypatch.setattr(readers, "MAX_LINE_BYTES", 8)
+    header = b"user_id,day\n"
+    line = b"abcd,efg\r\n"  # 8 bytes, then CRLF
+    monkeypatch.setattr(readers, "_CHUNK_BYTES", len(header) + 9)  # the chunk ends between CR and LF
+    (tmp_path / "d.csv").write_bytes(header + line + b"x,y\n")
+    assert _csv_rows(tmp_path / "d.csv") == ([{"user_id": "abcd", "day": "efg"}, {"user_id": "x", "day": "y"}], [])
+
+
+def _reference_csv(body: bytes, limit: int, fields: int) -> tuple[list[tuple[str, ...]], list[int]]:
+    """What the reader must give, one line at a time: the rows and the malformed line numbers."""
+    import csv
+
+    rows, bad = [], []
+    lines = body.split(b"\n")
+    for number, line in enumerate(lines[:-1] if body.endswith(b"\n") else lines, start=2):
+        line = line[:-1] if line.endswith(b"\r") else line
+        if not line:
+            continue
+        try:
+            if len(line) > limit or b"\r" in line:
+                raise ValueError(line)
+            text = line.decode("utf-8")
+            record = next(csv.reader([text], strict=True)) if '"' in text else text.split(",")
+        except (ValueError, csv.Error):
+            bad.append(number)
+            continue
+        if len(record) != fields:
+            bad.append(number)
+            continue
+        rows.append(tuple(record))
+    return rows, bad
+
+
+@settings(derandomize=True, database=None, max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pieces=st.lists(st.sampled_from([b"1", b",", b'"', b"\r", b"\xff", b"\xef\xbb\xbf", b"x", b"\n", b"\n",
+                                        b"\xc3\xa9", b"\r\n"]), max_size=200),
+       limit=st.integers(4, 14), chunk=st.integers(12, 40))
+def test_property_each_csv_line_is_read_as_on_its_own_wherever_the_chunks_fall(tmp_path, monkeypatch, pieces,
+                                                                                 limit, chunk):
+    from stream.engine import readers
+
+    monkeypatch.setattr(readers, "MAX_LINE_BYTES", limit)
+    monkeypatch.setattr(readers, "_CHUNK_BYTES", chunk)
+    body = b"".join(pieces)
+    (tmp_path / "p.csv").write_bytes(b"user_id,day\n" + body)
+    rows, malformed = _csv_rows(tmp_path / "p.csv")
+    assert ([tuple(r.values()) for r in rows], sorted(line for line, _, _ in malformed)) == \
+        _reference_csv(body, limit, 2)

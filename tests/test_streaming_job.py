@@ -685,3 +685,38 @@ def test_a_follow_up_of_snapshots_from_before_ledger_ids_draws_a_new_one(tmp_pat
     assert sj.main(_follow_up(tmp_path, messages, f"{ledger}/window_id={W0 + 1}/*/*.parquet")) == 0
     (now,) = _snapshot_ledger_ids(tmp_path / "curator-2" / "ledger")
     assert now not in ("", earlier) and len(now) == 32
+
+
+def test_a_message_cut_between_two_record_batches_is_undecodable_not_its_first_batch():
+    # Arrow's stream reader takes the end of the bytes for the end of the stream: a message cut
+    # exactly after its first batch read as that batch alone, the other rows lost uncounted.
+    import io
+
+    import pyarrow.ipc as ipc
+
+    table = _rows(0, [1, 2, 3], seed=0)
+    sink = io.BytesIO()
+    with ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table.slice(0, 1))
+        cut = sink.tell()
+        writer.write_table(table.slice(1))
+    whole = sink.getvalue()
+    assert sj.decode_message(whole).num_rows == 3
+    for short in (whole[:cut], whole[:-8]):
+        with pytest.raises(ValueError, match="end-of-stream"):
+            sj.decode_message(short)
+    with pytest.raises(ValueError, match="Arrow IPC stream"):
+        sj.decode_message(whole[:-4])  # half a marker: Arrow's own error
+    # a batch whose own last bytes spell the marker (an odd count of int32 ending in -1, padded with
+    # zeros) is still told apart from a cut by the stream's framing
+    spelled = pa.table({"user_id": pa.array([1, 2, 3], pa.int64()), "day": ["2026-03-01"] * 3,
+                        "opened": pa.array([1, 1, -1], pa.int32())})
+    sink = io.BytesIO()
+    with ipc.new_stream(sink, spelled.schema) as writer:
+        writer.write_table(spelled)
+        cut = sink.tell()
+        writer.write_table(spelled)
+    assert sink.getvalue()[cut - 8:cut] == b"\xff\xff\xff\xff\x00\x00\x00\x00"
+    assert sj.decode_message(sink.getvalue()).num_rows == 6
+    with pytest.raises(ValueError, match="end-of-stream"):
+        sj.decode_message(sink.getvalue()[:cut])

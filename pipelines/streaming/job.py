@@ -257,11 +257,36 @@ FULL_SNAPSHOT_EVERY = 7
 
 
 def decode_message(payload: bytes) -> pa.Table:
-    """The rows of one message: an Arrow IPC stream. ValueError when it is not one."""
+    """The rows of one message: an Arrow IPC stream, ended by its end-of-stream marker. ValueError
+    when it is not one, or when the marker is missing: a stream cut exactly between two record
+    batches reads without error as its first batches, and its other rows would be lost uncounted
+    (the batch jobs refuse such a file the same way, :mod:`stream.engine.readers`)."""
     try:
-        return ipc.open_stream(io.BytesIO(payload)).read_all()
+        table = ipc.open_stream(io.BytesIO(payload)).read_all()
+        ended = _ends_with_its_marker(payload)
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
         raise ValueError(f"not an Arrow IPC stream: {str(exc).splitlines()[0][:200]}") from None
+    if not ended:
+        raise ValueError("not a whole Arrow IPC stream: no end-of-stream marker after its last message (cut short, "
+                         "possibly exactly between two record batches)")
+    return table
+
+
+_END_OF_STREAM = (b"\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\x00\x00")  # the marker; before Arrow 0.15
+
+
+def _ends_with_its_marker(payload: bytes) -> bool:
+    """Whether the bytes after the stream's last message (found by its framing, never by looking
+    at the last bytes, which a batch's own data may spell) are exactly the end-of-stream marker."""
+    reader = pa.BufferReader(payload)
+    end = 0
+    while True:
+        try:
+            ipc.read_message(reader)
+        except EOFError:
+            break
+        end = reader.tell()
+    return payload[end:] in _END_OF_STREAM
 
 
 def encode_message(table: pa.Table) -> bytes:
@@ -1692,8 +1717,9 @@ def _first_message_id_type(args: argparse.Namespace) -> str:
         return ID_TYPE
     if USER_ID not in schema.names:
         return ID_TYPE
-    t = schema.field(USER_ID).type
-    return "string" if pa.types.is_string(t) or pa.types.is_large_string(t) else ID_TYPE
+    from stream.columns import declared_kind
+
+    return "string" if declared_kind(schema.field(USER_ID).type) == "string" else ID_TYPE
 
 
 def _launch_queries(releases: str, *, columns: "Sequence[str] | InputContract", start: int,

@@ -116,11 +116,13 @@ def _csv_batches(source: Any, names: list[str], batch_rows: int, malformed: list
             chunk = source.read(_CHUNK_BYTES)
             if skipping:  # drop the too-long line up to its newline
                 nl = chunk.find(b"\n")
-                if nl < 0 and chunk:
+                if nl < 0:
+                    if chunk:
+                        continue
+                    break  # the file ends inside the too-long line
+                chunk, skipping, line_no = chunk[nl + 1:], False, line_no + 1
+                if not chunk:  # the line ended a chunk exactly: the file may go on (an empty chunk is no end)
                     continue
-                chunk, skipping, line_no = (chunk[nl + 1:] if nl >= 0 else b""), False, line_no + 1
-                if not chunk and nl < 0:
-                    break
             data = pending + chunk
             cut = data.rfind(b"\n") + 1 if chunk else len(data)
             lines, pending = data[:cut], data[cut:]
@@ -132,7 +134,9 @@ def _csv_batches(source: Any, names: list[str], batch_rows: int, malformed: list
                 line_no += used
                 if table.num_rows:
                     yield from table.to_batches(max_chunksize=batch_rows)
-            if len(pending) > MAX_LINE_BYTES:  # no newline in sight: one bad row, never a growing buffer
+            # No newline in sight: one bad row, never a growing buffer (one byte more than the limit may
+            # be the carriage return of a CRLF whose newline is in the next chunk: that line is not too long)
+            if len(pending) > MAX_LINE_BYTES + 1:
                 _bad(malformed, path, line_no + 1, pending[:256], f"longer than {MAX_LINE_BYTES} bytes")
                 pending, skipping = b"", True
             if not chunk:
@@ -180,22 +184,26 @@ def _csv_lines(data: bytes, names: list[str], first_line: int, malformed: list[t
         _bad(malformed, path, int(numbers[i]), data[starts[i]:min(stops[i], starts[i] + 256)], why)
     quoted = (per_line(_QUOTE) > 0) & ~bad & ~blank
     plain = ~(bad | blank | quoted)
-    wrong = plain & (per_line(_COMMA) + 1 != len(names))
+    fields = per_line(_COMMA) + 1  # once per chunk: never once per bad line (that was quadratic)
+    wrong = plain & (fields != len(names))
     for i in np.flatnonzero(wrong):
         _bad(malformed, path, int(numbers[i]), data[starts[i]:stops[i]],
-             f"{int(per_line(_COMMA)[i]) + 1} fields, not the header's {len(names)}")
+             f"{int(fields[i])} fields, not the header's {len(names)}")
     plain &= ~wrong
     parts, order = [], []
     if plain.any():
         line_of_byte = np.concatenate(([0], np.cumsum(buf[:-1] == _NEWLINE)))
         good = buf[plain[line_of_byte] & (buf != _CR)].tobytes()
         good += b"" if good.endswith(b"\n") else b"\n"
+        # Arrow's parser drops a byte order mark at the start of its input: a first line of empty
+        # fields, dropped below, keeps a data line's own BOM whether or not it comes first here.
+        good = b"," * (len(names) - 1) + b"\n" + good
         parts.append(pacsv.read_csv(
             pa.BufferReader(good),
             read_options=pacsv.ReadOptions(column_names=names, block_size=len(good) + 1024),
             parse_options=pacsv.ParseOptions(quote_char=False, newlines_in_values=False, ignore_empty_lines=False),
             convert_options=pacsv.ConvertOptions(column_types={n: pa.string() for n in names},
-                                                 strings_can_be_null=False)))
+                                                 strings_can_be_null=False)).slice(1))
         order.append(np.flatnonzero(plain))
     if quoted.any():
         table, kept = _quoted_lines(data, starts, stops, numbers, np.flatnonzero(quoted), names, malformed, path)
@@ -210,17 +218,24 @@ def _csv_lines(data: bytes, names: list[str], first_line: int, malformed: list[t
 
 
 def _undecodable(data: bytes, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
-    """Per line, whether it is not UTF-8: one decode of the whole chunk, then one per bad line."""
+    """Per line, whether it is not UTF-8, in time linear in ``data`` however many lines are bad.
+
+    One strict decode of the whole chunk; only when it fails, one decode with ``surrogateescape``
+    (each byte that is not part of valid UTF-8 becomes one lone surrogate U+DC80..U+DCFF, which no
+    valid UTF-8 gives, and a newline byte always stays a newline), whose code points are mapped to
+    their lines. (Resuming a strict decode after each bad line was quadratic: each error copies
+    the rest of the chunk into the exception.)"""
     bad = np.zeros(len(starts), dtype=bool)
-    at = 0
-    while at < len(data):
-        try:
-            data[at:].decode("utf-8")
-            break
-        except UnicodeDecodeError as exc:
-            line = int(np.searchsorted(starts, at + exc.start, side="right")) - 1
-            bad[line] = True
-            at = int(stops[line]) + 1
+    try:
+        data.decode("utf-8")
+        return bad
+    except UnicodeDecodeError:
+        pass
+    points = np.frombuffer(data.decode("utf-8", "surrogateescape").encode("utf-32-le", "surrogatepass"),
+                           dtype=np.uint32)
+    line_of_point = np.concatenate(([0], np.cumsum(points[:-1] == _NEWLINE)))
+    escaped = (points >= 0xDC80) & (points <= 0xDCFF)
+    bad[np.unique(line_of_point[escaped])] = True
     return bad
 
 
@@ -275,25 +290,40 @@ def declares_types(path: str | Path) -> bool:
 def id_type_of(path: str | Path) -> str:
     """The user id type an input's *declared* types give a new ledger that declares none: a CSV
     declares no types, so its ids are text (``"string"``: compared byte for byte), whatever they
-    look like; a Parquet or Arrow file's string id column is ``"string"``, any other ``"int64"``.
+    look like; a Parquet or Arrow file's string id column (any string type, or a dictionary of
+    strings) is ``"string"``, any other ``"int64"``.
     Never decided from values (one user's id must not change how everybody's ids are read)."""
     if not declares_types(path):
         return "string"
+    from stream.columns import declared_kind
+
     t = next(read_batches(path, batch_rows=1, malformed=[])).schema.field("user_id").type
-    return "string" if pa.types.is_string(t) or pa.types.is_large_string(t) else "int64"
+    return "string" if declared_kind(t) == "string" else "int64"  # dictionaries by their values, string views
 
 
 def _csv_header(path: str | Path, remote: tuple[pafs.FileSystem, str] | None) -> list[str]:
     """The column names of a CSV file, from its first line alone (so that no later line, however
     malformed, decides anything about the file's columns)."""
     with (remote[0].open_input_stream(remote[1]) if remote else open(path, "rb")) as handle:
-        first = handle.read(_MAX_HEADER_BYTES).split(b"\n", 1)[0].rstrip(b"\r")
+        head = handle.read(_MAX_HEADER_BYTES + 1)
+    first, newline, _ = head.partition(b"\n")
+    if not newline and len(head) > _MAX_HEADER_BYTES:  # else its rest would be read as a data line
+        raise InputFileError(f"input file {path} is not a readable csv file: its header line is longer than "
+                             f"{_MAX_HEADER_BYTES} bytes")
+    first = first[:-1] if first.endswith(b"\r") else first
+    if b"\r" in first:
+        raise InputFileError(f"input file {path} is not a readable csv file: its header line holds a carriage "
+                             "return (lines ended by a lone CR are not read: end them with LF or CRLF)")
     try:
         line = first.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InputFileError(f"input file {path} is not a readable csv file: its header is not UTF-8 ({_short(exc)})") \
             from exc
-    return next(csv.reader([line]), [])
+    try:
+        return next(csv.reader([line]), [])
+    except csv.Error as exc:
+        raise InputFileError(f"input file {path} is not a readable csv file: its header is not one CSV record "
+                             f"({_short(exc)})") from None
 
 
 _MAX_HEADER_BYTES = 1 << 20
