@@ -102,6 +102,12 @@ def add_ledger_options(parser: argparse.ArgumentParser, *, key_help: str, key_al
     arg("--shards", type=int, default=DEFAULT_SHARDS,
         help=f"user shards of the stateful filter (default {DEFAULT_SHARDS}; a later run may use another count: "
              "the ledger is split again by user)")
+    add_contract_options(parser)
+
+
+def add_contract_options(parser: argparse.ArgumentParser) -> None:
+    """The input contract's options (:mod:`stream.contract`), the same in every job and in
+    ``renyi-stream features``; :func:`declared_contract` reads them."""
     contract = parser.add_argument_group(
         "the input contract: declared on the ledger's first run, kept for its life (nothing is inferred from values)")
     arg = contract.add_argument

@@ -5,13 +5,38 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
+from pipelines.beam.job_options import add_contract_options
 from pipelines.cli.errors import name_the_option
 from pipelines.curator.train import (DEFAULT_COUNT_FRACTION, DEFAULT_STOP_FRACTION, TrainConfig, TrainRefused,
                                      run_train)
 from stream.accounting import ACCOUNTINGS
 from stream.engine.ledger_config import DEFAULT_SHARDS
+
+
+def _features_contract(args: argparse.Namespace) -> Any:
+    """The input contract of a features run: declared by its options, or recorded by ``--ledger``
+    (the ledger the model will be trained on); None when neither gives one. ValueError for both,
+    or for a ledger that records none."""
+    from pipelines.beam.job_options import declared_contract
+    from pipelines.curator.store import CuratorStore
+
+    declared = declared_contract(args)
+    if args.ledger is None:
+        if declared is None and args.id_type is not None:
+            raise ValueError(f"--id-type {args.id_type} declares no column: give --column/--category too, or --ledger")
+        return declared
+    if declared is not None or args.id_type is not None:
+        raise ValueError("give the input contract either as --ledger (the one it records) or declared, not both")
+    if not Path(args.ledger).is_file():
+        raise ValueError(f"--ledger {args.ledger} does not exist")
+    with CuratorStore(args.ledger) as curator:
+        params = curator.parameters()
+    if params is None or params.contract is None:
+        raise ValueError(f"--ledger {args.ledger} records no input contract: declare it with --id-type and --column")
+    return params.contract
 
 
 def _features_command(args: argparse.Namespace) -> int:
@@ -32,10 +57,11 @@ def _features_command(args: argparse.Namespace) -> int:
         if args.runner == "DirectRunner" and not any(a.startswith("--direct_running_mode") for a in beam_args):
             beam_args.append("--direct_running_mode=in_memory")
     try:
+        contract = _features_contract(args)
         summary = materialise_features(
             args.input, args.out, start=args.start, end=args.end, label_column=args.label_column,
             label_start=args.label_start, label_end=args.label_end, n_shards=args.shards, beam_args=beam_args,
-            dead_letters=args.dead_letters)
+            dead_letters=args.dead_letters, contract=contract)
     except (ValueError, InputFileError) as exc:
         print(f"renyi-stream features: error: {name_the_option(str(exc), args)}", file=sys.stderr)
         return 2 if not isinstance(exc, InputFileError) else 1
@@ -103,6 +129,10 @@ def add_train_subcommand(subparsers: Any) -> None:
                       "reasons; curator only, 0600)")
     feat.add_argument("--shards", type=int, default=DEFAULT_SHARDS,
                       help=f"groups of users the aggregation is split into (default {DEFAULT_SHARDS})")
+    feat.add_argument("--ledger", default=None, metavar="LEDGER",
+                      help="read the input contract this ledger records (its id type and number columns); "
+                           "or declare one with --id-type/--column/--schema")
+    add_contract_options(feat)
     feat.add_argument("--runner", default="DirectRunner", help="Beam runner (default DirectRunner)")
     feat.add_argument("--quiet", action="store_true",
                       help="print no exact count (users, rows read, rejected), only where the features went")

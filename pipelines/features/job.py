@@ -64,7 +64,8 @@ from pipelines.curator.features import (LABEL, FeatureSummary, FeatureWindows, f
                                         indicator_columns_of, read_rows_record, user_features, write_features)
 from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from stream.engine.ledger_config import DEFAULT_SHARDS, MAX_SHARDS
-from stream.engine.readers import id_type_of
+from stream.contract import InputContract
+from stream.engine.readers import id_type_of, refuse_missing_columns
 from stream.engine.row_balance import reason_counts
 from stream.private_files import write_private
 from stream.schema import WindowSpec
@@ -170,11 +171,15 @@ def materialise_features(
     n_shards: int = DEFAULT_SHARDS,
     beam_args: Sequence[str] = (),
     dead_letters: str | os.PathLike | None = None,
+    contract: InputContract | None = None,
 ) -> FeatureSummary:
     """Run the features job: read the daily indicator files, one row per user, write ``out``
     (Parquet; a local path or a URI) and, with ``dead_letters``, the rejected rows there.
 
-    ``indicator_columns`` default to the daily job's default columns of the first input
+    With ``contract`` (the ledger's declared input, :mod:`stream.contract`) the indicator columns
+    are its number columns and the ids are parsed as its id type, whatever the files' writers
+    typed; every input must hold the declared columns. Without one, ``indicator_columns`` default
+    to the daily job's default columns of the first input
     (:func:`pipelines.curator.features.indicator_columns_of`); ``n_shards`` (in ``[1, 65536]``)
     is how many groups of users the aggregation is split into; ``beam_args`` are Beam options
     (default: the DirectRunner, in memory). Returns the summary read back from ``out`` (exact
@@ -192,10 +197,16 @@ def materialise_features(
     if isinstance(n_shards, bool) or not isinstance(n_shards, int) or not 1 <= n_shards <= MAX_SHARDS:
         raise ValueError(f"n_shards must be an integer in [1, {MAX_SHARDS}], got n_shards={n_shards!r}")
     paths = [str(p) for p in inputs]
-    columns = indicator_columns_of(paths[0], label_column, indicator_columns)
+    if contract is not None:
+        for path in paths:
+            refuse_missing_columns(path, contract.names)
+        columns = indicator_columns_of(paths[0], label_column, indicator_columns or contract.numeric)
+    else:
+        columns = indicator_columns_of(paths[0], label_column, indicator_columns)
     plan = FeaturesPlan(out=str(out), dead_letters=None if dead_letters is None else str(dead_letters),
                         windows=windows, columns=tuple(columns), label_column=label_column,
-                        id_type=id_type_of(paths[0]), token=uuid.uuid4().hex)
+                        id_type=contract.id_type if contract is not None else id_type_of(paths[0]),
+                        token=uuid.uuid4().hex)
     options = PipelineOptions(list(beam_args) or ["--runner=DirectRunner", "--direct_running_mode=in_memory"])
     with beam.Pipeline(runner=batch_runner(options), options=options) as pipeline:
         build(pipeline, paths, plan, n_shards=n_shards)
