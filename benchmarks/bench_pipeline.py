@@ -71,11 +71,13 @@ def generate(folder: Path, users: int, days: int, rate: float, seed: int = 0) ->
 
 def run_ours(paths: list[str], scratch: Path, days: int) -> None:
     from pipelines.daily.job import JobConfig, run_job
+    from stream.contract import DeclaredColumn, InputContract
 
     w0 = (DAY0 - dt.date(1970, 1, 1)).days
     summary = run_job(JobConfig(
         inputs=tuple(paths), store=str(scratch / "releases.duckdb"), ledger=str(scratch / "ledger.duckdb"),
         epsilon=EPSILON, delta=DELTA, norm_budget=float(days), start_window=w0, end_window=w0 + days - 1,
+        contract=InputContract("int64", (DeclaredColumn("active", "number", 0.0, 1.0),)),
     ))
     assert summary.balanced
 

@@ -287,7 +287,7 @@ def _growth(days: list[dict[str, Any]], key: str) -> float:
 def run(args: argparse.Namespace, out: Any = sys.stdout) -> dict[str, Any]:
     """Generate and run every day (module docstring); the report as a dict."""
     norm_budget = args.norm_budget if args.norm_budget is not None else 10.0 * args.days ** 2
-    extra = ["--release", "running"]
+    extra = ["--release", "running", "--id-type", "int64", "--column", f"{INDICATOR}=0:1"]  # the input contract
     if args.strategy:
         extra += ["--strategy", args.strategy]
     if args.horizon:

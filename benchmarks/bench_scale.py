@@ -68,6 +68,10 @@ def generate(folder: Path, users: int, days: int, seed: int = 0) -> list[str]:
     return paths
 
 
+#: The ledger's input contract (declared on every run; the first records it): one 0/1 indicator.
+DECLARED = ("--id-type", "int64", "--column", "active=0:1")
+
+
 def _run_args(paths: list[str], folder: str, first: dt.date, last: dt.date, norm_budget: float,
               shards: int, entry: str = "run", run: int = 0) -> list[str]:
     if entry == "distributed":  # state as Parquet snapshots: run i continues from run i-1's output
@@ -76,8 +80,9 @@ def _run_args(paths: list[str], folder: str, first: dt.date, last: dt.date, norm
                 "--delta", str(DELTA), "--norm-budget", str(norm_budget),
                 "--previous-ledger", f"{folder}/runs/{run - 1}" if run else "none",
                 "--output", f"{folder}/runs/{run}", "--releases-parquet", f"{folder}/releases",
-                "--noise-key", f"{folder}/noise.key", "--shards", str(shards)]
-    return cli_run_args(paths, folder, first, last, norm_budget=norm_budget, shards=shards, extra=["--quiet"])
+                "--noise-key", f"{folder}/noise.key", "--shards", str(shards), *DECLARED]
+    return cli_run_args(paths, folder, first, last, norm_budget=norm_budget, shards=shards,
+                        extra=["--quiet", *DECLARED])
 
 
 def measure(label: str, users: int, days: int, shards: int, entry: str = "run") -> dict:

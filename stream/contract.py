@@ -186,10 +186,18 @@ class InputContract:
     @classmethod
     def from_file(cls, path: str | Path) -> "InputContract":
         """A contract from a JSON schema file (``{"id_type": ..., "columns": [{"name", "kind",
-        "lo", "hi"}, ...]}``)."""
+        "lo", "hi"}, ...]}``), a local path or a URI (``gs://``, ``s3://``, read through
+        ``pyarrow.fs`` as the jobs' inputs are)."""
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+            if isinstance(path, str) and "://" in path:  # gs://, s3://: as the jobs read their inputs
+                import pyarrow.fs as pafs
+
+                fs, inside = pafs.FileSystem.from_uri(path)
+                with fs.open_input_stream(inside) as handle:
+                    text = handle.read().decode("utf-8")
+            else:
+                text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise ContractError(f"schema file {path} cannot be read: {exc}") from None
         return cls.from_json(text, where=f"schema file {path}")
 

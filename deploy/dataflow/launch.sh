@@ -36,7 +36,7 @@ SHARDS=1024                           # >= 4 x total worker cores (deploy/README
 MAX_WORKERS=8                         # capacity model: a 100M-user day fits 8 x n2-standard-4
 MACHINE_TYPE=n2-standard-4
 SUBSCRIPTION=projects/${PROJECT}/subscriptions/renyi-indicators  # streaming: Arrow IPC messages
-COLUMNS=opened,bought                 # streaming: the indicator columns answered (window sums)
+SCHEMA=$(dirname "$0")/../schema.example.json  # the ledger's input contract (id type, columns, bounds)
 KEY_FINGERPRINT=                      # streaming: the noise key's fingerprint (python -c "from stream.noise import NoiseKey; print(NoiseKey.load('noise.key').fingerprint)")
 
 usage() { sed -n '2,11p' "$0"; exit 2; }
@@ -100,7 +100,7 @@ stream() {
   # Launched from here (not a Flex Template): python -m pipelines.streaming needs this
   # repository installed with the same apache-beam as the harness image.
   python -m pipelines.streaming --subscription "$SUBSCRIPTION" --timestamp-attribute event_time \
-    --columns "$COLUMNS" --start "$start" --end "$end" \
+    --schema "$SCHEMA" --start "$start" --end "$end" \
     --epsilon "$EPSILON" --delta "$DELTA" --norm-budget "$NORM_BUDGET" --shards "$SHARDS" \
     --releases-parquet "$RELEASES" --output "${CURATOR_BUCKET}/stream/${start}" --previous-ledger "$previous" \
     --noise-key-secret "$NOISE_KEY_SECRET" --key-fingerprint "$KEY_FINGERPRINT" \

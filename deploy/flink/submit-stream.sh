@@ -34,7 +34,7 @@ KAFKA_GROUP_PREFIX=renyi-stream                  # each submission gets a new co
 KAFKA_OFFSET_RESET=earliest                      # ... which reads every retained record: nothing skipped
 KAFKA_CONSUMER_CONFIG=()                         # more KEY=VALUE settings, e.g. (security.protocol=SSL)
 EXPANSION_SERVICE=localhost:8097                 # java -jar beam-sdks-java-io-expansion-service-2.77.0.jar 8097 ...
-COLUMNS=opened,bought                            # the indicator columns answered (window sums)
+SCHEMA=$(dirname "$0")/../schema.example.json    # the ledger's input contract (id type, columns, bounds)
 CURATOR_ROOT=s3://acme-renyi-curator             # PRIVATE: ledger snapshots, counts, dead letters
 RELEASES=s3://acme-renyi-public/releases         # public: released answers only
 NOISE_KEY=/var/run/secrets/renyi/noise.key       # the key's path inside every worker (mounted secret)
@@ -86,7 +86,7 @@ for setting in ${KAFKA_CONSUMER_CONFIG[@]+"${KAFKA_CONSUMER_CONFIG[@]}"}; do
 done
 
 python -m pipelines.streaming "${KAFKA_OPTIONS[@]}" \
-  --columns "$COLUMNS" --start "$START" --end "$END" \
+  --schema "$SCHEMA" --start "$START" --end "$END" \
   --epsilon "$EPSILON" --delta "$DELTA" --norm-budget "$NORM_BUDGET" --shards "$SHARDS" \
   --releases-parquet "$RELEASES" --output "$OUTPUT" --previous-ledger "$PREVIOUS" \
   --noise-key "$NOISE_KEY" --key-fingerprint "$KEY_FINGERPRINT" \

@@ -24,6 +24,7 @@ EPSILON=1.0
 DELTA=1e-6
 NORM_BUDGET=30
 SHARDS=256                                       # >= 4 x PARALLELISM (deploy/README.md)
+SCHEMA=$(dirname "$0")/../schema.example.json    # the ledger's input contract (id type, columns, bounds)
 FLINK_JOB_SERVER_JAR=                            # optional local beam-runners-flink-1.20-job-server-<beam>.jar
                                                  # (empty: Beam downloads it from Maven Central)
 OPTIONS_FILE=$(dirname "$0")/flink-options.txt
@@ -45,5 +46,5 @@ python -m pipelines.distributed \
   --input "${INPUT_ROOT}/day=${DAY}/*.parquet" --start "$DAY" --end "$DAY" \
   --epsilon "$EPSILON" --delta "$DELTA" --norm-budget "$NORM_BUDGET" \
   --previous-ledger "$PREVIOUS" --output "$OUTPUT" --releases-parquet "$RELEASES" \
-  --noise-key "$NOISE_KEY" --key-fingerprint "$KEY_FINGERPRINT" --shards "$SHARDS" --wait \
+  --noise-key "$NOISE_KEY" --key-fingerprint "$KEY_FINGERPRINT" --shards "$SHARDS" --schema "$SCHEMA" --wait \
   "${OPTIONS[@]}"

@@ -44,7 +44,7 @@ from queries.release_store import RELEASE_SCHEMA, ReleaseStore
 from stream.accounting import DEFAULT_ACCOUNTING, calibrate
 from stream.engine.ledger_config import DEFAULT_SHARDS, LedgerConfig
 from stream.columns import KEY_COLUMNS, InputColumns, declared_kind, default_columns
-from stream.contract import InputContract
+from stream.contract import ContractError, InputContract, declaration_hint
 from stream.continual.prepaid import DEFAULT_RUNNING_STRATEGY, RUNNING_STRATEGIES, check_running_size
 from stream.engine.running import MIGRATION
 from stream.ledger import STATUS_NAMES, Policy
@@ -122,10 +122,15 @@ class JobSummary(RowBalance):
 
 
 def _contract(config: JobConfig, existing: LedgerConfig | None) -> InputContract | None:
-    """The run's input contract: the one it declares, else the one the ledger records, else None
-    (a ledger without one: its columns follow the undeclared rule of :mod:`stream.columns`).
-    Every input must hold the declared columns (InputFileError, before anyone is charged)."""
+    """The run's input contract: the one it declares, else the one the ledger records. A new ledger
+    must be given one (ContractError naming the options); a ledger recorded before contracts
+    existed may go on without (None: its columns follow the undeclared rule of
+    :mod:`stream.columns`). Every input must hold the declared columns (InputFileError, before
+    anyone is charged)."""
     contract = config.contract or (existing.contract if existing else None)
+    if contract is None and existing is None:
+        header = next(read_batches(config.inputs[0], batch_rows=1, malformed=[])).schema.names
+        raise ContractError(f"the ledger {config.ledger} is new: {declaration_hint(header)}")
     if contract is not None:
         for path in config.inputs:
             refuse_missing_columns(path, contract.names)

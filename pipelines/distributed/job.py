@@ -128,7 +128,7 @@ from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPla
 from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
 from queries.linear import default_queries
 from queries.registration import category_reads, contract_defaults, declared_header, plan_columns, recorded_plan
-from stream.contract import InputContract
+from stream.contract import InputContract, declaration_hint
 from stream.columns import default_columns
 from stream.engine.ledger_config import LedgerConfig, LedgerConfigError
 from stream.ledger import STATUS_NAMES, Policy
@@ -440,6 +440,9 @@ def prepare(args: argparse.Namespace) -> RunPlan:
                 refuse_if_shared_file(path, "the previous running-total state file")
     else:
         manifest = None
+        if declared_input is None:
+            raise RunRefused(f"a new ledger (--previous-ledger none) needs its input contract: "
+                             f"{declaration_hint(schema.names)}")
         check_lineage(releases, None, None)
     missing = [c for c in requested if c not in schema.names]
     if missing:

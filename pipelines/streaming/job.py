@@ -234,7 +234,7 @@ from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue,
 from queries.linear import default_queries
 from queries.registration import (category_reads, contract_defaults, declared_header, numeric_reads, plan_columns,
                                   recorded_plan)
-from stream.contract import InputContract
+from stream.contract import InputContract, declaration_hint
 from queries.release_files import release_file_path, release_file_table
 from stream.engine.ledger_config import SNAPSHOT_PREFIX, LedgerConfig, LedgerConfigError, snapshot_key
 from stream.ledger import STATUS_NAMES, Ledger, Policy
@@ -1594,6 +1594,8 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     if declared_input is not None and columns:
         raise launch.RunRefused("give the indicator columns either declared (--column, --category, --schema) or as "
                                 "--columns, not both")
+    if declared_input is None and new_ledger:
+        raise launch.RunRefused(f"a new ledger (--previous-ledger none) needs its input contract: {declaration_hint()}")
     id_type = (declared_input.id_type if declared_input else
                args.id_type or (_first_message_id_type(args) if new_ledger else None))
     releases = store.absolute(args.releases_parquet)
