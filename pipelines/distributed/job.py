@@ -449,6 +449,9 @@ def prepare(args: argparse.Namespace) -> RunPlan:
         raise RunRefused(f"input {inputs[0]['path']} lacks the indicator column(s) {missing} given to --columns")
     contract = config.contract  # declared by this run or recorded by the ledger
     schedule = [w for w in range(start, end + 1) if w not in processed]
+    if contract is not None and requested:
+        raise RunRefused(f"--columns is for ledgers started before declared contracts; this ledger records its "
+                         f"contract (columns {list(contract.names)}): leave --columns out")
     if contract is not None:
         try:
             for item in inputs:

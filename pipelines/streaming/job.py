@@ -1584,8 +1584,8 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
                                 f"{args.end}: its ledger is ahead of this schedule; give a new --output")
     previous_ledger = (_snapshot_glob(store.join(curator, "ledger"), resumed) if resumed is not None
                        else args.previous_ledger)
-    # The id type is the ledger's for life: declared, else a continuing ledger's own (its snapshots
-    # record it), else the first replayed message's, as the batch jobs take their first input's.
+    # The id type is the ledger's for life: declared (a new ledger must), else a continuing ledger's
+    # own (its snapshots record it).
     new_ledger = previous_ledger.lower() == "none"
     try:
         declared_input = launch.declared_contract(args)
@@ -1596,8 +1596,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
                                 "--columns, not both")
     if declared_input is None and new_ledger:
         raise launch.RunRefused(f"a new ledger (--previous-ledger none) needs its input contract: {declaration_hint()}")
-    id_type = (declared_input.id_type if declared_input else
-               args.id_type or (_first_message_id_type(args) if new_ledger else None))
+    id_type = declared_input.id_type if declared_input else args.id_type
     releases = store.absolute(args.releases_parquet)
     released = sorted(store.release_windows_present(releases))
     # Windows this job charged before a restart are its own; rows of them are not late, but re-delivered.
@@ -1619,6 +1618,9 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
                                    if own >= start else ""))
     contract = config.contract  # declared by this job or recorded by the ledger's snapshots
     if contract is not None:
+        if columns:
+            raise launch.RunRefused(f"--columns is for ledgers started before declared contracts; this ledger "
+                                    f"records its contract (columns {list(contract.names)}): leave --columns out")
         columns = list(contract.numeric)
     queries = _launch_queries(releases, columns=contract or columns, start=start, released=released,
                               answered=answered)
@@ -1702,26 +1704,6 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     return {"releases": graph["releases"], "staged": staged, "release_files": release_files, "dead_files": dead_files,
             "ledger_files": ledger_files, "record_files": record_files, "read_files": read_files, "dead": dead,
             "queries": queries, "resumed": resumed}
-
-
-def _first_message_id_type(args: argparse.Namespace) -> str:
-    """A new ledger's id type when ``--id-type`` declares none: that of the first replayed message's
-    ``user_id`` column as its Arrow schema declares it (``string`` for text, else ``int64``), as the
-    batch jobs take their first input's; :data:`ID_TYPE` for an unbounded source (nothing to read at
-    launch) or a first message that does not decode (one dead letter, not the ledger's type)."""
-    if not args.replay:
-        return ID_TYPE
-    with FileSystems.open(args.replay[0]) as handle:
-        payload = handle.read()
-    try:
-        schema = decode_message(payload).schema
-    except ValueError:
-        return ID_TYPE
-    if USER_ID not in schema.names:
-        return ID_TYPE
-    from stream.columns import declared_kind
-
-    return "string" if declared_kind(schema.field(USER_ID).type) == "string" else ID_TYPE
 
 
 def _launch_queries(releases: str, *, columns: "Sequence[str] | InputContract", start: int,
