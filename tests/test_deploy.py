@@ -63,6 +63,9 @@ RUNNERS = {
 }
 GRAPHS = ("daily", "distributed")
 EPSILON, DELTA, NORM_BUDGET = 1.0, 1e-6, 2.0
+#: The input contract a new ledger's first run declares (issue 28): :func:`_day_file`'s columns,
+#: bounded so that every value is inside its clamp (0/1 indicators, spends below 1.5).
+DECLARE = ("--id-type", "int64", "--column", "opened=0:1", "--column", "spent=0:1.5")
 
 
 def _day_file(path: Path, offset: int, users, seed: int = 0) -> str:
@@ -83,9 +86,11 @@ def _key(tmp_path: Path) -> tuple[str, NoiseKey]:
 
 
 def _args(tmp_path, inputs, start, end, previous, output, *extra) -> list[str]:
+    """The distributed job's arguments; a new ledger's (``previous`` "none") declare :data:`DECLARE`."""
     key_path, _ = _key(tmp_path)
+    declare = DECLARE if previous == "none" else ()
     return ["--input", *inputs, "--start", start, "--end", end, "--epsilon", str(EPSILON), "--delta", str(DELTA),
-            "--norm-budget", str(NORM_BUDGET), "--previous-ledger", previous, "--output", str(output),
+            "--norm-budget", str(NORM_BUDGET), "--previous-ledger", previous, *declare, "--output", str(output),
             "--releases-parquet", str(tmp_path / "public" / "releases"), "--noise-key", key_path, *extra]
 
 
@@ -214,12 +219,12 @@ def test_every_transform_and_dofn_pickles_and_unpickles(tmp_path, graph, library
 # --- the distributed entry point end to end, against renyi-stream run ----------------------------------
 
 
-def _local_run(tmp_path: Path, inputs: list[str], start: str, end: str) -> None:
+def _local_run(tmp_path: Path, inputs: list[str], start: str, end: str, *declare: str) -> None:
     key_path, _ = _key(tmp_path)
     out = subprocess.run(
         ["python", "-m", "pipelines.cli.main", "run", "--input", *inputs, "--store", str(tmp_path / "local" / "s.duckdb"),
          "--ledger", str(tmp_path / "local" / "l.duckdb"), "--epsilon", str(EPSILON), "--delta", str(DELTA),
-         "--norm-budget", str(NORM_BUDGET), "--start", start, "--end", end, "--key", key_path, "--quiet"],
+         "--norm-budget", str(NORM_BUDGET), "--start", start, "--end", end, "--key", key_path, *declare, "--quiet"],
         cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
 
@@ -281,7 +286,7 @@ def test_distributed_main_gives_the_releases_and_ledger_of_renyi_stream_run(tmp_
     assert dist.main(_args(tmp_path, inputs[:2], "2026-03-01", "2026-03-02", "none", run1, "--shards", "7")) == 0
     assert dist.main(_args(tmp_path, inputs[2:], "2026-03-03", "2026-03-03", str(run1), run2, "--shards", "5")) == 0
     assert "[balanced]" in capsys.readouterr().out
-    _local_run(tmp_path, inputs[:2], "2026-03-01", "2026-03-02")
+    _local_run(tmp_path, inputs[:2], "2026-03-01", "2026-03-02", *DECLARE)  # the new ledger's first run
     _local_run(tmp_path, inputs[2:], "2026-03-03", "2026-03-03")
 
     parquet, store = _parquet_releases(tmp_path), _store_releases(tmp_path)
@@ -766,7 +771,7 @@ def test_local_parquet_releases_appear_only_after_the_ledger_commit(tmp_path, tw
         ["python", "-m", "pipelines.cli.main", "run", "--input", *two_days[:1], "--store", str(tmp_path / "s.duckdb"),
          "--ledger", str(tmp_path / "l.duckdb"), "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "2",
          "--start", "2026-03-01", "--end", "2026-03-01", "--key", key_path, "--releases-parquet", str(parquet),
-         "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True)
+         *DECLARE, "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == -9  # killed inside the curator's transaction: nothing committed, nobody charged
     assert not list(parquet.rglob("*.parquet")), "a public release exists that no committed ledger charged"
 
@@ -777,7 +782,7 @@ def test_local_parquet_releases_left_pending_by_a_crash_are_written_by_the_next_
     argv = ["python", "-m", "pipelines.cli.main", "run", "--input", *two_days[:1], "--store", str(store),
             "--ledger", str(tmp_path / "l.duckdb"), "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "2",
             "--start", "2026-03-01", "--end", "2026-03-01", "--key", key_path, "--releases-parquet", str(parquet),
-            "--quiet"]
+            *DECLARE, "--quiet"]  # the re-run may declare the contract its crashed first run recorded
     crashed = subprocess.run(argv, cwd=ROOT, env={**os.environ, "RENYI_STREAM_CRASH_AT": "before_publish"},
                              capture_output=True, text=True)
     assert crashed.returncode == -9 and not list(parquet.rglob("*.parquet"))  # committed, not yet public

@@ -34,6 +34,7 @@ from queries.registry import QueryRegistry
 from queries.release_files import write_release_file
 from queries.release_store import ReleaseStore
 from stream.accounting.gaussian import MAX_DIM
+from stream.contract import DeclaredColumn, InputContract
 from stream.noise import NoiseBinding, NoiseKey, gaussian_noise
 
 DAY0 = dt.date(2026, 3, 1)
@@ -97,6 +98,23 @@ def _midway(where: list[str]) -> None:
     assert cli(["query", "retire", *where, "--id", "tiers", "--from", "2026-03-03"]) == 0
 
 
+#: The input contract of :func:`_rows`' columns, as the registered queries read them, that each new
+#: ledger's first run declares (issue 28): a 0/1 indicator, a spend in [0, 3], a tier code (a
+#: number without a default sum) and a plan (text categories).
+CONTRACT_COLUMNS = (DeclaredColumn("opened", "number", 0.0, 1.0), DeclaredColumn("spent", "number", 0.0, 3.0),
+                    DeclaredColumn("tier"), DeclaredColumn("plan", "category"))
+
+
+def _contract(id_type: str = "int64") -> InputContract:
+    return InputContract(id_type, CONTRACT_COLUMNS)
+
+
+def _declare(id_type: str = "int64") -> list[str]:
+    """:func:`_contract` as the distributed and streaming jobs' options."""
+    return ["--id-type", id_type, "--column", "opened=0:1", "--column", "spent=0:3", "--column", "tier",
+            "--category", "plan"]
+
+
 def _promise(tmp_path: Path) -> list[str]:
     return ["--epsilon", str(EPSILON), "--delta", str(DELTA), "--norm-budget", str(NORM_BUDGET),
             "--noise-key", _key(tmp_path)]
@@ -111,12 +129,12 @@ def _daily(tmp_path: Path, files: list[str]) -> list[tuple]:
     store, ledger = str(root / "s.duckdb"), str(root / "l.duckdb")
     _first_queries(["--store", store])
 
-    def run(inputs, first, last):
+    def run(inputs, first, last, contract=None):
         return run_job(JobConfig(inputs=tuple(inputs), store=store, ledger=ledger, epsilon=EPSILON, delta=DELTA,
                                  norm_budget=NORM_BUDGET, start_window=first, end_window=last,
-                                 key_path=_key(tmp_path), n_shards=3))
+                                 key_path=_key(tmp_path), n_shards=3, contract=contract))
 
-    assert run(files[:2], W0, W0 + 1).balanced
+    assert run(files[:2], W0, W0 + 1, _contract("string")).balanced  # the new ledger's first run declares
     _midway(["--store", store])
     assert run(files[2:], W0 + 2, W0 + 2).balanced
     with duckdb.connect(store, read_only=True) as con:
@@ -130,11 +148,12 @@ def _distributed(tmp_path: Path, files: list[str]) -> list[tuple]:
     public, run1, run2 = tmp_path / "dist-public", tmp_path / "dist" / "run1", tmp_path / "dist" / "run2"
     _first_queries(["--releases-parquet", str(public)])
 
-    def args(inputs, start, end, previous, output):
+    def args(inputs, start, end, previous, output, *declare):
         return ["--input", *inputs, "--start", start, "--end", end, "--previous-ledger", previous,
-                "--output", str(output), "--releases-parquet", str(public), "--shards", "2", *_promise(tmp_path)]
+                "--output", str(output), "--releases-parquet", str(public), "--shards", "2", *_promise(tmp_path),
+                *declare]
 
-    assert dist.main(args(files[:2], "2026-03-01", "2026-03-02", "none", run1)) == 0
+    assert dist.main(args(files[:2], "2026-03-01", "2026-03-02", "none", run1, *_declare("string"))) == 0
     _midway(["--releases-parquet", str(public)])
     assert dist.main(args(files[2:], "2026-03-03", "2026-03-03", str(run1), run2)) == 0
     ledger_id = json.loads((run2 / dist.COMMITTED).read_text())["parameters"]["ledger_id"]
@@ -145,12 +164,13 @@ def _streaming(tmp_path: Path, messages: list[list[str]], *extra: str) -> list[t
     public, job1, job2 = tmp_path / "stream-public", tmp_path / "stream" / "job1", tmp_path / "stream" / "job2"
     _first_queries(["--releases-parquet", str(public)])
 
-    def args(replay, start, end, previous, output):
+    def args(replay, start, end, previous, output, *declare):
         return ["--replay", *replay, "--start", start, "--end", end, "--previous-ledger", previous,
                 "--output", str(output), "--releases-parquet", str(public), "--shards", "3",
-                "--columns", "opened,spent,tier", *_promise(tmp_path), *extra]
+                *_promise(tmp_path), *declare, *extra]
 
-    assert sj.main(args(messages[0] + messages[1], "2026-03-01", "2026-03-02", "none", job1)) == 0
+    assert sj.main(args(messages[0] + messages[1], "2026-03-01", "2026-03-02", "none", job1,
+                        *_declare("string"))) == 0
     _midway(["--releases-parquet", str(public)])
     snapshots = f"{job1}/ledger/window_id={W0 + 1}/*/*.parquet"
     assert sj.main(args(messages[2], "2026-03-03", "2026-03-03", snapshots, job2)) == 0
@@ -254,6 +274,29 @@ def test_the_jobs_ledgers_charge_the_registered_queries_alike(jobs):
     assert list(zip(streamed.column("user_id").to_pylist(), streamed.column("used").to_pylist())) == daily
 
 
+# --- a new ledger's first run declares its input contract (issue 28) ---------------------------------
+
+
+@pytest.mark.parametrize("undeclared", [(), ("--columns", "opened"), ("--id-type", "int64")],
+                         ids=["nothing", "columns-before-contracts", "id-type-alone"])
+def test_the_distributed_job_refuses_a_new_ledger_without_a_declaration_naming_the_options(tmp_path, capsys,
+                                                                                         undeclared):
+    """Neither nothing, nor the --columns of ledgers recorded before contracts, nor an id type
+    alone declares a new ledger's contract: the run is refused at launch, naming --id-type and
+    --column, before anything is written under --output (no intent, no ledger) or released."""
+    files, _ = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3])])
+    public, output = tmp_path / "public", tmp_path / "run1"
+    argv = ["--input", files[0], "--start", "2026-03-01", "--end", "2026-03-01", "--previous-ledger", "none",
+            "--output", str(output), "--releases-parquet", str(public), "--shards", "2", *_promise(tmp_path)]
+    assert dist.main([*argv, *undeclared]) == 2
+    err = capsys.readouterr().err
+    assert "a new ledger (--previous-ledger none) needs its input contract" in err, err[-800:]
+    assert "--id-type int64|string" in err and "--column NAME=LO:HI" in err, err[-800:]
+    assert not output.exists() and not list(public.rglob("*.parquet"))
+    assert dist.main([*argv, *_declare()]) == 0  # the same run, declared, goes on
+    assert json.loads((output / dist.COMMITTED).read_text())["parameters"]["id_type"] == "int64"
+
+
 # --- running totals in the distributed and streaming jobs: state carried, continuations checked ------
 
 
@@ -272,8 +315,10 @@ def _one_day(tmp_path: Path) -> tuple[str, str]:
 
 
 def _distributed_day(tmp_path: Path, day: str, run: str, previous: str, public: Path) -> tuple[int, str]:
+    """A new ledger's run (``previous`` "none") declares :func:`_declare`; a continuation keeps it."""
     argv = ["--input", day, "--start", run[1], "--end", run[1], "--previous-ledger", previous,
-            "--output", str(tmp_path / run[0]), "--releases-parquet", str(public), *_promise(tmp_path)]
+            "--output", str(tmp_path / run[0]), "--releases-parquet", str(public), *_promise(tmp_path),
+            *(_declare() if previous == "none" else ())]
     return dist.main(argv), str(tmp_path / run[0])
 
 
@@ -372,7 +417,8 @@ def test_the_distributed_job_does_not_commit_when_a_running_querys_prepaid_rows_
 def _streaming_days(tmp_path: Path, messages: list[str], days: tuple[str, str], output: str, previous: str,
                     public: Path) -> int:
     argv = ["--replay", *messages, "--start", days[0], "--end", days[1], "--output", str(tmp_path / output),
-            "--releases-parquet", str(public), "--previous-ledger", previous, "--shards", "2", *_promise(tmp_path)]
+            "--releases-parquet", str(public), "--previous-ledger", previous, "--shards", "2", *_promise(tmp_path),
+            *(_declare() if previous == "none" else ())]  # a new ledger declares its contract
     return sj.main(argv)
 
 
@@ -453,7 +499,8 @@ def test_a_running_query_retired_before_the_jobs_windows_is_no_reason_to_refuse(
     _with_a_running_query(public)
     ReleaseCatalogue(str(public)).retire("total_opened", from_window=W0 + 1)
     argv = ["--replay", *messages[0], "--start", "2026-03-02", "--end", "2026-03-02", "--output",
-            str(tmp_path / "curator"), "--releases-parquet", str(public), "--shards", "2", *_promise(tmp_path)]
+            str(tmp_path / "curator"), "--releases-parquet", str(public), "--shards", "2", *_promise(tmp_path),
+            *_declare()]
     assert sj.main(argv) == 0
     assert {r[0] for r in _parquet(public)} == {"sum:opened"}
 
@@ -475,9 +522,10 @@ def test_a_running_query_registered_beside_a_parquet_release_root_records_its_st
 # --- string ids in the streaming job --------------------------------------------------------------
 
 
-def test_the_streaming_job_takes_string_ids_from_its_first_message_and_a_follow_up_keeps_them(jobs):
-    # The first job took the id type of its first replayed message, the follow-up (no --id-type) the
-    # one its snapshots record; the releases and ledger are those of the daily job (tests above).
+def test_the_streaming_job_takes_the_declared_string_ids_and_a_follow_up_keeps_them(jobs):
+    # The first job took the id type its contract declares (string: a new ledger's id type is never
+    # inferred from its first message, issue 28), the follow-up (no --id-type) the one its snapshots
+    # record; the releases and ledger are those of the daily job (tests above).
     for job in ("job1", "job2"):
         types = {pq.read_schema(f).metadata[b"renyi_stream.id_type"]
                  for f in (jobs["tmp"] / "stream" / job / "ledger").rglob("*.parquet")}
@@ -503,7 +551,7 @@ def test_an_integer_id_stream_declared_string_parses_every_id_as_text(tmp_path):
     path = tmp_path / "m.arrows"
     path.write_bytes(sj.encode_message(table))
     argv = ["--replay", str(path), "--start", "2026-03-01", "--end", "2026-03-01", "--output", str(tmp_path / "c"),
-            "--releases-parquet", str(tmp_path / "public"), "--columns", "opened", "--id-type", "string",
+            "--releases-parquet", str(tmp_path / "public"), "--column", "opened=0:1", "--id-type", "string",
             "--shards", "2", *_promise(tmp_path)]
     assert sj.main(argv) == 0
     snapshot = pa.concat_tables([pq.read_table(f) for f in (tmp_path / "c" / "ledger").rglob("*.parquet")])

@@ -48,6 +48,9 @@ DAY0 = dt.date(2026, 3, 1)
 WINDOWS = [20513, 20514, 20515]  # 2026-03-01 .. 03
 TIMEOUT_S = 180.0  # a run takes a few seconds; harnesses that cannot reach the runner hang it
 PROMISE = ["--epsilon", "1.0", "--delta", "1e-6", "--norm-budget", "2.0", "--shards", "4", "--quiet"]
+#: The input contract each new ledger's first run declares (issue 28): the days' columns, bounded
+#: so that every value is inside its clamp (0/1 indicators, spends of 0 to 1.5 in halves).
+DECLARE = ["--id-type", "int64", "--column", "opened=0:1", "--column", "spent=0:1.5"]
 
 
 @dataclass(frozen=True)
@@ -116,9 +119,10 @@ def _on_workers(pool: WorkerPool, route: Route, argv: list[str]) -> None:
 # --- renyi-stream run ------------------------------------------------------------------------------
 
 
-def _daily(folder: Path, inputs: list[str], start: str, end: str, key: Path) -> list[str]:
+def _daily(folder: Path, inputs: list[str], start: str, end: str, key: Path, *declare: str) -> list[str]:
     return ["-m", "pipelines.cli.main", "run", "--input", *inputs, "--store", str(folder / "releases.duckdb"),
-            "--ledger", str(folder / "ledger.duckdb"), "--start", start, "--end", end, "--key", str(key), *PROMISE]
+            "--ledger", str(folder / "ledger.duckdb"), "--start", start, "--end", end, "--key", str(key), *PROMISE,
+            *declare]
 
 
 def _curator_and_public(folder: Path) -> dict[str, list[tuple]]:
@@ -149,7 +153,7 @@ class DailyCase:
 def daily(tmp_path_factory, days) -> DailyCase:
     root = tmp_path_factory.mktemp("daily")
     key, day1, reference = root / "key" / "noise.key", root / "day-1", root / "in-process"
-    _in_process(_daily(day1, days[:1], "2026-03-01", "2026-03-01", key))
+    _in_process(_daily(day1, days[:1], "2026-03-01", "2026-03-01", key, *DECLARE))  # the new ledger declares
     shutil.copytree(day1, reference)  # one ledger (one ledger id, so one noise), continued from copies
     _in_process(_daily(reference, days[1:], "2026-03-02", "2026-03-03", key))
     expected = _curator_and_public(reference)
@@ -175,9 +179,11 @@ def test_renyi_stream_run_on_sdk_harnesses_gives_the_in_process_releases_and_led
 def _distributed(inputs: list[str], start: str, end: str, previous: Path | str, output: Path, public: Path,
                  key: Path) -> list[str]:
     # --wait: the launcher waits for the job (and prints its totals) on any runner, not only the DirectRunner.
+    # A new ledger (previous "none") declares its contract; a continuation keeps the recorded one.
+    declare = DECLARE if str(previous) == "none" else []
     return ["-m", "pipelines.distributed", "--input", *inputs, "--start", start, "--end", end,
             "--previous-ledger", str(previous), "--output", str(output), "--releases-parquet", str(public),
-            "--noise-key", str(key), "--wait", *PROMISE]
+            "--noise-key", str(key), "--wait", *PROMISE, *declare]
 
 
 def _release_files(public: Path) -> dict[str, pa.Table]:

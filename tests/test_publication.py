@@ -32,6 +32,8 @@ from stream.noise import NoiseKey
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
+#: The input contract a new ledger's first run declares (issue 28): integer ids, a 0/1 indicator.
+DECLARE = ["--id-type", "int64", "--column", "opened=0:1"]
 
 
 # --- the rule, with in-memory sides -------------------------------------------------------------------
@@ -238,10 +240,12 @@ def _stream(tmp_path: Path, days: int = 2) -> list[str]:
 
 def _stream_args(tmp_path: Path, messages: list[str], *, start: int, end: int, output: str,
                  previous: str = "none") -> list[str]:
+    """A new ledger's job (``previous`` "none") declares :data:`DECLARE`; a continuation keeps it."""
     key = tmp_path / "key" / "noise.key"
     NoiseKey.load_or_create(key)
     day = lambda w: (DAY0 + dt.timedelta(days=w - W0)).isoformat()  # noqa: E731
-    return ["--replay", *messages, "--columns", "opened", "--start", day(start), "--end", day(end),
+    declare = DECLARE if previous == "none" else []
+    return ["--replay", *messages, *declare, "--start", day(start), "--end", day(end),
             "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "2", "--releases-parquet", str(tmp_path / "public"),
             "--output", str(tmp_path / output), "--noise-key", str(key), "--shards", "2", "--previous-ledger", previous]
 
@@ -380,7 +384,7 @@ def test_the_three_jobs_record_the_same_row_balance_fields(tmp_path):
     NoiseKey.load_or_create(key)
     common = ["--start", DAY0.isoformat(), "--end", DAY0.isoformat(), "--epsilon", "1", "--delta", "1e-6",
               "--norm-budget", "2", "--noise-key", str(key), "--shards", "2", "--quiet"]
-    assert dist.main(["--input", str(day), *common, "--previous-ledger", "none", "--output",
+    assert dist.main(["--input", str(day), *common, *DECLARE, "--previous-ledger", "none", "--output",
                       str(tmp_path / "dist"), "--releases-parquet", str(tmp_path / "dist-public")]) == 0
     manifest = json.loads((tmp_path / "dist" / dist.COMMITTED).read_text())
     assert set(manifest["totals"]) == fields and manifest["balanced"]
@@ -388,7 +392,7 @@ def test_the_three_jobs_record_the_same_row_balance_fields(tmp_path):
 
     message = tmp_path / "day.arrows"
     message.write_bytes(sj.encode_message(pq.read_table(day)))
-    assert sj.main(["--replay", str(message), "--columns", "opened", *common[:-1], "--output", str(tmp_path / "stream"),
+    assert sj.main(["--replay", str(message), *DECLARE, *common[:-1], "--output", str(tmp_path / "stream"),
                     "--releases-parquet", str(tmp_path / "stream-public")]) == 0
     books = json.loads((tmp_path / "stream" / sj.BOOKS_FILE).read_text())
     assert books == {**manifest["totals"], "balanced": True}
