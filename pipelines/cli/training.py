@@ -112,7 +112,7 @@ def add_train_subcommand(subparsers: Any) -> None:
         "features",
         help="curator side: one training row per user (features + label) from the daily indicator files",
         description="Aggregate the daily indicator files per user: per indicator the mean per day and the share "
-        "of active days over [--start, --end], and label = 1 if --label-column is non-zero in "
+        "of active days over [--start, --end], and label = 1 if --label-column sums to more than 0 in "
         "[--label-start, --label-end]. Writes Parquet (sensitive: keep it with the ledger). A Beam batch job on "
         "the daily job's read and validation; other options are passed to Beam (e.g. --runner=DataflowRunner "
         "--project ...); one Beam does not know either is refused.",
