@@ -446,6 +446,17 @@ class ReleaseStore:
                            [json.dumps({"numeric": list(numeric), "string": list(strings),
                                         "undeclared": list(undeclared)})])
 
+    def record_input_contract(self, contract_json: str) -> None:
+        """Record the ledger's declared input contract (:meth:`stream.contract.InputContract.to_json`:
+        the id type, the columns, their kinds and bounds; public, declared, no data) in
+        ``store_meta`` (key ``input_contract``), so analysts read the bound a default sum clamps to."""
+        self._conn.execute("INSERT OR REPLACE INTO store_meta (key, value) VALUES ('input_contract', ?)",
+                           [contract_json])
+
+    def input_contract(self) -> str | None:
+        """The recorded input contract's JSON text (None when no run recorded one)."""
+        return self._meta("input_contract")
+
     def input_schema(self, *, undeclared_as: pa.DataType = pa.float64()) -> pa.Schema | None:
         """The columns a query may read, as the last run saw them: numeric ones as float64 (as
         validation leaves them), string ones as utf8, undeclared ones as ``undeclared_as`` (the

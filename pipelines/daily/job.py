@@ -201,6 +201,8 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
             _refuse_history_running_queries(plan, curator.history_running_queries(), to_release, config.ledger)
             columns = list(kinds.numeric)  # parsed as numbers: a value that does not parse is a dead letter
             store.record_input_columns(kinds.numeric, kinds.strings, kinds.undeclared)
+            if params.contract is not None:
+                store.record_input_contract(params.contract.to_json())
         categories = sorted({c for e in plan.entries if getattr(e.query, "categorical", False)
                              for c in e.query.columns_needed})
         _refuse_gaps_in_running_queries(plan, previous_release, to_release)
