@@ -30,6 +30,7 @@ from apache_beam.runners import pipeline_context
 from pipelines.beam import job_options as launch
 from pipelines.streaming import job as sj
 from pipelines.daily.job import JobConfig, run_job
+from stream.contract import DeclaredColumn, InputContract
 from stream.engine.ledger_config import DERIVED, FIXED, LedgerConfig, snapshot_key
 from stream.noise import NoiseKey
 from stream.schema import DeadLetterReason, WindowSpec
@@ -87,8 +88,15 @@ def _without_noise(rows: list[tuple], key_path: str, ledger_id: str) -> list[tup
             for q, w, c, v, s in rows]
 
 
+#: The input contract of every ledger here: int64 ids, ``opened`` a 0/1 indicator, ``bought`` in
+#: [0, 1.5) (:func:`_rows`), so the default clamped sums are the plain sums of the rows.
+CONTRACT = InputContract("int64", (DeclaredColumn("opened", "number", 0.0, 1.0),
+                                   DeclaredColumn("bought", "number", 0.0, 1.5)))
+DECLARED = ["--id-type", "int64", "--column", "opened=0:1", "--column", "bought=0:1.5"]
+
+
 def _args(tmp_path, source: list[str], *extra: str) -> list[str]:
-    return [*source, "--columns", "opened,bought", "--start", "2026-03-01", "--end", "2026-03-03",
+    return [*source, *DECLARED, "--start", "2026-03-01", "--end", "2026-03-03",
             "--epsilon", str(EPSILON), "--delta", str(DELTA), "--norm-budget", str(NORM_BUDGET),
             "--releases-parquet", str(tmp_path / "public"), "--output", str(tmp_path / "curator"),
             "--noise-key", _key(tmp_path), "--shards", "3", *extra]
@@ -99,7 +107,7 @@ def test_a_replayed_stream_gives_the_releases_and_ledger_of_renyi_stream_run(tmp
     assert sj.main(_args(tmp_path, ["--replay", *messages])) == 0
     run_job(JobConfig(inputs=tuple(files), store=str(tmp_path / "s.duckdb"), ledger=str(tmp_path / "l.duckdb"),
                       epsilon=EPSILON, delta=DELTA, norm_budget=NORM_BUDGET, start_window=W0, end_window=W0 + 2,
-                      key_path=_key(tmp_path), n_shards=5))
+                      key_path=_key(tmp_path), n_shards=5, contract=CONTRACT))
     con = duckdb.connect(str(tmp_path / "s.duckdb"), read_only=True)
     batch = con.execute("SELECT query_id, window_id, coordinate, value, noise_std FROM releases ORDER BY 1, 2, 3"
                         ).fetchall()
@@ -233,6 +241,24 @@ def test_a_stream_over_releases_without_a_previous_ledger_is_refused(tmp_path, d
     args[args.index("--start") + 1] = "2026-03-02"
     assert sj.main(args) == 2
     assert "restart from zero budget" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("undeclared", [[], ["--columns", "opened,bought"], ["--id-type", "int64"]],
+                         ids=["nothing", "columns-only", "id-type-only"])
+def test_a_new_ledger_without_a_declared_contract_is_refused_naming_the_options_before_anything_is_written(
+        tmp_path, days, capsys, undeclared):
+    """Issue 28: nothing about a row is inferred (not the id type from the first message, not the
+    columns from --columns): a new ledger's first run declares its contract, or is refused before
+    its --output (or the release root) holds a file."""
+    messages, _ = days
+    args = _args(tmp_path, ["--replay", *messages])
+    at = args.index(DECLARED[0])
+    args[at:at + len(DECLARED)] = undeclared
+    assert sj.main(args) == 2
+    err = capsys.readouterr().err
+    assert "refused" in err and "new ledger" in err and "needs its input contract" in err, err
+    assert "--id-type int64|string" in err and "--column NAME=LO:HI" in err, err
+    assert not (tmp_path / "curator").exists() and not (tmp_path / "public").exists()
 
 
 def _pubsub_graph(tmp_path) -> beam.Pipeline:

@@ -52,8 +52,10 @@ def _args(root: Path, replay: list[str], output: str, *, start: int, end: int, p
     key = root / "key" / "noise.key"
     NoiseKey.load_or_create(key)
     day = lambda d: (DAY0 + dt.timedelta(days=d)).isoformat()  # noqa: E731
-    return ["--replay", *replay, "--columns", "opened", "--start", day(start), "--end", day(end), "--epsilon", "1",
-            "--delta", "1e-6", "--norm-budget", "2", "--releases-parquet", str(root / "public"),
+    # The ledger's input contract (issue 28): int64 ids, opened a 0/1 indicator.
+    return ["--replay", *replay, "--id-type", "int64", "--column", "opened=0:1", "--start", day(start),
+            "--end", day(end), "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "2",
+            "--releases-parquet", str(root / "public"),
             "--output", str(root / output), "--noise-key", str(key), "--shards", "2", "--previous-ledger", previous]
 
 

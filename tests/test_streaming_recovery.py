@@ -59,7 +59,9 @@ def _args(tmp_path: Path, messages: list[str], **options: str) -> list[str]:
             "--norm-budget": "2", "--releases-parquet": str(tmp_path / "public"), "--output": str(tmp_path / "curator"),
             "--noise-key": str(key), "--shards": "2", "--previous-ledger": "none",
             **{"--" + k.replace("_", "-"): v for k, v in options.items()}}
-    return ["--replay", *messages, "--columns", "opened,bought", *(x for kv in args.items() for x in kv)]
+    # The ledger's input contract (issue 28): int64 ids, opened a 0/1 indicator, bought in [0, 1.5).
+    declared = ["--id-type", "int64", "--column", "opened=0:1", "--column", "bought=0:1.5"]
+    return ["--replay", *messages, *declared, *(x for kv in args.items() for x in kv)]
 
 
 def _public(tmp_path: Path) -> dict[int, pa.Table]:

@@ -121,11 +121,19 @@ class JobAdapter:
         return sorted(self.inputs[m.name] for m in step.messages)
 
     def common(self, step: sc.Step) -> list[str]:
-        """The options every job shares (pipelines.beam.job_options.add_promise_options)."""
+        """The options every job shares (pipelines.beam.job_options.add_promise_options); the
+        scenario's input contract on the ledger's first run (:meth:`declaration`)."""
         s = self.scenario
         return ["--start", sc.date(step.first_day), "--end", sc.date(step.last_day), "--epsilon", repr(s.epsilon),
                 "--delta", repr(s.delta), "--norm-budget", repr(s.norm_budget), "--releases-parquet",
-                str(self.public), "--shards", str(s.n_shards), "--policy", s.policy]
+                str(self.public), "--shards", str(s.n_shards), "--policy", s.policy, *self.declaration(step)]
+
+    def declaration(self, step: sc.Step) -> list[str]:
+        """The ledger's input contract (:meth:`scenario.Scenario.declaration`, the same for every
+        job) when ``step`` is the scenario's first run, which makes the ledger; later runs give
+        none and go on under the contract their ledger records (issue 28). A first run killed and
+        recovered, or re-run, declares it again: the same contract, which the ledger accepts."""
+        return self.scenario.declaration() if step == self.scenario.steps[0] else []
 
     def attempt(self, step: sc.Step, *, extra: Sequence[str] = ()) -> Ran:
         """Run ``step`` (its query changes first), with ``extra`` options; the exit status and
@@ -261,8 +269,7 @@ class DistributedJob(JobAdapter):
 
     def argv(self, step: sc.Step) -> list[str]:
         return ["--input", *self.paths(step), *self.common(step), "--previous-ledger", self.previous,
-                "--output", str(self._output()), "--noise-key", self.key_path,
-                "--columns", ",".join(self.scenario.columns), "--quiet"]
+                "--output", str(self._output()), "--noise-key", self.key_path, "--quiet"]
 
     def main(self, argv: list[str]) -> int:
         from pipelines.distributed.job import main
@@ -329,7 +336,7 @@ class StreamingJob(JobAdapter):
         return f"{self.outputs[-1]}/ledger/window_id={self.last_window}/*/*.parquet"
 
     def argv(self, step: sc.Step) -> list[str]:
-        return ["--replay", *self.paths(step), "--columns", ",".join(self.scenario.columns), *self.common(step),
+        return ["--replay", *self.paths(step), *self.common(step),
                 "--output", str(self._output()), "--noise-key", self.key_path, "--previous-ledger", self._previous()]
 
     def main(self, argv: list[str]) -> int:

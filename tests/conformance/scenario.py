@@ -31,13 +31,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from stream.contract import DeclaredColumn, InputContract
 from stream.engine.dead_letters import DeadLetterReason
-from queries.linear import LinearQuery, default_queries
+from queries.linear import LinearQuery
+from queries.registration import contract_defaults
 from stream.schema import RejectReason
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
 COLUMNS = ("opened", "bought")
+#: Each column's declared bound (issue 28: a new ledger's first run declares its input contract):
+#: ``opened`` is 0 or 1, ``bought`` a multiple of 1/8 up to the heavy user's 1.5. The data lie
+#: inside, so the default sums, clamped to these bounds, are the plain sums of the rows.
+BOUNDS = {"opened": (0.0, 1.0), "bought": (0.0, 1.5)}
 N_USERS = 240
 FIRST_ID = 1000  # ids 1000..1239: distinct from every count, so a leak of one is never mistaken for an id
 
@@ -207,6 +213,18 @@ class Scenario:
         return frozenset(found)
 
     @property
+    def contract(self) -> InputContract:
+        """The input contract every job's ledger of the scenario is declared with (its first run):
+        the scenario's id type, and each column a number within its :data:`BOUNDS`."""
+        return InputContract(self.id_type, tuple(DeclaredColumn(c, "number", *BOUNDS[c]) for c in self.columns))
+
+    def declaration(self) -> list[str]:
+        """:attr:`contract` as the options every job's command line takes (``--id-type``,
+        ``--column NAME=LO:HI``): the same declaration for every job."""
+        return ["--id-type", self.id_type, *(option for c in self.contract.columns
+                                             for option in ("--column", f"{c.name}={c.lo!r}:{c.hi!r}"))]
+
+    @property
     def windows(self) -> list[int]:
         return [w for step in self.steps for w in step.windows]
 
@@ -221,8 +239,9 @@ class Scenario:
 
     def query_plan(self) -> list[tuple[LinearQuery, int, int | None]]:
         """The public catalogue the scenario makes: ``(query, first window, retired from)``. The
-        default per-column window sums from the first window, then the steps' changes."""
-        plan = {q.query_id: [q, self.windows[0], None] for q in default_queries(list(self.columns))}
+        default per-column window sums of the declared contract (each column clamped to its
+        bound) from the first window, then the steps' changes."""
+        plan = {q.query_id: [q, self.windows[0], None] for q in contract_defaults(self.contract)}
         for step in self.steps:
             for query, day in step.register:
                 plan[query.query_id] = [query, window(day), None]
