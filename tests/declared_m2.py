@@ -9,11 +9,9 @@ charges a 0/1 column exactly as the unclamped sum did). ``options(...)``: the sa
 
 from __future__ import annotations
 
-import duckdb
-
 from stream.contract import DeclaredColumn, InputContract
 
-__all__ = ["contract", "options", "forget_contract"]
+__all__ = ["contract", "options"]
 
 
 def contract(*numbers: str, id_type: str = "int64", lo: float = 0.0, hi: float = 1.0,
@@ -37,13 +35,3 @@ def options(*numbers: str, id_type: str = "int64", bound: str = "0:1", unbounded
         out += ["--category", name]
     return out
 
-
-def forget_contract(ledger: str) -> None:
-    """Make the local daily job's ``ledger`` one recorded before contracts existed: its DuckDB
-    ``meta`` loses the declared columns (the id type and the rest of the record stay), as a
-    ledger written by a version without contracts has none."""
-    db = duckdb.connect(str(ledger))
-    try:
-        db.execute("DELETE FROM meta WHERE key = 'columns'")
-    finally:
-        db.close()
