@@ -24,6 +24,8 @@ from stream.engine.readers import read_batches
 from stream.noise import NoiseKey
 from stream.schema import DeadLetterReason, WindowSpec
 
+from declared_m2 import contract
+
 ROOT = Path(__file__).resolve().parents[1]
 VOCABULARY = {reason.value for reason in DeadLetterReason}
 
@@ -233,7 +235,7 @@ def test_the_daily_job_gives_each_situation_its_reason(tmp_path):
     (tmp_path / "b.csv").write_text(SECOND_INPUT)
     run_job(JobConfig(inputs=(str(tmp_path / "a.csv"), str(tmp_path / "b.csv")), store=str(tmp_path / "s.duckdb"),
                       ledger=str(tmp_path / "l.duckdb"), epsilon=1.0, delta=1e-6, norm_budget=4.0,
-                      start_window=W0 + 1, end_window=W0 + 2, n_shards=2, id_type="int64"))
+                      start_window=W0 + 1, end_window=W0 + 2, n_shards=2, contract=contract("opened", "bought")))
     db = duckdb.connect(str(tmp_path / "l.duckdb"), read_only=True)
     try:
         dead = db.execute("SELECT reason, raw FROM dead_letters").arrow().read_all()
@@ -252,7 +254,8 @@ def test_the_distributed_job_gives_each_situation_the_same_reason(tmp_path):
     out = tmp_path / "curator"
     assert dist.main(["--input", str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), "--id-type", "int64", "--start", _day(1),
                       "--end", _day(2), "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "4",
-                      "--columns", "opened,bought", "--previous-ledger", "none", "--output", str(out),
+                      "--column", "opened=0:1", "--column", "bought=0:1", "--previous-ledger", "none",
+                      "--output", str(out),
                       "--releases-parquet", str(tmp_path / "public"), "--noise-key", str(key), "--shards", "2",
                       "--quiet"]) == 0
     dead = pa.concat_tables([pq.read_table(f) for f in (out / "dead").glob("*.parquet")])
@@ -273,7 +276,8 @@ def test_the_streaming_job_gives_each_situation_the_same_reason(tmp_path):
     garbage.write_bytes(b"not arrow at all")
     key = tmp_path / "key" / "noise.key"
     NoiseKey.load_or_create(key)
-    assert sj.main(["--replay", *map(str, paths), str(garbage), "--columns", "opened,bought", "--id-type", "int64", "--start", _day(1),
+    assert sj.main(["--replay", *map(str, paths), str(garbage), "--column", "opened=0:1", "--column", "bought=0:1",
+                    "--id-type", "int64", "--start", _day(1),
                     "--end", _day(2), "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "4",
                     "--releases-parquet", str(tmp_path / "public"), "--output", str(tmp_path / "curator"),
                     "--noise-key", str(key), "--shards", "2"]) == 0

@@ -25,6 +25,7 @@ from pipelines.cli.main import main
 from pipelines.curator.features import FEATURES_KEY, ROWS_KEY, load_features
 from pipelines.daily.job import JobConfig, run_job
 from pipelines.features.job import materialise_features
+from stream.contract import DeclaredColumn, InputContract
 from stream.engine.readers import InputFileError
 
 GOLDEN = Path(__file__).parent / "data" / "features_golden"
@@ -94,7 +95,12 @@ def test_the_dead_letters_are_the_daily_jobs_for_the_same_input(tmp_path, int_ru
     ledger = tmp_path / "ledger.duckdb"
     run_job(JobConfig(inputs=tuple(_inputs("int_ids")), store=str(tmp_path / "releases.duckdb"), ledger=str(ledger),
                       epsilon=1.0, delta=1e-6, norm_budget=1e4, start_window=(DAY0 - dt.date(1970, 1, 1)).days,
-                      end_window=(DAY0 - dt.date(1970, 1, 1)).days + 6, n_shards=3))
+                      end_window=(DAY0 - dt.date(1970, 1, 1)).days + 6, n_shards=3,
+                      # the ledger's contract: the columns the features job reads as numbers, each
+                      # bounded by the range of the fixture's values
+                      contract=InputContract("int64", (DeclaredColumn("opened", "number", 0.0, 9.0),
+                                                       DeclaredColumn("bought", "number", 0.0, 9.0),
+                                                       DeclaredColumn("minutes", "number", 0.0, 99.0)))))
     db = duckdb.connect(str(ledger), read_only=True)
     try:
         daily = db.execute("SELECT source, row_index, reason FROM dead_letters ORDER BY ALL").fetchall()

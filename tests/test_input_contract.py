@@ -16,6 +16,7 @@ import pytest
 from pipelines.cli.main import main
 
 DAY0 = dt.date(2026, 3, 1)
+W0 = (DAY0 - dt.date(1970, 1, 1)).days
 
 
 def _day(offset: int) -> str:
@@ -75,10 +76,48 @@ def test_a_text_id_that_looks_like_an_integer_is_one_person_whatever_the_other_i
     assert used["042"] == pytest.approx(2 * used["7"])  # both days in one account
 
 
+def _recorded_before_contracts(tmp_path, id_type: str, name: str = "a") -> None:
+    """The record an older version (before declared contracts) wrote on a ledger's first run, by
+    hand: the promise, the id type it took from its first input (a CSV's: ``string``), the key
+    beside the ledger (``<ledger>.noise.key``, where ``renyi-stream run`` looks), no columns."""
+    from pipelines.curator.store import CuratorStore
+    from stream.engine.ledger_config import LedgerConfig
+    from stream.noise import NoiseKey
+
+    ledger = tmp_path / f"{name}.ledger.duckdb"
+    key = NoiseKey.load_or_create(ledger.with_name(ledger.stem + ".noise.key"))
+    with CuratorStore(ledger) as store:
+        store.check_or_record_parameters(LedgerConfig.from_promise(
+            epsilon=1.0, delta=1e-6, norm_budget=8.0, id_type=id_type, key_fingerprint=key.fingerprint, n_shards=2))
+        assert store.parameters().contract is None
+
+
 def test_a_csvs_ids_are_text_on_a_ledger_that_declares_no_id_type(tmp_path):
+    # A ledger recorded before contracts (the only ledger a run may continue without declaring
+    # one, under the older rule): its CSV ids are still text, "042" and "42" two people.
+    _recorded_before_contracts(tmp_path, "string")
     day0 = _csv(tmp_path / "d0.csv", [f"042,{_day(0)},1", f"42,{_day(0)},1"])
     assert _run(tmp_path, [day0]) == 0
     assert sorted(u for (u,) in _curator(tmp_path, "SELECT user_id FROM ledger")) == ["042", "42"]
+
+
+def test_a_new_ledger_without_a_declaration_is_refused_naming_the_options_and_its_next_run_needs_none(tmp_path,
+                                                                                                     capsys):
+    day0 = _csv(tmp_path / "d0.csv", [f"1,{_day(0)},1", f"2,{_day(0)},0"])
+    day1 = _csv(tmp_path / "d1.csv", [f"1,{_day(1)},1"])
+    assert _run(tmp_path, [day0]) == 1
+    err = capsys.readouterr().err
+    assert "--id-type" in err and "--column" in err and "is new" in err and "Traceback" not in err, err
+    for table in ("processed_windows", "run_counts", "meta WHERE key = 'rho'"):  # nobody charged, nothing recorded
+        assert _curator(tmp_path, f"SELECT count(*) FROM {table}") == [(0,)], table
+    assert not (tmp_path / "a.releases.duckdb").exists()  # nothing published
+    assert _run(tmp_path, [day0], "--id-type", "int64", "--column", "opened=0:1") == 0  # the first run declares
+    assert _run(tmp_path, [day1], start=1) == 0  # the next needs no declaration: the ledger keeps its own
+    assert _releases(tmp_path) == [("sum:opened", W0), ("sum:opened", W0 + 1)]
+    assert json.loads(dict(_catalogue(tmp_path))["sum:opened"])["spec"] == \
+        {"type": "clamp", "column": "opened", "lo": 0.0, "hi": 1.0}
+    assert _curator(tmp_path, "SELECT user_id FROM ledger ORDER BY 1") == [(1,), (2,)]  # int64 ids, as declared
+    assert _curator(tmp_path, "SELECT count(*) FROM run_counts") == [(2,)]
 
 
 def test_an_int64_ledger_reads_only_canonical_integer_ids_and_letters_the_rest(tmp_path):

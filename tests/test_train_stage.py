@@ -32,6 +32,8 @@ from stream.ledger import Ledger
 from stream.noise import NoiseKey
 from stream.training.models import load_model
 
+from declared_m2 import contract
+
 pytestmark = pytest.mark.filterwarnings("ignore::stream.noise.InsecureNoiseWarning")
 
 DAY0 = dt.date(2026, 3, 1)
@@ -117,7 +119,8 @@ def test_streaming_then_training_on_one_ledger_keeps_every_user_within_budget(tm
     paths = _write_days(tmp_path)
     ledger = tmp_path / "ledger.duckdb"
     job = JobConfig(inputs=tuple(paths[:4]), store=str(tmp_path / "releases.duckdb"), ledger=str(ledger),
-                    epsilon=1.0, delta=1e-6, norm_budget=3.0, start_window=W0, end_window=W0 + 3, n_shards=4)
+                    epsilon=1.0, delta=1e-6, norm_budget=3.0, start_window=W0, end_window=W0 + 3, n_shards=4,
+                    contract=contract("opened", "bought"))
     run_job(job)
     streamed = _used(ledger)
     with CuratorStore(ledger) as store:
@@ -434,7 +437,8 @@ def test_the_training_report_keeps_exact_counts_in_its_curator_only_part(tmp_pat
     paths = _write_days(tmp_path, users=300)
     ledger = tmp_path / "ledger.duckdb"
     run_job(JobConfig(inputs=tuple(paths[:4]), store=str(tmp_path / "releases.duckdb"), ledger=str(ledger),
-                      epsilon=1.0, delta=1e-6, norm_budget=3.0, start_window=W0, end_window=W0 + 3, n_shards=4))
+                      epsilon=1.0, delta=1e-6, norm_budget=3.0, start_window=W0, end_window=W0 + 3, n_shards=4,
+                      contract=contract("opened", "bought")))
     features = _features(tmp_path, paths)
     n, in_ledger = pq.read_metadata(features).num_rows, len(_used(ledger))
     assert main(_train_args(features, ledger, tmp_path / "m.npz")) == 0
@@ -452,7 +456,8 @@ def test_adding_a_user_without_budget_left_changes_no_model(tmp_path):
     paths = _write_days(tmp_path)
     ledger = tmp_path / "ledger.duckdb"
     run_job(JobConfig(inputs=tuple(paths[:4]), store=str(tmp_path / "releases.duckdb"), ledger=str(ledger),
-                      epsilon=1.0, delta=1e-6, norm_budget=3.0, start_window=W0, end_window=W0 + 3, n_shards=4))
+                      epsilon=1.0, delta=1e-6, norm_budget=3.0, start_window=W0, end_window=W0 + 3, n_shards=4,
+                      contract=contract("opened", "bought")))
     with CuratorStore(ledger) as store:
         kappa = store.parameters().rho
     features = _features(tmp_path, paths)
