@@ -26,3 +26,20 @@ def flags(id_type: str, *columns: str, categories: Sequence[str] = ()) -> list[s
     for category in categories:
         out += ["--category", category]
     return out
+
+
+def register_unclamped_defaults(store: str, columns: Sequence[str], effective_from: int, *, kind: str = "window",
+                                strategy: str | None = None, horizon: int | str | None = None) -> None:
+    """Register in the DuckDB release store ``store``, before a ledger's first run, the default
+    queries a ledger without a declaration got for ``columns``: one *unclamped* sum (``sum:c``)
+    or running total (``running:c``) per column, from window ``effective_from``. For tests that
+    feed values outside any bound on purpose (charges, drops, overflow): declare those columns
+    without a bound (``"c"``), which gives them no default query of their own."""
+    from queries.linear import default_queries
+    from queries.registry import QueryRegistry
+    from queries.release_store import ReleaseStore
+
+    with ReleaseStore(store) as opened:
+        registry = QueryRegistry(opened)
+        for query in default_queries(list(columns), kind=kind, strategy=strategy, horizon=horizon):
+            registry.add(query, effective_from=effective_from)
