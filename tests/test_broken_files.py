@@ -25,8 +25,11 @@ import pytest
 
 from pipelines.cli.main import main
 from stream.engine.readers import InputFileError, read_batches
+from declared_m1 import contract, flags
 
 DAY1, DAY2 = dt.date(2026, 3, 1), dt.date(2026, 3, 2)
+# The ledgers' declared input (issue 28): int64 ids and a 0/1 indicator.
+DECLARED = ("int64", "opened=0:1")
 
 
 def _day(day: dt.date, users=(1, 2, 3)) -> pa.Table:
@@ -141,7 +144,7 @@ def test_a_directory_with_an_input_extension_is_refused_naming_it(tmp_path):
 def _run_args(root: Path, inputs: list[str], start: dt.date, end: dt.date) -> list[str]:
     return ["run", "--input", *inputs, "--store", str(root / "releases.duckdb"), "--ledger", str(root / "ledger.duckdb"),
             "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "4", "--start", start.isoformat(),
-            "--end", end.isoformat(), "--shards", "2", "--quiet"]
+            "--end", end.isoformat(), "--shards", "2", "--quiet", *flags(*DECLARED)]
 
 
 def _snapshot(root: Path) -> dict:
@@ -247,7 +250,8 @@ def test_a_csv_line_that_does_not_split_is_a_dead_letter_and_the_day_is_released
     path.write_bytes(_RAGGED)
     w = (DAY2 - dt.date(1970, 1, 1)).days
     summary = run_job(JobConfig(inputs=(str(path),), store=str(tmp_path / "s.duckdb"), ledger=str(tmp_path / "l.duckdb"),
-                                epsilon=1.0, delta=1e-6, norm_budget=4.0, start_window=w, end_window=w, n_shards=2))
+                                epsilon=1.0, delta=1e-6, norm_budget=4.0, start_window=w, end_window=w, n_shards=2,
+                                contract=contract(*DECLARED)))
     assert (summary.rows_read, summary.admitted + summary.dropped, summary.rejected) == (4, 2, 2)
     assert summary.balanced and summary.windows_released == [w]
     db = duckdb.connect(str(tmp_path / "l.duckdb"), read_only=True)
@@ -272,7 +276,8 @@ def test_the_distributed_job_dead_letters_a_csv_line_that_does_not_split(tmp_pat
     out = tmp_path / "curator" / "run1"
     assert dist.main(["--input", str(path), "--start", day, "--end", day, "--epsilon", "1", "--delta", "1e-6",
                       "--norm-budget", "4", "--previous-ledger", "none", "--output", str(out),
-                      "--releases-parquet", str(tmp_path / "public"), "--noise-key", str(key), "--quiet"]) == 0
+                      "--releases-parquet", str(tmp_path / "public"), "--noise-key", str(key), "--quiet",
+                      *flags(*DECLARED)]) == 0
     manifest = json.loads((out / dist.COMMITTED).read_text())
     assert manifest["balanced"] and manifest["totals"]["rows_read"] == 4
     assert manifest["dead_reasons"] == {"malformed_row": 2}

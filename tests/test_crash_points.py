@@ -33,10 +33,13 @@ from pipelines.daily.job import JobConfig, run_job
 from queries.release_store import ReleaseStore
 
 from conformance.crash import run_killed_at
+from declared_m1 import contract
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
 USERS = 120  # 120 + 80 + 80 rows over three days, and 3 bad rows a day: 289 rows
+# The ledgers' declared input (issue 28): 0/1 indicators, whose clamped sums are their plain sums.
+DECLARED = contract("int64", "opened=0:1", "bought=0:1")
 
 # Commit points in the order a run meets them, and whether the curator's transaction (ledger,
 # outbox, counts) had committed when the process died.
@@ -90,7 +93,7 @@ def _config(root, inputs, start: int, end: int, name: str) -> JobConfig:
     return JobConfig(inputs=tuple(inputs), store=str(root / f"{name}.releases.duckdb"),
                      ledger=str(root / f"{name}.ledger.duckdb"), epsilon=1.0, delta=1e-6, norm_budget=2.5,
                      start_window=W0 + start, end_window=W0 + end, policy="clip", key_path=str(root / "shared.key"),
-                     n_shards=4)
+                     n_shards=4, contract=DECLARED)
 
 
 def _pristine(root) -> str:
@@ -118,8 +121,10 @@ def _fresh(config: JobConfig, tmp_path) -> JobConfig:
 _CRASHING_RUN = textwrap.dedent("""
     import json, sys
     from pipelines.daily.job import JobConfig, run_job
+    from stream.contract import InputContract
     fields = json.loads(sys.argv[1])
     fields["inputs"] = tuple(fields["inputs"])
+    fields["contract"] = InputContract.from_dict(fields["contract"])
     run_job(JobConfig(**fields))
 """)
 

@@ -25,11 +25,16 @@ from queries.linear import LinearQuery
 from queries.registry import QueryRegistry
 from queries.release_store import ReleaseStore
 from stream.ledger import Ledger
+from declared_m1 import contract, register_unclamped_defaults
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
 EXTREME = 1e308  # finite, and the largest magnitude a float64 column can hold with room to spare
 HEAVY = 3  # the user whose value is extreme
+# The ledgers' declared input (issue 28): numbers without a bound, since the extreme values must
+# reach the queries as they are; each ledger's unclamped default sums are registered before its
+# first run (:func:`_new_ledger`).
+DECLARED = contract("int64", "spend", "tier")
 
 
 def _day(tmp_path, offset: int, heavy_value: float, *, users: int = 6) -> str:
@@ -48,7 +53,13 @@ def _day(tmp_path, offset: int, heavy_value: float, *, users: int = 6) -> str:
 def _job(tmp_path, inputs, start: int, end: int, **kw) -> JobConfig:
     return JobConfig(inputs=tuple(inputs), store=str(tmp_path / "s.duckdb"), ledger=str(tmp_path / "l.duckdb"),
                      epsilon=1.0, delta=1e-6, norm_budget=10.0, start_window=W0 + start, end_window=W0 + end,
-                     key_path=str(tmp_path / "k.key"), n_shards=2, **kw)
+                     key_path=str(tmp_path / "k.key"), n_shards=2, contract=DECLARED, **kw)
+
+
+def _new_ledger(tmp_path, **kw) -> None:
+    """Register the unclamped sums (or, with ``kind="running"``, running totals) of spend and tier
+    from window 0 in a new ledger's store: the default queries of a ledger declared without bounds."""
+    register_unclamped_defaults(str(tmp_path / "s.duckdb"), ["spend", "tier"], W0, **kw)
 
 
 def _released(tmp_path) -> dict[str, set[int]]:
@@ -74,6 +85,7 @@ def _register(tmp_path, query: LinearQuery, effective_from: int) -> None:
 
 
 def test_a_weighted_query_that_overflows_for_one_user_still_releases_the_window(tmp_path):
+    _new_ledger(tmp_path)
     run_job(_job(tmp_path, [_day(tmp_path, 0, 1.0)], 0, 0))
     before = dict(_curator(tmp_path, "SELECT user_id, used FROM ledger"))
     _register(tmp_path, LinearQuery.weighted("big", {"spend": 1e300}), 1)
@@ -89,6 +101,7 @@ def test_a_weighted_query_that_overflows_for_one_user_still_releases_the_window(
 def test_a_running_total_whose_history_overflows_for_one_user_keeps_releasing(tmp_path, strategy):
     # 1e308 every day: each value is finite, the weighted history sum passes float64's range.
     inputs = [_day(tmp_path, d, EXTREME) for d in range(4)]
+    _new_ledger(tmp_path, kind="running", strategy=strategy)
     for day, path in enumerate(inputs):
         run_job(_job(tmp_path, [path], day, day, release="running", strategy=strategy))
     released = _released(tmp_path)
@@ -99,7 +112,8 @@ def test_a_running_total_whose_history_overflows_for_one_user_keeps_releasing(tm
 
 
 def test_a_weighted_query_that_is_nan_for_one_user_still_releases_the_window(tmp_path):
-    run_job(_job(tmp_path, [_day(tmp_path, 0, 1.0)], 0, 0))  # registers the default sums
+    _new_ledger(tmp_path)  # the default sums
+    run_job(_job(tmp_path, [_day(tmp_path, 0, 1.0)], 0, 0))
     _register(tmp_path, LinearQuery.weighted("big", {"spend": -1e300, "tier": 1e300}), 1)
     run_job(_job(tmp_path, [_day(tmp_path, 1, 1e10)], 1, 1))  # -inf + inf is NaN: also dropped
     assert 1 in _released(tmp_path)["big"]
@@ -112,6 +126,7 @@ def test_a_weighted_query_that_is_nan_for_one_user_still_releases_the_window(tmp
     LinearQuery.columns("both", ["spend", "tier"]),  # ||(1e308, 1e308)||^2 overflows
 ])
 def test_extreme_finite_values_are_released_for_every_query_kind(tmp_path, query):
+    _new_ledger(tmp_path)
     run_job(_job(tmp_path, [_day(tmp_path, 0, 1.0)], 0, 0))
     _register(tmp_path, query, 1)
     run_job(_job(tmp_path, [_day(tmp_path, 1, EXTREME)], 1, 1))

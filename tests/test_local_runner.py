@@ -14,6 +14,7 @@ from apache_beam.runners.portability.fn_api_runner import fn_runner
 
 from pipelines.daily.job import JobConfig, run_job
 from pipelines.beam.local_runner import batch_runner
+from declared_m1 import contract
 
 
 def test_a_daily_run_on_the_direct_runner_never_tries_the_prism_runner(tmp_path, monkeypatch):
@@ -30,7 +31,7 @@ def test_a_daily_run_on_the_direct_runner_never_tries_the_prism_runner(tmp_path,
     w0 = (day - dt.date(1970, 1, 1)).days
     summary = run_job(JobConfig(inputs=(str(tmp_path / "d0.parquet"),), store=str(tmp_path / "r.duckdb"),
                                 ledger=str(tmp_path / "l.duckdb"), epsilon=1.0, delta=1e-6, norm_budget=2.0,
-                                start_window=w0, end_window=w0))
+                                start_window=w0, end_window=w0, contract=contract("int64", "opened=0:1")))
     assert summary.balanced and summary.admitted == 3
     assert tried == []
 
@@ -54,11 +55,13 @@ def test_a_local_run_outside_ipython_does_not_import_ipython(tmp_path):
         import datetime as dt, sys
         import pyarrow as pa, pyarrow.parquet as pq
         from pipelines.daily.job import JobConfig, run_job
+        from stream.contract import DeclaredColumn, InputContract
         day = dt.date(2026, 3, 1)
         pq.write_table(pa.table({{"user_id": [1, 2], "day": [day] * 2, "opened": [1.0, 0.0]}}), "{tmp_path}/d.parquet")
         w0 = (day - dt.date(1970, 1, 1)).days
         run_job(JobConfig(inputs=("{tmp_path}/d.parquet",), store="{tmp_path}/r.duckdb", ledger="{tmp_path}/l.duckdb",
-                          epsilon=1.0, delta=1e-6, norm_budget=2.0, start_window=w0, end_window=w0))
+                          epsilon=1.0, delta=1e-6, norm_budget=2.0, start_window=w0, end_window=w0,
+                          contract=InputContract("int64", (DeclaredColumn("opened", "number", 0.0, 1.0),))))
         print("IPython" in sys.modules)
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)

@@ -19,6 +19,10 @@ import pytest
 from pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock
 from pipelines.daily.job import JobConfig, run_job
 from queries.release_store import ReleaseConflictError, ReleaseStore
+from declared_m1 import contract
+
+# The ledgers' declared input (issue 28): 0/1 indicators, whose clamped sums are their plain sums.
+DECLARED = contract("int64", "opened=0:1", "bought=0:1")
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -41,7 +45,7 @@ def _config(tmp_path, inputs, *, start=0, end=2, norm_budget=2.5, name="a", **kw
     return JobConfig(
         inputs=tuple(inputs), store=str(tmp_path / f"{name}.releases.duckdb"), ledger=str(tmp_path / f"{name}.ledger.duckdb"),
         epsilon=1.0, delta=1e-6, norm_budget=norm_budget, start_window=W0 + start, end_window=W0 + end,
-        key_path=str(tmp_path / "shared.key"), n_shards=4, **kw,
+        key_path=str(tmp_path / "shared.key"), n_shards=4, **{"contract": DECLARED, **kw},
     )
 
 
@@ -196,7 +200,7 @@ def test_nothing_pre_noise_reaches_the_release_store(tmp_path):
     db.close()
     assert not tables & {"ledger", "outbox", "window_counts", "run_counts", "dead_letters"}
     assert not columns & {"used", "true_sum", "admitted", "clipped", "dropped", "user_id"}
-    assert values["opened"] != 50.0  # the exact sum is never what is stored
+    assert values["clamp(opened,0,1)"] != 50.0  # the exact sum is never what is stored
 
 
 def test_a_second_concurrent_run_on_the_same_ledger_is_refused(tmp_path):
@@ -274,10 +278,12 @@ def test_a_ledger_whose_noise_or_tracker_does_not_follow_from_its_budget_is_refu
 _CRASHING_RUN = textwrap.dedent("""
     import sys
     from pipelines.daily.job import JobConfig, run_job
+    from stream.contract import InputContract
     from stream.schema import WindowSpec
-    inputs, store, ledger, key, start, end = sys.argv[1:7]
+    inputs, store, ledger, key, start, end, declared = sys.argv[1:8]
     run_job(JobConfig(inputs=(inputs,), store=store, ledger=ledger, epsilon=1.0, delta=1e-6,
-                      norm_budget=2.5, start_window=int(start), end_window=int(end), key_path=key, n_shards=4))
+                      norm_budget=2.5, start_window=int(start), end_window=int(end), key_path=key, n_shards=4,
+                      contract=InputContract.from_json(declared)))
 """)
 
 
@@ -290,7 +296,7 @@ def test_a_run_killed_mid_commit_recovers_to_the_uninterrupted_outcome(tmp_path,
     _same_ledger(clean, crashed)
     run_job(clean)
     args = [sys.executable, "-c", _CRASHING_RUN, day0, crashed.store, crashed.ledger, crashed.key_path,
-            str(crashed.start_window), str(crashed.end_window)]
+            str(crashed.start_window), str(crashed.end_window), DECLARED.to_json()]
     result = subprocess.run(args, env={**os.environ, "RENYI_STREAM_CRASH_AT": crash_at}, capture_output=True)
     assert result.returncode == -9, result.stderr.decode()[-2000:]  # SIGKILL, mid-commit
     rerun = run_job(crashed)  # the re-run, with the lock left behind by the dead process

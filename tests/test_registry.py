@@ -18,6 +18,10 @@ from queries.registry import QueryRegistry
 from queries.release_store import _MIGRATIONS, RELEASE_SCHEMA, ReleaseStore, ReleaseStoreError, connect_read_only
 from stream.accounting import calibrate
 from stream.accounting.gaussian import MAX_DIM
+from declared_m1 import contract
+
+# The ledgers' declared input (issue 28): 0/1 indicators, whose clamped sums are their plain sums.
+DECLARED = contract("int64", "opened=0:1", "tier=0:1")
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -37,10 +41,10 @@ def _day(tmp_path, offset, users, opened, tier):
     return str(path)
 
 
-def _job(tmp_path, inputs, start, end):
+def _job(tmp_path, inputs, start, end, declared=DECLARED):
     return JobConfig(inputs=tuple(inputs), store=str(tmp_path / "s.duckdb"), ledger=str(tmp_path / "l.duckdb"),
                      epsilon=1.0, delta=1e-6, norm_budget=10.0, start_window=W0 + start, end_window=W0 + end,
-                     key_path=str(tmp_path / "k.key"), n_shards=2)
+                     key_path=str(tmp_path / "k.key"), n_shards=2, contract=declared)
 
 
 def test_registering_a_query_for_a_released_window_is_refused_and_changes_nothing(tmp_path):
@@ -426,13 +430,14 @@ def test_a_histogram_over_a_string_column_of_the_input_is_answered_end_to_end(tm
     from stream.noise import NoiseBinding, NoiseKey, gaussian_noise
 
     day0 = _day_with_plan(tmp_path, 0, [1, 2, 3], [1, 1, 0], ["free", "pro", "free"])
-    run_job(_job(tmp_path, [day0], 0, 0))  # the string column is not an indicator: sum:opened only
+    plans = contract("int64", "opened=0:1", categories=["plan"])
+    run_job(_job(tmp_path, [day0], 0, 0, plans))  # the string column is not an indicator: sum:opened only
     with QueryRegistry(tmp_path / "s.duckdb") as registry:
         assert registry.list().column("query_id").to_pylist() == ["sum:opened"]
         registry.add(LinearQuery.histogram("plans", "plan", ["free", "pro"]), effective_from=W0 + 1)
     # Four users; one has a plan outside the list and one a null plan: both count in no bucket.
     day1 = _day_with_plan(tmp_path, 1, [1, 2, 3, 4, 5], [1, 0, 1, 1, 0], ["pro", "pro", "free", "team", None])
-    summary = run_job(_job(tmp_path, [day1], 1, 1))
+    summary = run_job(_job(tmp_path, [day1], 1, 1, plans))
     assert summary.rejected == 0 and summary.admitted == 5
     with ReleaseStore(tmp_path / "s.duckdb", read_only=True) as store:
         rows = [r for r in store.read().to_pylist() if r["query_id"] == "plans"]
@@ -448,7 +453,7 @@ def test_a_histogram_over_a_string_column_of_the_input_is_answered_end_to_end(tm
 def test_a_csv_day_whose_numeric_column_reads_as_text_dead_letters_the_bad_row_not_the_run(tmp_path):
     day0 = _day(tmp_path, 0, [1, 2], [1, 1], [0, 1])
     run_job(_job(tmp_path, [day0], 0, 0))  # registers sum:opened and sum:tier
-    csv = tmp_path / "day1.csv"  # one unparseable value: a CSV reader infers the column as text
+    csv = tmp_path / "day1.csv"  # one unparseable value in a declared number column (a CSV declares no types)
     csv.write_text("user_id,day,opened,tier\n1,2026-03-02,1,0\n2,2026-03-02,abc,1\n3,2026-03-02,1,1\n")
     summary = run_job(_job(tmp_path, [str(csv)], 1, 1))
     assert (summary.admitted, summary.rejected) == (2, 1)

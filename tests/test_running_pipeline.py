@@ -23,6 +23,7 @@ from stream.continual.blt import BufferedLinearToeplitz
 from stream.continual.prepaid import running_rule
 from stream.engine.running import PrepaidUsers, RunningRelease
 from stream.ledger import Ledger
+from declared_m1 import contract
 
 BLT = BufferedLinearToeplitz.shipped(365, 4)  # the default strategy, fitted for the default horizon
 
@@ -30,6 +31,8 @@ DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
 USERS = 60
 DAYS = 30
+# The ledgers' declared input (issue 28): a 0/1 indicator, whose clamped sum is its plain sum.
+DECLARED = contract("int64", "churned=0:1")
 
 
 def _stream(seed: int = 3) -> np.ndarray:
@@ -55,7 +58,7 @@ def _config(tmp_path, inputs, *, start, end, name="r", norm_budget=2000.0, relea
         inputs=tuple(inputs), store=str(tmp_path / f"{name}.releases.duckdb"),
         ledger=str(tmp_path / f"{name}.ledger.duckdb"), epsilon=1.0, delta=1e-5, norm_budget=norm_budget,
         start_window=W0 + start, end_window=W0 + end, key_path=str(tmp_path / "shared.key"), n_shards=3,
-        release=release)
+        release=release, contract=DECLARED)
 
 
 def _running(config) -> pa.Table:

@@ -24,6 +24,7 @@ from stream.accounting import calibrate
 from stream.continual.blt import BufferedLinearToeplitz
 from stream.continual.prepaid import realised_sq_norms
 from stream.noise import NoiseBinding, NoiseKey, gaussian_noise
+from declared_m1 import contract, register_unclamped_defaults
 
 DAY0 = dt.date(2026, 5, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -40,6 +41,9 @@ ROWS = [(0, 0, 3.0), (0, 1, 1.0), (0, 3, 1.0),
         (4, 0, 1.0), (4, 1, 1.0), (4, 3, 1.0),
         (5, 3, 1.0), (5, 4, 1.0)]
 USERS = 6
+# The ledgers' declared input (issue 28): v without a bound, since user 0's 100.0 must be charged
+# (and dropped) as it is; its unclamped running total is registered before each ledger's first run.
+DECLARED = contract("int64", "v")
 
 
 def _data() -> np.ndarray:
@@ -63,7 +67,14 @@ def _config(tmp_path, day: int, *, name: str = "p", horizon=None, end: int | Non
     return JobConfig(inputs=inputs, store=str(tmp_path / f"{name}.releases.duckdb"),
                      ledger=str(tmp_path / f"{name}.ledger.duckdb"), epsilon=1.0, delta=1e-5,
                      norm_budget=NORM_BUDGET, start_window=W0 + day, end_window=W0 + (day if end is None else end),
-                     key_path=str(tmp_path / "shared.key"), n_shards=2, release="running", horizon=horizon)
+                     key_path=str(tmp_path / "shared.key"), n_shards=2, release="running", horizon=horizon,
+                     contract=DECLARED)
+
+
+def _new_ledger(tmp_path, day: int, *, name: str = "p", horizon=None) -> None:
+    """Register the running total of v from window ``day`` in the new ledger ``name``'s store."""
+    register_unclamped_defaults(str(tmp_path / f"{name}.releases.duckdb"), ["v"], W0 + day, kind="running",
+                                horizon=horizon)
 
 
 def _query(path, sql: str) -> list:
@@ -79,6 +90,7 @@ def daily(tmp_path_factory):
     """Six daily runs, one day each, on one ledger and store; the state read back after each."""
     tmp_path = tmp_path_factory.mktemp("prepaid")
     states = []
+    _new_ledger(tmp_path, 0)
     for day in range(DAYS):
         run_job(_config(tmp_path, day))
         states.append(dict((u, (w, len(v))) for u, w, v in _query(
@@ -190,12 +202,14 @@ def test_a_store_with_old_history_state_is_refused_with_how_to_migrate(daily, ca
 
 
 def test_a_window_out_of_order_is_refused_before_anyone_is_charged(tmp_path):
+    _new_ledger(tmp_path, 0, name="gap")
     run_job(_config(tmp_path, 0, name="gap"))
     with pytest.raises(ValueError, match="window by window from window"):
         run_job(_config(tmp_path, 2, name="gap"))
 
 
 def test_a_window_past_the_declared_schedule_is_refused_by_name(tmp_path):
+    _new_ledger(tmp_path, 0, name="short", horizon=2)
     run_job(_config(tmp_path, 0, name="short", horizon=2, end=1))
     with pytest.raises(ValueError, match="declared for 2 windows.*past its schedule"):
         run_job(_config(tmp_path, 2, name="short", horizon=2))

@@ -27,6 +27,7 @@ from stream.continual.prepaid import TreePrepaid, running_rule
 from stream.continual.strategies import BinaryTree, SquareRootFactorization
 from stream.engine.running import PrepaidUsers
 from stream.ledger import Ledger
+from declared_m1 import flags
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -251,7 +252,8 @@ def _run(tmp_path, paths, *, name, start, end, strategy="tree"):
             "--ledger", str(tmp_path / f"{name}.ledger.duckdb"), "--key", str(tmp_path / "shared.key"),
             "--epsilon", str(EPSILON), "--delta", str(DELTA), "--norm-budget", str(NORM_BUDGET),
             "--start", str(DAY0 + dt.timedelta(days=start)), "--end", str(DAY0 + dt.timedelta(days=end)),
-            "--shards", "3", "--release", "running", "--quiet"]
+            "--shards", "3", "--release", "running", "--quiet",
+            *flags("int64", "churned=0:1")]  # the ledger's declared input (issue 28): a 0/1 indicator
     return main(argv + (["--strategy", strategy] if strategy else []))
 
 

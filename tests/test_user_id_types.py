@@ -23,9 +23,12 @@ from pipelines.streaming import job as sj
 from pipelines.daily.job import JobConfig, run_job
 from stream.noise import NoiseKey
 from stream.schema import RejectReason, validate_batch
+from declared_m1 import contract, flags
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
+# The ledgers' declared input (issue 28): int64 ids and a 0/1 indicator.
+DECLARED = ("int64", "opened=0:1")
 
 
 def _batch(ids, day=DAY0) -> pa.Table:
@@ -85,7 +88,7 @@ def test_a_csv_day_with_one_text_id_is_released_with_that_row_dead_lettered_by_r
     def job(inputs, day):
         return JobConfig(inputs=tuple(inputs), store=str(tmp_path / "s.duckdb"), ledger=str(tmp_path / "l.duckdb"),
                          epsilon=1.0, delta=1e-6, norm_budget=10.0, start_window=W0 + day, end_window=W0 + day,
-                         key_path=str(tmp_path / "k.key"), n_shards=2)
+                         key_path=str(tmp_path / "k.key"), n_shards=2, contract=contract(*DECLARED))
 
     run_job(job([_parquet_day(tmp_path / "d0.parquet", 0, [1, 2, 3])], 0))
     summary = run_job(job([_csv_day_with_one_text_id(tmp_path / "d1.csv", 1)], 1))
@@ -110,7 +113,7 @@ def test_a_csv_day_with_one_text_id_is_released_by_the_distributed_job(tmp_path)
         when = (DAY0 + dt.timedelta(days=day)).isoformat()
         return ["--input", *inputs, "--start", when, "--end", when, "--epsilon", "1", "--delta", "1e-6",
                 "--norm-budget", "10", "--previous-ledger", previous, "--output", str(output),
-                "--releases-parquet", str(tmp_path / "public"), "--noise-key", str(key), "--quiet"]
+                "--releases-parquet", str(tmp_path / "public"), "--noise-key", str(key), "--quiet", *flags(*DECLARED)]
 
     run1, run2 = tmp_path / "curator" / "run1", tmp_path / "curator" / "run2"
     assert dist.main(args([_parquet_day(tmp_path / "d0.parquet", 0, [1, 2, 3])], 0, "none", run1)) == 0
@@ -128,7 +131,7 @@ def test_a_streamed_message_with_text_ids_costs_its_bad_rows_never_the_window(tm
         path = tmp_path / f"m{day}.arrows"
         path.write_bytes(sj.encode_message(_batch(ids, DAY0 + dt.timedelta(days=day))))
         messages.append(str(path))
-    code = sj.main(["--replay", *messages, "--columns", "opened", "--start", "2026-03-01", "--end", "2026-03-02",
+    code = sj.main(["--replay", *messages, *flags(*DECLARED), "--start", "2026-03-01", "--end", "2026-03-02",
                     "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "10", "--releases-parquet",
                     str(tmp_path / "public"), "--output", str(tmp_path / "curator"), "--noise-key", str(key),
                     "--shards", "2"])
