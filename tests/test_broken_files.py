@@ -25,7 +25,7 @@ import pytest
 
 from pipelines.cli.main import main
 from stream.engine.readers import InputFileError, read_batches
-from declared_m1 import contract, flags
+from declared import contract, flags
 
 DAY1, DAY2 = dt.date(2026, 3, 1), dt.date(2026, 3, 2)
 # The ledgers' declared input (issue 28): int64 ids and a 0/1 indicator.

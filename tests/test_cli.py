@@ -14,7 +14,7 @@ import pytest
 from pipelines.cli.main import main
 from stream.accounting import ACCOUNTINGS, calibrate
 
-from declared_m2 import options
+from declared import flags
 
 
 def test_calibrate_json_has_each_accounting_with_rho_mu_and_noise_std(capsys):
@@ -160,7 +160,7 @@ def _day_file(path, day="2026-03-01", users=(1, 2, 3)):
 def _run_args(tmp_path, inputs, start="2026-03-01", end="2026-03-02"):
     return ["run", "--input", *inputs, "--store", str(tmp_path / "r.duckdb"), "--ledger", str(tmp_path / "l.duckdb"),
             "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "4", "--start", start, "--end", end, "--quiet",
-            *options("opened")]  # the ledger's declared contract (a later run may repeat it)
+            *flags("int64", "opened=0:1")]  # the ledger's declared contract (a later run may repeat it)
 
 
 def test_run_releases_the_schedule_and_prints_balanced_totals(tmp_path, capsys):

@@ -24,7 +24,7 @@ import pytest
 from pipelines.cli.main import _build_parser, main
 from pipelines.daily.job import JobConfig, run_job
 from pipelines.features.job import materialise_features
-from declared_m2 import contract, options
+from declared import contract, flags
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -44,7 +44,7 @@ def world(tmp_path_factory):
     run_job(JobConfig(inputs=(str(root / "in.parquet"),), store=str(root / "store.duckdb"),
                       ledger=str(root / "ledger.duckdb"), epsilon=1.0, delta=1e-6, norm_budget=5.0,
                       start_window=W0, end_window=W0, key_path=str(root / "key"), n_shards=2,
-                      contract=contract("opened")))
+                      contract=contract("int64", "opened=0:1")))
     materialise_features([str(root / "in.parquet")], root / "features.parquet", start=DAY0, end=DAY0,
                          label_column="opened", label_start=DAY0 + dt.timedelta(days=3),
                          label_end=DAY0 + dt.timedelta(days=3))
@@ -58,7 +58,7 @@ def world(tmp_path_factory):
 # Placeholders: {w} the world folder (existing files), {t} this test's empty folder.
 RUN = ["run", "--input", "{w}/in.parquet", "--store", "{t}/s.duckdb", "--ledger", "{t}/l.duckdb", "--epsilon", "1",
        "--delta", "1e-6", "--norm-budget", "5", "--start", "2026-03-01", "--end", "2026-03-01", "--quiet",
-       *options("opened")]  # a new ledger's declared contract: every refusal below is of another option
+       *flags("int64", "opened=0:1")]  # a new ledger's declared contract: every refusal below is of another option
 CAL = ["calibrate", "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "10"]
 SQL = ["sql", "SELECT * FROM releases", "--store", "{w}/store.duckdb"]
 DEMO = ["demo", "--users", "10", "--days", "2", "--out", "{t}/demo", "--quiet"]

@@ -33,7 +33,7 @@ from pipelines.daily.job import JobConfig, run_job
 from queries.release_store import ReleaseStore
 
 from conformance.crash import run_killed_at
-from declared_m1 import contract
+from declared import contract
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days

@@ -24,7 +24,7 @@ from stream.engine.readers import read_batches
 from stream.noise import NoiseKey
 from stream.schema import DeadLetterReason, WindowSpec
 
-from declared_m2 import contract
+from declared import contract
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCABULARY = {reason.value for reason in DeadLetterReason}
@@ -235,7 +235,7 @@ def test_the_daily_job_gives_each_situation_its_reason(tmp_path):
     (tmp_path / "b.csv").write_text(SECOND_INPUT)
     run_job(JobConfig(inputs=(str(tmp_path / "a.csv"), str(tmp_path / "b.csv")), store=str(tmp_path / "s.duckdb"),
                       ledger=str(tmp_path / "l.duckdb"), epsilon=1.0, delta=1e-6, norm_budget=4.0,
-                      start_window=W0 + 1, end_window=W0 + 2, n_shards=2, contract=contract("opened", "bought")))
+                      start_window=W0 + 1, end_window=W0 + 2, n_shards=2, contract=contract("int64", "opened=0:1", "bought=0:1")))
     db = duckdb.connect(str(tmp_path / "l.duckdb"), read_only=True)
     try:
         dead = db.execute("SELECT reason, raw FROM dead_letters").arrow().read_all()

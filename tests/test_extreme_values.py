@@ -25,7 +25,7 @@ from queries.linear import LinearQuery
 from queries.registry import QueryRegistry
 from queries.release_store import ReleaseStore
 from stream.ledger import Ledger
-from declared_m1 import contract, register_unclamped_defaults
+from declared import contract, register_unclamped_defaults
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days

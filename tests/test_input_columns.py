@@ -18,7 +18,7 @@ from pipelines.daily.job import JobConfig, run_job
 from queries.linear import LinearQuery
 from queries.registry import QueryRegistry
 from queries.release_store import ReleaseStore
-from declared_m1 import contract
+from declared import contract
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days

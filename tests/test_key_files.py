@@ -15,7 +15,7 @@ from pipelines.daily.job import JobConfig, run_job
 from queries.release_store import ReleaseConflictError, ReleaseStore
 from stream.noise import NoiseKey, NoiseKeyError
 
-from declared_m2 import contract, options
+from declared import contract, flags
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -33,7 +33,7 @@ def _config(tmp_path, offset, *, key="k.key", ledger="l.duckdb"):
     return JobConfig(inputs=(_day(tmp_path, offset),), store=str(tmp_path / "s.duckdb"),
                      ledger=str(tmp_path / ledger), epsilon=1.0, delta=1e-6, norm_budget=5.0,
                      start_window=W0 + offset, end_window=W0 + offset, key_path=str(tmp_path / key), n_shards=2,
-                     contract=contract("opened"))  # a new ledger's declaration; a later run may repeat it
+                     contract=contract("int64", "opened=0:1"))  # a new ledger's declaration; a later run may repeat it
 
 
 def _digest(*paths) -> list[str]:
@@ -84,7 +84,7 @@ def _cli_run(tmp_path, offset, *, store="s.duckdb", ledger="l.duckdb", key="k.ke
     day = (DAY0 + dt.timedelta(days=offset)).isoformat()
     return ["run", "--input", _day(tmp_path, offset), "--store", str(tmp_path / store), "--ledger",
             str(tmp_path / ledger), "--noise-key", str(tmp_path / key), "--epsilon", "1", "--delta", "1e-6",
-            "--norm-budget", "5", "--start", day, "--end", day, "--shards", "2", "--quiet", *options("opened")]
+            "--norm-budget", "5", "--start", day, "--end", day, "--shards", "2", "--quiet", *flags("int64", "opened=0:1")]
 
 
 def _cli(argv, capsys) -> tuple[int, str]:

@@ -14,7 +14,7 @@ from apache_beam.runners.portability.fn_api_runner import fn_runner
 
 from pipelines.daily.job import JobConfig, run_job
 from pipelines.beam.local_runner import batch_runner
-from declared_m1 import contract
+from declared import contract
 
 
 def test_a_daily_run_on_the_direct_runner_never_tries_the_prism_runner(tmp_path, monkeypatch):

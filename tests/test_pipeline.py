@@ -19,7 +19,7 @@ import pytest
 from pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock
 from pipelines.daily.job import JobConfig, run_job
 from queries.release_store import ReleaseConflictError, ReleaseStore
-from declared_m1 import contract
+from declared import contract
 
 # The ledgers' declared input (issue 28): 0/1 indicators, whose clamped sums are their plain sums.
 DECLARED = contract("int64", "opened=0:1", "bought=0:1")

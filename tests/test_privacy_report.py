@@ -21,7 +21,7 @@ from stream.engine.ledger_config import LedgerConfig
 from stream.ledger import Ledger
 from stream.schema import REJECTED_SCHEMA
 
-from declared_m2 import contract
+from declared import contract
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -42,7 +42,7 @@ def ledger(tmp_path_factory):
         paths.append(str(path))
     config = JobConfig(inputs=tuple(paths), store=str(tmp / "s.duckdb"), ledger=str(tmp / "l.duckdb"), epsilon=1.0,
                        delta=1e-6, norm_budget=B, start_window=W0, end_window=W0 + 1, key_path=str(tmp / "k.key"),
-                       n_shards=2, contract=contract("opened"))
+                       n_shards=2, contract=contract("int64", "opened=0:1"))
     run_job(config)
     return config.ledger
 

@@ -18,7 +18,7 @@ from queries.registry import QueryRegistry
 from queries.release_store import _MIGRATIONS, RELEASE_SCHEMA, ReleaseStore, ReleaseStoreError, connect_read_only
 from stream.accounting import calibrate
 from stream.accounting.gaussian import MAX_DIM
-from declared_m1 import contract
+from declared import contract
 
 # The ledgers' declared input (issue 28): 0/1 indicators, whose clamped sums are their plain sums.
 DECLARED = contract("int64", "opened=0:1", "tier=0:1")

@@ -21,7 +21,7 @@ from queries.release_store import RELEASE_SCHEMA, ReleaseStore
 from pipelines.curator.ledger_report import render_curator_report
 from queries.report import render_report
 
-from declared_m2 import contract
+from declared import contract
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -58,7 +58,7 @@ def stores(tmp_path_factory):
                              "opened": pa.array([1.0, 0.0, 1.0]), "bought": pa.array([0.0, 1.0, 1.0])}), path)
     config = JobConfig(inputs=(str(path),), store=str(tmp / "s.duckdb"), ledger=str(tmp / "l.duckdb"), epsilon=1.0,
                        delta=1e-6, norm_budget=5.0, start_window=W0, end_window=W0 + 3, key_path=str(tmp / "k.key"),
-                       n_shards=2, contract=contract("opened", "bought"))
+                       n_shards=2, contract=contract("int64", "opened=0:1", "bought=0:1"))
     run_job(config)
     return tmp, config
 

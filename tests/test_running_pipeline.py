@@ -23,7 +23,7 @@ from stream.continual.blt import BufferedLinearToeplitz
 from stream.continual.prepaid import running_rule
 from stream.engine.running import PrepaidUsers, RunningRelease
 from stream.ledger import Ledger
-from declared_m1 import contract
+from declared import contract
 
 BLT = BufferedLinearToeplitz.shipped(365, 4)  # the default strategy, fitted for the default horizon
 

@@ -24,7 +24,7 @@ from stream.accounting import calibrate
 from stream.continual.blt import BufferedLinearToeplitz
 from stream.continual.prepaid import realised_sq_norms
 from stream.noise import NoiseBinding, NoiseKey, gaussian_noise
-from declared_m1 import contract, register_unclamped_defaults
+from declared import contract, register_unclamped_defaults
 
 DAY0 = dt.date(2026, 5, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days

@@ -27,7 +27,7 @@ from stream.continual.prepaid import TreePrepaid, running_rule
 from stream.continual.strategies import BinaryTree, SquareRootFactorization
 from stream.engine.running import PrepaidUsers
 from stream.ledger import Ledger
-from declared_m1 import flags
+from declared import flags
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days

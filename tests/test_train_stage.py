@@ -32,7 +32,7 @@ from stream.ledger import Ledger
 from stream.noise import NoiseKey
 from stream.training.models import load_model
 
-from declared_m2 import contract
+from declared import contract
 
 pytestmark = pytest.mark.filterwarnings("ignore::stream.noise.InsecureNoiseWarning")
 
@@ -120,7 +120,7 @@ def test_streaming_then_training_on_one_ledger_keeps_every_user_within_budget(tm
     ledger = tmp_path / "ledger.duckdb"
     job = JobConfig(inputs=tuple(paths[:4]), store=str(tmp_path / "releases.duckdb"), ledger=str(ledger),
                     epsilon=1.0, delta=1e-6, norm_budget=3.0, start_window=W0, end_window=W0 + 3, n_shards=4,
-                    contract=contract("opened", "bought"))
+                    contract=contract("int64", "opened=0:1", "bought=0:1"))
     run_job(job)
     streamed = _used(ledger)
     with CuratorStore(ledger) as store:
@@ -438,7 +438,7 @@ def test_the_training_report_keeps_exact_counts_in_its_curator_only_part(tmp_pat
     ledger = tmp_path / "ledger.duckdb"
     run_job(JobConfig(inputs=tuple(paths[:4]), store=str(tmp_path / "releases.duckdb"), ledger=str(ledger),
                       epsilon=1.0, delta=1e-6, norm_budget=3.0, start_window=W0, end_window=W0 + 3, n_shards=4,
-                      contract=contract("opened", "bought")))
+                      contract=contract("int64", "opened=0:1", "bought=0:1")))
     features = _features(tmp_path, paths)
     n, in_ledger = pq.read_metadata(features).num_rows, len(_used(ledger))
     assert main(_train_args(features, ledger, tmp_path / "m.npz")) == 0
@@ -457,7 +457,7 @@ def test_adding_a_user_without_budget_left_changes_no_model(tmp_path):
     ledger = tmp_path / "ledger.duckdb"
     run_job(JobConfig(inputs=tuple(paths[:4]), store=str(tmp_path / "releases.duckdb"), ledger=str(ledger),
                       epsilon=1.0, delta=1e-6, norm_budget=3.0, start_window=W0, end_window=W0 + 3, n_shards=4,
-                      contract=contract("opened", "bought")))
+                      contract=contract("int64", "opened=0:1", "bought=0:1")))
     with CuratorStore(ledger) as store:
         kappa = store.parameters().rho
     features = _features(tmp_path, paths)

@@ -23,7 +23,7 @@ from pipelines.streaming import job as sj
 from pipelines.daily.job import JobConfig, run_job
 from stream.noise import NoiseKey
 from stream.schema import RejectReason, validate_batch
-from declared_m1 import contract, flags
+from declared import contract, flags
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
