@@ -1,4 +1,8 @@
-"""Which input columns a run parses as numbers, decided from public information, never from values.
+"""Which input columns a run parses as numbers, for a ledger recorded before declared contracts.
+
+A ledger with a declared contract (:mod:`stream.contract`; every new ledger has one) takes its
+columns from the declaration alone. A ledger recorded before contracts existed goes on under the
+rule below until a run declares its contract: decided from public information, never from values.
 
 A numeric *indicator* column is parsed as numbers by :func:`stream.schema.validate_batch`: a
 value that does not parse makes its row a dead letter (``wrong_type``, the column named), counted
