@@ -146,13 +146,7 @@ class InputContract:
 
     @classmethod
     def from_columns_json(cls, id_type: str, text: str, *, where: str = "the declared columns") -> "InputContract":
-        try:
-            columns = _loads(text)
-        except ContractError as exc:
-            raise ContractError(f"{where}: {exc}") from None
-        except (TypeError, ValueError) as exc:
-            raise ContractError(f"{where} is not JSON: {exc}") from None
-        return cls.from_dict({"id_type": id_type, "columns": columns}, where=where)
+        return cls.from_dict({"id_type": id_type, "columns": _parsed(text, where)}, where=where)
 
     @classmethod
     def from_dict(cls, data: Any, *, where: str = "the contract") -> "InputContract":
@@ -175,13 +169,7 @@ class InputContract:
 
     @classmethod
     def from_json(cls, text: str, *, where: str = "the contract") -> "InputContract":
-        try:
-            data = _loads(text)
-        except ContractError as exc:
-            raise ContractError(f"{where}: {exc}") from None
-        except (TypeError, ValueError) as exc:
-            raise ContractError(f"{where} is not JSON: {exc}") from None
-        return cls.from_dict(data, where=where)
+        return cls.from_dict(_parsed(text, where), where=where)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "InputContract":
@@ -210,6 +198,16 @@ class InputContract:
             raise ContractError("--id-type is required with --column/--category: declare int64 or string")
         declared = [_parse_column(text) for text in columns] + [DeclaredColumn(str(n), "category") for n in categories]
         return cls(id_type, tuple(declared))
+
+
+def _parsed(text: str, where: str) -> Any:
+    """``text`` as JSON (:func:`_loads`); ContractError naming ``where`` when it is not."""
+    try:
+        return _loads(text)
+    except ContractError as exc:
+        raise ContractError(f"{where}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ContractError(f"{where} is not JSON: {exc}") from None
 
 
 def _parse_column(text: str) -> DeclaredColumn:

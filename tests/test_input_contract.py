@@ -31,28 +31,25 @@ def _run(tmp_path, inputs, *declare: str, start: int = 0, end: int | None = None
                  "--epsilon", "1", "--delta", "1e-6", "--norm-budget", budget, "--shards", "2", *declare])
 
 
-def _curator(tmp_path, sql: str, name: str = "a") -> list[tuple]:
-    db = duckdb.connect(str(tmp_path / f"{name}.ledger.duckdb"), read_only=True)
+def _query(path, sql: str) -> list[tuple]:
+    db = duckdb.connect(str(path), read_only=True)
     try:
         return db.execute(sql).fetchall()
     finally:
         db.close()
 
 
+def _curator(tmp_path, sql: str, name: str = "a") -> list[tuple]:
+    return _query(tmp_path / f"{name}.ledger.duckdb", sql)
+
+
 def _catalogue(tmp_path, name: str = "a") -> list[tuple]:
-    db = duckdb.connect(str(tmp_path / f"{name}.releases.duckdb"), read_only=True)
-    try:
-        return db.execute("SELECT query_id, spec_json FROM query_registry ORDER BY query_id").fetchall()
-    finally:
-        db.close()
+    return _query(tmp_path / f"{name}.releases.duckdb", "SELECT query_id, spec_json FROM query_registry ORDER BY query_id")
 
 
 def _releases(tmp_path, name: str = "a") -> list[tuple]:
-    db = duckdb.connect(str(tmp_path / f"{name}.releases.duckdb"), read_only=True)
-    try:
-        return db.execute("SELECT query_id, window_id FROM releases ORDER BY query_id, window_id").fetchall()
-    finally:
-        db.close()
+    return _query(tmp_path / f"{name}.releases.duckdb",
+                  "SELECT query_id, window_id FROM releases ORDER BY query_id, window_id")
 
 
 def _csv(path, lines: list[str], header: str = "user_id,day,opened") -> str:
