@@ -273,3 +273,25 @@ def test_the_streaming_job_answers_the_declared_bounded_columns_and_refuses_colu
     assert "not both" in capsys.readouterr().err
     assert sj.main([*common, *DECLARE, "--output", str(tmp_path / "curator")]) == 0
     assert _public_catalogue(tmp_path) == {"sum:opened": {"type": "clamp", "column": "opened", "lo": 0.0, "hi": 1.0}}
+
+
+@pytest.mark.parametrize("column, declare, why", [
+    (pa.array([[1.0], [2.0]]), ("--column", "opened=0:1"), "holds no numbers"),
+    (pa.array([b"\x01", b"\x02"]), ("--column", "opened=0:1"), "holds no numbers"),
+    (pa.array([1, 2]), ("--category", "opened"), "holds no text"),
+])
+def test_a_declared_column_of_a_type_that_holds_no_such_value_refuses_the_file_before_anyone_is_charged(
+        tmp_path, capsys, column, declare, why):
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"user_id": [1, 2], "day": [DAY0, DAY0], "opened": column}), path)
+    assert _run(tmp_path, [path], "--id-type", "int64", *declare) == 1
+    err = capsys.readouterr().err
+    assert "'opened'" in err and why in err and "Traceback" not in err
+    assert _curator(tmp_path, "SELECT count(*) FROM run_counts") == [(0,)]
+
+
+def test_a_csv_header_that_repeats_a_name_refuses_the_file_before_anyone_is_charged(tmp_path, capsys):
+    path = _csv(tmp_path / "d.csv", [f"1,{_day(0)},1,0"], header="user_id,day,opened,opened")
+    assert _run(tmp_path, [path], "--id-type", "int64", "--column", "opened=0:1") == 1
+    assert "repeats the column name(s) ['opened']" in capsys.readouterr().err
+    assert _curator(tmp_path, "SELECT count(*) FROM run_counts") == [(0,)]

@@ -36,7 +36,7 @@ from pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock, cr
 from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
-from stream.engine.readers import declares_types, id_type_of, read_batches, refuse_missing_columns
+from stream.engine.readers import declares_types, id_type_of, read_batches, check_declared_columns
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, refuse_running_gaps
 from queries.registration import contract_defaults, declared_header, plan_columns
 from queries.release_files import write_release_file
@@ -133,7 +133,7 @@ def _contract(config: JobConfig, existing: LedgerConfig | None) -> InputContract
         raise ContractError(f"the ledger {config.ledger} is new: {declaration_hint(header)}")
     if contract is not None:
         for path in config.inputs:
-            refuse_missing_columns(path, contract.names)
+            check_declared_columns(path, contract)
     return contract
 
 

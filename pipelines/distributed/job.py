@@ -118,7 +118,7 @@ try:
 finally:
     _root.setLevel(_level)
 from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
-from stream.engine.readers import declares_types, id_type_of, read_batches, refuse_missing_columns
+from stream.engine.readers import declares_types, id_type_of, read_batches, check_declared_columns
 from queries import release_lineage as lineage
 from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
@@ -455,7 +455,7 @@ def prepare(args: argparse.Namespace) -> RunPlan:
     if contract is not None:
         try:
             for item in inputs:
-                refuse_missing_columns(item["path"], contract.names)
+                check_declared_columns(item["path"], contract)
         except ValueError as exc:
             raise RunRefused(str(exc)) from None
         schema, declared, requested, defaults = declared_header(contract), True, list(contract.numeric), contract

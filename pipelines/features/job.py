@@ -65,7 +65,7 @@ from pipelines.curator.features import (LABEL, FeatureSummary, FeatureWindows, f
 from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from stream.engine.ledger_config import DEFAULT_SHARDS, MAX_SHARDS
 from stream.contract import InputContract
-from stream.engine.readers import id_type_of, refuse_missing_columns
+from stream.engine.readers import id_type_of, check_declared_columns
 from stream.engine.row_balance import reason_counts
 from stream.private_files import write_private
 from stream.schema import WindowSpec
@@ -199,7 +199,7 @@ def materialise_features(
     paths = [str(p) for p in inputs]
     if contract is not None:
         for path in paths:
-            refuse_missing_columns(path, contract.names)
+            check_declared_columns(path, contract)
         columns = indicator_columns_of(paths[0], label_column, indicator_columns or contract.numeric)
     else:
         columns = indicator_columns_of(paths[0], label_column, indicator_columns)

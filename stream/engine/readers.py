@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from stream.contract import InputContract
 
 import numpy as np
 
@@ -271,14 +274,31 @@ def _quoted_lines(data: bytes, starts: np.ndarray, stops: np.ndarray, numbers: n
     return _text_table(names, columns), np.asarray(kept, dtype=np.int64)
 
 
-def refuse_missing_columns(path: str | Path, names: Sequence[str]) -> None:
-    """InputFileError naming the file and the columns when its header lacks any of ``names`` (the
-    declared columns): a structural fault, refused before anyone is charged."""
-    header = next(read_batches(path, batch_rows=1, malformed=[])).schema.names
-    missing = [n for n in names if n not in header]
+def check_declared_columns(path: str | Path, contract: "InputContract") -> None:
+    """InputFileError, naming the file and the column, when its header cannot hold the declared
+    contract (:mod:`stream.contract`): a declared column it lacks, a column name it repeats, or a
+    declared column whose type no value of could parse (a number written as a list, binary or
+    struct column; a category written as anything but text). Structural faults of the file, seen
+    in its header before anyone is charged; a value that does not parse is that row's dead letter."""
+    schema = next(read_batches(path, batch_rows=1, malformed=[])).schema
+    header = schema.names
+    missing = [n for n in contract.names if n not in header]
     if missing:
         raise InputFileError(f"input file {path} lacks the declared column(s) {missing[:20]}; its columns: "
                              f"{[_short(n)[:40] for n in header[:20]]}. Every input holds every declared column")
+    repeated = sorted({n for n in header if header.count(n) > 1})
+    if repeated:
+        raise InputFileError(f"input file {path} repeats the column name(s) {[_short(n)[:40] for n in repeated[:5]]}")
+    for column in contract.columns:
+        t = schema.field(column.name).type
+        t = t.value_type if pa.types.is_dictionary(t) else t
+        text = pa.types.is_string(t) or pa.types.is_large_string(t) or getattr(pa.types, "is_string_view",
+                                                                               lambda _: False)(t)
+        number = (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
+                  or pa.types.is_decimal(t))
+        if not (pa.types.is_null(t) or text or (number and column.kind == "number")):
+            raise InputFileError(f"input file {path} writes the declared {column.kind} column {column.name!r} as "
+                                 f"{t}, which holds no {'numbers' if column.kind == 'number' else 'text'}")
 
 
 def declares_types(path: str | Path) -> bool:
