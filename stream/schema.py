@@ -417,7 +417,7 @@ class _Layout:
 
 
 def _resolve_columns(schema: pa.Schema, indicator_columns: Sequence[str] | None,
-                     category_columns: Sequence[str] = ()) -> _Layout:
+                     category_columns: Sequence[str] = (), id_type: str | None = None) -> _Layout:
     names = schema.names
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
@@ -428,7 +428,8 @@ def _resolve_columns(schema: pa.Schema, indicator_columns: Sequence[str] | None,
 
     if USER_ID not in names:
         raise SchemaError(f"batch has no {USER_ID!r} column; columns found: {names}")
-    if _user_kind(type_of(USER_ID)) is None:
+    float_ids = id_type == "int64" and pa.types.is_floating(type_of(USER_ID))  # parsed row by row
+    if _user_kind(type_of(USER_ID)) is None and not float_ids:
         raise SchemaError(
             f"column {USER_ID!r} has unsupported type {schema.field(USER_ID).type}; "
             "expected an integer or string type"
@@ -632,6 +633,8 @@ def _user_ids(arr: pa.Array, rej: _Rejections) -> pa.Array:
     rej.add(~_mask(arr.is_valid()), DeadLetterReason.NULL_USER_ID, f"{USER_ID} is null")
     if pa.types.is_null(arr.type):
         return pa.nulls(n, pa.int64())
+    if pa.types.is_floating(arr.type):  # only for an int64 ledger (_resolve_columns)
+        return _float_ids(arr, rej)
     if pa.types.is_string(arr.type):
         rej.add(_mask(pc.equal(arr, "")), DeadLetterReason.EMPTY_USER_ID, f"{USER_ID} is an empty string")
         return arr
@@ -650,6 +653,25 @@ def _user_ids(arr: pa.Array, rej: _Rejections) -> pa.Array:
         f"{USER_ID} {RESERVED_USER_ID} is reserved (the int64 minimum) and cannot be a user id",
     )
     return ids
+
+
+#: The largest float id read as an int64 id: every integer up to 2**53 is exactly a float64, so no
+#: two ids a float column holds are one person, nor one id two.
+MAX_FLOAT_ID = 2**53
+
+
+def _float_ids(arr: pa.Array, rej: _Rejections) -> pa.Array:
+    """A float column's ids for an int64 ledger (pandas writes integer ids as float64 when one is
+    missing), row by row: an integral value within ``MAX_FLOAT_ID`` is that id; NaN, inf, a
+    fraction or a larger value (which the float may already have rounded onto another user's id)
+    is that row's ``wrong_type``."""
+    values = np.asarray(arr.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(values) & (values == np.trunc(values)) & (np.abs(values) <= MAX_FLOAT_ID)
+    rej.add(_mask(arr.is_valid()) & ~ok, DeadLetterReason.WRONG_TYPE,
+            lambda: _join(f"{USER_ID} ", arr.cast(pa.string()), f" is not an integer id within 2**53 (a float "
+                          "column's ids are read only when exact)"))
+    return pa.array(np.where(ok, values, 0.0).astype(np.int64), pa.int64())
 
 
 # A declared int64 id written as text must be the integer's one canonical spelling (no sign but a
@@ -798,7 +820,7 @@ def validate_batch(
         )
     if id_type not in (None, "int64", "string"):
         raise ValueError(f"id_type must be 'int64', 'string' or None, got id_type={id_type!r}")
-    layout = _resolve_columns(table.schema, indicator_columns, category_columns)
+    layout = _resolve_columns(table.schema, indicator_columns, category_columns, id_type)
     return _validate(table, layout, window, start, end, id_type)
 
 

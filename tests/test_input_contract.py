@@ -295,3 +295,13 @@ def test_a_csv_header_that_repeats_a_name_refuses_the_file_before_anyone_is_char
     assert _run(tmp_path, [path], "--id-type", "int64", "--column", "opened=0:1") == 1
     assert "repeats the column name(s) ['opened']" in capsys.readouterr().err
     assert _curator(tmp_path, "SELECT count(*) FROM run_counts") == [(0,)]
+
+
+def test_a_float_id_column_with_one_missing_id_is_that_rows_dead_letter_and_the_day_is_released(tmp_path):
+    # What pandas writes for integer ids when one is missing: float64 (refused the day before).
+    path = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"user_id": pa.array([1.0, None, 3.0]), "day": [DAY0] * 3, "opened": [1.0] * 3}), path)
+    assert _run(tmp_path, [path], "--id-type", "int64", "--column", "opened=0:1") == 0
+    assert sorted(u for (u,) in _curator(tmp_path, "SELECT user_id FROM ledger")) == [1, 3]
+    assert _curator(tmp_path, "SELECT reason FROM dead_letters") == [("null_user_id",)]
+    assert [q for q, _ in _releases(tmp_path)] == ["sum:opened"]

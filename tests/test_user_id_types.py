@@ -22,7 +22,7 @@ from pipelines.distributed import job as dist
 from pipelines.streaming import job as sj
 from pipelines.daily.job import JobConfig, run_job
 from stream.noise import NoiseKey
-from stream.schema import RejectReason, validate_batch
+from stream.schema import RejectReason, SchemaError, validate_batch
 from declared import contract, flags
 
 DAY0 = dt.date(2026, 3, 1)
@@ -140,3 +140,19 @@ def test_a_streamed_message_with_text_ids_costs_its_bad_rows_never_the_window(tm
         f"window_id={W0}", f"window_id={W0 + 1}"}
     books = sj.books(str(tmp_path / "curator"))
     assert books["balanced"] and (books["rows_read"], books["rejected"], books["admitted"]) == (6, 1, 5)
+
+
+def test_a_float_id_column_is_read_row_by_row_for_an_int64_ledger():
+    # pandas writes integer ids as float64 when one is missing: that refused the whole day. Each
+    # row is now its own: an exact integer is the id, anything else that row's dead letter.
+    ids = pa.array([7.0, None, 2.5, float("nan"), float(2**53), float(2**53 + 2)], pa.float64())
+    checked = validate_batch(_batch(ids), indicator_columns=["opened"], id_type="int64")
+    assert checked.valid.column("user_id").to_pylist() == [7, 2**53]
+    assert [(r["row_index"], r["reason"]) for r in checked.rejected.to_pylist()] == [
+        (1, RejectReason.NULL_USER_ID.value), (2, RejectReason.WRONG_TYPE.value), (3, RejectReason.WRONG_TYPE.value),
+        (5, RejectReason.WRONG_TYPE.value)]
+
+
+def test_a_float_id_column_is_no_string_ledgers_id():
+    with pytest.raises(SchemaError, match="'user_id' has unsupported type double"):
+        validate_batch(_batch(pa.array([7.0], pa.float64())), indicator_columns=["opened"], id_type="string")
