@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.cli.main import main
-from stream.engine.readers import InputFileError, read_batches
+from stream.engine.readers import InputFileError, MalformedLines, read_batches
 from declared import contract, flags
 
 DAY1, DAY2 = dt.date(2026, 3, 1), dt.date(2026, 3, 2)
@@ -233,11 +233,12 @@ def test_run_on_an_input_with_a_header_and_no_rows_releases_noise_only(tmp_path,
 _RAGGED = (b"user_id,day,opened\n1,2026-03-02,1\n2,2026-03-02\n3,2026-03-02,1,extra\n4,2026-03-02,0\n")
 
 
-def test_a_reader_given_a_list_skips_a_csv_line_that_does_not_split_and_hands_it_over(tmp_path):
+def test_a_reader_given_a_sink_skips_a_csv_line_that_does_not_split_and_hands_it_over(tmp_path):
     path = tmp_path / "ragged.csv"
     path.write_bytes(_RAGGED)
-    malformed: list = []
+    malformed = MalformedLines()
     assert sum(b.num_rows for b in read_batches(path, malformed=malformed)) == 2
+    malformed = list(malformed)
     assert [text for _, text, _ in malformed] == ["2,2026-03-02", "3,2026-03-02,1,extra"]
     assert [(line, why) for line, _, why in malformed] == [(3, "2 fields, not the header's 3"),
                                                            (4, "4 fields, not the header's 3")]

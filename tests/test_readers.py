@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stream.engine import readers
-from stream.engine.readers import InputFileError, read_batches
+from stream.engine.readers import InputFileError, MalformedLines, read_batches
 
 TABLE = pa.table({
     "user_id": pa.array([1, 2, 3], type=pa.int64()),
@@ -97,9 +97,9 @@ def test_every_csv_column_user_id_included_is_read_as_text_whatever_its_values_l
 
 
 def _csv_rows(path) -> tuple[list[dict], list[tuple[int, str, str]]]:
-    malformed: list[tuple[int, str, str]] = []
+    malformed = MalformedLines()
     rows = [r for b in read_batches(path, malformed=malformed) for r in b.to_pylist()]
-    return rows, malformed
+    return rows, list(malformed)
 
 
 def test_a_too_long_line_ending_exactly_at_a_chunk_boundary_loses_no_line_after_it(tmp_path):
@@ -159,6 +159,38 @@ def test_many_malformed_lines_are_read_with_work_linear_in_the_file(tmp_path, mo
     assert 0 < counting.scanned <= 8 * len(body)  # quadratic scanning would be ~20,000 x the chunk
 
 
+def test_a_reader_drained_after_each_batch_never_holds_more_than_a_chunk_of_bad_lines(tmp_path, monkeypatch):
+    # The malformed lines of a whole file were held until its end: an 8 MiB file of two-byte bad
+    # lines took about 1 GB as Python tuples. The reader now pauses (an empty batch) after a chunk
+    # of only bad lines, so its caller can take them: counted, not timed or measured.
+    monkeypatch.setattr(readers, "_CHUNK_BYTES", 4096)
+    bad = b'"\n' * 30_000
+    good = b"".join(b"%d,2026-03-01,1\n" % i for i in range(50))
+    (tmp_path / "d.csv").write_bytes(b"user_id,day,opened\n" + bad + good + bad)
+    malformed = MalformedLines()
+    held, taken, rows = [], 0, 0
+    for batch in read_batches(tmp_path / "d.csv", malformed=malformed):
+        held.append(len(malformed))
+        lines = malformed.drain()
+        taken += lines.num_rows
+        rows += batch.num_rows
+        assert len(malformed) == 0
+    assert (rows, taken) == (50, 60_000)
+    assert max(held) <= 4096 // 2  # one chunk's lines, never the file's
+
+
+def test_drained_malformed_lines_keep_their_numbers_text_and_reasons_in_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(readers, "_MALFORMED_PART", 3)  # several Arrow parts
+    (tmp_path / "d.csv").write_bytes(b"user_id,day,opened\n" + b"".join(b"%d\n" % i for i in range(7))
+                                     + b"\xff,x,y\n")
+    malformed = MalformedLines()
+    assert sum(b.num_rows for b in read_batches(tmp_path / "d.csv", malformed=malformed)) == 0
+    lines = malformed.drain()
+    assert lines.column("line").to_pylist() == list(range(2, 10))
+    assert lines.column("raw").to_pylist() == [str(i) for i in range(7)] + ["\ufffd,x,y"]
+    assert lines.column("why").to_pylist() == ["1 fields, not the header's 3"] * 7 + ["not UTF-8 text"]
+
+
 def test_a_byte_order_mark_starting_a_data_line_is_kept_wherever_the_line_falls(tmp_path):
     # Arrow's CSV parser drops a BOM at the start of its input: a data line that happened to come
     # first in a chunk's plain lines lost its BOM ("\ufeffbob" read as the user "bob"), the same
@@ -178,7 +210,7 @@ def test_a_csv_whose_lines_end_in_lone_carriage_returns_is_refused_naming_it(tmp
     # Old Mac line ends: the whole file is one header line with carriage returns inside.
     (tmp_path / "mac.csv").write_bytes(b"user_id,day,opened\r1,2026-03-01,1\r2,2026-03-01,0\r")
     with pytest.raises(InputFileError, match="mac.csv"):
-        list(read_batches(tmp_path / "mac.csv", malformed=[]))
+        list(read_batches(tmp_path / "mac.csv", malformed=MalformedLines()))
 
 
 def test_a_header_line_longer_than_the_header_limit_is_refused_naming_the_file(tmp_path):
@@ -187,7 +219,7 @@ def test_a_header_line_longer_than_the_header_limit_is_refused_naming_the_file(t
     names = ",".join(f"c{i}" for i in range(readers._MAX_HEADER_BYTES // 4))
     (tmp_path / "wide.csv").write_bytes(b"user_id,day," + names.encode() + b"\n1,2026-03-01\n")
     with pytest.raises(InputFileError, match="wide.csv.*header"):
-        list(read_batches(tmp_path / "wide.csv", malformed=[]))
+        list(read_batches(tmp_path / "wide.csv", malformed=MalformedLines()))
 
 
 def _string_id_columns() -> list[pa.Array]:

@@ -41,6 +41,7 @@ from stream.engine.dead_letters import (
     DeadLetterReason,
     classify_windows,
     dead_letters,
+    malformed_letters,
     rejected_letters,
     row_letters,
     source_names,
@@ -48,7 +49,7 @@ from stream.engine.dead_letters import (
     with_input_position,
     with_source_names,
 )
-from stream.engine.readers import read_batches
+from stream.engine.readers import MalformedLines, read_batches
 from stream.engine.sharding import shard_of
 from stream.engine.running import RunningRelease, noisy_release, rule_meta
 from stream.engine.shard_state import (QueryPlan, ShardSnapshots, ShardState, refuse_oversized_running,
@@ -91,8 +92,12 @@ class ReadAndValidate(beam.DoFn):
     def process(self, element: tuple[int, str]) -> Iterator[Any]:
         file_index, path = element
         offset = 0
-        malformed: list[tuple[int, str, str]] = []
+        malformed = MalformedLines()
         for batch in read_batches(path, batch_rows=self._batch_rows, malformed=malformed):
+            if len(malformed):  # CSV lines the reader skipped so far: rows read, each a dead letter
+                lines = malformed.drain()
+                yield beam.pvalue.TaggedOutput("read", (path, lines.num_rows))
+                yield beam.pvalue.TaggedOutput("dead", malformed_letters(path, lines))
             yield beam.pvalue.TaggedOutput("read", (path, batch.num_rows))
             # No window bounds here: which rows are late or out of schedule is the engine's one
             # rule, the same in the streaming filter.
@@ -113,12 +118,6 @@ class ReadAndValidate(beam.DoFn):
                 yield valid
             offset += batch.num_rows
             crash_point("while_reading")  # test-only: input read, nothing committed
-        if malformed:  # CSV lines the parser skipped: rows read, each a dead letter
-            yield beam.pvalue.TaggedOutput("read", (path, len(malformed)))
-            yield beam.pvalue.TaggedOutput("dead", dead_letters(
-                DeadLetterReason.MALFORMED_ROW, source=path, row_index=-1,
-                detail=[f"line {n}: {why}" for n, _, why in malformed],
-                raw=[text[:256] for _, text, _ in malformed]))
 
 
 def valid_mask(n: int, rejected: pa.Table) -> np.ndarray:

@@ -45,7 +45,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from stream.columns import default_columns
-from stream.engine.readers import declares_types, read_batches
+from stream.engine.readers import MalformedLines, declares_types, read_batches
 from stream.private_files import refuse_if_shared, write_private
 from stream.schema import USER_ID, WINDOW_ID
 
@@ -139,7 +139,7 @@ def indicator_columns_of(path: str | os.PathLike, label_column: str,
     if indicator_columns:
         columns = list(indicator_columns)
     else:
-        first = next(read_batches(path, batch_rows=16, malformed=[]))
+        first = next(read_batches(path, batch_rows=16, malformed=MalformedLines()))
         columns = default_columns(first.schema, declared_types=declares_types(path))
     if label_column not in columns:
         raise ValueError(f"label_column must be one of the indicator columns {columns}, got label_column={label_column!r}")

@@ -36,7 +36,7 @@ from pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock, cr
 from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
-from stream.engine.readers import declares_types, id_type_of, read_batches, check_declared_columns
+from stream.engine.readers import MalformedLines, check_declared_columns, declares_types, id_type_of, read_batches
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, refuse_running_gaps
 from queries.registration import contract_defaults, declared_header, plan_columns
 from queries.release_files import write_release_file
@@ -129,7 +129,7 @@ def _contract(config: JobConfig, existing: LedgerConfig | None) -> InputContract
     anyone is charged)."""
     contract = config.contract or (existing.contract if existing else None)
     if contract is None and existing is None:
-        header = next(read_batches(config.inputs[0], batch_rows=1, malformed=[])).schema.names
+        header = next(read_batches(config.inputs[0], batch_rows=1, malformed=MalformedLines())).schema.names
         raise ContractError(f"the ledger {config.ledger} is new: {declaration_hint(header)}")
     if contract is not None:
         for path in config.inputs:
@@ -154,7 +154,7 @@ def _first_input(paths: Sequence[str]) -> tuple[str, pa.Schema, bool]:
     """The first input's path, its columns and whether their types are declared (Parquet, Arrow;
     a CSV declares none): what :mod:`stream.columns` decides the numeric columns from, for a
     ledger without a declared contract."""
-    first = next(read_batches(paths[0], batch_rows=16, malformed=[]))
+    first = next(read_batches(paths[0], batch_rows=16, malformed=MalformedLines()))
     return paths[0], first.schema, declares_types(paths[0])
 
 

@@ -118,7 +118,7 @@ try:
 finally:
     _root.setLevel(_level)
 from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
-from stream.engine.readers import declares_types, id_type_of, read_batches, check_declared_columns
+from stream.engine.readers import MalformedLines, check_declared_columns, declares_types, id_type_of, read_batches
 from queries import release_lineage as lineage
 from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
@@ -315,7 +315,7 @@ class RunPlan:
 
 
 def _first_input_schema(path: str) -> pa.Schema:
-    first = next(read_batches(path, batch_rows=16, malformed=[]))  # the job dead-letters bad lines
+    first = next(read_batches(path, batch_rows=16, malformed=MalformedLines()))  # the job dead-letters bad lines
     return first.schema
 
 

@@ -147,6 +147,17 @@ def rejected_letters(source: str, rejected: pa.Table, *, offset: int = 0) -> pa.
                         detail=rejected.column("detail"), raw=rejected.column("raw"))
 
 
+def malformed_letters(source: str, lines: pa.Table) -> pa.Table:
+    """Dead letters (``malformed_row``) of the CSV lines ``lines`` read from ``source``: what
+    :meth:`stream.engine.readers.MalformedLines.drain` gives (columns ``line``, ``raw``,
+    ``why``). Each says its line number and why in ``detail``; ``row_index`` is -1 (the line is
+    no row). Built column-wise, so a file of millions of bad lines costs no Python per line."""
+    detail = pc.binary_join_element_wise("line ", pc.cast(lines.column("line"), pa.string()), ": ",
+                                         pc.cast(lines.column("why"), pa.string()), "")
+    return dead_letters(DeadLetterReason.MALFORMED_ROW, source=source, row_index=-1, detail=detail,
+                        raw=lines.column("raw"))
+
+
 def raw_json(rows: pa.Table) -> pa.Array:
     """Each row of ``rows`` as a JSON object (values JSON can hold, anything else as text)."""
     # Dead-letter rows are rare: a Python loop over them is fine (never over valid rows).

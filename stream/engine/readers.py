@@ -54,15 +54,76 @@ def file_format(path: str | Path) -> str:
     return FORMATS[suffix]
 
 
+class MalformedLines:
+    """The malformed CSV lines a read has found and its caller has not yet taken: each a line
+    number, its first 256 characters (bytes that are not UTF-8 replaced) and why it is malformed.
+
+    Held as Arrow columns in parts of at most :data:`_MALFORMED_PART` lines, so a file of
+    millions of bad lines costs tens of bytes a line, not a Python tuple's hundreds; a caller
+    that :meth:`drain` s it after every batch :func:`read_batches` yields holds at most one read
+    chunk's bad lines (the reader yields an empty batch after a chunk of only bad lines, so that
+    it can)."""
+
+    def __init__(self) -> None:
+        self._parts: list[pa.Table] = []
+        self._open: tuple[list[int], list[str], list[str]] = ([], [], [])
+        self._count = 0
+
+    def note(self, line: int, raw: bytes | str, why: str) -> None:
+        """Record one malformed line (``line`` is its number, the header's being 1)."""
+        text = raw if isinstance(raw, str) else raw.decode("utf-8", errors="replace")
+        lines, texts, whys = self._open
+        lines.append(line)
+        texts.append(text[:256])
+        whys.append(why)
+        self._count += 1
+        if len(lines) >= _MALFORMED_PART:
+            self._close_part()
+
+    def _close_part(self) -> None:
+        lines, texts, whys = self._open
+        if lines:
+            self._parts.append(pa.table({"line": pa.array(lines, pa.int64()), "raw": pa.array(texts, pa.string()),
+                                         "why": pa.array(whys, pa.string()).dictionary_encode()}))
+            self._open = ([], [], [])
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[tuple[int, str, str]]:
+        """The lines held, by line number, as ``(line, raw, why)``."""
+        self._close_part()
+        if self._parts:
+            part = pa.concat_tables(self._parts).sort_by("line")
+            yield from zip(part.column("line").to_pylist(), part.column("raw").to_pylist(),
+                           part.column("why").to_pylist())
+
+    def drain(self) -> pa.Table:
+        """The lines held (columns ``line``, ``raw``, ``why``, by line number), now no longer held."""
+        self._close_part()
+        parts, self._parts, self._count = self._parts, [], 0
+        if not parts:
+            return pa.table({"line": pa.array([], pa.int64()), "raw": pa.array([], pa.string()),
+                             "why": pa.array([], pa.string()).dictionary_encode()})
+        return (pa.concat_tables(parts) if len(parts) > 1 else parts[0]).sort_by("line")
+
+
+#: How many malformed lines :class:`MalformedLines` gathers as Python objects before packing
+#: them into Arrow columns.
+_MALFORMED_PART = 65_536
+
+
 def read_batches(path: str | Path, *, batch_rows: int = 65_536,
-                 malformed: list[tuple[int, str, str]] | None = None) -> Iterator[pa.RecordBatch]:
+                 malformed: MalformedLines | None = None) -> Iterator[pa.RecordBatch]:
     """Yield the file's rows as record batches of at most ``batch_rows`` rows (at least one
     batch, empty when the file has no rows).
 
-    A CSV line with another number of fields than its header is one bad row, not a bad file:
-    with ``malformed`` (a list the caller owns) each such line is skipped and appended to it as
-    ``(line number or -1, its text)`` by the time the batches are exhausted, for the caller to
-    dead-letter; without it, such a line raises :class:`InputFileError` as any unreadable file."""
+    A CSV line that is not one record of the header's fields is one bad row, not a bad file: with
+    ``malformed`` (:class:`MalformedLines`, the caller's) each such line is skipped and noted
+    there, for the caller to dead-letter; without it, such a line raises
+    :class:`InputFileError` as any unreadable file. The reader notes a chunk's bad lines before
+    it yields the chunk's rows, and yields an empty batch after a chunk of only bad lines, so a
+    caller that drains ``malformed`` after each batch never holds more than a chunk's."""
     kind = file_format(path)
     remote = _remote(path)
     if not (_remote_is_file(path, remote) if remote else Path(path).is_file()):
@@ -100,7 +161,7 @@ _CHUNK_BYTES = 8 << 20
 _NEWLINE, _QUOTE, _CR, _COMMA = 10, 34, 13, 44
 
 
-def _csv_batches(source: Any, names: list[str], batch_rows: int, malformed: list[tuple[int, str, str]] | None,
+def _csv_batches(source: Any, names: list[str], batch_rows: int, malformed: MalformedLines | None,
                  path: str | Path) -> Iterator[pa.RecordBatch]:
     """The data lines of a CSV (after its header line) as batches of text columns.
 
@@ -133,10 +194,14 @@ def _csv_batches(source: Any, names: list[str], batch_rows: int, malformed: list
                 end = lines.index(b"\n") + 1 if b"\n" in lines else len(lines)
                 lines, header_seen, line_no = lines[end:], True, line_no + 1
             if lines:
+                bad_before = len(malformed) if malformed is not None else 0
                 table, used = _csv_lines(lines, names, line_no, malformed, path)
                 line_no += used
                 if table.num_rows:
                     yield from table.to_batches(max_chunksize=batch_rows)
+                elif malformed is not None and len(malformed) > bad_before:
+                    # no rows, only bad lines: an empty batch, for the caller to drain them
+                    yield pa.RecordBatch.from_arrays([pa.array([], pa.string()) for _ in names], names=names)
             # No newline in sight: one bad row, never a growing buffer (one byte more than the limit may
             # be the carriage return of a CRLF whose newline is in the next chunk: that line is not too long)
             if len(pending) > MAX_LINE_BYTES + 1:
@@ -146,15 +211,14 @@ def _csv_batches(source: Any, names: list[str], batch_rows: int, malformed: list
                 break
 
 
-def _bad(malformed: list[tuple[int, str, str]] | None, path: str | Path, line: int, raw: bytes | str,
+def _bad(malformed: MalformedLines | None, path: str | Path, line: int, raw: bytes | str,
          why: str) -> None:
-    text = raw if isinstance(raw, str) else raw.decode("utf-8", errors="replace")
     if malformed is None:
         raise InputFileError(f"input file {path} is not a readable csv file: line {line} is {why}")
-    malformed.append((line, text[:256], why))
+    malformed.note(line, raw, why)
 
 
-def _csv_lines(data: bytes, names: list[str], first_line: int, malformed: list[tuple[int, str, str]] | None,
+def _csv_lines(data: bytes, names: list[str], first_line: int, malformed: MalformedLines | None,
                path: str | Path) -> tuple[pa.Table, int]:
     """Parse whole lines ``data`` (numbered from ``first_line + 1``): the table of the good ones,
     in line order, and how many lines ``data`` held.
@@ -173,7 +237,7 @@ def _csv_lines(data: bytes, names: list[str], first_line: int, malformed: list[t
     numbers = first_line + 1 + np.arange(len(starts))
 
     def per_line(byte: int) -> np.ndarray:
-        seen = np.concatenate(([0], np.cumsum(buf == byte)))
+        seen = np.concatenate(([0], np.cumsum(buf == byte, dtype=np.int32)))  # a chunk is < 2**31 bytes
         return seen[stops] - seen[starts]
 
     long = (stops - starts) > MAX_LINE_BYTES
@@ -251,7 +315,7 @@ def _text_table(names: list[str], columns: list[list[str]]) -> pa.Table:
 
 
 def _quoted_lines(data: bytes, starts: np.ndarray, stops: np.ndarray, numbers: np.ndarray, lines: np.ndarray,
-                  names: list[str], malformed: list[tuple[int, str, str]] | None,
+                  names: list[str], malformed: MalformedLines | None,
                   path: str | Path) -> tuple[pa.Table, np.ndarray]:
     """The lines ``lines`` (indices) that hold quotes, each read as one CSV record on its own: the
     table of the good ones and their indices."""
@@ -280,7 +344,7 @@ def check_declared_columns(path: str | Path, contract: "InputContract") -> None:
     declared column whose type no value of could parse (a number written as a list, binary or
     struct column; a category written as anything but text). Structural faults of the file, seen
     in its header before anyone is charged; a value that does not parse is that row's dead letter."""
-    schema = next(read_batches(path, batch_rows=1, malformed=[])).schema
+    schema = next(read_batches(path, batch_rows=1, malformed=MalformedLines())).schema
     header = schema.names
     missing = [n for n in contract.names if n not in header]
     if missing:
@@ -317,7 +381,7 @@ def id_type_of(path: str | Path) -> str:
         return "string"
     from stream.columns import declared_kind
 
-    t = next(read_batches(path, batch_rows=1, malformed=[])).schema.field("user_id").type
+    t = next(read_batches(path, batch_rows=1, malformed=MalformedLines())).schema.field("user_id").type
     return "string" if declared_kind(t) == "string" else "int64"  # dictionaries by their values, string views
 
 
