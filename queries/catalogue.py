@@ -203,16 +203,25 @@ class ReleaseCatalogue:
 
         self._change(change)
 
-    def retire(self, query_id: str, *, from_window: int) -> None:
-        """Stop answering ``query_id`` from ``from_window`` on
+    def retire(self, query_id: str, *, from_window: int) -> bool:
+        """Stop answering ``query_id`` from ``from_window`` on; from its first window, when it was
+        never answered, withdraw it (it leaves the catalogue, its id is free): True then
         (:func:`queries.registration.check_retirement`: ValueError, nothing written, otherwise)."""
+        withdrawn = False
+
         def change(state: CatalogueState) -> tuple[list[Registration], str]:
+            nonlocal withdrawn
             retired = rules.check_retirement(state.registrations, query_id, from_window,
                                              last_released=self.last_released_window())
+            withdrawn = retired is None
+            if withdrawn:
+                return ([r for r in state.registrations if r.query_id != query_id],
+                        f"withdraw {query_id} (never answered) from its first window")
             return ([retired if r.query_id == query_id else r for r in state.registrations],
                     f"retire {query_id} from window {retired.retired_from}")
 
         self._change(change)
+        return withdrawn
 
     # -- changing (a job, at launch) ----------------------------------------------------------------
 

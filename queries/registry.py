@@ -135,17 +135,23 @@ class QueryRegistry:
             [query.query_id, query.kind, query.to_json(), list(query.labels), query.description,
              registration.effective_from])
 
-    def retire(self, query_id: str, *, from_window: int) -> None:
-        """Stop answering ``query_id`` from window ``from_window`` on (its releases stay).
+    def retire(self, query_id: str, *, from_window: int) -> bool:
+        """Stop answering ``query_id`` from window ``from_window`` on (its releases stay); from its
+        first window, when it was never answered, withdraw it: it leaves the registry and its id
+        is free. True when it was withdrawn.
 
         Refused (ValueError, nothing changed) by :func:`queries.registration.check_retirement`:
-        an unknown or already retired query, a ``from_window`` not after the query's first
-        window, or not after the last released window.
+        an unknown or already retired query, a ``from_window`` before the query's first window,
+        or not after the last released window.
         """
         retired = rules.check_retirement(self.registrations(), query_id, from_window,
                                          last_released=self.last_released_window())
+        if retired is None:
+            self._in_transaction("DELETE FROM query_registry WHERE query_id = ?", [query_id])
+            return True
         self._in_transaction("UPDATE query_registry SET retired_from = ? WHERE query_id = ?",
                              [retired.retired_from, query_id])
+        return False
 
     def defer_unanswered(self, processed_through: int) -> list[tuple[str, int, int]]:
         """Move the first window of every query that starts in a window the curator has already

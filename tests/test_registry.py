@@ -181,14 +181,55 @@ def test_retiring_before_the_last_released_window_is_refused(tmp_path):
 
 @pytest.mark.parametrize("query_id, window, message", [
     ("nope", 9, "not registered"),
-    ("q", 5, "after the query's first window 5"),
-    ("q", 4, "after the query's first window 5"),
+    ("q", 4, "the query's first window 5 \\(to withdraw it\\) or after it"),
 ])
 def test_a_bad_retirement_is_refused(tmp_path, query_id, window, message):
     with QueryRegistry(tmp_path / "s.duckdb") as registry:
         registry.add(LinearQuery.columns("q", ["a"]), effective_from=5)
         with pytest.raises(ValueError, match=message):
             registry.retire(query_id, from_window=window)
+
+
+def test_retiring_a_never_answered_query_from_its_first_window_withdraws_it_and_frees_its_id(tmp_path):
+    # A typo in a query's column blocked its first window's run, and retiring it from the next
+    # window left it active on that one: a mistake had no way out but a new store (issue 31).
+    with QueryRegistry(tmp_path / "s.duckdb") as registry:
+        registry.add(LinearQuery.clamp("minutes", "minute", 0, 60), effective_from=5)
+        assert registry.retire("minutes", from_window=5) is True
+        assert registry.list().num_rows == 0 and registry.plan(0, 100) == []
+        registry.add(LinearQuery.clamp("minutes", "minutes", 0, 60), effective_from=5)
+        assert registry.get("minutes").spec["column"] == "minutes"
+
+
+def test_a_query_answered_in_its_first_window_is_never_withdrawn(tmp_path):
+    path = tmp_path / "s.duckdb"
+    with QueryRegistry(path) as registry:
+        registry.add(LinearQuery.columns("q", ["a"]), effective_from=3)
+    _publish(path, "q", [3])
+    with QueryRegistry(path) as registry:
+        with pytest.raises(ValueError, match="after the last released window 3"):
+            registry.retire("q", from_window=3)
+        assert registry.list().column("query_id").to_pylist() == ["q"]
+
+
+def test_a_parquet_catalogue_withdraws_a_never_answered_query_from_its_first_window(tmp_path):
+    from queries.catalogue import ReleaseCatalogue
+
+    catalogue = ReleaseCatalogue(str(tmp_path / "public"))
+    catalogue.add(LinearQuery.clamp("minutes", "minute", 0, 60), effective_from=5)
+    assert catalogue.retire("minutes", from_window=5) is True
+    assert catalogue.list().num_rows == 0
+    catalogue.add(LinearQuery.clamp("minutes", "minutes", 0, 60), effective_from=5)
+    assert catalogue.retire("minutes", from_window=7) is False
+    assert [(r.query_id, r.effective_from, r.retired_from) for r in catalogue.registrations()] == [("minutes", 5, 7)]
+
+
+def test_query_retire_from_the_first_window_says_the_query_was_withdrawn(tmp_path, capsys):
+    store = str(tmp_path / "s.duckdb")
+    assert main(["query", "add", "--store", store, "--id", "m", "--clamp", "minute", "--lo", "0", "--hi", "60",
+                 "--from", "2026-03-05"]) == 0
+    assert main(["query", "retire", "--store", store, "--id", "m", "--from", "2026-03-05"]) == 0
+    assert "withdrew m: it was never answered" in capsys.readouterr().out
 
 
 def test_a_query_is_retired_once(tmp_path):

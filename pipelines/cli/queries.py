@@ -151,8 +151,7 @@ def _query_command(args: argparse.Namespace) -> int:
                 print(f"registered {query.query_id} ({query.kind}, dim {query.dim}: {', '.join(query.labels)}) "
                       f"from window {first}" + ("" if existed else f" in the new release store {args.store}"))
             else:
-                registry.retire(args.id, from_window=first)
-                print(f"retired {args.id} from window {first}")
+                _say_retired(args.id, first, registry.retire(args.id, from_window=first))
         return 0
     except _Usage as exc:
         return _fail(command, str(exc), 2, args)
@@ -160,6 +159,11 @@ def _query_command(args: argparse.Namespace) -> int:
         return _fail(command, str(exc), 2, args)
     except (ReleaseStoreError, CatalogueChanged) as exc:
         return _fail(command, str(exc), 1, args)
+
+
+def _say_retired(query_id: str, window: int, withdrawn: bool) -> None:
+    print(f"withdrew {query_id}: it was never answered, and its id is free again" if withdrawn
+          else f"retired {query_id} from window {window}")
 
 
 def _refuse_released(args: argparse.Namespace, first: int, last: int | None) -> None:
@@ -205,8 +209,7 @@ def _catalogue_command(args: argparse.Namespace, command: str) -> int:
             print(f"registered {query.query_id} ({query.kind}, dim {query.dim}: {', '.join(query.labels)}) "
                   f"from window {first} in the query catalogue of {catalogue.root}")
         else:
-            catalogue.retire(args.id, from_window=first)
-            print(f"retired {args.id} from window {first}")
+            _say_retired(args.id, first, catalogue.retire(args.id, from_window=first))
         return 0
     except (_Usage, ValueError) as exc:
         return _fail(command, str(exc), 2, args)
@@ -306,12 +309,13 @@ def add_query_subcommands(sub: Any) -> None:
     add.add_argument("--weighted", metavar="COL=W,...", help="one coordinate: sum of weight * column")
     add.add_argument("--kind", choices=("window", "running"), default="window",
                      help="window: each window's own sum (default); running: the total since --from "
-                     "(renyi-stream run only, --store)")
+                     "(every job answers it)")
     add_running_options(add, applies_to="--kind running")
     add.add_argument("--description", default="", help="public description")
     add.add_argument("--from", dest="start", required=True, help="first window answered (YYYY-MM-DD or window id)")
     add.add_argument("--window", default="1d", help="window length, as given to the job (default 1d)")
-    retire = actions.add_parser("retire", help="stop answering a query from a future window on")
+    retire = actions.add_parser("retire", help="stop answering a query from a future window on (from its first "
+                                "window, if never answered: withdraw it, freeing its id)")
     retire.add_argument("--id", required=True, help="the query id")
     retire.add_argument("--from", dest="start", required=True, help="first window not answered (YYYY-MM-DD or id)")
     retire.add_argument("--window", default="1d", help="window length (default 1d)")
