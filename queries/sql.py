@@ -36,6 +36,7 @@ def run_sql(store: str | os.PathLike, statement: str) -> pa.Table:
     """Run one SQL statement read-only against the release store and return its rows."""
     if not isinstance(statement, str) or not statement.strip():
         raise ValueError("sql must be a non-empty SQL statement")
+    _refuse_writes(statement)
     db = connect_read_only(store)
     try:
         result = db.execute(statement)
@@ -47,13 +48,31 @@ def run_sql(store: str | os.PathLike, statement: str) -> pa.Table:
             duckdb.BinderException, duckdb.IOException, duckdb.NotImplementedException) as exc:
         message = str(exc)
         if _is_refusal(message):
-            raise SqlRefused(
-                "the release store is opened read-only with external access disabled: queries may read "
-                f"its tables and views, not write, touch files, attach databases or load extensions "
-                f"(DuckDB said: {message.splitlines()[0]})") from exc
+            raise SqlRefused(f"{_SANDBOX} (DuckDB said: {message.splitlines()[0]})") from exc
         raise
     finally:
         db.close()
+
+
+_SANDBOX = ("the release store is opened read-only with external access disabled: queries may read its tables and "
+            "views, not write, touch files, attach databases or load extensions")
+
+#: The statement kinds the entry point runs: reads (SELECT, and what DuckDB parses as one: FROM,
+#: SHOW, DESCRIBE, SUMMARIZE, PRAGMA) and EXPLAIN of them.
+_READS = {duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN}
+
+
+def _refuse_writes(statement: str) -> None:
+    """SqlRefused, in plain words, for a statement that is not a read (DELETE, UPDATE, INSERT ...),
+    before the store opens. A courtesy: DuckDB's read-only, locked connection is what enforces it
+    (some writes to a view otherwise fail with a binder error that says nothing of why)."""
+    try:
+        kinds = [s.type for s in duckdb.extract_statements(statement)]
+    except duckdb.Error:
+        return  # a statement DuckDB cannot parse: its own error says where
+    writes = sorted({kind.name for kind in kinds if kind not in _READS})
+    if writes:
+        raise SqlRefused(f"{_SANDBOX} ({', '.join(writes)} is not a read)")
 
 
 def _is_refusal(message: str) -> bool:

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.cli.main import main
-from queries.release_store import RELEASE_SCHEMA, ReleaseStore
+from queries.release_store import RELEASE_SCHEMA, ReleaseStore, connect_read_only
 from queries.sql import SqlRefused, run_sql
 
 
@@ -75,6 +75,30 @@ def test_statements_that_escape_the_store_are_refused(store, tmp_path, statement
     with pytest.raises(SqlRefused, match="read-only with external access disabled"):
         run_sql(store, statement.format(tmp=tmp_path))
     assert not (tmp_path / "leak.csv").exists()
+
+
+@pytest.mark.parametrize("statement", [
+    "SELECT * FROM read_csv('/etc/passwd')", "COPY releases TO '{tmp}/leak.csv'", "ATTACH '{tmp}/l.duckdb' AS c",
+    "INSTALL httpfs", "LOAD httpfs", "SET enable_external_access = true", "CREATE TABLE notes (x INTEGER)",
+    "INSERT INTO release_data SELECT * FROM release_data", "DELETE FROM release_data", "DROP VIEW releases",
+])
+def test_the_connection_itself_refuses_what_escapes_the_store(store, tmp_path, statement):
+    # The plain-words refusal before a statement runs is a courtesy: the read-only, locked
+    # connection is what keeps the store and the machine safe, whatever the statement parses as.
+    db = connect_read_only(store)
+    try:
+        with pytest.raises(duckdb.Error):
+            db.execute(statement.format(tmp=tmp_path))
+    finally:
+        db.close()
+    assert not (tmp_path / "leak.csv").exists()
+
+
+@pytest.mark.parametrize("statement", ["DELETE FROM releases", "UPDATE releases SET value = 0",
+                                       "INSERT INTO releases SELECT * FROM releases"])
+def test_a_write_to_a_view_is_refused_in_plain_words_not_with_a_binder_error(store, statement):
+    with pytest.raises(SqlRefused, match=r"read-only with external access disabled.*is not a read"):
+        run_sql(store, statement)
 
 
 def test_a_refused_statement_exits_non_zero_with_the_reason(store, capsys):
