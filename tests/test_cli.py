@@ -134,6 +134,24 @@ def test_demo_rerun_starts_a_new_ledger_that_draws_its_own_noise_for_the_same_sc
     assert all(a[2] != f[2] for a, f in zip(again, first))
 
 
+def test_demo_refuses_a_folder_holding_files_it_did_not_write_and_touches_none(tmp_path, capsys):
+    # The demo replaced its store and ledger in whatever --out named, silently (issue 31).
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "releases.duckdb").write_text("someone's own file")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--users", "1500", "--days", "4", "--out", str(tmp_path / "work"), "--quiet"])
+    assert exit_info.value.code == 2
+    assert "--out" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "work").iterdir()) == ["releases.duckdb"]
+    assert (tmp_path / "work" / "releases.duckdb").read_text() == "someone's own file"
+
+
+def test_demo_says_when_it_replaces_a_previous_demo(tmp_path, capsys):
+    _run_demo(tmp_path / "demo", capsys)
+    assert main(["demo", "--users", "1500", "--days", "4", "--norm-budget", "4", "--out", str(tmp_path / "demo")]) == 0
+    assert f"replacing the previous demo in {tmp_path / 'demo'}" in capsys.readouterr().err
+
+
 def test_demo_refuses_bad_parameters_naming_them(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["demo", "--users", "0", "--out", str(tmp_path)])

@@ -81,9 +81,14 @@ def _calibrate_command(args: argparse.Namespace) -> int:
 def _demo_command(args: argparse.Namespace) -> int:
     from pipelines.daily.demo import DemoConfig, run_demo  # heavy imports only when needed
 
+    from pathlib import Path
+
+    from pipelines.daily.demo import check_demo_folder
+
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise _UsageError(f"--out must be a folder (it is created when missing), got the file {args.out}")
     try:
+        check_demo_folder(Path(args.out))
         config = DemoConfig(
             users=args.users,
             days=args.days,
@@ -286,7 +291,8 @@ def _build_parser() -> argparse.ArgumentParser:
                       help="what happens to a contribution past a user's budget (default drop)")
     demo.add_argument("--accounting", choices=ACCOUNTINGS, default="gdp",
                       help="how (epsilon, delta) maps to the zCDP budget (default gdp)")
-    demo.add_argument("--out", default="renyi-demo", help="output folder (default ./renyi-demo)")
+    demo.add_argument("--out", default="renyi-demo", help="output folder (default ./renyi-demo): new, empty or a "
+                      "previous demo's, which this one replaces")
     demo.add_argument("--seed", type=int, default=7, help="seed of the generated data (not of the noise)")
     demo.add_argument("--quiet", action="store_true", help="no progress lines")
     demo.set_defaults(handler=_demo_command)

@@ -131,11 +131,32 @@ def _generate(config: DemoConfig, folder: Path) -> tuple[list[str], np.ndarray]:
     return paths, truth
 
 
+#: The file that marks a folder as a demo's own, which the next demo may replace.
+DEMO_MARKER = ".renyi-demo"
+
+
+def check_demo_folder(out: Path) -> bool:
+    """Whether ``out`` holds a previous demo (which this one replaces: True) or nothing (False).
+    ValueError naming ``--out`` when it holds anything else: a demo replaces its own folder only,
+    never files it did not write (an earlier demo's folder, from before the marker, is one with
+    its ``input`` and ``curator`` folders)."""
+    if not out.exists() or not any(out.iterdir()):
+        return False
+    if (out / DEMO_MARKER).is_file() or ((out / "input").is_dir() and (out / "curator").is_dir()):
+        return True
+    raise ValueError(f"--out {out} holds files that are not a demo's: give an empty or new folder (a demo "
+                     "replaces only a previous demo's folder)")
+
+
 def run_demo(config: DemoConfig, progress: TextIO | None = None) -> DemoSummary:
     """Generate, run every day through the daily job, compare, chart; print a summary."""
     started = time.perf_counter()
     out = Path(config.out_dir)
+    replacing = check_demo_folder(out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / DEMO_MARKER).write_text("a renyi-stream demo's folder: the next demo replaces what is here\n")
+    if progress and replacing:
+        progress.write(f"[demo] replacing the previous demo in {out}\n")
     private_dir(out / "curator")  # the ledger and key: 0700 even when an older demo left it open
     for stale in ("releases.duckdb", "curator/ledger.duckdb"):  # a demo always starts afresh
         for suffix in ("", ".wal"):
