@@ -398,6 +398,16 @@ def test_query_add_list_retire_from_the_command_line(tmp_path, capsys):
     assert '"tiers"' in listed and '"score"' in listed and '"running"' in listed
 
 
+def test_query_list_shows_each_window_as_the_date_it_starts(tmp_path, capsys):
+    store = str(tmp_path / "s.duckdb")
+    assert main(["query", "add", "--store", store, "--id", "q", "--columns", "a", "--from", "2026-03-05"]) == 0
+    assert main(["query", "retire", "--store", store, "--id", "q", "--from", "2026-03-09"]) == 0
+    capsys.readouterr()
+    assert main(["query", "list", "--store", store]) == 0
+    first = (dt.date(2026, 3, 5) - dt.date(1970, 1, 1)).days
+    assert f"from 2026-03-05 (window {first}), retired from 2026-03-09 (window {first + 4})" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv, parameter", [
     (["query", "add", "--id", "q", "--columns", "a", "--from", "2026-03-01"], "--store"),
     (["query", "add", "--store", "S", "--id", "bad[1]", "--columns", "a", "--from", "2026-03-01"], "query_id"),

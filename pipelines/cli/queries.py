@@ -7,6 +7,7 @@ ledger exits with status 1.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import sys
 from pathlib import Path
@@ -136,7 +137,7 @@ def _query_command(args: argparse.Namespace) -> int:
                 return _fail(command, f"release store {args.store} does not exist", 1, args)
             with ReleaseStore(args.store, read_only=True) as store:
                 table = QueryRegistry(store).list()
-            _print_catalogue(table, args.format)
+            _print_catalogue(table, args.format, args.window)
             return 0
         first = _window("--from", args.start, args.window)
         existed = Path(args.store).exists()
@@ -173,15 +174,34 @@ def _refuse_released(args: argparse.Namespace, first: int, last: int | None) -> 
                      f"(window {first}): released answers never change")
 
 
-def _print_catalogue(table: Any, form: str) -> None:
+def _print_catalogue(table: Any, form: str, window: str = "1d") -> None:
+    """The catalogue as text (windows as the UTC time they start, and their id) or JSON (ids)."""
     rows = table.drop_columns(["spec_json"]).to_pylist()
     if form == "json":
         print(json.dumps(rows, default=str, indent=1))
         return
+    when = _window_start_text(window)
     for row in rows:
-        retired = f", retired from {row['retired_from']}" if row["retired_from"] is not None else ""
-        print(f"{row['query_id']:<24} {row['kind']:<8} dim {row['dim']:<4} from window "
-              f"{row['effective_from']}{retired}  {row['description']}")
+        retired = f", retired from {when(row['retired_from'])}" if row["retired_from"] is not None else ""
+        print(f"{row['query_id']:<24} {row['kind']:<8} dim {row['dim']:<4} from {when(row['effective_from'])}"
+              f"{retired}  {row['description']}")
+
+
+def _window_start_text(window: str) -> Any:
+    """``window id -> "YYYY-MM-DD (window N)"`` (with the time when windows are shorter than a day)."""
+    from stream.schema import WindowSpec
+
+    try:
+        spec = WindowSpec.from_length(window)
+    except ValueError as exc:
+        raise _Usage(str(exc)) from None
+
+    def text(window_id: int) -> str:
+        start = dt.datetime.fromtimestamp(int(spec.window_start_seconds(window_id)), tz=dt.timezone.utc)
+        day = start.strftime("%Y-%m-%d" if start.time() == dt.time(0) else "%Y-%m-%d %H:%M")
+        return f"{day} (window {window_id})"
+
+    return text
 
 
 def _catalogue_command(args: argparse.Namespace, command: str) -> int:
@@ -196,7 +216,7 @@ def _catalogue_command(args: argparse.Namespace, command: str) -> int:
         if args.action == "list":
             if local and not Path(root).exists():
                 return _fail(command, f"release root {root} (--releases-parquet) does not exist", 1, args)
-            _print_catalogue(ReleaseCatalogue(root).list(), args.format)
+            _print_catalogue(ReleaseCatalogue(root).list(), args.format, args.window)
             return 0
         first = _window("--from", args.start, args.window)
         catalogue = ReleaseCatalogue(root)
@@ -321,6 +341,8 @@ def add_query_subcommands(sub: Any) -> None:
     retire.add_argument("--window", default="1d", help="window length (default 1d)")
     listing = actions.add_parser("list", help="the query catalogue")
     listing.add_argument("--format", choices=("table", "json"), default="table")
+    listing.add_argument("--window", default="1d", help="window length, as given to the job (default 1d): windows "
+                         "are shown as the date they start")
     for parser in (add, retire, listing):
         where = parser.add_argument_group("where the catalogue is (exactly one)")
         where.add_argument("--store", help="the release store (DuckDB file) renyi-stream run answers")
