@@ -13,6 +13,7 @@ import duckdb
 import matplotlib.image as mpimg
 import pyarrow as pa
 import pyarrow.parquet as pq
+import numpy as np
 import pytest
 
 from pipelines.cli.main import main
@@ -107,6 +108,17 @@ def test_the_public_report_has_one_decodable_chart_per_query_and_nothing_externa
     text = out.read_text(encoding="utf-8")
     assert "(1, 1e-06)-differential privacy" in text
     assert "Curator" not in text and "budget used" not in text
+
+
+def test_the_curator_report_counts_dropped_contributions_not_only_used_up_budgets():
+    # A window that dropped 204 users' contributions was summed up as "1 of 1,975 users have used
+    # their whole budget": a user is dropped when the next charge would pass the budget (issue 31).
+    from pipelines.curator.ledger_report import budget_sentence
+
+    used = np.r_[np.ones(1), np.full(1974, 0.9)]
+    text = budget_sentence(used, [(20500, 1900, 0, 10), (20501, 1771, 0, 204)])
+    assert "1 of 1,975 users have used their whole budget" in text
+    assert "The last window (20501) dropped 204 and clipped 0" in text and "214 dropped" in text
 
 
 def test_the_curator_report_adds_budget_and_filtering_charts(stores):

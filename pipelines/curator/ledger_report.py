@@ -26,6 +26,24 @@ def render_curator_report(store: str | os.PathLike, out: str | os.PathLike, ledg
     return render_report(store, out, curator_part=partial(curator_sections, ledger=Path(ledger)))
 
 
+def budget_sentence(used: np.ndarray, counts: list[tuple[int, int, int, int]]) -> str:
+    """What the filter did, in words: users whose budget is used up, and the contributions
+    dropped and clipped (``counts``: per window, admitted, clipped, dropped), last window and in
+    all. A contribution is dropped when it would take its user past the budget, so users with
+    some budget left are dropped too: counting only used-up budgets said "1 of 1,975 users" on a
+    window that dropped 204."""
+    exhausted = int(np.count_nonzero(used >= 1 - 1e-6))
+    text = f"{exhausted:,} of {len(used):,} users have used their whole budget."
+    if counts:
+        window, _, clipped, dropped = counts[-1]
+        all_clipped, all_dropped = sum(r[2] for r in counts), sum(r[3] for r in counts)
+        text += (f" The last window ({window}) dropped {dropped:,} and clipped {clipped:,} users' contributions; "
+                 f"all {len(counts):,} windows, {all_dropped:,} dropped and {all_clipped:,} clipped. A contribution "
+                 "is dropped (or clipped) when it would take its user past their budget, so users with budget "
+                 "left are dropped too.")
+    return text
+
+
 def curator_sections(plt: Any, ledger: Path) -> str:
     """The curator-only HTML: the distribution of the budget used and the share of active users
     filtered per window, computed from the ledger without noise (invariant 4,
@@ -55,8 +73,6 @@ def curator_sections(plt: Any, ledger: Path) -> str:
     ax.set_ylabel("share of active users")
     ax.set_title("users filtered by the individual filter, per window")
     filtered_png = chart_png(plt, fig)
-    exhausted = int(np.count_nonzero(used >= 1 - 1e-6))
     return ("<div class='curator'><h2>Curator only: budgets and filtering</h2><p>These charts are computed from "
-            "users' data without noise: keep them with the ledger, never publish them. "
-            f"{exhausted:,} of {len(book):,} users have used their whole budget.</p>"
+            f"users' data without noise: keep them with the ledger, never publish them. {budget_sentence(used, rows)}</p>"
             f"{image_html('budget used', budget_png)}{image_html('share filtered', filtered_png)}</div>")
