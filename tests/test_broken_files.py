@@ -282,3 +282,60 @@ def test_the_distributed_job_dead_letters_a_csv_line_that_does_not_split(tmp_pat
     manifest = json.loads((out / dist.COMMITTED).read_text())
     assert manifest["balanced"] and manifest["totals"]["rows_read"] == 4
     assert manifest["dead_reasons"] == {"malformed_row": 2}
+
+
+# --------------------------------------------------------------------------- a file that feeds no window
+
+
+def test_the_file_of_another_day_is_refused_before_anyone_is_charged(released_day, tmp_path, capsys):
+    # Day 1's file run with day 2's schedule: every row was dead-lettered, nobody admitted, and day 2
+    # was published as pure noise, for good, with exit 0 (issue 31).
+    root = tmp_path / "store"
+    shutil.copytree(released_day, root)
+    before = _snapshot(root)
+    capsys.readouterr()
+    assert main(_run_args(root, [str(root / "day1.parquet")], DAY2, DAY2)) == 1
+    err = capsys.readouterr().err
+    assert f"input file {root / 'day1.parquet'} has 3 rows and none is a valid row of the schedule's windows" in err
+    assert "3 late_window" in err and "--start/--end" in err
+    assert _snapshot(root) == before
+
+
+def test_a_file_whose_declared_number_column_holds_text_is_refused(released_day, tmp_path, capsys):
+    root = tmp_path / "store"
+    shutil.copytree(released_day, root)
+    before = _snapshot(root)
+    text = tmp_path / "day2.csv"
+    text.write_text("user_id,day,opened\n1,2026-03-02,yes\n2,2026-03-02,no\n")
+    assert main(_run_args(root, [str(text)], DAY2, DAY2)) == 1
+    assert "none is a valid row of the schedule's windows (2 wrong_type)" in capsys.readouterr().err
+    assert _snapshot(root) == before
+
+
+def test_one_idle_file_refuses_a_run_whose_other_files_are_good(released_day, tmp_path, capsys):
+    root = tmp_path / "store"
+    shutil.copytree(released_day, root)
+    before = _snapshot(root)
+    good = tmp_path / "day2.parquet"
+    pq.write_table(_day(DAY2), good)
+    assert main(_run_args(root, [str(good), str(root / "day1.parquet")], DAY2, DAY2)) == 1
+    assert _snapshot(root) == before
+
+
+def test_a_rerun_of_a_charged_day_and_an_empty_day_are_not_idle_files(released_day, tmp_path, capsys):
+    root = tmp_path / "store"
+    shutil.copytree(released_day, root)
+    empty = tmp_path / "day2.parquet"
+    pq.write_table(_day(DAY2).slice(0, 0), empty)
+    assert main(_run_args(root, [str(root / "day1.parquet"), str(empty)], DAY1, DAY2)) == 0
+    assert "released 1 window(s), 1 already released" in capsys.readouterr().out
+
+
+def test_refuse_idle_inputs_sums_each_files_batches():
+    from stream.engine.row_balance import IdleInputError, refuse_idle_inputs
+
+    read = pa.table({"source": ["a", "a", "b"], "rows": [2, 3, 4]})
+    dead = pa.table({"source": ["b"] * 4, "reason": ["out_of_range_time"] * 4})
+    refuse_idle_inputs(read, pa.table({"source": ["a", "a", "b"], "rows": [0, 1, 1]}), dead)
+    with pytest.raises(IdleInputError, match=r"input file b has 4 rows .*\(4 out_of_range_time\)"):
+        refuse_idle_inputs(read, pa.table({"source": ["a", "b"], "rows": [5, 0]}), dead)

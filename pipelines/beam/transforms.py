@@ -111,6 +111,11 @@ class ReadAndValidate(beam.DoFn):
                                         row_index=np.flatnonzero(valid_mask(batch.num_rows, checked.rejected)) + offset)
             classes = classify_windows(valid.column(WINDOW_ID), start_window=self._start, end_window=self._end,
                                        charged=self._released)
+            # valid rows of the schedule's windows, late ones (a re-run) included: a file with none
+            # is another day's, or not what it was declared (stream.engine.row_balance.refuse_idle_inputs)
+            windows = valid.column(WINDOW_ID).to_numpy()
+            in_schedule = int(np.count_nonzero((windows >= self._start) & (windows <= self._end)))
+            yield beam.pvalue.TaggedOutput("scheduled", (path, in_schedule))
             if not classes.all_kept:
                 yield beam.pvalue.TaggedOutput("dead", window_letters(valid, classes))
                 valid = valid.filter(pa.array(classes.keep))
@@ -603,7 +608,8 @@ class WriteReleaseFiles(beam.DoFn):
 
 class ReadIndicators(beam.PTransform):
     """``PBegin`` -> tagged outputs ``valid`` (Arrow tables of validated rows, with their input
-    position), ``dead`` (dead-letter tables) and ``read`` (``(path, rows)`` per batch read).
+    position), ``dead`` (dead-letter tables), ``read`` (``(path, rows)`` per batch read) and
+    ``scheduled`` (``(path, valid rows whose window is in the schedule)`` per batch read).
 
     Rows of windows in ``released`` are dead-lettered as ``late_window`` (invariant 7), rows
     before ``start_window`` or after ``end_window`` as ``out_of_range_time``
@@ -623,7 +629,7 @@ class ReadIndicators(beam.PTransform):
     def expand(self, pbegin: Any) -> Any:
         return (pbegin
                 | "Files" >> beam.Create(list(enumerate(self._inputs)))
-                | "ReadAndValidate" >> beam.ParDo(self._read).with_outputs("dead", "read", main="valid"))
+                | "ReadAndValidate" >> beam.ParDo(self._read).with_outputs("dead", "read", "scheduled", main="valid"))
 
 
 class IndividualFilter(beam.PTransform):
@@ -815,4 +821,4 @@ class DailyReleases(beam.PTransform):
         dead = (read.dead, filtered.dead) | "DeadLetters" >> beam.Flatten()
         return {"releases": released["releases"], "raw": released["raw"], "ledger": filtered.ledger,
                 "running": filtered.running, "counts": filtered.counts, "dead": dead, "read": read.read,
-                "release_state": released["release_state"]}
+                "scheduled": read.scheduled, "release_state": released["release_state"]}

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from stream.ledger import STATUS_NAMES
 from stream.schema import DeadLetterReason
 
-__all__ = ["RowBalance", "reason_counts"]
+__all__ = ["IdleInputError", "RowBalance", "reason_counts", "refuse_idle_inputs"]
 
 _REASONS = frozenset(reason.value for reason in DeadLetterReason)
 
@@ -100,3 +100,50 @@ def reason_counts(tables: Iterable[pa.Table]) -> dict[str, int]:
         for item in pc.value_counts(table.column("reason").combine_chunks()).to_pylist():
             totals[str(item["values"])] = totals.get(str(item["values"]), 0) + int(item["counts"])
     return dict(sorted(totals.items()))
+
+
+class IdleInputError(ValueError):
+    """An input file whose rows were all dead-lettered: a run given it is refused before anyone
+    is charged (:func:`refuse_idle_inputs`)."""
+
+
+def refuse_idle_inputs(read: pa.Table, scheduled: pa.Table, dead: pa.Table) -> None:
+    """Refuse (:class:`IdleInputError`) a run in which an input file had rows and none of them is
+    a valid row of the schedule's windows: all outside the schedule (the file of another day,
+    perhaps one already charged), all of the wrong type (a column declared a number that holds
+    text), all malformed (not the format its name says). Publishing the schedule's windows would
+    publish noise for days whose data was never used, for good. A re-run of a charged day is no
+    mistake: its rows are late but of the schedule's windows. Call it after the pipeline and
+    before the commit, so nothing is charged or published.
+
+    ``read`` and ``scheduled``: per input (columns ``source``, ``rows``; several rows of a source
+    are summed), the rows read and the valid rows whose window is in the schedule; ``dead``: the
+    run's dead letters (``source``, ``reason``), for the message. An input with no rows (a header
+    alone: an empty day) is no mistake and is not refused.
+
+    What it reveals: the decision depends on the data only through "no row of this file is valid
+    and of the schedule", which one user can change only in a file where theirs would be the one
+    such row (docs/architecture.md, "The input contract")."""
+    if not read.num_rows:
+        return
+    rows = _per_source(read.column("source"), read.column("rows"))
+    usable = _per_source(scheduled.column("source"), scheduled.column("rows")) if scheduled.num_rows else {}
+    idle = sorted(source for source, n in rows.items() if n > 0 and usable.get(source, 0) == 0)
+    if not idle:
+        return
+    source = idle[0]
+    reasons = dead.filter(pc.equal(dead.column("source"), source)).column("reason").combine_chunks() \
+        if dead.num_rows else pa.array([], pa.string())
+    why = ", ".join(f"{int(item['counts']):,} {item['values']}" for item in pc.value_counts(reasons).to_pylist())
+    more = f" (and {len(idle) - 1} other input(s) like it)" if len(idle) > 1 else ""
+    raise IdleInputError(
+        f"input file {source} has {rows[source]:,} rows and none is a valid row of the schedule's windows "
+        f"({why or 'none dead-lettered'}){more}: refusing the run before anyone is charged or anything is "
+        "published. Check the schedule (--start/--end) against the file's days, the declared column types and the "
+        "file's format; a day without data is a file with a header and no rows")
+
+
+def _per_source(sources: pa.ChunkedArray, counts: pa.ChunkedArray) -> dict[str, int]:
+    table = pa.table({"source": sources, "n": counts})
+    summed = table.group_by("source").aggregate([("n", "sum")])
+    return dict(zip(summed.column("source").to_pylist(), (int(n) for n in summed.column("n_sum").to_pylist())))
