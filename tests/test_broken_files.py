@@ -339,3 +339,22 @@ def test_refuse_idle_inputs_sums_each_files_batches():
     refuse_idle_inputs(read, pa.table({"source": ["a", "a", "b"], "rows": [0, 1, 1]}), dead)
     with pytest.raises(IdleInputError, match=r"input file b has 4 rows .*\(4 out_of_range_time\)"):
         refuse_idle_inputs(read, pa.table({"source": ["a", "b"], "rows": [5, 0]}), dead)
+
+
+def test_the_distributed_job_refuses_the_file_of_another_day_before_its_commit_point(tmp_path, capsys):
+    from pipelines.distributed import job as dist
+    from stream.noise import NoiseKey
+
+    path = tmp_path / "day1.parquet"
+    pq.write_table(_day(DAY1), path)
+    key = tmp_path / "key" / "noise.key"
+    NoiseKey.load_or_create(key)
+    out = tmp_path / "curator" / "run1"
+    status = dist.main(["--input", str(path), "--start", DAY2.isoformat(), "--end", DAY2.isoformat(), "--epsilon",
+                        "1", "--delta", "1e-6", "--norm-budget", "4", "--previous-ledger", "none", "--output",
+                        str(out), "--releases-parquet", str(tmp_path / "public"), "--noise-key", str(key), "--quiet",
+                        *flags(*DECLARED)])
+    assert status != 0
+    assert f"input file {path} has 3 rows and none is a valid row of the schedule's windows" in capsys.readouterr().err
+    assert not (out / dist.COMMITTED).exists()
+    assert not list((tmp_path / "public").glob("window_id=*"))

@@ -121,7 +121,7 @@ from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from stream.engine.readers import MalformedLines, check_declared_columns, declares_types, id_type_of, read_batches
 from queries import release_lineage as lineage
 from stream.engine.publication import publish_outbox
-from stream.engine.row_balance import RowBalance, reason_counts
+from stream.engine.row_balance import IdleInputError, RowBalance, reason_counts, refuse_idle_inputs
 from stream.faults import crash_point
 from stream.engine.running import PrepaidUsers
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, running_rule_of
@@ -733,6 +733,11 @@ def running_manifest(previous: dict[str, dict], *, meta: dict[str, dict[str, str
     return dict(sorted(out.items()))
 
 
+def _per_file(counts: dict) -> pa.Table:
+    return pa.table({"source": pa.array(list(counts), pa.string()),
+                     "rows": pa.array([int(n) for n in counts.values()], pa.int64())})
+
+
 class CommitRun(beam.DoFn):
     """Writes ``<output>/_COMMITTED.json`` once every output is complete, then publishes.
 
@@ -761,7 +766,9 @@ class CommitRun(beam.DoFn):
                 read_files: list, rows_read: int, statuses: dict, reasons: dict, users: int,
                 previous_users: int, running_files: list = (), running_users: dict | None = None,
                 previous_running_users: dict | None = None, release_states: dict | None = None,
-                raw: list = ()) -> Iterator[str]:
+                raw: list = (), read_per_file: dict | None = None, scheduled: dict | None = None) -> Iterator[str]:
+        if read_per_file is not None:  # before the commit point: an idle input charges nobody
+            refuse_idle_inputs(_per_file(read_per_file), _per_file(scheduled or {}))
         expected = int(self._manifest["previous_users"])
         if previous_users != expected or users < previous_users:
             # A snapshot that lost users (a missing or truncated file) would restart them from zero
@@ -914,7 +921,9 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
                                                         | "SumPreviousRunningUsers" >> beam.CombinePerKey(sum)),
                      release_states=side.AsDict(released["release_state"]
                                                 | "ReleaseRecords" >> beam.Map(_release_record)),
-                     raw=side.AsList(released["raw"])))
+                     raw=side.AsList(released["raw"]),
+                     read_per_file=side.AsDict(read.read | "ReadPerFileForIdle" >> beam.CombinePerKey(sum)),
+                     scheduled=side.AsDict(read.scheduled | "ScheduledPerFile" >> beam.CombinePerKey(sum))))
     return {"releases": released["releases"], "release_files": release_files, "ledger": filtered.ledger,
             "ledger_files": ledger_files, "counts": counts, "dead": dead, "read": read_rows, "committed": committed}
 
@@ -1016,12 +1025,16 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{plan.n_shards} shards", file=sys.stderr)
     p = beam.Pipeline(runner=batch_runner(options), options=options)
     build(p, plan)
-    result = p.run()
-    if not (args.wait or direct):
-        print(f"[distributed] submitted; {join(plan.output, COMMITTED)} appears when the job has committed",
-              file=sys.stderr)
-        return 0
-    result.wait_until_finish()
+    try:
+        result = p.run()
+        if not (args.wait or direct):
+            print(f"[distributed] submitted; {join(plan.output, COMMITTED)} appears when the job has committed",
+                  file=sys.stderr)
+            return 0
+        result.wait_until_finish()
+    except IdleInputError as exc:  # raised before the commit point: nothing charged, nothing public
+        print(f"{parser.prog}: refused: {str(exc).split(' [while running')[0]}", file=sys.stderr)
+        return 2
     manifest = read_json(join(plan.output, COMMITTED))
     t = manifest["totals"]
     # Invariant 4 (nothing-pre-noise-leaves, docs/architecture.md): the exact counts stay in the curator's manifest.

@@ -107,7 +107,7 @@ class IdleInputError(ValueError):
     is charged (:func:`refuse_idle_inputs`)."""
 
 
-def refuse_idle_inputs(read: pa.Table, scheduled: pa.Table, dead: pa.Table) -> None:
+def refuse_idle_inputs(read: pa.Table, scheduled: pa.Table, dead: pa.Table | None = None) -> None:
     """Refuse (:class:`IdleInputError`) a run in which an input file had rows and none of them is
     a valid row of the schedule's windows: all outside the schedule (the file of another day,
     perhaps one already charged), all of the wrong type (a column declared a number that holds
@@ -118,7 +118,7 @@ def refuse_idle_inputs(read: pa.Table, scheduled: pa.Table, dead: pa.Table) -> N
 
     ``read`` and ``scheduled``: per input (columns ``source``, ``rows``; several rows of a source
     are summed), the rows read and the valid rows whose window is in the schedule; ``dead``: the
-    run's dead letters (``source``, ``reason``), for the message. An input with no rows (a header
+    run's dead letters (``source``, ``reason``), for the message (None: a message without reasons). An input with no rows (a header
     alone: an empty day) is no mistake and is not refused.
 
     What it reveals: the decision depends on the data only through "no row of this file is valid
@@ -133,12 +133,13 @@ def refuse_idle_inputs(read: pa.Table, scheduled: pa.Table, dead: pa.Table) -> N
         return
     source = idle[0]
     reasons = dead.filter(pc.equal(dead.column("source"), source)).column("reason").combine_chunks() \
-        if dead.num_rows else pa.array([], pa.string())
+        if dead is not None and dead.num_rows else pa.array([], pa.string())
     why = ", ".join(f"{int(item['counts']):,} {item['values']}" for item in pc.value_counts(reasons).to_pylist())
+    why = f" ({why})" if why else ""
     more = f" (and {len(idle) - 1} other input(s) like it)" if len(idle) > 1 else ""
     raise IdleInputError(
-        f"input file {source} has {rows[source]:,} rows and none is a valid row of the schedule's windows "
-        f"({why or 'none dead-lettered'}){more}: refusing the run before anyone is charged or anything is "
+        f"input file {source} has {rows[source]:,} rows and none is a valid row of the schedule's windows"
+        f"{why}{more}: refusing the run before anyone is charged or anything is "
         "published. Check the schedule (--start/--end) against the file's days, the declared column types and the "
         "file's format; a day without data is a file with a header and no rows")
 
