@@ -224,6 +224,7 @@ try:
                                               StreamingReleases, running_state_of)
 finally:
     _root.setLevel(_level)
+from pipelines.streaming import message_sizes
 from stream.engine.dead_letters import DeadLetterReason, dead_letters, rejected_letters, with_input_position
 from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
@@ -256,14 +257,33 @@ ID_TYPES = ("int64", "string")
 FULL_SNAPSHOT_EVERY = 7
 
 
+#: The most bytes one message's rows may take decoded (:func:`decode_message`); a message past it
+#: is one ``undecodable_message`` dead letter. A message is a few MB on the wire (Pub/Sub takes at
+#: most 10 MB, Kafka 1 MB by default), but a compressed one can declare gigabytes (a compression
+#: bomb: zeros compress a thousandfold), which would stop the worker that decodes it, again on
+#: every retry. 256 MiB is 25 times the largest Pub/Sub message, so an honest message decodes even
+#: compressed 25 to 1, and a few of them decoding at once fit a worker's memory.
+MAX_MESSAGE_DECODED_BYTES = 256 * 2**20
+
+
 def decode_message(payload: bytes) -> pa.Table:
     """The rows of one message: an Arrow IPC stream, ended by its end-of-stream marker. ValueError
     when it is not one, or when the marker is missing: a stream cut exactly between two record
     batches reads without error as its first batches, and its other rows would be lost uncounted
-    (the batch jobs refuse such a file the same way, :mod:`stream.engine.readers`)."""
+    (the batch jobs refuse such a file the same way, :mod:`stream.engine.readers`). ValueError
+    too when its rows take more than :data:`MAX_MESSAGE_DECODED_BYTES` decoded: refused on what
+    its metadata declares before anything is decompressed, then batch by batch as decoded
+    (:mod:`pipelines.streaming.message_sizes`)."""
     try:
-        table = ipc.open_stream(io.BytesIO(payload)).read_all()
-        ended = _ends_with_its_marker(payload)
+        ended, declared = _frame(payload)
+        _refuse_past_the_cap(declared)
+        reader = ipc.open_stream(pa.BufferReader(payload))
+        batches, decoded = [], 0
+        for batch in reader:
+            decoded += message_sizes.decoded_bytes(batch)
+            _refuse_past_the_cap(decoded)
+            batches.append(batch)
+        table = pa.Table.from_batches(batches, schema=reader.schema)
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
         raise ValueError(f"not an Arrow IPC stream: {str(exc).splitlines()[0][:200]}") from None
     if not ended:
@@ -272,21 +292,30 @@ def decode_message(payload: bytes) -> pa.Table:
     return table
 
 
+def _refuse_past_the_cap(size: int) -> None:
+    if size > MAX_MESSAGE_DECODED_BYTES:
+        raise ValueError(f"its rows take more than {MAX_MESSAGE_DECODED_BYTES:,} bytes decoded (at least {size:,}), "
+                         "the most one message may take (MAX_MESSAGE_DECODED_BYTES of pipelines.streaming.job)")
+
+
 _END_OF_STREAM = (b"\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\x00\x00")  # the marker; before Arrow 0.15
 
 
-def _ends_with_its_marker(payload: bytes) -> bool:
-    """Whether the bytes after the stream's last message (found by its framing, never by looking
-    at the last bytes, which a batch's own data may spell) are exactly the end-of-stream marker."""
+def _frame(payload: bytes) -> tuple[bool, int]:
+    """Read ``payload``'s messages by their framing, decompressing nothing: whether the bytes
+    after its last message (found by the framing, never by looking at the last bytes, which a
+    batch's own data may spell) are exactly the end-of-stream marker, and the bytes its
+    messages declare decoded (:func:`pipelines.streaming.message_sizes.declared_bytes`)."""
     reader = pa.BufferReader(payload)
-    end = 0
+    end, declared = 0, 0
     while True:
         try:
-            ipc.read_message(reader)
+            message = ipc.read_message(reader)
         except EOFError:
             break
+        declared += message_sizes.declared_bytes(message)
         end = reader.tell()
-    return payload[end:] in _END_OF_STREAM
+    return payload[end:] in _END_OF_STREAM, declared
 
 
 def encode_message(table: pa.Table) -> bytes:
