@@ -1732,7 +1732,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     read_files = decoded.read | "WriteRead" >> beam.ParDo(WriteTable(store.join(curator, "read")))
     return {"releases": graph["releases"], "staged": staged, "release_files": release_files, "dead_files": dead_files,
             "ledger_files": ledger_files, "record_files": record_files, "read_files": read_files, "dead": dead,
-            "queries": queries, "resumed": resumed}
+            "queries": queries, "contract": contract, "resumed": resumed}
 
 
 def _launch_queries(releases: str, *, columns: "Sequence[str] | InputContract", start: int,
@@ -1745,6 +1745,8 @@ def _launch_queries(releases: str, *, columns: "Sequence[str] | InputContract", 
     RunRefused when there is nothing to answer, the catalogue cannot be read or a default cannot be
     registered."""
     catalogue = ReleaseCatalogue(releases)
+    if isinstance(columns, InputContract):  # a root keeps its ledger's contract: refused before anything runs
+        catalogue.check_input_contract(columns)
     try:
         state = catalogue.read()
         if isinstance(columns, InputContract):
@@ -1762,12 +1764,17 @@ def _launch_queries(releases: str, *, columns: "Sequence[str] | InputContract", 
         raise launch.RunRefused(f"the query catalogue under {releases}: {exc}") from None
 
 
-def _record_queries(releases: str, queries: LaunchQueries) -> list[str]:
+def _record_queries(releases: str, queries: LaunchQueries, contract: InputContract | None = None) -> list[str]:
     """Write the catalogue changes the job launches with (:meth:`queries.catalogue.ReleaseCatalogue.record_launch`)
-    and return them in words. CatalogueChanged when the catalogue changed since :func:`build` read it."""
-    ReleaseCatalogue(releases).record_launch(queries)
+    and the ledger's input ``contract`` beside them, once (:meth:`~queries.catalogue.ReleaseCatalogue.record_input_contract`),
+    and return them in words. CatalogueChanged when the catalogue changed since :func:`build` read
+    it; ContractError, nothing written, when the root records another contract."""
+    catalogue = ReleaseCatalogue(releases)
+    recorded = contract is not None and catalogue.record_input_contract(contract)
+    catalogue.record_launch(queries)
     first = {r.query_id: r.effective_from for r in queries.registrations}
-    return ([f"registered the default query {q} from window {first[q]} (the catalogue had no query)"
+    return ((["recorded the ledger's input contract beside the releases"] if recorded else [])
+            + [f"registered the default query {q} from window {first[q]} (the catalogue had no query)"
              for q in queries.registered]
             + [f"query {q!r} was registered from window {old}, which this ledger had already released without it; "
                f"it now starts at window {new}" for q, old, new in queries.moved])
@@ -1849,7 +1856,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             p = beam.Pipeline(options=options)
             graph = build(p, args)
             try:
-                for change in _record_queries(store.absolute(args.releases_parquet), graph["queries"]):
+                for change in _record_queries(store.absolute(args.releases_parquet), graph["queries"],
+                                              graph["contract"]):
                     print(f"[streaming] {change}", file=sys.stderr)
                 break
             except CatalogueChanged:
