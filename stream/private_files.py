@@ -258,9 +258,12 @@ def remove_stale_run_dirs(prefix: str, parent: str | os.PathLike | None = None) 
 
 
 def process_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (one of another user counts: it exists)."""
+    """Whether a process ``pid`` exists (one of another user counts: it exists; an id beyond
+    what the system's process ids hold is none)."""
     try:
         os.kill(pid, 0)
+    except OverflowError:
+        return False
     except OSError as exc:
         return exc.errno == errno.EPERM
     return True

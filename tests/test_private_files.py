@@ -227,6 +227,12 @@ def test_remove_stale_run_dirs_removes_the_folders_of_processes_that_are_gone_on
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "renyi-run-abcdefgh", "other-run-1-x"])
 
 
+def test_remove_stale_run_dirs_takes_a_pid_no_process_can_have_for_a_gone_one(tmp_path):
+    # Beyond pid_t os.kill raises OverflowError: such a name must not stop every later run.
+    stale = _run_dir(tmp_path, 10**20)
+    assert remove_stale_run_dirs("renyi-run-", tmp_path) == [stale]
+
+
 def test_remove_stale_run_dirs_leaves_the_folders_of_other_users(tmp_path, monkeypatch):
     stale = _run_dir(tmp_path, _dead_pid())
     monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)  # as if someone else had made it
