@@ -31,10 +31,10 @@ def declared_bytes(message: pa.ipc.Message) -> int:
     before each compressed buffer declare them (what Arrow allocates to decode it); a schema
     message's 0. Nothing is decompressed. ValueError when the metadata or body does not hold
     what it points to."""
-    if message.type not in ("record batch", "dictionary"):
-        return 0 if message.type == "schema" else message.body.size
-    meta = memoryview(message.metadata)
     body = memoryview(message.body) if message.body is not None else memoryview(b"")
+    if message.type not in ("record batch", "dictionary"):
+        return 0 if message.type == "schema" else len(body)
+    meta = memoryview(message.metadata)
     try:
         header = _table_field(meta, _u32(meta, 0), _MESSAGE_HEADER)
         batch = header if message.type == "record batch" else _table_field(meta, header, _DICTIONARY_BATCH_DATA)
