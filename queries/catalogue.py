@@ -6,6 +6,7 @@ queries lives beside those files, as public as they are (query specs are public)
 
     <root>/_queries/revision-00000001.json
     <root>/_queries/revision-00000002.json    (the catalogue after each change, whole)
+    <root>/_queries/input-contract.json       (the ledger's declared input contract)
 
 Each revision is the whole catalogue after one change (``queries``: every registration, with
 its spec, ``effective_from`` and ``retired_from``; ``change``: what changed); the highest
@@ -27,6 +28,12 @@ file under the root. A job changes the catalogue in two ways only, at launch
 per-column sums on a root whose catalogue has no query (as ``renyi-stream run`` does on a store
 with none), and it moves a query registered into windows an earlier run charged but had not yet
 published (:func:`queries.registration.deferrals`).
+
+Beside the catalogue lies the input contract of the ledger that answers under the root
+(:mod:`stream.contract`: its id type, columns and bounds; public and declared, no data), as the
+DuckDB store keeps it in ``store_meta.input_contract``: written by the first run that has one
+(:meth:`ReleaseCatalogue.record_input_contract`), never rewritten, and a run whose ledger
+declares another is refused, as the ledger refuses it.
 """
 
 from __future__ import annotations
@@ -43,11 +50,15 @@ from queries import registration as rules
 from queries.linear import LinearQuery
 from queries.registration import Registration
 from queries.release_files import create_once, filesystem, released_windows
+from stream.contract import ContractError, InputContract
 
 #: The catalogue's folder under a release root.
 FOLDER = "_queries"
 CATALOGUE_VERSION = 1
 _PREFIX, _SUFFIX = "revision-", ".json"
+#: The recorded input contract's file in the catalogue's folder: the contract's canonical JSON
+#: (:meth:`stream.contract.InputContract.to_json`, the text ``store_meta.input_contract`` holds).
+CONTRACT_FILE = "input-contract.json"
 #: How many times a curator's change is re-applied when another writer changed the catalogue first.
 _ATTEMPTS = 5
 
@@ -189,6 +200,25 @@ class ReleaseCatalogue:
                             ("retired_from", pa.int64()), ("registered_at", pa.string()), ("spec_json", pa.string())])
         return pa.Table.from_pylist(rows, schema=schema)
 
+    def input_contract(self) -> InputContract | None:
+        """The input contract recorded under the root (None when no run recorded one).
+        ContractError naming the file when it holds no contract."""
+        fs, base = filesystem(self._root)
+        path = f"{base}/{FOLDER}/{CONTRACT_FILE}"
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return None
+        with fs.open_input_stream(path) as handle:
+            data = handle.read()
+        try:
+            return InputContract.from_json(data.decode("utf-8"), where=path)
+        except UnicodeDecodeError:
+            raise ContractError(f"{path} is not a recorded input contract: not UTF-8 text") from None
+
+    def check_input_contract(self, contract: InputContract) -> None:
+        """ContractError naming both when the root records another input contract than
+        ``contract``; nothing when it records it or none."""
+        self._recorded_contract_is(contract)
+
     # -- changing (the curator) -------------------------------------------------------------------
 
     def add(self, query: LinearQuery, *, effective_from: int) -> None:
@@ -242,6 +272,24 @@ class ReleaseCatalogue:
         self._write(launch.revision + 1, launch.registrations, "; ".join(what))
         return launch.revision + 1
 
+    def record_input_contract(self, contract: InputContract) -> bool:
+        """Record ``contract`` as the root's input contract unless it is recorded: True when this
+        call wrote it, False when the root already records it (nothing written). ContractError
+        naming both, nothing written, when the root records another: the contract is the
+        ledger's for life, and so the root's (:meth:`check_input_contract`)."""
+        if self._recorded_contract_is(contract):
+            return False
+        data = contract.to_json().encode("utf-8")
+
+        def write(fs: pafs.FileSystem, scratch: str) -> None:
+            with fs.open_output_stream(scratch) as handle:
+                handle.write(data)
+
+        if create_once(self._root, f"{FOLDER}/{CONTRACT_FILE}", write):
+            return True
+        self._recorded_contract_is(contract)  # another writer recorded one first: the same, or refused
+        return False
+
     # -- private ----------------------------------------------------------------------------------
 
     def _revisions(self) -> list[int]:
@@ -255,6 +303,20 @@ class ReleaseCatalogue:
                 if number.isdigit():
                     found.append(int(number))
         return sorted(found)
+
+    def _recorded_contract_is(self, contract: InputContract) -> bool:
+        """Whether the root records ``contract`` (False: it records none); ContractError naming
+        both when it records another."""
+        recorded = self.input_contract()
+        if recorded is None:
+            return False
+        if recorded.to_json() != contract.to_json():
+            raise ContractError(
+                f"the release root {self._root} records the input contract {recorded.to_json()} "
+                f"({FOLDER}/{CONTRACT_FILE}), and this run's ledger declares {contract.to_json()}: a release root keeps "
+                "the contract of the ledger that answers it for life (its default queries and bounds follow from it). "
+                "Give the ledger that released there, or another release root")
+        return True
 
     def _change(self, change) -> None:
         for _ in range(_ATTEMPTS):
@@ -293,5 +355,5 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-__all__ = ["CATALOGUE_VERSION", "FOLDER", "CatalogueChanged", "CatalogueState", "LaunchQueries", "ReleaseCatalogue",
+__all__ = ["CATALOGUE_VERSION", "CONTRACT_FILE", "FOLDER", "CatalogueChanged", "CatalogueState", "LaunchQueries", "ReleaseCatalogue",
            "queries_at_launch"]

@@ -17,6 +17,10 @@ same way, whatever the umask:
 * a library's temporary files about a curator file (DuckDB spills a large sort or join of the
   ledger to disk) go to ``<file>.tmp/``, a ``0700`` folder created race-free and checked to be a
   real folder of ours that nobody else may enter (:func:`private_temp_dir`);
+* a job's scratch folder in the system temp dir (the daily job stages the previous ledger there
+  for its pipeline) is ``<prefix><pid>-<random>``, ``0700``, removed when the run ends
+  (:func:`private_run_dir`); one a killed run left is removed by the next run of any job with
+  that prefix, once its process is gone (:func:`remove_stale_run_dirs`);
 * a folder created for curator files is ``0700`` (:func:`make_private_dirs`, each missing
   level, ``chmod``-ed so that the umask cannot loosen it). A folder that is the curator's own by
   contract (a distributed run's ``--output``, the demo's ``curator/``) is tightened to ``0700``
@@ -44,7 +48,9 @@ import errno
 import functools
 import os
 import re
+import shutil
 import stat
+import tempfile
 import threading
 import uuid
 from pathlib import Path
@@ -210,10 +216,54 @@ def remove_stale_scratch(path: str | os.PathLike) -> list[Path]:
     return removed
 
 
+@contextlib.contextmanager
+def private_run_dir(prefix: str, parent: str | os.PathLike | None = None) -> Iterator[Path]:
+    """A new scratch folder for one run, ``<prefix><pid>-<random>`` in ``parent`` (the system temp
+    dir by default), ``0700`` whatever the umask, removed with everything in it when the block
+    ends (on an exception too). A process killed in the block leaves it, private; the folders of
+    ``prefix`` that killed processes left are removed first (:func:`remove_stale_run_dirs`)."""
+    remove_stale_run_dirs(prefix, parent)
+    with tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-", dir=parent) as folder:
+        os.chmod(folder, PRIVATE_DIR_MODE)  # mkdtemp's 0700 less a umask such as 0o277 is unwritable
+        yield Path(folder)
+
+
+def remove_stale_run_dirs(prefix: str, parent: str | os.PathLike | None = None) -> list[Path]:
+    """Remove the scratch folders ``<prefix><pid>-*`` of :func:`private_run_dir` in ``parent`` (the
+    system temp dir by default) whose process no longer exists (a killed run). Those of live
+    processes, those of other users, symbolic links and names without a pid are left. Returns
+    the folders removed."""
+    parent = Path(tempfile.gettempdir() if parent is None else parent)
+    pattern = re.compile(rf"{re.escape(prefix)}([0-9]+)-.+")
+    removed = []
+    try:
+        names = os.listdir(parent)
+    except FileNotFoundError:
+        return removed
+    for name in sorted(names):
+        match = pattern.fullmatch(name)
+        if match is None or process_alive(int(match.group(1))):
+            continue
+        stale = parent / name
+        try:
+            info = stale.lstat()
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+            continue
+        shutil.rmtree(stale, ignore_errors=True)  # another run may be removing it too
+        if not os.path.lexists(stale):
+            removed.append(stale)
+    return removed
+
+
 def process_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (one of another user counts: it exists)."""
+    """Whether a process ``pid`` exists (one of another user counts: it exists; an id beyond
+    what the system's process ids hold is none)."""
     try:
         os.kill(pid, 0)
+    except OverflowError:
+        return False
     except OSError as exc:
         return exc.errno == errno.EPERM
     return True

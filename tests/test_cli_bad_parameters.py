@@ -69,6 +69,7 @@ TRAIN = ["train", "--features", "{w}/features.parquet", "--ledger", "{t}/l.duckd
 QADD = ["query", "add", "--store", "{t}/s.duckdb", "--id", "q", "--columns", "opened", "--from", "2026-04-01"]
 QRETIRE = ["query", "retire", "--store", "{w}/store.duckdb", "--id", "sum:opened", "--from", "2026-04-01"]
 QLIST = ["query", "list", "--store", "{w}/store.duckdb"]
+QCONTRACT = ["query", "contract", "--store", "{w}/store.duckdb"]
 PRIV = ["privacy-report", "--ledger", "{w}/ledger.duckdb", "--user", "1"]
 REPORT = ["report", "--store", "{w}/store.duckdb", "--out", "{t}/r.html"]
 
@@ -169,6 +170,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("query", _set(QLIST, "--store", "{t}/missing.duckdb"), "--store"),
     ("query", _set(QLIST, "--store", "{w}/ledger.duckdb"), "--store"),
     ("query", QLIST + ["--format", "xml"], "--format"),
+    ("query", _set(QCONTRACT, "--store", "{t}/missing.duckdb"), "--store"),
+    ("query", _set(QCONTRACT, "--store", "{w}/ledger.duckdb"), "--store"),
     # privacy-report
     *[("privacy-report", PRIV + ["--delta", v], "--delta") for v in ("0", "1", "x")],
     ("privacy-report", _set(PRIV, "--ledger", "{t}/missing.duckdb"), "--ledger"),

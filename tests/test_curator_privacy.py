@@ -110,6 +110,63 @@ def test_renyi_stream_run_under_umask_022_creates_every_curator_file_0600_in_070
     assert _current_umask() == 0o022  # the caller's umask is back
 
 
+def _temp_dir(tmp_path: Path, monkeypatch) -> Path:
+    """A temp dir of the test's own, where ``tempfile`` puts the job's scratch folder."""
+    import tempfile
+
+    folder = tmp_path / "tmp"
+    folder.mkdir(mode=0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def _watch_scratch(monkeypatch) -> list[tuple[Path, int, dict[str, int]]]:
+    """What the daily job's pipeline step got as its scratch folder: the folder, its mode, and
+    the mode of each file the pipeline left in it (the previous ledger among them)."""
+    import pipelines.daily.job as daily
+
+    seen = []
+    original = daily._run_pipeline
+
+    def watched(config, params, plan, columns, released, to_release, previous, previous_running, previous_raw,
+                scratch, *args, **kwargs):
+        outputs = original(config, params, plan, columns, released, to_release, previous, previous_running,
+                           previous_raw, scratch, *args, **kwargs)
+        folder = Path(scratch)
+        seen.append((folder, _mode(folder), {p.name: _mode(p) for p in folder.iterdir() if p.is_file()}))
+        return outputs
+
+    monkeypatch.setattr(daily, "_run_pipeline", watched)
+    return seen
+
+
+def test_renyi_stream_runs_scratch_folder_is_named_with_its_pid_0700_and_removed_after(
+        tmp_path, umask_022, capsys, monkeypatch):
+    temp = _temp_dir(tmp_path, monkeypatch)
+    seen = _watch_scratch(monkeypatch)
+    assert _cli(_run_args(tmp_path), capsys)[0] == 0
+    [(folder, mode, files)] = seen
+    assert folder.parent == temp and folder.name.startswith(f"renyi-run-{os.getpid()}-")
+    assert mode == 0o700 and files["previous-ledger.parquet"] == 0o600
+    assert list(temp.iterdir()) == []
+
+
+def test_renyi_stream_run_removes_the_scratch_folder_a_killed_run_left_and_keeps_a_live_runs(
+        tmp_path, capsys, monkeypatch):
+    import subprocess
+    import sys
+
+    temp = _temp_dir(tmp_path, monkeypatch)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    stale, live = temp / f"renyi-run-{int(gone.stdout)}-killed", temp / f"renyi-run-{os.getppid()}-running"
+    for folder in (stale, live):
+        folder.mkdir(mode=0o700)
+        (folder / "previous-ledger.parquet").write_bytes(b"per-user budgets")
+    assert _cli(_run_args(tmp_path), capsys)[0] == 0
+    assert [p.name for p in temp.iterdir()] == [live.name]
+
+
 def test_the_public_release_store_keeps_the_callers_umask(tmp_path, umask_022, capsys):
     """Not a curator file: analysts read it, so the job does not make it private."""
     (tmp_path / "public").mkdir()

@@ -11,9 +11,10 @@ import uuid
 
 import pytest
 
-from stream.private_files import (PrivateFileError, make_private_dirs, private_dir, private_scratch, private_temp_dir,
-                                  private_umask, public_file_mode, refuse_if_shared, remove_stale_scratch, tighten_tree,
-                                  write_private, write_private_bytes)
+from stream.private_files import (PrivateFileError, make_private_dirs, private_dir, private_run_dir, private_scratch,
+                                  private_temp_dir, private_umask, public_file_mode, refuse_if_shared,
+                                  remove_stale_run_dirs, remove_stale_scratch, tighten_tree, write_private,
+                                  write_private_bytes)
 
 
 def _mode(path) -> int:
@@ -201,6 +202,67 @@ def test_remove_stale_scratch_removes_those_of_processes_that_are_gone_only(tmp_
         path.write_bytes(b"")
     assert remove_stale_scratch(tmp_path / "m.npz") == [stale]
     assert _scratch_files(tmp_path) == sorted([live.name, other.name, "m.npz.tmp"])
+
+
+def _dead_pid() -> int:
+    """The id of a process that has exited (and been waited for)."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    return int(gone.stdout)
+
+
+def _run_dir(parent, pid: int, secret: bytes = b"per-user rows"):
+    folder = parent / f"renyi-run-{pid}-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(mode=0o700)
+    (folder / "previous-ledger.parquet").write_bytes(secret)
+    return folder
+
+
+def test_remove_stale_run_dirs_removes_the_folders_of_processes_that_are_gone_only(tmp_path):
+    stale = _run_dir(tmp_path, _dead_pid())
+    live = _run_dir(tmp_path, os.getppid())  # pytest's parent is running
+    (tmp_path / "renyi-run-abcdefgh").mkdir()  # no pid in its name: not known to be stale
+    (tmp_path / "other-run-1-x").mkdir()
+    assert remove_stale_run_dirs("renyi-run-", tmp_path) == [stale]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "renyi-run-abcdefgh", "other-run-1-x"])
+
+
+def test_remove_stale_run_dirs_takes_a_pid_no_process_can_have_for_a_gone_one(tmp_path):
+    # Beyond pid_t os.kill raises OverflowError: such a name must not stop every later run.
+    stale = _run_dir(tmp_path, 10**20)
+    assert remove_stale_run_dirs("renyi-run-", tmp_path) == [stale]
+
+
+def test_remove_stale_run_dirs_leaves_the_folders_of_other_users(tmp_path, monkeypatch):
+    stale = _run_dir(tmp_path, _dead_pid())
+    monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 1)  # as if someone else had made it
+    assert remove_stale_run_dirs("renyi-run-", tmp_path) == []
+    assert stale.is_dir()
+
+
+def test_remove_stale_run_dirs_does_not_follow_a_symbolic_link(tmp_path):
+    target = tmp_path / "kept"
+    target.mkdir()
+    (target / "f").write_bytes(b"x")
+    link = tmp_path / f"renyi-run-{_dead_pid()}-link"
+    link.symlink_to(target)
+    assert remove_stale_run_dirs("renyi-run-", tmp_path) == []
+    assert (target / "f").exists() and link.is_symlink()
+
+
+def test_private_run_dir_is_named_with_the_pid_0700_and_removed_after_the_block(tmp_path, umask_022):
+    with private_run_dir("renyi-run-", tmp_path) as folder:
+        assert folder.parent == tmp_path and folder.name.startswith(f"renyi-run-{os.getpid()}-")
+        assert _mode(folder) == 0o700
+        (folder / "previous-ledger.parquet").write_bytes(b"x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_private_run_dir_first_removes_the_stale_folders_of_killed_runs(tmp_path):
+    stale = _run_dir(tmp_path, _dead_pid())
+    with private_run_dir("renyi-run-", tmp_path) as folder:
+        assert [p.name for p in tmp_path.iterdir()] == [folder.name]
+    assert not stale.exists()
 
 
 def test_public_file_mode_is_the_callers_umask_even_inside_a_private_umask_block(umask_022):

@@ -713,6 +713,79 @@ def test_a_follow_up_of_snapshots_from_before_ledger_ids_draws_a_new_one(tmp_pat
     assert now not in ("", earlier) and len(now) == 32
 
 
+# --- a message's decoded size is capped (issue 28, the attacker's finding F: a compression bomb) ---------
+
+
+def _bomb(users: int = 100_000) -> bytes:
+    """A zstd-compressed message of ``users`` rows of one day with ids from 10,000 on, every value
+    zero: about 28 bytes a row decoded (2.8 MB for the default), a few hundred KB sent."""
+    import io
+
+    import pyarrow.ipc as ipc
+
+    table = pa.table({"user_id": pa.array(np.arange(10_000, 10_000 + users), pa.int64()),
+                      "day": pa.array([DAY0] * users, pa.date32()),
+                      "opened": pa.array(np.zeros(users)), "bought": pa.array(np.zeros(users))})
+    sink = io.BytesIO()
+    with ipc.new_stream(sink, table.schema, options=ipc.IpcWriteOptions(compression="zstd")) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def test_a_message_that_decodes_past_the_cap_is_refused_naming_the_cap(monkeypatch):
+    bomb = _bomb()
+    assert len(bomb) < 2**20
+    monkeypatch.setattr(sj, "MAX_MESSAGE_DECODED_BYTES", 2**20)
+    with pytest.raises(ValueError, match=r"more than 1,048,576 bytes.*MAX_MESSAGE_DECODED_BYTES"):
+        sj.decode_message(bomb)
+
+
+def test_a_message_under_the_cap_decodes():
+    assert sj.MAX_MESSAGE_DECODED_BYTES >= 2**28
+    assert sj.decode_message(_bomb()).num_rows == 100_000
+
+
+def _declaring(message: bytes, size: int) -> bytes:
+    """``message`` (one compressed record batch) with its first non-empty buffer declaring
+    ``size`` bytes once decompressed (the 8-byte length before each compressed buffer)."""
+    import pyarrow.ipc as ipc
+
+    reader = pa.BufferReader(message)
+    ipc.read_message(reader)  # the schema
+    start = reader.tell()
+    batch = ipc.read_message(reader)
+    body = start + (reader.tell() - start) - batch.body.size
+    view = memoryview(batch.body)
+    first = next(o for o in range(0, batch.body.size, 8) if int.from_bytes(view[o:o + 8], "little", signed=True) > 0)
+    return message[:body + first] + size.to_bytes(8, "little", signed=True) + message[body + first + 8:]
+
+
+def test_a_message_that_declares_more_than_the_cap_is_refused_before_it_is_decompressed(monkeypatch):
+    # Refused on what its buffers declare: decompressing it first would allocate what it declares.
+    monkeypatch.setattr(sj, "MAX_MESSAGE_DECODED_BYTES", 2**20)
+    liar = _declaring(_bomb(1_000), 64 * 2**20)
+    with pytest.raises(ValueError, match="MAX_MESSAGE_DECODED_BYTES"):
+        sj.decode_message(liar)
+
+
+def test_a_message_past_the_cap_is_one_undecodable_message_and_none_of_its_rows_is_admitted(
+        tmp_path, days, monkeypatch):
+    messages, _ = days
+    bomb = tmp_path / "messages" / "bomb.arrows"
+    bomb.write_bytes(_bomb())
+    monkeypatch.setattr(sj, "MAX_MESSAGE_DECODED_BYTES", 2**20)
+    assert sj.main(_args(tmp_path, ["--replay", *messages, str(bomb)])) == 0
+    dead = pa.concat_tables([pq.read_table(f) for f in (tmp_path / "curator" / "dead").rglob("*.parquet")])
+    from_bomb = dead.filter(pa.compute.equal(dead.column("source"), str(bomb)))
+    assert from_bomb.column("reason").to_pylist() == [DeadLetterReason.UNDECODABLE_MESSAGE]
+    assert "MAX_MESSAGE_DECODED_BYTES" in from_bomb.column("detail")[0].as_py()
+    books = sj.books(str(tmp_path / "curator"))
+    assert books["rows_read"] == _message_rows(messages) + 1 and books["balanced"]
+    last = tmp_path / "curator" / "ledger" / f"window_id={W0 + 2}"
+    users = pa.concat_tables([pq.read_table(f) for f in last.glob("shard=*/*.parquet")]).column("user_id")
+    assert pa.compute.max(users).as_py() < 10_000  # the days' users only
+
+
 def test_a_message_cut_between_two_record_batches_is_undecodable_not_its_first_batch():
     # Arrow's stream reader takes the end of the bytes for the end of the stream: a message cut
     # exactly after its first batch read as that batch alone, the other rows lost uncounted.

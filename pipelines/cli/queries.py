@@ -1,4 +1,4 @@
-"""``renyi-stream query add|list|retire``, ``privacy-report`` and ``report``.
+"""``renyi-stream query add|list|retire|contract``, ``privacy-report`` and ``report``.
 
 Parameter errors exit with status 2 and a message naming the parameter; a missing store or
 ledger exits with status 1.
@@ -129,6 +129,8 @@ def _query_command(args: argparse.Namespace) -> int:
     if (args.store is None) == (args.releases_parquet is None):
         return _fail(command, "give exactly one of --store (the DuckDB release store renyi-stream run answers) or "
                      "--releases-parquet (the Parquet release root the distributed and streaming jobs answer)", 2, args)
+    if args.action == "contract":
+        return _contract_command(args, command)
     if args.releases_parquet is not None:
         return _catalogue_command(args, command)
     try:
@@ -165,6 +167,34 @@ def _query_command(args: argparse.Namespace) -> int:
 def _say_retired(query_id: str, window: int, withdrawn: bool) -> None:
     print(f"withdrew {query_id}: it was never answered, and its id is free again" if withdrawn
           else f"retired {query_id} from window {window}")
+
+
+def _contract_command(args: argparse.Namespace, command: str) -> int:
+    """``query contract --store S | --releases-parquet ROOT``: the declared input contract the
+    release store (``store_meta.input_contract``) or the Parquet release root
+    (``ROOT/_queries/input-contract.json``) records, as JSON; status 1 when none is recorded."""
+    from queries.catalogue import ReleaseCatalogue
+    from queries.release_store import ReleaseStore, ReleaseStoreError
+
+    where = f"release store {args.store}" if args.store is not None else f"release root {args.releases_parquet}"
+    try:
+        if args.store is not None:
+            if not Path(args.store).exists():
+                return _fail(command, f"{where} does not exist", 1, args)
+            with ReleaseStore(args.store, read_only=True) as store:
+                text = store.input_contract()
+        else:
+            if "://" not in args.releases_parquet and not Path(args.releases_parquet).exists():
+                return _fail(command, f"{where} (--releases-parquet) does not exist", 1, args)
+            recorded = ReleaseCatalogue(args.releases_parquet).input_contract()
+            text = None if recorded is None else recorded.to_json()
+    except (ReleaseStoreError, ValueError, OSError) as exc:
+        return _fail(command, str(exc), 1, args)
+    if text is None:
+        return _fail(command, f"{where} records no input contract (no run with a declared contract released "
+                     "there yet)", 1, args)
+    print(json.dumps(json.loads(text), indent=1))
+    return 0
 
 
 def _refuse_released(args: argparse.Namespace, first: int, last: int | None) -> None:
@@ -343,7 +373,10 @@ def add_query_subcommands(sub: Any) -> None:
     listing.add_argument("--format", choices=("table", "json"), default="table")
     listing.add_argument("--window", default="1d", help="window length, as given to the job (default 1d): windows "
                          "are shown as the date they start")
-    for parser in (add, retire, listing):
+    contract = actions.add_parser("contract", help="the declared input contract the releases answer (public)",
+                                  description="Print the input contract recorded with the releases: the ledger's "
+                                  "id type and its declared columns, their kinds and bounds (JSON).")
+    for parser in (add, retire, listing, contract):
         where = parser.add_argument_group("where the catalogue is (exactly one)")
         where.add_argument("--store", help="the release store (DuckDB file) renyi-stream run answers")
         where.add_argument("--releases-parquet", "--releases_parquet", dest="releases_parquet", metavar="ROOT",

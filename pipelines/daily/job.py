@@ -21,7 +21,6 @@ import contextlib
 import gc
 import json
 import logging
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,8 +48,13 @@ from stream.continual.prepaid import DEFAULT_RUNNING_STRATEGY, RUNNING_STRATEGIE
 from stream.engine.running import MIGRATION
 from stream.ledger import STATUS_NAMES, Policy
 from stream.noise import NoiseKey
-from stream.private_files import CURATOR_ONLY_NOTICE, private_umask
+from stream.private_files import CURATOR_ONLY_NOTICE, private_run_dir, private_umask
 from stream.schema import WindowSpec
+
+#: The name of a run's scratch folder in the temp dir: ``renyi-run-<pid>-<random>``
+#: (:func:`stream.private_files.private_run_dir`).
+SCRATCH_PREFIX = "renyi-run-"
+
 
 @dataclass(frozen=True)
 class JobConfig:
@@ -209,8 +213,9 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
         say(f"[run] {CURATOR_ONLY_NOTICE}")
         say(f"[run] run {run_id}: {len(config.inputs)} input file(s), {len(to_release)} window(s) to release, "
             f"{len(skipped)} already released, {previous.num_rows:,} users in the ledger")
-        # The scratch folder is 0700; its files (the previous ledger, dead letters) are 0600 too.
-        with tempfile.TemporaryDirectory(prefix="renyi-run-") as scratch, private_umask():
+        # The scratch folder (renyi-run-<pid>-*) is 0700; its files (the previous ledger, dead
+        # letters) are 0600 too. One a killed run left is removed here, once its process is gone.
+        with private_run_dir(SCRATCH_PREFIX) as scratch, private_umask():
             outputs = _run_pipeline(config, params, plan, columns, released, to_release, previous,
                                     previous_running, curator.load_running_releases(), scratch, say, categories,
                                     ledger_id=curator.ledger_id, previous_release=previous_release)
@@ -431,7 +436,7 @@ def _refuse_gaps_in_running_queries(plan: QueryPlan, previous_release: dict[str,
 
 def _run_pipeline(config: JobConfig, params: LedgerConfig, plan: QueryPlan, columns: list[str],
                   released: set[int], to_release: list[int], previous: pa.Table,
-                  previous_running: dict[str, pa.Table], previous_raw: dict, scratch: str,
+                  previous_running: dict[str, pa.Table], previous_raw: dict, scratch: Path,
                   say, categories: Sequence[str] = (), *, ledger_id: str,
                   previous_release: dict[str, pa.Table] | None = None) -> dict[str, pa.Table]:
     beam, PipelineOptions = _beam()

@@ -128,7 +128,7 @@ from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPla
 from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
 from queries.linear import default_queries
 from queries.registration import category_reads, contract_defaults, declared_header, plan_columns, recorded_plan
-from stream.contract import InputContract, declaration_hint
+from stream.contract import ContractError, InputContract, declaration_hint
 from stream.columns import default_columns
 from stream.engine.ledger_config import LedgerConfig, LedgerConfigError
 from stream.ledger import STATUS_NAMES, Policy
@@ -508,9 +508,12 @@ def launch_queries(releases: str, *, defaults: "Sequence[str] | InputContract", 
     windows the ledger charged (``processed``) but never ``answered`` move past them, and on a
     catalogue with no query the default sums of ``defaults`` are registered from the schedule's
     first window (a declared contract's: :func:`queries.registration.contract_defaults`). RunRefused
-    when the catalogue cannot be read or a default cannot be registered."""
+    when the catalogue cannot be read or a default cannot be registered; ContractError when the
+    root records another input contract than ``defaults``."""
     catalogue = ReleaseCatalogue(releases)
     processed = sorted(processed)
+    if isinstance(defaults, InputContract):  # a root keeps its ledger's contract: refused before anything runs
+        catalogue.check_input_contract(defaults)
     try:
         state = catalogue.read()
         if isinstance(defaults, InputContract):
@@ -527,14 +530,20 @@ def launch_queries(releases: str, *, defaults: "Sequence[str] | InputContract", 
 
 def record_queries(plan: RunPlan) -> list[str]:
     """Write the catalogue changes ``plan`` launches with (:meth:`queries.catalogue.ReleaseCatalogue.record_launch`)
-    and return what changed, in words. CatalogueChanged when the catalogue changed since
-    :func:`prepare` read it: the plan must be made again."""
+    and the ledger's input contract beside them, once
+    (:meth:`~queries.catalogue.ReleaseCatalogue.record_input_contract`), and return what changed, in
+    words. CatalogueChanged when the catalogue changed since :func:`prepare` read it: the plan must
+    be made again; ContractError, nothing written, when the root records another contract."""
+    catalogue = ReleaseCatalogue(plan.releases)
+    contract = plan.config.contract
+    recorded = contract is not None and catalogue.record_input_contract(contract)
+    said = ["recorded the ledger's input contract beside the releases"] if recorded else []
     if plan.catalogue is None:
-        return []
-    ReleaseCatalogue(plan.releases).record_launch(plan.catalogue)
+        return said
+    catalogue.record_launch(plan.catalogue)
     first = {r.query_id: r.effective_from for r in plan.catalogue.registrations}
-    return ([f"registered the default query {q} from window {first[q]} (the catalogue had no query)"
-             for q in plan.catalogue.registered]
+    return (said + [f"registered the default query {q} from window {first[q]} (the catalogue had no query)"
+                    for q in plan.catalogue.registered]
             + [f"query {q!r} was registered from window {old}, which this ledger had already charged without it; "
                f"it now starts at window {new}" for q, old, new in plan.catalogue.moved])
 
@@ -1006,6 +1015,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for change in record_queries(plan):
                 print(f"[distributed] {change}", file=sys.stderr)
             break
+        except ContractError as exc:  # recorded by another run since prepare checked it
+            print(f"{parser.prog}: refused: {exc}", file=sys.stderr)
+            return 2
         except CatalogueChanged:
             try:
                 plan = prepare(args)

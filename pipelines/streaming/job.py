@@ -224,6 +224,7 @@ try:
                                               StreamingReleases, running_state_of)
 finally:
     _root.setLevel(_level)
+from pipelines.streaming import message_sizes
 from stream.engine.dead_letters import DeadLetterReason, dead_letters, rejected_letters, with_input_position
 from stream.engine.publication import publish_outbox
 from stream.engine.row_balance import RowBalance, reason_counts
@@ -256,14 +257,33 @@ ID_TYPES = ("int64", "string")
 FULL_SNAPSHOT_EVERY = 7
 
 
+#: The most bytes one message's rows may take decoded (:func:`decode_message`); a message past it
+#: is one ``undecodable_message`` dead letter. A message is a few MB on the wire (Pub/Sub takes at
+#: most 10 MB, Kafka 1 MB by default), but a compressed one can declare gigabytes (a compression
+#: bomb: zeros compress a thousandfold), which would stop the worker that decodes it, again on
+#: every retry. 256 MiB is 25 times the largest Pub/Sub message, so an honest message decodes even
+#: compressed 25 to 1, and a few of them decoding at once fit a worker's memory.
+MAX_MESSAGE_DECODED_BYTES = 256 * 2**20
+
+
 def decode_message(payload: bytes) -> pa.Table:
     """The rows of one message: an Arrow IPC stream, ended by its end-of-stream marker. ValueError
     when it is not one, or when the marker is missing: a stream cut exactly between two record
     batches reads without error as its first batches, and its other rows would be lost uncounted
-    (the batch jobs refuse such a file the same way, :mod:`stream.engine.readers`)."""
+    (the batch jobs refuse such a file the same way, :mod:`stream.engine.readers`). ValueError
+    too when its rows take more than :data:`MAX_MESSAGE_DECODED_BYTES` decoded: refused on what
+    its metadata declares before anything is decompressed, then batch by batch as decoded
+    (:mod:`pipelines.streaming.message_sizes`)."""
     try:
-        table = ipc.open_stream(io.BytesIO(payload)).read_all()
-        ended = _ends_with_its_marker(payload)
+        ended, declared = _frame(payload)
+        _refuse_past_the_cap(declared)
+        reader = ipc.open_stream(pa.BufferReader(payload))
+        batches, decoded = [], 0
+        for batch in reader:
+            decoded += message_sizes.decoded_bytes(batch)
+            _refuse_past_the_cap(decoded)
+            batches.append(batch)
+        table = pa.Table.from_batches(batches, schema=reader.schema)
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as exc:
         raise ValueError(f"not an Arrow IPC stream: {str(exc).splitlines()[0][:200]}") from None
     if not ended:
@@ -272,21 +292,30 @@ def decode_message(payload: bytes) -> pa.Table:
     return table
 
 
+def _refuse_past_the_cap(size: int) -> None:
+    if size > MAX_MESSAGE_DECODED_BYTES:
+        raise ValueError(f"its rows take more than {MAX_MESSAGE_DECODED_BYTES:,} bytes decoded (at least {size:,}), "
+                         "the most one message may take (MAX_MESSAGE_DECODED_BYTES of pipelines.streaming.job)")
+
+
 _END_OF_STREAM = (b"\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\x00\x00")  # the marker; before Arrow 0.15
 
 
-def _ends_with_its_marker(payload: bytes) -> bool:
-    """Whether the bytes after the stream's last message (found by its framing, never by looking
-    at the last bytes, which a batch's own data may spell) are exactly the end-of-stream marker."""
+def _frame(payload: bytes) -> tuple[bool, int]:
+    """Read ``payload``'s messages by their framing, decompressing nothing: whether the bytes
+    after its last message (found by the framing, never by looking at the last bytes, which a
+    batch's own data may spell) are exactly the end-of-stream marker, and the bytes its
+    messages declare decoded (:func:`pipelines.streaming.message_sizes.declared_bytes`)."""
     reader = pa.BufferReader(payload)
-    end = 0
+    end, declared = 0, 0
     while True:
         try:
-            ipc.read_message(reader)
+            message = ipc.read_message(reader)
         except EOFError:
             break
+        declared += message_sizes.declared_bytes(message)
         end = reader.tell()
-    return payload[end:] in _END_OF_STREAM
+    return payload[end:] in _END_OF_STREAM, declared
 
 
 def encode_message(table: pa.Table) -> bytes:
@@ -1703,7 +1732,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     read_files = decoded.read | "WriteRead" >> beam.ParDo(WriteTable(store.join(curator, "read")))
     return {"releases": graph["releases"], "staged": staged, "release_files": release_files, "dead_files": dead_files,
             "ledger_files": ledger_files, "record_files": record_files, "read_files": read_files, "dead": dead,
-            "queries": queries, "resumed": resumed}
+            "queries": queries, "contract": contract, "resumed": resumed}
 
 
 def _launch_queries(releases: str, *, columns: "Sequence[str] | InputContract", start: int,
@@ -1716,6 +1745,8 @@ def _launch_queries(releases: str, *, columns: "Sequence[str] | InputContract", 
     RunRefused when there is nothing to answer, the catalogue cannot be read or a default cannot be
     registered."""
     catalogue = ReleaseCatalogue(releases)
+    if isinstance(columns, InputContract):  # a root keeps its ledger's contract: refused before anything runs
+        catalogue.check_input_contract(columns)
     try:
         state = catalogue.read()
         if isinstance(columns, InputContract):
@@ -1733,12 +1764,17 @@ def _launch_queries(releases: str, *, columns: "Sequence[str] | InputContract", 
         raise launch.RunRefused(f"the query catalogue under {releases}: {exc}") from None
 
 
-def _record_queries(releases: str, queries: LaunchQueries) -> list[str]:
+def _record_queries(releases: str, queries: LaunchQueries, contract: InputContract | None = None) -> list[str]:
     """Write the catalogue changes the job launches with (:meth:`queries.catalogue.ReleaseCatalogue.record_launch`)
-    and return them in words. CatalogueChanged when the catalogue changed since :func:`build` read it."""
-    ReleaseCatalogue(releases).record_launch(queries)
+    and the ledger's input ``contract`` beside them, once (:meth:`~queries.catalogue.ReleaseCatalogue.record_input_contract`),
+    and return them in words. CatalogueChanged when the catalogue changed since :func:`build` read
+    it; ContractError, nothing written, when the root records another contract."""
+    catalogue = ReleaseCatalogue(releases)
+    recorded = contract is not None and catalogue.record_input_contract(contract)
+    catalogue.record_launch(queries)
     first = {r.query_id: r.effective_from for r in queries.registrations}
-    return ([f"registered the default query {q} from window {first[q]} (the catalogue had no query)"
+    return ((["recorded the ledger's input contract beside the releases"] if recorded else [])
+            + [f"registered the default query {q} from window {first[q]} (the catalogue had no query)"
              for q in queries.registered]
             + [f"query {q!r} was registered from window {old}, which this ledger had already released without it; "
                f"it now starts at window {new}" for q, old, new in queries.moved])
@@ -1820,7 +1856,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             p = beam.Pipeline(options=options)
             graph = build(p, args)
             try:
-                for change in _record_queries(store.absolute(args.releases_parquet), graph["queries"]):
+                for change in _record_queries(store.absolute(args.releases_parquet), graph["queries"],
+                                              graph["contract"]):
                     print(f"[streaming] {change}", file=sys.stderr)
                 break
             except CatalogueChanged:

@@ -1,0 +1,75 @@
+"""pipelines.streaming.message_sizes: what an Arrow IPC message's rows take decoded, told from its
+metadata before anything is decompressed (issue 28, the attacker's finding F)."""
+
+from __future__ import annotations
+
+import io
+import random
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from pipelines.streaming import job as sj
+from pipelines.streaming.message_sizes import VALUE_BYTES, declared_bytes, decoded_bytes
+
+
+def _encode(table: pa.Table, compression: str | None = None) -> bytes:
+    sink = io.BytesIO()
+    with ipc.new_stream(sink, table.schema, options=ipc.IpcWriteOptions(compression=compression)) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def _declared(payload: bytes) -> int:
+    reader, total = pa.BufferReader(payload), 0
+    while True:
+        try:
+            total += declared_bytes(ipc.read_message(reader))
+        except EOFError:
+            return total
+
+
+def _table(rows: int = 10_000) -> pa.Table:
+    return pa.table({"user_id": pa.array(np.arange(rows)), "day": pa.array(["2026-03-01"] * rows),
+                     "kind": pa.array(["a", "bb"] * (rows // 2)).dictionary_encode()})
+
+
+@pytest.mark.parametrize("compression", [None, "zstd", "lz4"])
+def test_a_message_declares_what_its_buffers_take_decompressed(compression):
+    table = _table()
+    assert _declared(_encode(table, compression)) == pytest.approx(table.nbytes, abs=64)  # padding
+
+
+def test_a_dictionary_column_is_counted_with_every_rows_value_expanded():
+    # 1,000 rows of one 10 kB value: 1 kB of indices, 10 MB once the validator decodes them.
+    column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(1_000), pa.int8()), pa.array(["x" * 10_000]))
+    assert decoded_bytes(pa.record_batch([column], names=["kind"])) >= 1_000 * 10_000
+
+
+def test_a_column_without_buffers_counts_its_rows():
+    assert decoded_bytes(pa.record_batch([pa.nulls(1_000)], names=["opened"])) == 1_000 * VALUE_BYTES
+
+
+def test_a_dictionary_bomb_is_refused_by_decode_message(monkeypatch):
+    column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(1_000), pa.int8()), pa.array(["x" * 10_000]))
+    payload = _encode(pa.table({"user_id": pa.array(np.arange(1_000)), "kind": column}), "zstd")
+    monkeypatch.setattr(sj, "MAX_MESSAGE_DECODED_BYTES", 2**20)
+    with pytest.raises(ValueError, match="MAX_MESSAGE_DECODED_BYTES"):
+        sj.decode_message(payload)
+
+
+def test_a_corrupted_message_is_a_value_error_and_nothing_else():
+    # The streaming job dead-letters a message that raises ValueError; anything else would fail
+    # its bundle on every retry.
+    payload = _encode(_table(100), "zstd")
+    rng = random.Random(28)
+    for _ in range(300):
+        corrupted = bytearray(payload)
+        for _ in range(3):
+            corrupted[rng.randrange(len(payload))] = rng.randrange(256)
+        try:
+            sj.decode_message(bytes(corrupted))
+        except ValueError:
+            pass
