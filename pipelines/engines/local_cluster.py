@@ -243,8 +243,7 @@ def _kafka_libs(config: Config) -> Path:
 
 def _maven_error(done: subprocess.CompletedProcess) -> str:
     lines = [line for line in (done.stdout + done.stderr).splitlines() if "[ERROR]" in line]
-    first = (lines[0] if lines else (done.stdout + done.stderr)[-500:]).replace("[ERROR] ", "").strip()
-    return first[first.find("Could not find"):].replace(" -> [Help 1]", "") if "Could not find" in first else first
+    return (lines[0] if lines else (done.stdout + done.stderr)[-500:]).replace("[ERROR] ", "").strip()
 
 
 def _maven_jar(config: Config, coordinates: str, *, retry_missing: bool) -> tuple[Path | None, str]:
@@ -261,13 +260,18 @@ def _maven_jar(config: Config, coordinates: str, *, retry_missing: bool) -> tupl
             return None, known["why"]
     config.beam_jars.mkdir(parents=True, exist_ok=True)
     _say(f"fetching {coordinates} from Maven Central ...")
-    done = _maven(config, f"{DEPENDENCY_PLUGIN}:copy", f"-Dartifact={coordinates}",
+    # -U: ask the registry again rather than repeat Maven's own cached "not found".
+    done = _maven(config, "-U", f"{DEPENDENCY_PLUGIN}:copy", f"-Dartifact={coordinates}",
                   f"-DoutputDirectory={config.beam_jars}")
     if done.returncode == 0 and jar.exists():
         missing.unlink(missing_ok=True)
         _say(f"fetched {jar.name} ({jar.stat().st_size / 2**20:.0f} MB)")
         return jar, ""
-    why = f"Maven Central did not serve {coordinates}: {_maven_error(done)}"
+    error = _maven_error(done)
+    checked = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    why = (f"Maven Central does not serve {coordinates} (asked {checked}; `fetch --retry-missing` asks again)"
+           if "Could not find artifact" in error or "was not found" in error else
+           f"Maven could not fetch {coordinates}: {error}")
     missing.write_text(json.dumps({"checked": time.time(), "why": why}))
     _say(why)
     return None, why
