@@ -347,6 +347,10 @@ class LocalCluster:
     def _state(self) -> dict:
         return json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
 
+    def project(self) -> str | None:
+        """The checkout whose code the worker pool runs (the one that started the cluster)."""
+        return self._state().get("project")
+
     def services(self) -> list[Service]:
         return [Service(**s) for s in self._state().get("services", [])]
 
@@ -383,7 +387,7 @@ class LocalCluster:
                      job_server_jar=str(artifacts.job_server_jar or ""),
                      expansion_service_jar=str(artifacts.expansion_service_jar or ""), missing=artifacts.missing,
                      beam_version=self.config.beam_version, flink_version=self.config.flink_version,
-                     kafka_version=self.config.kafka_version, started=time.time())
+                     kafka_version=self.config.kafka_version, project=str(ROOT), started=time.time())
         try:
             deadline = time.monotonic() + timeout_s
             self._start_flink(artifacts.flink_home)
@@ -558,6 +562,8 @@ class LocalCluster:
             time.sleep(0.5)
             for s in services:
                 _reap(s.pid)
+        for s in services:  # what exited after the loop's last look: no zombie of ours stays
+            _reap(s.pid)
         left = [s.name for s in services if _alive(s)] + [str(p) for p in _group_members(groups)]
         if left:
             raise ClusterError(f"still running after KILL: {left}")

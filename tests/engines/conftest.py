@@ -16,7 +16,7 @@ from typing import Iterator
 
 import pytest
 
-from pipelines.engines.local_cluster import Config, LocalCluster, Ports
+from pipelines.engines.local_cluster import ROOT, Config, LocalCluster, Ports
 
 #: Off the command's own defaults, so a user's cluster and the tests' do not meet.
 TEST_PORTS = Ports(rest=28081, rpc=26123, pool=25000, kafka=29092, controller=29093)
@@ -71,6 +71,8 @@ def cluster() -> Iterator[LocalCluster]:
         others = _users(users, but=os.getpid())
         if not others:
             local.down()
+        elif local.project() != str(ROOT):  # its worker pool runs another checkout's code
+            unavailable(f"the test cluster in {config.run} is in use by a test run of {local.project()}")
         local.up(timeout_s=300)  # "already up" when another worker started it
         users.write_text(json.dumps(others + [os.getpid()]))
     try:
