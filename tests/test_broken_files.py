@@ -296,7 +296,7 @@ def test_the_file_of_another_day_is_refused_before_anyone_is_charged(released_da
     capsys.readouterr()
     assert main(_run_args(root, [str(root / "day1.parquet")], DAY2, DAY2)) == 1
     err = capsys.readouterr().err
-    assert f"input file {root / 'day1.parquet'} has 3 rows and none is a valid row of the schedule's windows" in err
+    assert f"none of the 3 rows of {root / 'day1.parquet'} is a valid row of a window to release" in err
     assert "3 late_window" in err and "--start/--end" in err
     assert _snapshot(root) == before
 
@@ -308,37 +308,61 @@ def test_a_file_whose_declared_number_column_holds_text_is_refused(released_day,
     text = tmp_path / "day2.csv"
     text.write_text("user_id,day,opened\n1,2026-03-02,yes\n2,2026-03-02,no\n")
     assert main(_run_args(root, [str(text)], DAY2, DAY2)) == 1
-    assert "none is a valid row of the schedule's windows (2 wrong_type)" in capsys.readouterr().err
+    assert "is a valid row of a window to release (2 wrong_type)" in capsys.readouterr().err
     assert _snapshot(root) == before
 
 
-def test_one_idle_file_refuses_a_run_whose_other_files_are_good(released_day, tmp_path, capsys):
+def test_a_range_rerun_given_only_the_charged_days_file_is_refused(released_day, tmp_path, capsys):
+    # Days 1..2 with day 1's file alone: its rows are late, day 2 gets none, and day 2 went out
+    # as noise (the attacker's second review, finding 4b).
     root = tmp_path / "store"
     shutil.copytree(released_day, root)
     before = _snapshot(root)
-    good = tmp_path / "day2.parquet"
-    pq.write_table(_day(DAY2), good)
-    assert main(_run_args(root, [str(good), str(root / "day1.parquet")], DAY2, DAY2)) == 1
+    assert main(_run_args(root, [str(root / "day1.parquet")], DAY1, DAY2)) == 1
     assert _snapshot(root) == before
 
 
-def test_a_rerun_of_a_charged_day_and_an_empty_day_are_not_idle_files(released_day, tmp_path, capsys):
+def test_one_users_bad_row_in_a_file_of_their_own_refuses_nobodys_day(released_day, tmp_path, capsys):
+    # Per file, one user's wrong-typed row in a per-client upload refused the whole day, and the
+    # late release told analysts their row was bad (the attacker's second review, finding 4a).
     root = tmp_path / "store"
     shutil.copytree(released_day, root)
+    good = tmp_path / "client-a.parquet"
+    pq.write_table(_day(DAY2), good)
+    lone = tmp_path / "client-b.csv"
+    lone.write_text("user_id,day,opened\n4,2026-03-02,1.0x\n")
+    assert main(_run_args(root, [str(good), str(lone)], DAY2, DAY2)) == 0
+
+
+def test_older_days_files_beside_the_new_days_file_are_not_refused(released_day, tmp_path, capsys):
+    # A glob over every day's files with a one-day schedule: the older files' rows are late.
+    root = tmp_path / "store"
+    shutil.copytree(released_day, root)
+    good = tmp_path / "day2.parquet"
+    pq.write_table(_day(DAY2), good)
+    assert main(_run_args(root, [str(root / "day1.parquet"), str(good)], DAY2, DAY2)) == 0
+
+
+def test_a_rerun_of_a_charged_day_and_an_empty_day_are_not_idle_runs(released_day, tmp_path, capsys):
+    root = tmp_path / "store"
+    shutil.copytree(released_day, root)
+    assert main(_run_args(root, [str(root / "day1.parquet")], DAY1, DAY1)) == 0
     empty = tmp_path / "day2.parquet"
     pq.write_table(_day(DAY2).slice(0, 0), empty)
-    assert main(_run_args(root, [str(root / "day1.parquet"), str(empty)], DAY1, DAY2)) == 0
-    assert "released 1 window(s), 1 already released" in capsys.readouterr().out
+    capsys.readouterr()
+    assert main(_run_args(root, [str(empty)], DAY2, DAY2)) == 0
+    assert "released 1 window(s)" in capsys.readouterr().out
 
 
-def test_refuse_idle_inputs_sums_each_files_batches():
-    from stream.engine.row_balance import IdleInputError, refuse_idle_inputs
+def test_refuse_idle_run_sums_every_files_batches():
+    from stream.engine.row_balance import IdleInputError, refuse_idle_run
 
     read = pa.table({"source": ["a", "a", "b"], "rows": [2, 3, 4]})
     dead = pa.table({"source": ["b"] * 4, "reason": ["out_of_range_time"] * 4})
-    refuse_idle_inputs(read, pa.table({"source": ["a", "a", "b"], "rows": [0, 1, 1]}), dead)
-    with pytest.raises(IdleInputError, match=r"input file b has 4 rows .*\(4 out_of_range_time\)"):
-        refuse_idle_inputs(read, pa.table({"source": ["a", "b"], "rows": [5, 0]}), dead)
+    refuse_idle_run(read, pa.table({"source": ["a", "a", "b"], "rows": [0, 1, 0]}), dead, windows_to_release=1)
+    refuse_idle_run(read, pa.table({"source": ["a", "b"], "rows": [0, 0]}), dead, windows_to_release=0)
+    with pytest.raises(IdleInputError, match=r"none of the 9 rows of a and 1 other file\(s\) .*\(4 out_of_range_time\)"):
+        refuse_idle_run(read, pa.table({"source": ["a", "b"], "rows": [0, 0]}), dead, windows_to_release=1)
 
 
 def test_the_distributed_job_refuses_the_file_of_another_day_before_its_commit_point(tmp_path, capsys):
@@ -355,6 +379,23 @@ def test_the_distributed_job_refuses_the_file_of_another_day_before_its_commit_p
                         str(out), "--releases-parquet", str(tmp_path / "public"), "--noise-key", str(key), "--quiet",
                         *flags(*DECLARED)])
     assert status != 0
-    assert f"input file {path} has 3 rows and none is a valid row of the schedule's windows" in capsys.readouterr().err
+    assert f"none of the 3 rows of {path} is a valid row of a window to release" in capsys.readouterr().err
     assert not (out / dist.COMMITTED).exists()
     assert not list((tmp_path / "public").glob("window_id=*"))
+
+
+def test_a_too_long_last_line_without_its_newline_is_a_dead_letter_not_lost(tmp_path):
+    # The reader notes it after its last batch: drained only before each batch, it was never
+    # dead-lettered, and the books said balanced (the attacker's second review, finding 5).
+    from pipelines.daily.job import JobConfig, run_job
+    from stream.engine import readers
+
+    path = tmp_path / "long.csv"
+    path.write_bytes(b"user_id,day,opened\n1,2026-03-02,1\n2,2026-03-02,0\n3,2026-03-02," +
+                     b"1" * (readers.MAX_LINE_BYTES + 10))
+    w = (DAY2 - dt.date(1970, 1, 1)).days
+    summary = run_job(JobConfig(inputs=(str(path),), store=str(tmp_path / "s.duckdb"), ledger=str(tmp_path / "l.duckdb"),
+                                epsilon=1.0, delta=1e-6, norm_budget=4.0, start_window=w, end_window=w, n_shards=2,
+                                contract=contract(*DECLARED)))
+    assert (summary.rows_read, summary.admitted + summary.dropped, summary.rejected) == (3, 2, 1)
+    assert summary.balanced

@@ -111,11 +111,9 @@ class ReadAndValidate(beam.DoFn):
                                         row_index=np.flatnonzero(valid_mask(batch.num_rows, checked.rejected)) + offset)
             classes = classify_windows(valid.column(WINDOW_ID), start_window=self._start, end_window=self._end,
                                        charged=self._released)
-            # valid rows of the schedule's windows, late ones (a re-run) included: a file with none
-            # is another day's, or not what it was declared (stream.engine.row_balance.refuse_idle_inputs)
-            windows = valid.column(WINDOW_ID).to_numpy()
-            in_schedule = int(np.count_nonzero((windows >= self._start) & (windows <= self._end)))
-            yield beam.pvalue.TaggedOutput("scheduled", (path, in_schedule))
+            # rows a window to release can use: a run with none is given the wrong files, or files
+            # not what they were declared (stream.engine.row_balance.refuse_idle_run)
+            yield beam.pvalue.TaggedOutput("usable", (path, int(np.count_nonzero(classes.keep))))
             if not classes.all_kept:
                 yield beam.pvalue.TaggedOutput("dead", window_letters(valid, classes))
                 valid = valid.filter(pa.array(classes.keep))
@@ -123,6 +121,10 @@ class ReadAndValidate(beam.DoFn):
                 yield valid
             offset += batch.num_rows
             crash_point("while_reading")  # test-only: input read, nothing committed
+        if len(malformed):  # noted after the last batch (a too-long last line without its newline)
+            lines = malformed.drain()
+            yield beam.pvalue.TaggedOutput("read", (path, lines.num_rows))
+            yield beam.pvalue.TaggedOutput("dead", malformed_letters(path, lines))
 
 
 def valid_mask(n: int, rejected: pa.Table) -> np.ndarray:
@@ -609,7 +611,8 @@ class WriteReleaseFiles(beam.DoFn):
 class ReadIndicators(beam.PTransform):
     """``PBegin`` -> tagged outputs ``valid`` (Arrow tables of validated rows, with their input
     position), ``dead`` (dead-letter tables), ``read`` (``(path, rows)`` per batch read) and
-    ``scheduled`` (``(path, valid rows whose window is in the schedule)`` per batch read).
+    ``usable`` (``(path, valid rows of a window to release, neither late nor out of schedule)``
+    per batch read).
 
     Rows of windows in ``released`` are dead-lettered as ``late_window`` (invariant 7), rows
     before ``start_window`` or after ``end_window`` as ``out_of_range_time``
@@ -629,7 +632,7 @@ class ReadIndicators(beam.PTransform):
     def expand(self, pbegin: Any) -> Any:
         return (pbegin
                 | "Files" >> beam.Create(list(enumerate(self._inputs)))
-                | "ReadAndValidate" >> beam.ParDo(self._read).with_outputs("dead", "read", "scheduled", main="valid"))
+                | "ReadAndValidate" >> beam.ParDo(self._read).with_outputs("dead", "read", "usable", main="valid"))
 
 
 class IndividualFilter(beam.PTransform):
@@ -821,4 +824,4 @@ class DailyReleases(beam.PTransform):
         dead = (read.dead, filtered.dead) | "DeadLetters" >> beam.Flatten()
         return {"releases": released["releases"], "raw": released["raw"], "ledger": filtered.ledger,
                 "running": filtered.running, "counts": filtered.counts, "dead": dead, "read": read.read,
-                "scheduled": read.scheduled, "release_state": released["release_state"]}
+                "usable": read.usable, "release_state": released["release_state"]}

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock, crash_point
 from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from stream.engine.publication import publish_outbox
-from stream.engine.row_balance import RowBalance, reason_counts, refuse_idle_inputs
+from stream.engine.row_balance import RowBalance, reason_counts, refuse_idle_run
 from stream.engine.readers import MalformedLines, check_declared_columns, declares_types, id_type_of, read_batches
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, refuse_running_gaps
 from queries.registration import contract_defaults, declared_header, plan_columns
@@ -220,7 +220,8 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
                                     previous_running, curator.load_running_releases(), scratch, say, categories,
                                     ledger_id=curator.ledger_id, previous_release=previous_release)
             balance = _row_balance(outputs)
-            refuse_idle_inputs(outputs["read"], outputs["scheduled"], outputs["dead"])  # before anyone is charged
+            refuse_idle_run(outputs["read"], outputs["usable"], outputs["dead"],  # before anyone is charged
+                            windows_to_release=len(to_release))
             curator.commit_run(
                 run_id=run_id, ledger=outputs["ledger"], releases=outputs["releases"],
                 window_counts=outputs["window_counts"], run_counts=balance.totals(),
@@ -480,7 +481,7 @@ def _run_pipeline(config: JobConfig, params: LedgerConfig, plan: QueryPlan, colu
         "dead": outputs["dead"],
         "rows_read": int(np.sum(outputs["read"].column("rows").to_numpy())) if outputs["read"].num_rows else 0,
         "read": outputs["read"],
-        "scheduled": outputs["scheduled"],
+        "usable": outputs["usable"],
         "raw": [(q, int(w), y) for q, w, y in zip(*(outputs["raw"].column(c).to_pylist()
                                                     for c in ("query_id", "window_id", "y")))],
         "running": _split_running(outputs["running"]),
@@ -622,5 +623,5 @@ def _read_table(items: list[tuple[str, int]]) -> pa.Table:
 
 #: The pipeline's outputs the daily job gathers, and how each becomes a table.
 _OUTPUT_TABLES = {"releases": _releases_table, "ledger": _concat_ledgers, "counts": _counts_table,
-                  "dead": _dead_table, "read": _read_table, "scheduled": _read_table, "raw": _raw_table,
+                  "dead": _dead_table, "read": _read_table, "usable": _read_table, "raw": _raw_table,
                   "running": _running_table, "release_state": _release_states_table}

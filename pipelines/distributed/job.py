@@ -121,7 +121,7 @@ from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from stream.engine.readers import MalformedLines, check_declared_columns, declares_types, id_type_of, read_batches
 from queries import release_lineage as lineage
 from stream.engine.publication import publish_outbox
-from stream.engine.row_balance import IdleInputError, RowBalance, reason_counts, refuse_idle_inputs
+from stream.engine.row_balance import IdleInputError, RowBalance, reason_counts, refuse_idle_run
 from stream.faults import crash_point
 from stream.engine.running import PrepaidUsers
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, running_rule_of
@@ -775,9 +775,9 @@ class CommitRun(beam.DoFn):
                 read_files: list, rows_read: int, statuses: dict, reasons: dict, users: int,
                 previous_users: int, running_files: list = (), running_users: dict | None = None,
                 previous_running_users: dict | None = None, release_states: dict | None = None,
-                raw: list = (), read_per_file: dict | None = None, scheduled: dict | None = None) -> Iterator[str]:
-        if read_per_file is not None:  # before the commit point: an idle input charges nobody
-            refuse_idle_inputs(_per_file(read_per_file), _per_file(scheduled or {}))
+                raw: list = (), read_per_file: dict | None = None, usable: dict | None = None) -> Iterator[str]:
+        if read_per_file is not None:  # before the commit point: an idle run charges nobody
+            refuse_idle_run(_per_file(read_per_file), _per_file(usable or {}), windows_to_release=len(self._manifest.get("schedule", [])))
         expected = int(self._manifest["previous_users"])
         if previous_users != expected or users < previous_users:
             # A snapshot that lost users (a missing or truncated file) would restart them from zero
@@ -932,7 +932,7 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
                                                 | "ReleaseRecords" >> beam.Map(_release_record)),
                      raw=side.AsList(released["raw"]),
                      read_per_file=side.AsDict(read.read | "ReadPerFileForIdle" >> beam.CombinePerKey(sum)),
-                     scheduled=side.AsDict(read.scheduled | "ScheduledPerFile" >> beam.CombinePerKey(sum))))
+                     usable=side.AsDict(read.usable | "UsablePerFile" >> beam.CombinePerKey(sum))))
     return {"releases": released["releases"], "release_files": release_files, "ledger": filtered.ledger,
             "ledger_files": ledger_files, "counts": counts, "dead": dead, "read": read_rows, "committed": committed}
 

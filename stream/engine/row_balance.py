@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from stream.ledger import STATUS_NAMES
 from stream.schema import DeadLetterReason
 
-__all__ = ["IdleInputError", "RowBalance", "reason_counts", "refuse_idle_inputs"]
+__all__ = ["IdleInputError", "RowBalance", "reason_counts", "refuse_idle_run"]
 
 _REASONS = frozenset(reason.value for reason in DeadLetterReason)
 
@@ -103,45 +103,44 @@ def reason_counts(tables: Iterable[pa.Table]) -> dict[str, int]:
 
 
 class IdleInputError(ValueError):
-    """An input file whose rows were all dead-lettered: a run given it is refused before anyone
-    is charged (:func:`refuse_idle_inputs`)."""
+    """A run none of whose input rows a window to release can use: refused before anyone is
+    charged (:func:`refuse_idle_run`)."""
 
 
-def refuse_idle_inputs(read: pa.Table, scheduled: pa.Table, dead: pa.Table | None = None) -> None:
-    """Refuse (:class:`IdleInputError`) a run in which an input file had rows and none of them is
-    a valid row of the schedule's windows: all outside the schedule (the file of another day,
-    perhaps one already charged), all of the wrong type (a column declared a number that holds
-    text), all malformed (not the format its name says). Publishing the schedule's windows would
-    publish noise for days whose data was never used, for good. A re-run of a charged day is no
-    mistake: its rows are late but of the schedule's windows. Call it after the pipeline and
-    before the commit, so nothing is charged or published.
+def refuse_idle_run(read: pa.Table, usable: pa.Table, dead: pa.Table | None = None, *,
+                    windows_to_release: int) -> None:
+    """Refuse (:class:`IdleInputError`) a run that has windows to release and input rows, none of
+    which a window to release can use: every row was late or outside the schedule (another day's
+    file: the schedule or the file is wrong), of the wrong type (a column declared a number that
+    holds text), malformed (a file not in its format), and so on. Publishing its windows would
+    publish noise for days whose data was never used, for good. A re-run of charged days has no
+    window to release and is not refused; nor is a run whose inputs have no rows (a header alone:
+    an empty day). Call it after the pipeline and before the commit point, so nothing is charged
+    or published.
 
-    ``read`` and ``scheduled``: per input (columns ``source``, ``rows``; several rows of a source
-    are summed), the rows read and the valid rows whose window is in the schedule; ``dead``: the
-    run's dead letters (``source``, ``reason``), for the message (None: a message without reasons). An input with no rows (a header
-    alone: an empty day) is no mistake and is not refused.
+    ``read`` and ``usable``: per input (columns ``source``, ``rows``; several rows of a source are
+    summed), the rows read and the rows a window to release can use (valid, neither late nor out
+    of schedule); ``dead``: the run's dead letters (``source``, ``reason``), for the message.
 
-    What it reveals: the decision depends on the data only through "no row of this file is valid
-    and of the schedule", which one user can change only in a file where theirs would be the one
-    such row (docs/architecture.md, "The input contract")."""
-    if not read.num_rows:
+    What it reveals: the decision depends on the data only through "no row of the whole run is
+    usable", which one user can change only in a run where theirs would be the one usable row
+    (docs/architecture.md, "The input contract"). Per file it would not be so: one user's bad row
+    in a small file of their own would refuse everyone's day."""
+    if windows_to_release <= 0 or not read.num_rows:
         return
     rows = _per_source(read.column("source"), read.column("rows"))
-    usable = _per_source(scheduled.column("source"), scheduled.column("rows")) if scheduled.num_rows else {}
-    idle = sorted(source for source, n in rows.items() if n > 0 and usable.get(source, 0) == 0)
-    if not idle:
+    if not sum(rows.values()) or (usable.num_rows and sum(_per_source(usable.column("source"),
+                                                                       usable.column("rows")).values())):
         return
-    source = idle[0]
-    reasons = dead.filter(pc.equal(dead.column("source"), source)).column("reason").combine_chunks() \
-        if dead is not None and dead.num_rows else pa.array([], pa.string())
+    reasons = dead.column("reason").combine_chunks() if dead is not None and dead.num_rows else pa.array([], pa.string())
     why = ", ".join(f"{int(item['counts']):,} {item['values']}" for item in pc.value_counts(reasons).to_pylist())
-    why = f" ({why})" if why else ""
-    more = f" (and {len(idle) - 1} other input(s) like it)" if len(idle) > 1 else ""
+    files = sorted(source for source, n in rows.items() if n)
+    named = files[0] + (f" and {len(files) - 1} other file(s)" if len(files) > 1 else "")
     raise IdleInputError(
-        f"input file {source} has {rows[source]:,} rows and none is a valid row of the schedule's windows"
-        f"{why}{more}: refusing the run before anyone is charged or anything is "
-        "published. Check the schedule (--start/--end) against the file's days, the declared column types and the "
-        "file's format; a day without data is a file with a header and no rows")
+        f"none of the {sum(rows.values()):,} rows of {named} is a valid row of a window to release"
+        f"{f' ({why})' if why else ''}: refusing the run before anyone is charged or anything is published. Check "
+        "the schedule (--start/--end) against the files' days, the declared column types and the files' format; a "
+        "day without data is a file with a header and no rows")
 
 
 def _per_source(sources: pa.ChunkedArray, counts: pa.ChunkedArray) -> dict[str, int]:
