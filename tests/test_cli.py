@@ -146,6 +146,19 @@ def test_demo_refuses_a_folder_holding_files_it_did_not_write_and_touches_none(t
     assert (tmp_path / "work" / "releases.duckdb").read_text() == "someone's own file"
 
 
+def test_demo_never_replaces_an_unmarked_folder_that_looks_like_a_deployment(tmp_path, capsys):
+    # input/ and curator/ were taken for an older demo's folder: a real ledger and store there were
+    # replaced (the attacker's second review, finding 3).
+    prod = tmp_path / "prod"
+    (prod / "input").mkdir(parents=True)
+    (prod / "curator").mkdir()
+    (prod / "curator" / "ledger.duckdb").write_text("REAL LEDGER")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "--users", "1500", "--days", "4", "--out", str(prod), "--quiet"])
+    assert exit_info.value.code == 2 and ".renyi-demo" in capsys.readouterr().err
+    assert (prod / "curator" / "ledger.duckdb").read_text() == "REAL LEDGER"
+
+
 def test_demo_says_when_it_replaces_a_previous_demo(tmp_path, capsys):
     _run_demo(tmp_path / "demo", capsys)
     assert main(["demo", "--users", "1500", "--days", "4", "--norm-budget", "4", "--out", str(tmp_path / "demo")]) == 0

@@ -138,14 +138,14 @@ DEMO_MARKER = ".renyi-demo"
 def check_demo_folder(out: Path) -> bool:
     """Whether ``out`` holds a previous demo (which this one replaces: True) or nothing (False).
     ValueError naming ``--out`` when it holds anything else: a demo replaces its own folder only,
-    never files it did not write (an earlier demo's folder, from before the marker, is one with
-    its ``input`` and ``curator`` folders)."""
+    marked by :data:`DEMO_MARKER`, never files it did not write (a deployment's folder may look
+    like a demo's: ``input/``, ``curator/``, ``releases.duckdb``)."""
     if not out.exists() or not any(out.iterdir()):
         return False
-    if (out / DEMO_MARKER).is_file() or ((out / "input").is_dir() and (out / "curator").is_dir()):
+    if (out / DEMO_MARKER).is_file():
         return True
-    raise ValueError(f"--out {out} holds files that are not a demo's: give an empty or new folder (a demo "
-                     "replaces only a previous demo's folder)")
+    raise ValueError(f"--out {out} holds files that are not a demo's (no {DEMO_MARKER}): give an empty or new "
+                     "folder (a demo replaces only a folder a demo marked; remove an older demo's folder yourself)")
 
 
 def run_demo(config: DemoConfig, progress: TextIO | None = None) -> DemoSummary:
