@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import uuid
 from dataclasses import dataclass
 from typing import Collection, Sequence
 
@@ -234,24 +235,19 @@ class ReleaseCatalogue:
         self._change(change)
 
     def retire(self, query_id: str, *, from_window: int) -> bool:
-        """Stop answering ``query_id`` from ``from_window`` on; from its first window, when it was
-        never answered, withdraw it (it leaves the catalogue, its id is free): True then
+        """Stop answering ``query_id`` from ``from_window`` on; from its first window, withdraw it
+        (active in no window; its id stays taken): True then
         (:func:`queries.registration.check_retirement`: ValueError, nothing written, otherwise)."""
-        withdrawn = False
-
         def change(state: CatalogueState) -> tuple[list[Registration], str]:
-            nonlocal withdrawn
             retired = rules.check_retirement(state.registrations, query_id, from_window,
                                              last_released=self.last_released_window())
-            withdrawn = retired is None
-            if withdrawn:
-                return ([r for r in state.registrations if r.query_id != query_id],
-                        f"withdraw {query_id} (never answered) from its first window")
+            what = ("withdraw" if retired.retired_from == retired.effective_from else "retire")
             return ([retired if r.query_id == query_id else r for r in state.registrations],
-                    f"retire {query_id} from window {retired.retired_from}")
+                    f"{what} {query_id} from window {retired.retired_from}")
 
         self._change(change)
-        return withdrawn
+        registration = next(r for r in self.registrations() if r.query_id == query_id)
+        return registration.retired_from == registration.effective_from
 
     # -- changing (a job, at launch) ----------------------------------------------------------------
 
@@ -285,6 +281,12 @@ class ReleaseCatalogue:
             with fs.open_output_stream(scratch) as handle:
                 handle.write(data)
 
+        if self.input_contract() is not None:  # another, on a root nothing answered yet: replaced
+            fs, base = filesystem(self._root)
+            scratch = f"{base}/{FOLDER}/.{CONTRACT_FILE}.{uuid.uuid4().hex}.tmp"
+            write(fs, scratch)
+            fs.move(scratch, f"{base}/{FOLDER}/{CONTRACT_FILE}")
+            return True
         if create_once(self._root, f"{FOLDER}/{CONTRACT_FILE}", write):
             return True
         self._recorded_contract_is(contract)  # another writer recorded one first: the same, or refused
@@ -311,12 +313,23 @@ class ReleaseCatalogue:
         if recorded is None:
             return False
         if recorded.to_json() != contract.to_json():
+            if self._unanswered():
+                return False  # recorded by a first run that was refused or failed: nothing answers to it
             raise ContractError(
                 f"the release root {self._root} records the input contract {recorded.to_json()} "
                 f"({FOLDER}/{CONTRACT_FILE}), and this run's ledger declares {contract.to_json()}: a release root keeps "
                 "the contract of the ledger that answers it for life (its default queries and bounds follow from it). "
                 "Give the ledger that released there, or another release root")
         return True
+
+    def _unanswered(self) -> bool:
+        """Whether nothing here answers to the recorded contract yet: no window released and no
+        run's lineage claim (a first run refused after it recorded the contract left only that)."""
+        if released_windows(self._root):
+            return False
+        fs, base = filesystem(self._root)
+        claims = fs.get_file_info(pafs.FileSelector(f"{base}/_lineage/after", allow_not_found=True))
+        return not any(info.type == pafs.FileType.File for info in claims)
 
     def _change(self, change) -> None:
         for _ in range(_ATTEMPTS):

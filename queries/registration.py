@@ -150,12 +150,13 @@ def check_new(registrations: Sequence[Registration], query: LinearQuery, effecti
 
 
 def check_retirement(registrations: Sequence[Registration], query_id: str, from_window: int, *,
-                     last_released: int | None) -> Registration | None:
-    """The registration of ``query_id`` retired from ``from_window``, or None when it is withdrawn:
-    retired from its first window, it was never answered (``from_window`` is after
-    ``last_released``), so it leaves the catalogue and its id is free again (a mistake, a typo
-    in a column, never blocks the next window). ValueError for an unknown or already retired
-    query, a ``from_window`` before its first window, or not after ``last_released``."""
+                     last_released: int | None) -> Registration:
+    """The registration of ``query_id`` retired from ``from_window``. From its first window (after
+    ``last_released``, so never answered in public) it is *withdrawn*: active in no window, so a
+    registration mistake, a typo in a column, never blocks the next window. Its id stays taken:
+    an answer a job charged but has not yet published keeps its meaning when it is published.
+    ValueError for an unknown or already retired query, a ``from_window`` before its first window,
+    or not after ``last_released``."""
     last_active = window_id("from_window", from_window)
     found = [r for r in registrations if r.query_id == query_id]
     if not found:
@@ -167,8 +168,6 @@ def check_retirement(registrations: Sequence[Registration], query_id: str, from_
         raise ValueError(f"from_window must be the query's first window {registration.effective_from} (to withdraw "
                          f"it) or after it, got from_window={last_active}")
     refuse_released("from_window", last_active, last_released)
-    if last_active == registration.effective_from:
-        return None
     return replace(registration, retired_from=last_active)
 
 

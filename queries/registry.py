@@ -137,8 +137,7 @@ class QueryRegistry:
 
     def retire(self, query_id: str, *, from_window: int) -> bool:
         """Stop answering ``query_id`` from window ``from_window`` on (its releases stay); from its
-        first window, when it was never answered, withdraw it: it leaves the registry and its id
-        is free. True when it was withdrawn.
+        first window, withdraw it (active in no window; its id stays taken). True when withdrawn.
 
         Refused (ValueError, nothing changed) by :func:`queries.registration.check_retirement`:
         an unknown or already retired query, a ``from_window`` before the query's first window,
@@ -146,12 +145,9 @@ class QueryRegistry:
         """
         retired = rules.check_retirement(self.registrations(), query_id, from_window,
                                          last_released=self.last_released_window())
-        if retired is None:
-            self._in_transaction("DELETE FROM query_registry WHERE query_id = ?", [query_id])
-            return True
         self._in_transaction("UPDATE query_registry SET retired_from = ? WHERE query_id = ?",
                              [retired.retired_from, query_id])
-        return False
+        return retired.retired_from == retired.effective_from
 
     def defer_unanswered(self, processed_through: int) -> list[tuple[str, int, int]]:
         """Move the first window of every query that starts in a window the curator has already

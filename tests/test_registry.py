@@ -190,15 +190,25 @@ def test_a_bad_retirement_is_refused(tmp_path, query_id, window, message):
             registry.retire(query_id, from_window=window)
 
 
-def test_retiring_a_never_answered_query_from_its_first_window_withdraws_it_and_frees_its_id(tmp_path):
+def test_retiring_a_never_answered_query_from_its_first_window_withdraws_it_from_every_window(tmp_path):
     # A typo in a query's column blocked its first window's run, and retiring it from the next
     # window left it active on that one: a mistake had no way out but a new store (issue 31).
     with QueryRegistry(tmp_path / "s.duckdb") as registry:
         registry.add(LinearQuery.clamp("minutes", "minute", 0, 60), effective_from=5)
         assert registry.retire("minutes", from_window=5) is True
-        assert registry.list().num_rows == 0 and registry.plan(0, 100) == []
-        registry.add(LinearQuery.clamp("minutes", "minutes", 0, 60), effective_from=5)
-        assert registry.get("minutes").spec["column"] == "minutes"
+        assert registry.plan(0, 100) == []
+        registry.add(LinearQuery.clamp("minutes_0_60", "minutes", 0, 60), effective_from=5)
+        assert [q.query_id for q, _, _ in registry.plan(5, 5)] == ["minutes_0_60"]
+
+
+def test_a_withdrawn_querys_id_stays_taken_so_a_pending_answer_keeps_its_meaning(tmp_path):
+    # An answer charged but not yet published (the outbox) is published under its id later:
+    # freeing the id let a new query change that series' meaning (the attacker's second review).
+    with QueryRegistry(tmp_path / "s.duckdb") as registry:
+        registry.add(LinearQuery.columns("q", ["opened"]), effective_from=5)
+        registry.retire("q", from_window=5)
+        with pytest.raises(ValueError, match="already registered"):
+            registry.add(LinearQuery.weighted("q", {"opened": -1.0}), effective_from=5)
 
 
 def test_a_query_answered_in_its_first_window_is_never_withdrawn(tmp_path):
@@ -218,10 +228,13 @@ def test_a_parquet_catalogue_withdraws_a_never_answered_query_from_its_first_win
     catalogue = ReleaseCatalogue(str(tmp_path / "public"))
     catalogue.add(LinearQuery.clamp("minutes", "minute", 0, 60), effective_from=5)
     assert catalogue.retire("minutes", from_window=5) is True
-    assert catalogue.list().num_rows == 0
-    catalogue.add(LinearQuery.clamp("minutes", "minutes", 0, 60), effective_from=5)
-    assert catalogue.retire("minutes", from_window=7) is False
-    assert [(r.query_id, r.effective_from, r.retired_from) for r in catalogue.registrations()] == [("minutes", 5, 7)]
+    assert catalogue.plan(0, 100) == []
+    with pytest.raises(ValueError, match="already registered"):
+        catalogue.add(LinearQuery.clamp("minutes", "minutes", 0, 60), effective_from=5)
+    catalogue.add(LinearQuery.clamp("minutes_0_60", "minutes", 0, 60), effective_from=5)
+    assert catalogue.retire("minutes_0_60", from_window=7) is False
+    assert [(r.query_id, r.effective_from, r.retired_from) for r in catalogue.registrations()] == [
+        ("minutes", 5, 5), ("minutes_0_60", 5, 7)]
 
 
 def test_query_retire_from_the_first_window_says_the_query_was_withdrawn(tmp_path, capsys):
@@ -229,7 +242,7 @@ def test_query_retire_from_the_first_window_says_the_query_was_withdrawn(tmp_pat
     assert main(["query", "add", "--store", store, "--id", "m", "--clamp", "minute", "--lo", "0", "--hi", "60",
                  "--from", "2026-03-05"]) == 0
     assert main(["query", "retire", "--store", store, "--id", "m", "--from", "2026-03-05"]) == 0
-    assert "withdrew m: it was never answered" in capsys.readouterr().out
+    assert "withdrew m: it was never answered in public" in capsys.readouterr().out
 
 
 def test_a_query_is_retired_once(tmp_path):

@@ -165,7 +165,8 @@ def _query_command(args: argparse.Namespace) -> int:
 
 
 def _say_retired(query_id: str, window: int, withdrawn: bool) -> None:
-    print(f"withdrew {query_id}: it was never answered, and its id is free again" if withdrawn
+    print(f"withdrew {query_id}: it was never answered in public and is answered in no window (its id stays "
+          "taken: register the corrected query under a new id)" if withdrawn
           else f"retired {query_id} from window {window}")
 
 
@@ -365,7 +366,7 @@ def add_query_subcommands(sub: Any) -> None:
     add.add_argument("--from", dest="start", required=True, help="first window answered (YYYY-MM-DD or window id)")
     add.add_argument("--window", default="1d", help="window length, as given to the job (default 1d)")
     retire = actions.add_parser("retire", help="stop answering a query from a future window on (from its first "
-                                "window, if never answered: withdraw it, freeing its id)")
+                                "window, if never answered: withdraw it)")
     retire.add_argument("--id", required=True, help="the query id")
     retire.add_argument("--from", dest="start", required=True, help="first window not answered (YYYY-MM-DD or id)")
     retire.add_argument("--window", default="1d", help="window length (default 1d)")
