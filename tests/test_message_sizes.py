@@ -73,3 +73,27 @@ def test_a_corrupted_message_is_a_value_error_and_nothing_else():
             sj.decode_message(bytes(corrupted))
         except ValueError:
             pass
+
+
+def _view_message(rows: int) -> bytes:
+    """``rows`` string views all pointing at one shared 1 MiB slice: tiny buffers, huge rows."""
+    data = pa.py_buffer(b"1" * 2**20)
+    views = np.zeros(rows, dtype=[("length", "<i4"), ("prefix", "S4"), ("buffer", "<i4"), ("offset", "<i4")])
+    views["length"], views["prefix"] = 2**20, b"1111"
+    column = pa.Array.from_buffers(pa.string_view(), rows, [None, pa.py_buffer(views.tobytes()), data])
+    table = pa.table({"user_id": pa.array(range(rows), pa.int64()), "day": pa.array([19000] * rows, pa.date32()),
+                      "note": column})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema,
+                           options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_a_message_with_a_view_column_is_refused_before_its_rows_are_read():
+    # Every view may point at one shared slice: 64 rows of a 1,200-byte message took 3 GB when
+    # validated, past the decoded-size cap that counts buffers (the attacker's second review).
+    payload = _view_message(64)
+    assert len(payload) < 10_000
+    with pytest.raises(ValueError, match="'note' is of the view type string_view"):
+        sj.decode_message(payload)

@@ -278,6 +278,7 @@ def decode_message(payload: bytes) -> pa.Table:
         ended, declared = _frame(payload)
         _refuse_past_the_cap(declared)
         reader = ipc.open_stream(pa.BufferReader(payload))
+        _refuse_views(reader.schema)
         batches, decoded = [], 0
         for batch in reader:
             decoded += message_sizes.decoded_bytes(batch)
@@ -290,6 +291,26 @@ def decode_message(payload: bytes) -> pa.Table:
         raise ValueError("not a whole Arrow IPC stream: no end-of-stream marker after its last message (cut short, "
                          "possibly exactly between two record batches)")
     return table
+
+
+def _refuse_views(schema: pa.Schema) -> None:
+    """ValueError for a column of a view type (``string_view``, ``binary_view``, list views),
+    at any depth: every view may point at one shared slice of a buffer, so a message of a few
+    kilobytes decoded expands to gigabytes when its rows are validated (each row copies its
+    slice out), past what its buffers declare. No producer needs them: ``encode_message`` writes
+    plain strings."""
+    def views(t: pa.DataType) -> bool:
+        if (pa.types.is_string_view(t) or pa.types.is_binary_view(t) or pa.types.is_list_view(t)
+                or pa.types.is_large_list_view(t)):
+            return True
+        if pa.types.is_dictionary(t):
+            return views(t.value_type)
+        return any(views(t.field(i).type) for i in range(t.num_fields))
+
+    for field in schema:
+        if views(field.type):
+            raise ValueError(f"column {field.name!r} is of the view type {field.type}, which messages may not hold "
+                             "(write it as string, binary or list)")
 
 
 def _refuse_past_the_cap(size: int) -> None:
@@ -512,8 +533,10 @@ class DecodeAndValidate(beam.DoFn):
             checked = validate_batch(table, window=self._window, indicator_columns=self._columns,
                                      category_columns=self._categories,
                                      id_type=self._id_type)
-        except (ValueError, SchemaError) as exc:
-            # One dead letter stands for the whole message, so the message counts as one row read.
+        except (ValueError, SchemaError, MemoryError) as exc:
+            # One dead letter stands for the whole message, so the message counts as one row read;
+            # MemoryError (a message that fits the cap yet expands past the worker's memory when
+            # validated) too, or the bundle would fail on every retry and stall the stream.
             yield beam.pvalue.TaggedOutput("read", _read_row(name, 1))
             yield beam.pvalue.TaggedOutput("dead", dead_letters(
                 DeadLetterReason.UNDECODABLE_MESSAGE, source=name, row_index=-1, detail=str(exc)[:300],
