@@ -60,6 +60,8 @@ _PREFIX, _SUFFIX = "revision-", ".json"
 #: The recorded input contract's file in the catalogue's folder: the contract's canonical JSON
 #: (:meth:`stream.contract.InputContract.to_json`, the text ``store_meta.input_contract`` holds).
 CONTRACT_FILE = "input-contract.json"
+#: The promise the root's releases keep (:meth:`ReleaseCatalogue.record_promise`).
+PROMISE_FILE = "promise.json"
 #: How many times a curator's change is re-applied when another writer changed the catalogue first.
 _ATTEMPTS = 5
 
@@ -291,6 +293,35 @@ class ReleaseCatalogue:
             return True
         self._recorded_contract_is(contract)  # another writer recorded one first: the same, or refused
         return False
+
+    def record_promise(self, *, epsilon: float, delta: float, accounting: str, norm_budget: float) -> bool:
+        """Record the public promise the root's releases keep (``(epsilon, delta)`` under
+        ``accounting``, squared-norm budget ``norm_budget``; what the DuckDB store keeps as
+        ``store_meta.promise_*``) as ``_queries/promise.json``, for reports. Written once: True
+        when this call wrote it. The ledger's promise is fixed for life, and a root answers one
+        ledger (:mod:`queries.release_lineage`), so a later run never has another to record."""
+        record = {"epsilon": repr(float(epsilon)), "delta": repr(float(delta)), "accounting": str(accounting),
+                  "norm_budget": repr(float(norm_budget))}
+        if self.promise() == record:
+            return False
+        data = json.dumps(record, sort_keys=True).encode("utf-8")
+
+        def write(fs: pafs.FileSystem, scratch: str) -> None:
+            with fs.open_output_stream(scratch) as handle:
+                handle.write(data)
+
+        return create_once(self._root, f"{FOLDER}/{PROMISE_FILE}", write)
+
+    def promise(self) -> dict[str, str]:
+        """The recorded promise (``epsilon``, ``delta``, ``accounting``, ``norm_budget`` as text),
+        or {} when no run recorded one."""
+        fs, base = filesystem(self._root)
+        path = f"{base}/{FOLDER}/{PROMISE_FILE}"
+        if fs.get_file_info(path).type != pafs.FileType.File:
+            return {}
+        with fs.open_input_stream(path) as handle:
+            record = json.loads(handle.read().decode("utf-8"))
+        return {key: str(record[key]) for key in ("epsilon", "delta", "accounting", "norm_budget")}
 
     # -- private ----------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ then reads it with a plain ``SELECT * FROM releases_wide``.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import duckdb
 import pyarrow as pa
@@ -148,6 +148,18 @@ class QueryRegistry:
         self._in_transaction("UPDATE query_registry SET retired_from = ? WHERE query_id = ?",
                              [retired.retired_from, query_id])
         return retired.retired_from == retired.effective_from
+
+    def import_registrations(self, registrations: Sequence[Registration]) -> None:
+        """Copy ``registrations`` (another catalogue's: :meth:`queries.catalogue.ReleaseCatalogue.registrations`)
+        into this registry as they are, first windows and retirements included, without the
+        rules of :meth:`add`: for a snapshot of a Parquet release root as a store
+        (:func:`queries.release_root.snapshot_store`), whose catalogue already kept them."""
+        for r in registrations:
+            self._in_transaction(
+                "INSERT INTO query_registry (query_id, kind, spec_json, labels, description, effective_from, "
+                "retired_from) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [r.query_id, r.query.kind, r.query.to_json(), list(r.query.labels), r.query.description,
+                 r.effective_from, r.retired_from])
 
     def defer_unanswered(self, processed_through: int) -> list[tuple[str, int, int]]:
         """Move the first window of every query that starts in a window the curator has already

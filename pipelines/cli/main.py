@@ -190,10 +190,16 @@ def _sql_command(args: argparse.Namespace) -> int:
     from queries.release_store import ReleaseStoreError
     from queries.sql import SqlRefused, format_result, run_sql, write_parquet
 
+    from queries.release_root import readable_store
+
     if args.format == "parquet" and not args.out:
         raise _UsageError("--format parquet needs --out FILE")
+    if (args.store is None) == (args.releases_parquet is None):
+        raise _UsageError("give exactly one of --store (a DuckDB release store) or --releases-parquet (a Parquet "
+                          "release root)")
     try:
-        table = run_sql(args.store, args.query)
+        with readable_store(args.store, args.releases_parquet) as store:
+            table = run_sql(store, args.query)
     except (SqlRefused, ReleaseStoreError) as exc:
         print(f"{PROG} sql: error: {name_the_option(str(exc), args)}", file=sys.stderr)
         return 1
@@ -267,7 +273,10 @@ def _build_parser() -> argparse.ArgumentParser:
         "ATTACH and extensions are refused.",
     )
     sql.add_argument("query", help='e.g. "SELECT * FROM releases ORDER BY window_start"')
-    sql.add_argument("--store", required=True, help="the release store (DuckDB file)")
+    sql.add_argument("--store", help="the release store (DuckDB file) renyi-stream run answers")
+    sql.add_argument("--releases-parquet", "--releases_parquet", dest="releases_parquet", metavar="ROOT",
+                     help="instead, a Parquet release root (local path, gs://, s3://) the distributed and streaming "
+                     "jobs answer: read as a store with the same tables and views, read-only")
     sql.add_argument("--format", choices=("table", "csv", "json", "parquet"), default="table",
                      help="output format (default table; parquet needs --out)")
     sql.add_argument("--out", default=None, help="write the result to this file instead of stdout")

@@ -317,10 +317,17 @@ def _report_command(args: argparse.Namespace) -> int:
     from pipelines.curator.store import CuratorStoreError
     from queries.release_store import ReleaseStoreError
     from pipelines.curator.ledger_report import render_curator_report
+    from queries.release_root import readable_store
     from queries.report import render_report
 
     if Path(args.out).suffix.lower() not in (".html", ".htm"):
         return _fail("report", f"--out must be an .html file, got --out {args.out!r}", 2, args)
+    if (args.store is None) == (args.releases_parquet is None):
+        return _fail("report", "give exactly one of --store (a DuckDB release store) or --releases-parquet (a Parquet "
+                     "release root)", 2, args)
+    if args.ledger is not None and args.store is None:
+        return _fail("report", "--ledger (the curator variant) takes the daily job's DuckDB ledger, with --store", 2,
+                     args)
     for name, path in (("--store", args.store), ("--ledger", args.ledger)):
         if path is not None and not Path(path).exists():
             return _fail("report", f"{name} {path} does not exist", 1, args)
@@ -328,8 +335,9 @@ def _report_command(args: argparse.Namespace) -> int:
         return _fail("report", f"--ledger takes the curator's ledger, not the release store given to --store "
                      f"({args.store})", 2)
     try:
-        path = (render_report(args.store, args.out) if args.ledger is None
-                else render_curator_report(args.store, args.out, args.ledger))
+        with readable_store(args.store, args.releases_parquet) as store:
+            path = (render_report(store, args.out) if args.ledger is None
+                    else render_curator_report(store, args.out, args.ledger))
     except (ReleaseStoreError, CuratorStoreError) as exc:
         return _fail("report", str(exc), 1, args)
     except OSError as exc:  # --out in a missing folder, or a folder itself
@@ -400,7 +408,10 @@ def add_query_subcommands(sub: Any) -> None:
                                  description="Charts of every query's released series with 95% confidence bands "
                                  "and the promise in plain words. With --ledger, the curator variant adds the "
                                  "distribution of budget used and the share of rows filtered per window.")
-    html_report.add_argument("--store", required=True, help="the release store (DuckDB file)")
+    html_report.add_argument("--store", help="the release store (DuckDB file) renyi-stream run answers")
+    html_report.add_argument("--releases-parquet", "--releases_parquet", dest="releases_parquet", metavar="ROOT",
+                             help="instead, a Parquet release root (local path, gs://, s3://) the distributed and "
+                             "streaming jobs answer")
     html_report.add_argument("--out", required=True, help="HTML file to write")
     html_report.add_argument("--ledger", default=None, help="curator variant: the ledger (DuckDB file)")
     html_report.set_defaults(handler=_report_command)

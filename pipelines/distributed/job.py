@@ -537,6 +537,9 @@ def record_queries(plan: RunPlan) -> list[str]:
     catalogue = ReleaseCatalogue(plan.releases)
     contract = plan.config.contract
     recorded = contract is not None and catalogue.record_input_contract(contract)
+    params = plan.config
+    catalogue.record_promise(epsilon=params.epsilon, delta=params.delta, accounting=params.accounting,
+                             norm_budget=params.norm_budget)
     said = ["recorded the ledger's input contract beside the releases"] if recorded else []
     if plan.catalogue is None:
         return said

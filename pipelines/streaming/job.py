@@ -1755,7 +1755,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     read_files = decoded.read | "WriteRead" >> beam.ParDo(WriteTable(store.join(curator, "read")))
     return {"releases": graph["releases"], "staged": staged, "release_files": release_files, "dead_files": dead_files,
             "ledger_files": ledger_files, "record_files": record_files, "read_files": read_files, "dead": dead,
-            "queries": queries, "contract": contract, "resumed": resumed}
+            "queries": queries, "contract": contract, "config": config, "resumed": resumed}
 
 
 def _launch_queries(releases: str, *, columns: "Sequence[str] | InputContract", start: int,
@@ -1787,13 +1787,17 @@ def _launch_queries(releases: str, *, columns: "Sequence[str] | InputContract", 
         raise launch.RunRefused(f"the query catalogue under {releases}: {exc}") from None
 
 
-def _record_queries(releases: str, queries: LaunchQueries, contract: InputContract | None = None) -> list[str]:
+def _record_queries(releases: str, queries: LaunchQueries, contract: InputContract | None = None,
+                    config: LedgerConfig | None = None) -> list[str]:
     """Write the catalogue changes the job launches with (:meth:`queries.catalogue.ReleaseCatalogue.record_launch`)
     and the ledger's input ``contract`` beside them, once (:meth:`~queries.catalogue.ReleaseCatalogue.record_input_contract`),
     and return them in words. CatalogueChanged when the catalogue changed since :func:`build` read
     it; ContractError, nothing written, when the root records another contract."""
     catalogue = ReleaseCatalogue(releases)
     recorded = contract is not None and catalogue.record_input_contract(contract)
+    if config is not None:  # the public promise, for reports over the root
+        catalogue.record_promise(epsilon=config.epsilon, delta=config.delta, accounting=config.accounting,
+                                 norm_budget=config.norm_budget)
     catalogue.record_launch(queries)
     first = {r.query_id: r.effective_from for r in queries.registrations}
     return ((["recorded the ledger's input contract beside the releases"] if recorded else [])
@@ -1880,7 +1884,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             graph = build(p, args)
             try:
                 for change in _record_queries(store.absolute(args.releases_parquet), graph["queries"],
-                                              graph["contract"]):
+                                              graph["contract"], graph["config"]):
                     print(f"[streaming] {change}", file=sys.stderr)
                 break
             except CatalogueChanged:

@@ -1,0 +1,72 @@
+"""A Parquet release root is a first-class release store (issue 31): ``renyi-stream sql`` and
+``report`` read the root the distributed and streaming jobs answer, with the tables, views and
+sandbox of a DuckDB store, and the root records the promise its releases keep."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipelines.cli.main import main
+from test_contract_public import DECLARE, _distributed, _streaming
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("root")
+    assert _distributed(folder, *DECLARE) == 0
+    return folder / "public"
+
+
+def test_sql_reads_a_parquet_release_root_as_a_store(root, capsys):
+    assert main(["sql", "SELECT query_id, count(*) AS n FROM releases GROUP BY ALL", "--releases-parquet", str(root),
+                 "--format", "json"]) == 0
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [{"query_id": "sum:opened", "n": 1}]
+
+
+def test_sql_over_a_root_has_the_stores_views_and_records(root, capsys):
+    assert main(["sql", "SELECT (SELECT count(*) FROM releases_with_ci) AS ci, (SELECT count(*) FROM query_catalogue) "
+                 "AS queries, (SELECT value FROM store_meta WHERE key = 'promise_epsilon') AS epsilon, "
+                 "(SELECT value FROM store_meta WHERE key = 'input_contract') AS contract",
+                 "--releases-parquet", str(root), "--format", "json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert (row["ci"], row["queries"], float(row["epsilon"])) == (1, 1, 1.0)
+    assert json.loads(row["contract"])["columns"][0]["name"] == "opened"
+
+
+def test_sql_over_a_root_keeps_the_sandbox(root, capsys):
+    assert main(["sql", "SELECT * FROM read_csv('/etc/passwd')", "--releases-parquet", str(root)]) == 1
+    assert "external access disabled" in capsys.readouterr().err
+    assert main(["sql", "DELETE FROM releases", "--releases-parquet", str(root)]) == 1
+    assert "is not a read" in capsys.readouterr().err
+
+
+def test_sql_needs_exactly_one_store(root, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sql", "SELECT 1"])
+    assert exit_info.value.code == 2 and "--releases-parquet" in capsys.readouterr().err
+    assert main(["sql", "SELECT 1", "--releases-parquet", str(tmp_path / "none")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_report_draws_a_parquet_release_root_with_its_promise(root, tmp_path, capsys):
+    out = tmp_path / "report.html"
+    assert main(["report", "--releases-parquet", str(root), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "sum:opened" in page and "(1, 1e-06)-differential privacy" in page
+
+
+def test_the_streaming_job_records_its_promise_beside_its_releases(tmp_path):
+    from queries.catalogue import ReleaseCatalogue
+
+    assert _streaming(tmp_path, *DECLARE) == 0
+    assert ReleaseCatalogue(str(tmp_path / "public")).promise() == {
+        "epsilon": "1.0", "delta": "1e-06", "accounting": "gdp", "norm_budget": "8.0"}
+
+
+def test_report_curator_variant_needs_the_daily_jobs_store(root, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", "--releases-parquet", str(root), "--out", str(tmp_path / "r.html"), "--ledger",
+              str(tmp_path / "l.duckdb")])
+    assert exit_info.value.code == 2 and "--ledger" in capsys.readouterr().err
