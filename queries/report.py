@@ -100,21 +100,32 @@ def _query_section(plt: Any, table: pa.Table, query_id: str) -> str:
     windows = pc.count_distinct(table.column("window_id")).as_py()
     coordinates = pc.unique(table.column("coordinate")).to_pylist()
     std = table.column("noise_std").to_numpy()
+    import matplotlib.dates as mdates
+
     fig, ax = plt.subplots(figsize=(8, 3.2))
     for coordinate in coordinates:
         part = table.filter(pc.equal(table.column("coordinate"), coordinate))
         x = part.column("window_start").to_pylist()
         y = part.column("value").to_numpy()
         band = _Z95 * part.column("noise_std").to_numpy()
-        ax.plot(x, y, marker="o", markersize=2.5, linewidth=1.2, label=part.column("label")[0].as_py())
-        ax.fill_between(x, y - band, y + band, alpha=0.2)
+        label = part.column("label")[0].as_py()
+        if windows == 1:  # one window: a point with its interval, not a band nobody can see
+            ax.errorbar(x, y, yerr=band, fmt="o", capsize=4, label=label)
+        else:
+            ax.plot(x, y, marker="o", markersize=2.5, linewidth=1.2, label=label)
+            ax.fill_between(x, y - band, y + band, alpha=0.2)
+    if windows == 1:  # a day either side, not an axis of years around a lone point
+        start, end = table.column("window_start")[0].as_py(), table.column("window_end")[0].as_py()
+        ax.set_xlim(start - (end - start), end)
     what = "running total" if kind == "running" else "per window"
-    ax.set_title(f"{query_id} ({what}), 95% confidence band")
+    ax.set_title(f"{query_id} ({what}), 95% confidence {'interval' if windows == 1 else 'band'}")
     ax.set_xlabel("window start (UTC)")
     ax.grid(alpha=0.3)
     if len(coordinates) <= _MAX_LEGEND:
         ax.legend(loc="best", fontsize=8)
-    fig.autofmt_xdate()
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=8)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))  # one tick format, not a mix
     noise = f"{std.min():.4g}" if np.ptp(std) == 0 else f"{std.min():.4g} to {std.max():.4g}"
     words = (f"{windows} window(s) released, {len(coordinates)} coordinate(s) each; every number is the "
              f"{'running total since the query began' if kind == 'running' else 'sum over the window'} plus "

@@ -192,7 +192,8 @@ def run_demo(config: DemoConfig, progress: TextIO | None = None) -> DemoSummary:
     # Worst-case accounting answering every day: unbiased, with noise sqrt(T d / (2 rho)).
     summary.rmse_worst_case_all_days = summary.worst_case_noise_std
     filtered_share = _filtered_share(out / "curator" / "ledger.duckdb", config.days)
-    chart = _chart(out / "demo.png", released, truth, cal.noise_std, summary.worst_case_noise_std, filtered_share)
+    chart = _chart(out / "demo.png", released, truth, cal.noise_std, summary.worst_case_noise_std, filtered_share,
+                   summary)
     summary.seconds = time.perf_counter() - started
     _print_summary(config, summary, cal, out, chart)
     return summary
@@ -219,35 +220,71 @@ def _filtered_share(ledger: Path, days: int) -> np.ndarray:
 
 
 def _chart(path: Path, released: np.ndarray, truth: np.ndarray, noise_std: float, worst_std: float,
-           filtered: np.ndarray) -> Path | None:
+           filtered: np.ndarray, summary: DemoSummary) -> Path | None:
+    """The demo's picture, read in one glance: its title says what individual accounting bought
+    (days answered with every user in, against worst-case accounting at the same noise), each
+    panel marks where worst-case accounting would have stopped and where the first user was
+    filtered, the x axis shows dates, and the bands say what they are: around the release, the
+    95% interval for the true value; around the truth, the spread a worst-case release (noise
+    large enough to answer every day) would have had."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
+        import matplotlib.dates as mdates
         import matplotlib.pyplot as plt
     except ImportError:  # charts are optional: the numbers are printed anyway
         return None
-    days = np.arange(1, released.shape[0] + 1)
-    fig, axes = plt.subplots(len(INDICATORS) + 1, 1, figsize=(9, 2.6 * (len(INDICATORS) + 1)), sharex=True)
+    n = released.shape[0]
+    days = np.array([START_DAY + dt.timedelta(days=d) for d in range(n)])
+    worst_stop = summary.worst_case_days_at_same_noise
+    first_filtered = summary.days_with_every_user_in
+    fig, axes = plt.subplots(len(INDICATORS) + 1, 1, figsize=(9.5, 2.6 * (len(INDICATORS) + 1)), sharex=True)
     for j, name in enumerate(INDICATORS):
         ax = axes[j]
-        ax.fill_between(days, released[:, j] - 1.96 * worst_std, released[:, j] + 1.96 * worst_std,
-                        color="tab:red", alpha=0.12, label="95% band, worst-case accounting")
+        ax.fill_between(days, truth[:, j] - 1.96 * worst_std, truth[:, j] + 1.96 * worst_std, color="tab:red",
+                        alpha=0.10, label=f"worst-case accounting, answering all {n} days: 95% spread of its "
+                        f"release (noise std {worst_std:.0f})")
         ax.fill_between(days, released[:, j] - 1.96 * noise_std, released[:, j] + 1.96 * noise_std,
-                        color="tab:blue", alpha=0.3, label="95% band, individual accounting")
-        ax.plot(days, released[:, j], color="tab:blue", lw=1.2, label="released (individual)")
+                        color="tab:blue", alpha=0.28, label=f"released: 95% interval for the true value (noise std "
+                        f"{noise_std:.0f})")
+        ax.plot(days, released[:, j], color="tab:blue", lw=1.1, label="released (individual accounting)")
         ax.plot(days, truth[:, j], color="black", lw=0.8, ls="--", label="synthetic truth (curator only)")
+        _mark_days(ax, days, worst_stop, first_filtered, n, labels=j == 0)
         ax.set_ylabel(f"daily sum\n{name}")
         if j == 0:
-            ax.legend(loc="lower left", fontsize=7, ncol=2)
-    axes[-1].plot(days[: filtered.size], 100 * filtered, color="tab:purple")
-    axes[-1].set_ylabel("% of the day's\nusers filtered")
-    axes[-1].set_xlabel("day")
-    fig.suptitle("renyi-stream demo: daily releases under individual accounting", fontsize=11)
+            ax.legend(loc="upper left", bbox_to_anchor=(0, -0.02), fontsize=7, ncol=2, frameon=False)
+    ax = axes[-1]
+    ax.plot(days[: filtered.size], 100 * filtered, color="tab:purple")
+    _mark_days(ax, days, worst_stop, first_filtered, n, labels=False)
+    ax.set_ylabel("% of the day's\nusers filtered")
+    if first_filtered < n:
+        ax.annotate("heavy users reach their budget:\ntheir later days are dropped,\nthe others' still count",
+                    xy=(days[first_filtered], 0), xytext=(0.55, 0.5), textcoords="axes fraction", fontsize=8,
+                    arrowprops={"arrowstyle": "->", "color": "0.4"})
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m-%d"))
+    fig.autofmt_xdate()
+    fig.suptitle(f"Same promise, same noise: individual accounting answered {first_filtered} of {n} days with every "
+                 f"user in,\nworst-case accounting {worst_stop}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _mark_days(ax, days: np.ndarray, worst_stop: int, first_filtered: int, n: int, *, labels: bool) -> None:
+    """Vertical lines where worst-case accounting at the same noise would stop answering and where
+    individual accounting first filtered a user (none when it never did)."""
+    if 0 < worst_stop < n:
+        ax.axvline(days[worst_stop], color="tab:red", lw=1, ls=":")
+        if labels:
+            ax.text(days[worst_stop], 1.0, " worst case stops\n (same noise)", transform=ax.get_xaxis_transform(),
+                    fontsize=7, color="tab:red", va="top")
+    if 0 < first_filtered < n:
+        ax.axvline(days[first_filtered], color="tab:purple", lw=1, ls=":")
+        if labels:
+            ax.text(days[first_filtered], 1.0, " first user\n filtered", transform=ax.get_xaxis_transform(),
+                    fontsize=7, color="tab:purple", va="top", ha="right")
 
 
 def _print_summary(config: DemoConfig, s: DemoSummary, cal, out: Path, chart: Path | None) -> None:
