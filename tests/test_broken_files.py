@@ -399,3 +399,41 @@ def test_a_too_long_last_line_without_its_newline_is_a_dead_letter_not_lost(tmp_
                                 contract=contract(*DECLARED)))
     assert (summary.rows_read, summary.admitted + summary.dropped, summary.rejected) == (3, 2, 1)
     assert summary.balanced
+
+
+# --------------------------------------------------------------------------- see before you publish
+
+
+def test_a_dry_run_says_what_the_run_would_do_and_changes_nothing(released_day, tmp_path, capsys):
+    root = tmp_path / "store"
+    shutil.copytree(released_day, root)
+    before = _snapshot(root)
+    good = tmp_path / "day2.parquet"
+    pq.write_table(_day(DAY2), good)
+    capsys.readouterr()
+    argv = [a for a in _run_args(root, [str(good)], DAY2, DAY2) if a != "--quiet"]
+    assert main([*argv, "--dry-run", "--releases-parquet", str(tmp_path / "public")]) == 0
+    out = capsys.readouterr().out
+    assert "dry run: would release 1 window(s) (0 already released), 1 release rows for 1 query: sum:opened" in out
+    assert "would read 3 rows = admitted 3" in out and "nothing was charged or published" in out
+    assert _snapshot(root) == before and not (tmp_path / "public").exists()
+    assert main(argv) == 0  # the real run after it charges as if the preview had never been
+    assert "released 1 window(s)" in capsys.readouterr().out
+
+
+def test_a_dry_run_refuses_what_the_run_would_refuse(released_day, tmp_path, capsys):
+    root = tmp_path / "store"
+    shutil.copytree(released_day, root)
+    before = _snapshot(root)
+    assert main([*_run_args(root, [str(root / "day1.parquet")], DAY2, DAY2), "--dry-run"]) == 1
+    assert "none of the 3 rows" in capsys.readouterr().err
+    assert _snapshot(root) == before
+
+
+def test_a_dry_run_on_a_new_ledger_creates_no_file(tmp_path, capsys):
+    good = tmp_path / "day1.parquet"
+    pq.write_table(_day(DAY1), good)
+    root = tmp_path / "new"
+    root.mkdir()
+    assert main([*_run_args(root, [str(good)], DAY1, DAY1), "--dry-run"]) == 0
+    assert sorted(p.name for p in root.iterdir()) == []

@@ -125,7 +125,7 @@ def _window_of_day(name: str, text: str, spec) -> int:
 
 def _run_command(args: argparse.Namespace) -> int:
     from pipelines.curator.store import CuratorStoreError
-    from pipelines.daily.job import JobConfig, run_job
+    from pipelines.daily.job import JobConfig, preview_job, run_job
     from stream.engine.readers import InputFileError
     from queries.release_store import ReleaseStoreError
 
@@ -164,6 +164,8 @@ def _run_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise _UsageError(str(exc)) from exc
     try:
+        if args.dry_run:
+            return _print_preview(preview_job(config, progress=None if args.quiet else sys.stderr), args)
         summary = run_job(config, progress=None if args.quiet else sys.stderr)
     except (CuratorStoreError, InputFileError, ReleaseStoreError, ValueError) as exc:
         # ValueError: a loose or changed noise key (NoiseKeyError), an input without indicator
@@ -220,6 +222,22 @@ def _sql_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_preview(preview, args: argparse.Namespace) -> int:
+    """What ``run --dry-run`` found: the windows and queries the run would release, and (curator
+    only, without --quiet) the rows by outcome; always that nothing was charged or published."""
+    summary = preview.summary
+    print(f"dry run: would release {len(summary.windows_released)} window(s) ({len(summary.windows_skipped)} already "
+          f"released), {summary.releases_published} release rows for {len(preview.queries)} quer"
+          f"{'y' if len(preview.queries) == 1 else 'ies'}: {', '.join(preview.queries) or 'none'}")
+    if not args.quiet:
+        print(CURATOR_ONLY_NOTICE)
+        print(f"would read {summary.rows_read:,} rows = admitted {summary.admitted:,} + clipped {summary.clipped:,} + "
+              f"dropped {summary.dropped:,} + rejected {summary.rejected:,} + late {summary.late:,}  "
+              f"[{'balanced' if summary.balanced else 'MISMATCH'}]")
+    print(f"nothing was charged or published: {args.ledger} and {args.store} are as they were")
+    return 0 if summary.balanced else 1
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -263,6 +281,9 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--runner", default="DirectRunner", help="Beam runner (default DirectRunner)")
     run.add_argument("--quiet", action="store_true",
                      help="no progress lines, and no exact counts printed (they stay in the ledger)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="run on private copies of the ledger, store and key and print what the run would do (rows "
+                     "by outcome, windows, queries), charging and publishing nothing; every refusal is the real run's")
     run.set_defaults(handler=_run_command)
 
     sql = sub.add_parser(

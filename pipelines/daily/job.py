@@ -18,9 +18,11 @@ nobody is charged, nothing new is released, and step 5 re-publishes nothing.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -241,6 +243,41 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
             releases_published=published, users_in_ledger=outputs["ledger"].num_rows,
             seconds=time.perf_counter() - started,
         )
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What a run would do (:func:`preview_job`): its summary as if it had run, and the queries
+    it would answer in the windows it would release. Curator-only, as every run's counts."""
+
+    summary: JobSummary
+    queries: list[str]
+
+
+def preview_job(config: JobConfig, progress: TextIO | None = None) -> Preview:
+    """Run ``config`` on private copies of its ledger, store and noise key, and report what it
+    would do, charging and publishing nothing: the real ledger, store, key and Parquet release
+    root are not written (the copies are made under the ledger's run lock, in a ``0700``
+    scratch folder removed afterwards). Every refusal of a real run (a wrong file, a missing
+    declared column, another contract, a run that feeds no window) is made the same way, by
+    the same code, since it is the same run. A new ledger's preview draws its noise from a
+    throwaway key: a preview's releases are never shown."""
+    with private_run_dir(SCRATCH_PREFIX) as scratch:
+        scratch = Path(scratch)
+        with RunLock(config.ledger):
+            for source, name in ((config.ledger, "ledger.duckdb"), (config.store, "releases.duckdb"),
+                                 (config.resolved_key_path, "ledger.noise.key")):
+                for suffix in ("", ".wal"):
+                    if Path(source + suffix).is_file():
+                        shutil.copy2(source + suffix, scratch / (name + suffix))
+        copy = dataclasses.replace(config, ledger=str(scratch / "ledger.duckdb"), store=str(scratch / "releases.duckdb"),
+                                   key_path=str(scratch / "ledger.noise.key"), releases_parquet=None)
+        summary = run_job(copy, progress=progress)
+        with ReleaseStore(copy.store, read_only=True) as store:
+            releases = store.read()
+        answered = releases.filter(pc.is_in(releases.column("window_id"),
+                                            value_set=pa.array(summary.windows_released, pa.int64())))
+        return Preview(summary=summary, queries=sorted(set(answered.column("query_id").to_pylist())))
 
 
 def _refuse_a_ledger_behind_the_store(curator: CuratorStore, store: ReleaseStore, config: JobConfig) -> None:
