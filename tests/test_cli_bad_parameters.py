@@ -88,6 +88,15 @@ CASES: list[tuple[str, list[str], str]] = [
     *[("calibrate", _set(CAL, "--norm-budget", v), "--norm-budget") for v in ("0", "-3", "inf", "x")],
     *[("calibrate", CAL + ["--per-window-bound", v], "--per-window-bound") for v in ("0", "-1", "x")],
     ("calibrate", _set(CAL, "--epsilon", None), "--epsilon"),
+    # stream and distributed: the jobs' own command lines through the front door
+    ("stream", ["stream", "--replay"], "--replay"),
+    ("stream", ["stream", "--replay", "{t}/m.arrows", "--start", "2026-03-01", "--end", "2026-03-01",
+                "--epsilon", "-1", "--delta", "1e-6", "--norm-budget", "4", "--releases-parquet", "{t}/p",
+                "--output", "{t}/o", "--noise-key", "{w}/key", "--id-type", "int64", "--column", "opened=0:1"],
+     "--epsilon"),
+    ("distributed", ["distributed", "--input", "{t}/a.csv", "--start", "March", "--end", "2026-03-01",
+                     "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "4", "--previous-ledger", "none",
+                     "--output", "{t}/o", "--releases-parquet", "{t}/p"], "--start"),
     # run
     *[("run", _set(RUN, "--epsilon", v), "--epsilon") for v in ("0", "-1", "abc", "nan")],
     *[("run", _set(RUN, "--delta", v), "--delta") for v in ("0", "1", "2", "abc")],

@@ -70,3 +70,27 @@ def test_report_curator_variant_needs_the_daily_jobs_store(root, tmp_path, capsy
         main(["report", "--releases-parquet", str(root), "--out", str(tmp_path / "r.html"), "--ledger",
               str(tmp_path / "l.duckdb")])
     assert exit_info.value.code == 2 and "--ledger" in capsys.readouterr().err
+
+
+def test_renyi_stream_stream_and_distributed_are_the_jobs_front_door(tmp_path, capsys):
+    # One front door (issue 31): the streaming and distributed jobs run as renyi-stream subcommands,
+    # their options passed as they are.
+    import pyarrow as pa
+
+    from pipelines.streaming import job as sj
+    from stream.engine.readers import read_batches
+    from test_contract_public import DAY, _day_csv, _key
+
+    common = ["--start", DAY, "--end", DAY, "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "8",
+              "--noise-key", _key(tmp_path), "--shards", "2", *DECLARE]
+    message = tmp_path / "d0.arrows"
+    message.write_bytes(sj.encode_message(pa.Table.from_batches(list(read_batches(_day_csv(tmp_path))))))
+    assert main(["stream", "--replay", str(message), "--releases-parquet", str(tmp_path / "streamed"),
+                 "--output", str(tmp_path / "curator"), *common]) == 0
+    assert main(["distributed", "--input", _day_csv(tmp_path), "--previous-ledger", "none", "--output",
+                 str(tmp_path / "run0"), "--releases-parquet", str(tmp_path / "batch"), "--quiet", *common]) == 0
+    for root in ("streamed", "batch"):
+        assert (tmp_path / root / f"window_id={sj.WindowSpec().window_of_day('day', DAY)}").is_dir()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["stream", "--help"])
+    assert exit_info.value.code == 0 and "--replay" in capsys.readouterr().out

@@ -61,3 +61,11 @@ def name_the_option(message: str, args: Any = None) -> str:
     if word and word.group(0) in options:
         return f"argument {options[word.group(0)]}: {message}"
     return message
+
+
+def worded(message: str, args: Any, parser: argparse.ArgumentParser) -> str:
+    """:func:`name_the_option` for a job with a parser of its own (the distributed and streaming
+    jobs): ``message`` naming the option of ``parser`` it is about."""
+    if getattr(args, "option_names", None) is None:
+        args.option_names = options_of(parser)
+    return name_the_option(message, args)

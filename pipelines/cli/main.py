@@ -326,13 +326,27 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=7, help="seed of the generated data (not of the noise)")
     demo.add_argument("--quiet", action="store_true", help="no progress lines")
     demo.set_defaults(handler=_demo_command)
+    # Listed for --help only: main() hands their options to the job's own command line.
+    sub.add_parser("stream", help="the streaming job: Kafka or Pub/Sub, or --replay of local files, one window at a "
+                   "time (python -m pipelines.streaming; renyi-stream stream --help lists its options)")
+    sub.add_parser("distributed", help="the daily job on a distributed runner (Flink, Dataflow): ledger snapshots and "
+                   "releases as Parquet (python -m pipelines.distributed; renyi-stream distributed --help)")
     add_train_subcommand(sub)
     add_query_subcommands(sub)
     record_option_names(parser)
     return parser
 
 
+#: Jobs with a command line of their own, run as ``renyi-stream <name> OPTIONS`` (the options as they are).
+_JOBS = {"stream": "pipelines.streaming", "distributed": "pipelines.distributed"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _JOBS:  # before argparse, which would reorder the job's own options
+        import importlib
+
+        return importlib.import_module(f"{_JOBS[argv[0]]}.job").main(argv[1:], prog=f"{PROG} {argv[0]}")
     parser = _build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and getattr(args, "command", None) not in ("run", "features"):  # the Beam jobs pass them to Beam

@@ -121,6 +121,7 @@ from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from stream.engine.readers import MalformedLines, check_declared_columns, declares_types, id_type_of, read_batches
 from queries import release_lineage as lineage
 from stream.engine.publication import publish_outbox
+from pipelines.cli.errors import worded
 from stream.engine.row_balance import IdleInputError, RowBalance, reason_counts, refuse_idle_run
 from stream.faults import crash_point
 from stream.engine.running import PrepaidUsers
@@ -943,9 +944,9 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
 # --- the command -------------------------------------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m pipelines.distributed") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m pipelines.distributed", allow_abbrev=False,
+        prog=prog, allow_abbrev=False,
         description="The daily job on a distributed Beam runner: ledger snapshots and releases as Parquet in "
                     "object storage. Other options go to Beam (--runner, --project, --flink_master, ...); "
                     "one Beam does not know either is refused.")
@@ -962,11 +963,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+def parse_args(argv: Sequence[str], prog: str = "python -m pipelines.distributed") -> tuple[argparse.Namespace, list[str]]:
     """``(job arguments, Beam arguments)`` of ``argv``. Exits with status 2 and a message naming the
     option (argparse's ``error``) when an option is neither this job's nor Beam's
     (:func:`pipelines.beam.job_options.refuse_unknown_options`): a typo would run the job without it."""
-    parser = _parser()
+    parser = _parser(prog)
     args, beam_args = parser.parse_known_args(list(argv))
     try:
         refuse_unknown_options(beam_args, long_options(parser), command=parser.prog)
@@ -990,15 +991,15 @@ def _is_direct(options: PipelineOptions) -> bool:
     return "Direct" in str(runner)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args, beam_args = parse_args(sys.argv[1:] if argv is None else argv)
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipelines.distributed") -> int:
+    parser = _parser(prog)
+    args, beam_args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     logging.getLogger().setLevel(logging.ERROR)  # Beam's GCP extras warn about optional clients
     logging.getLogger(__name__).setLevel(logging.INFO)
     try:
         plan = prepare(args)
     except (RunRefused, ValueError) as exc:
-        print(f"{parser.prog}: refused: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: refused: {worded(str(exc), args, parser)}", file=sys.stderr)
         return 2
     options = pipeline_options(plan, args, beam_args)
     direct = _is_direct(options)
@@ -1008,7 +1009,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             caught_up = publish_committed(plan.previous, plan.releases)
         except lineage.LineageConflict as exc:
-            print(f"{parser.prog}: refused: {exc}", file=sys.stderr)
+            print(f"{parser.prog}: refused: {worded(str(exc), args, parser)}", file=sys.stderr)
             return 2
         if caught_up:
             print(f"[distributed] published {len(caught_up)} window(s) the previous run committed but had not "
@@ -1019,13 +1020,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"[distributed] {change}", file=sys.stderr)
             break
         except ContractError as exc:  # recorded by another run since prepare checked it
-            print(f"{parser.prog}: refused: {exc}", file=sys.stderr)
+            print(f"{parser.prog}: refused: {worded(str(exc), args, parser)}", file=sys.stderr)
             return 2
         except CatalogueChanged:
             try:
                 plan = prepare(args)
             except (RunRefused, ValueError) as exc:
-                print(f"{parser.prog}: refused: {exc}", file=sys.stderr)
+                print(f"{parser.prog}: refused: {worded(str(exc), args, parser)}", file=sys.stderr)
                 return 2
     else:
         print(f"{parser.prog}: refused: the query catalogue under {plan.releases} kept changing while this run "

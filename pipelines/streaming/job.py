@@ -224,6 +224,7 @@ try:
                                               StreamingReleases, running_state_of)
 finally:
     _root.setLevel(_level)
+from pipelines.cli.errors import worded
 from pipelines.streaming import message_sizes
 from stream.engine.dead_letters import DeadLetterReason, dead_letters, rejected_letters, with_input_position
 from stream.engine.publication import publish_outbox
@@ -860,9 +861,9 @@ def _counts_file(item: tuple[int, dict]) -> tuple[str, pa.Table]:
 # --- launch ----------------------------------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m pipelines.streaming") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m pipelines.streaming", allow_abbrev=False,
+        prog=prog, allow_abbrev=False,
         description="The individual filter on an unbounded stream: Pub/Sub messages or Kafka records (Arrow IPC "
                     "batches) in, Parquet releases per window out. Other options go to Beam (--runner, "
                     "--streaming, ...); one Beam does not know either is refused.")
@@ -925,14 +926,14 @@ def _check_source(args: argparse.Namespace) -> None:
         raise ValueError(f"{', '.join(given)} only go with --kafka-topic, which was not given")
 
 
-def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+def parse_args(argv: Sequence[str], prog: str = "python -m pipelines.streaming") -> tuple[argparse.Namespace, list[str]]:
     """``(job arguments, Beam arguments)`` of ``argv``. Exits with status 2 and a message naming
     the options (argparse's ``error``) when the source options do not fit together: two sources
     (``--kafka-topic`` with ``--subscription`` or ``--replay``), ``--kafka-topic`` without
     ``--bootstrap-servers``, a malformed Kafka option, a Kafka option without ``--kafka-topic``, or
     an option neither this job's nor Beam's (:func:`pipelines.beam.job_options.refuse_unknown_options`:
     a typo would run the job without it)."""
-    parser = _parser()
+    parser = _parser(prog)
     args, beam_args = parser.parse_known_args(list(argv))
     try:
         launch.refuse_unknown_options(beam_args, launch.long_options(parser), command=parser.prog)
@@ -1846,9 +1847,9 @@ def _read_kafka(p: beam.Pipeline, args: argparse.Namespace) -> Any:
                               f"{first}") from exc
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args, beam_args = parse_args(sys.argv[1:] if argv is None else argv)
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipelines.streaming") -> int:
+    parser = _parser(prog)
+    args, beam_args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     logging.getLogger().setLevel(logging.ERROR)
     flags = list(beam_args)
     if not any(a.startswith("--runner") for a in flags):
@@ -1893,7 +1894,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise launch.RunRefused(f"the query catalogue under {store.absolute(args.releases_parquet)} kept "
                                     "changing while this job was launched; launch it again")
     except (launch.RunRefused, ValueError, lineage.LineageConflict) as exc:
-        print(f"{parser.prog}: refused: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: refused: {worded(str(exc), args, parser)}", file=sys.stderr)
         return 2
     if args.noise_key_secret and direct:  # no worker start-up on the DirectRunner: fetch here
         worker_key.materialise(args.noise_key_secret, key_path)
