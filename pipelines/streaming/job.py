@@ -193,6 +193,7 @@ import logging
 import re
 import secrets
 import sys
+import time
 from dataclasses import fields, replace
 from typing import Any, Iterator, Sequence, Tuple
 
@@ -728,6 +729,9 @@ class CommitWindows(beam.DoFn):
                 "snapshots": store.join(self._curator, "ledger", f"window_id={following}"),
                 "staged": release_file_path(store.join(self._curator, STAGED_RELEASES), following)})
             crash_point("streaming_after_commit")  # test-only: committed, not yet public
+            # Progress for the operator (and benchmarks/bench_streaming.py's per-window time): the
+            # window id and a monotonic clock only, both public (invariant 4: no count, no sum).
+            print(f"[streaming] window {following} committed at {time.monotonic():.3f}", file=sys.stderr, flush=True)
             committed.append(following)
             following += 1
         if not committed:
@@ -851,6 +855,9 @@ def _parser() -> argparse.ArgumentParser:
         default=FULL_SNAPSHOT_EVERY, metavar="K",
         help=f"a full ledger snapshot every K windows, deltas (the users charged) between (default "
              f"{FULL_SNAPSHOT_EVERY}; 1: every window whole)")
+    arg("--progress", action="store_true",
+        help="print a line on stderr as each shard charges a window (the shard, the window and a monotonic clock: "
+             "public, never a count); every committed window gets a line whether or not")
     arg("--previous-ledger", "--previous_ledger", dest="previous_ledger", default="none",
         help="the ledger to continue from: a glob of every shard's snapshot of the last window released under "
              "--releases-parquet, as an earlier job wrote them (<its --output>/ledger/window_id=<W>/*/*.parquet; "
@@ -1669,7 +1676,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         released=[w for w in released if w < start], snapshot_every_window=True,
         resumed_through=own if own >= start else None, window_records=True,
         compact_every=args.full_snapshot_every, previous_running=prepaid, previous_release=release_states,
-        previous_raw=raw)
+        previous_raw=raw, progress=bool(getattr(args, "progress", False)))
     graph = decoded.valid | "StreamingReleases" >> out
     # One release row per coordinate of each active query, and one state per active running query.
     expected = {w: sum(e.query.dim + (e.kind == "running") for e in plan.active(w)) for w in range(start, end + 1)}

@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+import time
 from typing import Any, Iterator, NamedTuple, Sequence, Tuple
 
 import apache_beam as beam
@@ -178,6 +180,9 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
       ``n_shards`` (:class:`StreamingReleases`), so no worker evicts a shard of its own, and the
       memory it holds is at most the decoded ledger of the shards it charges. 0 turns it off
       (every firing restores from STATE, as before the cache).
+    Progress (``progress``): a line ``[streaming] shard S charged window W at T`` on stderr after
+      each charged window, ``T`` a monotonic clock in seconds: public (the schedule and the shard
+      count are), never a count or a sum (invariant 4).
     Outputs: ``(window_id, (shard, {query_id: partial sum vector}))`` (main: one report per
     window of the schedule, ``{}`` when nothing was charged), dead letters (tag ``dead``:
     late, out-of-range and duplicate rows), ``(window, counts)`` (tag ``counts``, windows with
@@ -206,7 +211,8 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
                  tracker_step: float, released: Sequence[int] = (),
                  running_meta: dict[str, dict[str, str]] | None = None, snapshot_every_window: bool = False,
                  resumed_through: int | None = None, window_records: bool = False, compact_every: int = 1,
-                 cached_shards: int = CACHED_SHARDS, prepaid_every_window: bool = False) -> None:
+                 cached_shards: int = CACHED_SHARDS, prepaid_every_window: bool = False,
+                 progress: bool = False) -> None:
         if end_window < start_window:
             raise ValueError(f"end_window must be >= start_window={start_window}, got end_window={end_window}")
         if resumed_through is not None and not start_window - 1 <= resumed_through <= end_window:
@@ -235,6 +241,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             raise ValueError(f"cached_shards must be an integer >= 0 (shards a worker keeps between windows), "
                              f"got cached_shards={cached_shards!r}")
         self._cached_shards = int(cached_shards)
+        self._progress = bool(progress)
         self._cache: ShardCache | None = None  # made on first use on the worker, never pickled
 
     def __getstate__(self) -> dict[str, Any]:
@@ -363,6 +370,9 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             # them: a firing that stops before this leaves no shard in the cache. After the last
             # window the shard fires no more and is not kept.
             self.shard_cache().put(key, token, shard)
+        if self._progress:  # public: the shard, the window and a monotonic clock (invariant 4: no count)
+            print(f"[streaming] shard {int(key)} charged window {window} at {time.monotonic():.3f}", file=sys.stderr,
+                  flush=True)
 
     def _charge(self, key: int, shard: ShardState, window: int, data: pa.Table | None) -> Iterator[Any]:
         # The batch path charges a window that has rows or a running query active in it; charging
@@ -580,6 +590,7 @@ class StreamingReleases(beam.PTransform):
     (:func:`stream.noise.new_ledger_id`), which the keyed noise is bound to. ``cached_shards``: how
     many restored shards a filter instance keeps between windows (:class:`StreamingIndividualFilterDoFn`,
     "Cache"); default ``n_shards``, 0 restores every shard from its keyed state every window.
+    ``progress``: each shard prints a line on stderr as it charges a window (the job's ``--progress``).
 
     Returns a dict: ``releases`` (release rows), ``raw`` (running queries' releases ``y``),
     ``release_state`` (``(window, state table)`` per running query and window,
@@ -599,7 +610,8 @@ class StreamingReleases(beam.PTransform):
                  released: Sequence[int] = (), snapshot_every_window: bool = False,
                  previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None,
                  resumed_through: int | None = None, window_records: bool = False, compact_every: int = 1,
-                 cached_shards: int | None = None, previous_release: dict[str, pa.Table] | None = None) -> None:
+                 cached_shards: int | None = None, previous_release: dict[str, pa.Table] | None = None,
+                 progress: bool = False) -> None:
         super().__init__()
         self._n_shards = n_shards
         self._previous = previous_ledger
@@ -612,7 +624,7 @@ class StreamingReleases(beam.PTransform):
             snapshot_every_window=snapshot_every_window, resumed_through=resumed_through,
             window_records=window_records, compact_every=compact_every,
             cached_shards=n_shards if cached_shards is None else cached_shards,
-            prepaid_every_window=bool(plan.running or meta))
+            prepaid_every_window=bool(plan.running or meta), progress=progress)
         self._release = ReleaseCompletedWindow(
             ReleaseWindow(key_path=key_path, plan=plan, noise_std=noise_std, window=window, accounting=accounting,
                           key_fingerprint=key_fingerprint, ledger_id=ledger_id), n_shards, plan)
