@@ -220,6 +220,7 @@ try:
     from pipelines.beam import object_store as store
     from pipelines.beam import transforms as tx
     from pipelines.beam import worker_key
+    from pipelines.beam.local_runner import batch_runner, is_direct
     from pipelines.beam.publication import PublicReleaseFiles, StagedReleases
     from pipelines.streaming.releases import (PREPAID_USERS, RUNNING_QUERY_ID, SNAPSHOT_BASE, SNAPSHOT_KIND,
                                               StreamingReleases, running_state_of)
@@ -1817,6 +1818,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"--{worker_key.PATH_OPTION}={key_path}", f"--beam_plugins={worker_key.PLUGIN}"]
         options = PipelineOptions(flags)
         direct = "Direct" in str(options.view_as(StandardOptions).runner or "DirectRunner")
+        # A local replay runs on the FnApiRunner in this process, chosen up front as the batch jobs'
+        # (pipelines.beam.local_runner: no graph walks to choose, no SDK state cache to weigh); a
+        # local --streaming run keeps Beam's own choice (its streaming DirectRunner).
+        runner = (batch_runner(options) if direct and not options.view_as(StandardOptions).streaming
+                  and is_direct(options) else None)
         # The job's place in the public lineage (checked by build, after the ledger's own checks).
         args.lineage = job_lineage(store.absolute(args.output), args)
         # An earlier job lost between a window's snapshots and its publication left it staged.
@@ -1837,7 +1843,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"[streaming] no window was committed in --output {store.absolute(args.output)}: removed "
                   "the files a crashed job left and starting from --previous-ledger", file=sys.stderr)
         for attempt in range(3):  # the catalogue as planned, unless a curator changed it meanwhile
-            p = beam.Pipeline(options=options)
+            p = beam.Pipeline(runner=runner, options=options)
             graph = build(p, args)
             try:
                 for change in _record_queries(store.absolute(args.releases_parquet), graph["queries"]):
