@@ -74,6 +74,7 @@ from pipelines.beam.transforms import (
     TICK,
     PackedRows,
     packed_by_shard,
+    row_count,
     unpacked,
 )
 from stream.schema import USER_ID, WINDOW_ID, WindowSpec
@@ -270,7 +271,8 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         _, (kind, payload) = element
         through = self._charged(charged)
         if kind == "rows":
-            yield from self._buffer(unpacked([payload])[0], through, rows, books)
+            yield from self._buffer(unpacked([payload])[0], through, rows, books,
+                                    packed=payload if isinstance(payload, PackedRows) else None)
         elif kind in (LEDGER_PART, RUNNING_PART):
             state.add((kind, payload))
             # STATE changed without a charge: no cached shard is this state any more, and the
@@ -282,7 +284,9 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             # Idempotent: the timer always points at the end of the next uncharged window.
             window_end.set(self._end_of(through + 1))
 
-    def _buffer(self, table: pa.Table, through: int, rows: Any, books: Any) -> Iterator[Any]:
+    def _buffer(self, table: pa.Table, through: int, rows: Any, books: Any,
+                packed: PackedRows | None = None) -> Iterator[Any]:
+        arrived = table
         if self._resumed >= self._start:
             # Re-delivered to a resumed job: rows of this schedule's windows up to the one it resumed
             # from were read, charged and counted in those windows' committed records by the job it
@@ -299,8 +303,14 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         if not classes.all_kept:
             yield beam.pvalue.TaggedOutput("dead", window_letters(table, classes))
             table = table.filter(pa.array(classes.keep))
-        for window, part in split_by_window(table):
-            rows.add((window, PackedRows(part)))  # compressed while it waits (as in batch)
+        span = pc.min_max(table.column(WINDOW_ID)) if table.num_rows else None
+        if packed is not None and table is arrived and span is not None and span["min"] == span["max"]:
+            # Every row kept, all of one window (a message per window, as producers send them): the
+            # packed bytes that came in are kept as they are, never split, copied or recompressed.
+            rows.add((int(span["min"].as_py()), packed))
+        else:
+            for window, part in split_by_window(table):
+                rows.add((window, PackedRows(part)))  # compressed while it waits (as in batch)
         now, closed = books.read() or (ShardBooks(), ShardBooks())
         books.write((now.plus(received=received, late=np.count_nonzero(classes.late),
                               out_of_range=np.count_nonzero(classes.out_of_schedule)), closed))
@@ -332,8 +342,9 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         if duplicates is not None and duplicates.num_rows and not self._window_records:
             yield beam.pvalue.TaggedOutput("dead", duplicates)
         counts = yield from self._charge(key, shard, window, data)
+        # The rows held for later windows are counted, never decoded (their count travels packed).
         yield from self._close_books(key, window, books, counts, duplicates,
-                                     later=unpacked(part for w, part in buffered if w != window))
+                                     buffered=row_count(part for w, part in buffered if w != window))
         # Persist before anything else can observe the shard: the ledger is replaced (a full snapshot)
         # or added to (a delta of the users charged in this window), never cleared. The first window
         # a job charges and its last are full, so that each job's chain of deltas starts in its own
@@ -397,12 +408,11 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         return counts
 
     def _close_books(self, key: int, window: int, books: Any, counts: dict[str, int],
-                     duplicates: pa.Table | None, later: list[pa.Table]) -> Iterator[Any]:
+                     duplicates: pa.Table | None, buffered: int) -> Iterator[Any]:
         """Add the window's charged and duplicate rows to the shard's books, check them against the
         rows still buffered for later windows, and record both (tag ``books``, every window)."""
         now, before = books.read() or (ShardBooks(), ShardBooks())
         after = now.plus(duplicate=0 if duplicates is None else duplicates.num_rows, **counts)
-        buffered = sum(t.num_rows for t in later)
         balanced = after.balances(buffered)
         if not balanced:
             # An engine bug, never a data-dependent event: say so without the (sensitive) counts.
