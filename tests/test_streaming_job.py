@@ -164,6 +164,16 @@ def test_bad_messages_and_rows_are_dead_letters_with_reasons(tmp_path, days):
         str(garbage)]
 
 
+def test_a_replay_naming_a_missing_file_is_refused_before_anything_runs(tmp_path, days, capsys):
+    """The replayed files are read inside the pipeline (their bytes are no longer part of the graph),
+    so a missing one is refused at launch, by name, before any state folder is written."""
+    messages, _ = days
+    missing = tmp_path / "messages" / "not-there.arrows"
+    assert sj.main(_args(tmp_path, ["--replay", *messages, str(missing)])) == 2
+    assert f"--replay: no such file: {missing}" in capsys.readouterr().err
+    assert not (tmp_path / "curator" / sj.STATE_FILE).exists()
+
+
 def _message_rows(paths: list[str]) -> int:
     return sum(sj.decode_message(Path(p).read_bytes()).num_rows for p in paths)
 

@@ -82,6 +82,21 @@ def test_packed_rows_passed_through_a_second_pickle_are_not_recompressed():
     assert pickle.loads(pickle.dumps(passed)).table.equals(table)
 
 
+def test_packed_rows_count_their_rows_without_decoding_them_and_old_pickles_still_load():
+    """The streaming filter counts the rows it holds for later windows at every window (its row
+    books): the count travels with the packed bytes, so nothing is decoded for it (issue 30). A
+    pickle from before the count travelled (state written by an older version) still loads."""
+    import pickle
+
+    from pipelines.beam.transforms import PackedRows, _unpack_rows, row_count
+
+    table = pa.table({"user_id": pa.array(np.arange(3_000)), "opened": pa.array(np.ones(3_000))})
+    passed = pickle.loads(pickle.dumps(PackedRows(table)))
+    assert row_count([passed, table.slice(0, 7)]) == 3_007 and passed._table is None
+    old = _unpack_rows(pickle.loads(pickle.dumps(PackedRows(table)))._packed)  # no count: decoded to count
+    assert old.num_rows == 3_000 and old.table.equals(table)
+
+
 def test_split_by_shard_keeps_every_row_once_in_its_shard_for_any_shard_count():
     from stream.engine.sharding import shard_of
     from pipelines.beam.transforms import split_by_shard

@@ -146,37 +146,53 @@ class PackedRows:
     never decompressed and recompressed on the way (that round trip was a sixth of a run).
     """
 
-    __slots__ = ("_table", "_packed")
+    __slots__ = ("_table", "_packed", "_rows")
 
-    def __init__(self, table: pa.Table | None = None, *, packed: bytes | None = None) -> None:
+    def __init__(self, table: pa.Table | None = None, *, packed: bytes | None = None,
+                 rows: int | None = None) -> None:
         if (table is None) == (packed is None):
             raise ValueError("PackedRows needs exactly one of table or packed")
         self._table = table
         self._packed = packed
+        self._rows = table.num_rows if table is not None else (None if rows is None else int(rows))
 
     @property
     def table(self) -> pa.Table:
         if self._table is None:
             self._table = pa.ipc.open_stream(self._packed).read_all()
+            self._rows = self._table.num_rows
         return self._table
 
-    def __reduce__(self) -> tuple[Any, tuple[bytes]]:
+    @property
+    def num_rows(self) -> int:
+        """The number of rows, without decoding them when it travelled with the packed bytes (the
+        streaming filter counts the rows it holds for later windows at every window)."""
+        return self._rows if self._rows is not None else self.table.num_rows
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes, int]]:
         if self._packed is None:
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, self._table.schema,
                                    options=pa.ipc.IpcWriteOptions(compression="lz4")) as writer:
                 writer.write_table(self._table)
             self._packed = sink.getvalue().to_pybytes()
-        return _unpack_rows, (self._packed,)
+        return _unpack_rows, (self._packed, self.num_rows)
 
 
-def _unpack_rows(data: bytes) -> PackedRows:
-    return PackedRows(packed=data)
+def _unpack_rows(data: bytes, rows: int | None = None) -> PackedRows:
+    # ``rows`` is absent from a pickle made before it travelled (state written by an older version).
+    return PackedRows(packed=data, rows=rows)
 
 
 def unpacked(parts: Iterable[Any]) -> list[pa.Table]:
     """The tables of buffered rows, packed (:class:`PackedRows`) or not."""
     return [p.table if isinstance(p, PackedRows) else p for p in parts]
+
+
+def row_count(parts: Iterable[Any]) -> int:
+    """How many rows ``parts`` (packed, :class:`PackedRows`, or tables) hold, decoding none that
+    knows its count."""
+    return sum(p.num_rows for p in parts)
 
 
 def packed_by_shard(table: pa.Table, n_shards: int) -> Iterator[tuple[int, tuple[str, PackedRows]]]:

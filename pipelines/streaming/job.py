@@ -193,6 +193,7 @@ import logging
 import re
 import secrets
 import sys
+import time
 from dataclasses import fields, replace
 from typing import Any, Iterator, Sequence, Tuple
 
@@ -219,6 +220,7 @@ try:
     from pipelines.beam import object_store as store
     from pipelines.beam import transforms as tx
     from pipelines.beam import worker_key
+    from pipelines.beam.local_runner import batch_runner, is_direct
     from pipelines.beam.publication import PublicReleaseFiles, StagedReleases
     from pipelines.streaming.releases import (PREPAID_USERS, RUNNING_QUERY_ID, SNAPSHOT_BASE, SNAPSHOT_KIND,
                                               StreamingReleases, running_state_of)
@@ -357,6 +359,12 @@ def _message_parts(element: Any) -> tuple[str, bytes]:
         return "sha256:" + hashlib.sha256(element).hexdigest()[:16], bytes(element)
     name = getattr(element, "message_id", None) or "sha256:" + hashlib.sha256(element.data).hexdigest()[:16]
     return str(name), bytes(element.data)
+
+
+def _replayed_file(path: str) -> tuple[str, bytes]:
+    """A ``--replay`` file as a message: ``(its path, its bytes)``; the path is its name."""
+    with FileSystems.open(path) as handle:
+        return str(path), handle.read()
 
 
 def _source_number(name: str) -> int:
@@ -781,6 +789,9 @@ class CommitWindows(beam.DoFn):
                 "snapshots": store.join(self._curator, "ledger", f"window_id={following}"),
                 "staged": release_file_path(store.join(self._curator, STAGED_RELEASES), following)})
             crash_point("streaming_after_commit")  # test-only: committed, not yet public
+            # Progress for the operator (and benchmarks/bench_streaming.py's per-window time): the
+            # window id and a monotonic clock only, both public (invariant 4: no count, no sum).
+            print(f"[streaming] window {following} committed at {time.monotonic():.3f}", file=sys.stderr, flush=True)
             committed.append(following)
             following += 1
         if not committed:
@@ -904,6 +915,9 @@ def _parser(prog: str = "python -m pipelines.streaming") -> argparse.ArgumentPar
         default=FULL_SNAPSHOT_EVERY, metavar="K",
         help=f"a full ledger snapshot every K windows, deltas (the users charged) between (default "
              f"{FULL_SNAPSHOT_EVERY}; 1: every window whole)")
+    arg("--progress", action="store_true",
+        help="print a line on stderr as each shard charges a window (the shard, the window and a monotonic clock: "
+             "public, never a count); every committed window gets a line whether or not")
     arg("--previous-ledger", "--previous_ledger", dest="previous_ledger", default="none",
         help="the ledger to continue from: a glob of every shard's snapshot of the last window released under "
              "--releases-parquet, as an earlier job wrote them (<its --output>/ledger/window_id=<W>/*/*.parquet; "
@@ -1706,8 +1720,15 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         messages = p | "ReadPubSub" >> beam.io.ReadFromPubSub(
             subscription=args.subscription, timestamp_attribute=args.timestamp_attribute, with_attributes=True)
     elif messages is None:
-        replay = [(path, FileSystems.open(path).read()) for path in args.replay]
-        messages = p | "Replay" >> beam.Create(replay)
+        # The files are read inside the pipeline, one element per file: a Create of their bytes put
+        # every payload into the graph, which Beam pickled and bz2-compressed several times over
+        # (graph walks, bundle set-up): two thirds of a 3M-row replay's time.
+        missing = [path for path in args.replay if not FileSystems.exists(path)]
+        if missing:
+            raise launch.RunRefused(f"--replay: no such file: {', '.join(missing[:5])}"
+                                    + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""))
+        messages = (p | "Replay" >> beam.Create(list(args.replay))
+                    | "ReadReplayed" >> beam.Map(_replayed_file).with_output_types(Tuple[str, bytes]))
     stamp = not (args.subscription or args.kafka_topic)  # files carry no event time; the sources do
     decoded = messages | "DecodeAndValidate" >> beam.ParDo(
         DecodeAndValidate(window=spec, indicator_columns=indicators, stamp=stamp, id_type=id_type,
@@ -1722,7 +1743,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         released=[w for w in released if w < start], snapshot_every_window=True,
         resumed_through=own if own >= start else None, window_records=True,
         compact_every=args.full_snapshot_every, previous_running=prepaid, previous_release=release_states,
-        previous_raw=raw)
+        previous_raw=raw, progress=bool(getattr(args, "progress", False)))
     graph = decoded.valid | "StreamingReleases" >> out
     # One release row per coordinate of each active query, and one state per active running query.
     expected = {w: sum(e.query.dim + (e.kind == "running") for e in plan.active(w)) for w in range(start, end + 1)}
@@ -1861,6 +1882,11 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipelines.
                       f"--{worker_key.PATH_OPTION}={key_path}", f"--beam_plugins={worker_key.PLUGIN}"]
         options = PipelineOptions(flags)
         direct = "Direct" in str(options.view_as(StandardOptions).runner or "DirectRunner")
+        # A local replay runs on the FnApiRunner in this process, chosen up front as the batch jobs'
+        # (pipelines.beam.local_runner: no graph walks to choose, no SDK state cache to weigh); a
+        # local --streaming run keeps Beam's own choice (its streaming DirectRunner).
+        runner = (batch_runner(options) if direct and not options.view_as(StandardOptions).streaming
+                  and is_direct(options) else None)
         # The job's place in the public lineage (checked by build, after the ledger's own checks).
         args.lineage = job_lineage(store.absolute(args.output), args)
         # An earlier job lost between a window's snapshots and its publication left it staged.
@@ -1881,7 +1907,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipelines.
             print(f"[streaming] no window was committed in --output {store.absolute(args.output)}: removed "
                   "the files a crashed job left and starting from --previous-ledger", file=sys.stderr)
         for attempt in range(3):  # the catalogue as planned, unless a curator changed it meanwhile
-            p = beam.Pipeline(options=options)
+            p = beam.Pipeline(runner=runner, options=options)
             graph = build(p, args)
             try:
                 for change in _record_queries(store.absolute(args.releases_parquet), graph["queries"],

@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+import time
 from typing import Any, Iterator, NamedTuple, Sequence, Tuple
 
 import apache_beam as beam
@@ -72,6 +74,7 @@ from pipelines.beam.transforms import (
     TICK,
     PackedRows,
     packed_by_shard,
+    row_count,
     unpacked,
 )
 from stream.schema import USER_ID, WINDOW_ID, WindowSpec
@@ -178,6 +181,9 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
       ``n_shards`` (:class:`StreamingReleases`), so no worker evicts a shard of its own, and the
       memory it holds is at most the decoded ledger of the shards it charges. 0 turns it off
       (every firing restores from STATE, as before the cache).
+    Progress (``progress``): a line ``[streaming] shard S charged window W at T`` on stderr after
+      each charged window, ``T`` a monotonic clock in seconds: public (the schedule and the shard
+      count are), never a count or a sum (invariant 4).
     Outputs: ``(window_id, (shard, {query_id: partial sum vector}))`` (main: one report per
     window of the schedule, ``{}`` when nothing was charged), dead letters (tag ``dead``:
     late, out-of-range and duplicate rows), ``(window, counts)`` (tag ``counts``, windows with
@@ -206,7 +212,8 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
                  tracker_step: float, released: Sequence[int] = (),
                  running_meta: dict[str, dict[str, str]] | None = None, snapshot_every_window: bool = False,
                  resumed_through: int | None = None, window_records: bool = False, compact_every: int = 1,
-                 cached_shards: int = CACHED_SHARDS, prepaid_every_window: bool = False) -> None:
+                 cached_shards: int = CACHED_SHARDS, prepaid_every_window: bool = False,
+                 progress: bool = False) -> None:
         if end_window < start_window:
             raise ValueError(f"end_window must be >= start_window={start_window}, got end_window={end_window}")
         if resumed_through is not None and not start_window - 1 <= resumed_through <= end_window:
@@ -235,6 +242,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             raise ValueError(f"cached_shards must be an integer >= 0 (shards a worker keeps between windows), "
                              f"got cached_shards={cached_shards!r}")
         self._cached_shards = int(cached_shards)
+        self._progress = bool(progress)
         self._cache: ShardCache | None = None  # made on first use on the worker, never pickled
 
     def __getstate__(self) -> dict[str, Any]:
@@ -263,7 +271,8 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         _, (kind, payload) = element
         through = self._charged(charged)
         if kind == "rows":
-            yield from self._buffer(unpacked([payload])[0], through, rows, books)
+            yield from self._buffer(unpacked([payload])[0], through, rows, books,
+                                    packed=payload if isinstance(payload, PackedRows) else None)
         elif kind in (LEDGER_PART, RUNNING_PART):
             state.add((kind, payload))
             # STATE changed without a charge: no cached shard is this state any more, and the
@@ -275,7 +284,9 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             # Idempotent: the timer always points at the end of the next uncharged window.
             window_end.set(self._end_of(through + 1))
 
-    def _buffer(self, table: pa.Table, through: int, rows: Any, books: Any) -> Iterator[Any]:
+    def _buffer(self, table: pa.Table, through: int, rows: Any, books: Any,
+                packed: PackedRows | None = None) -> Iterator[Any]:
+        arrived = table
         if self._resumed >= self._start:
             # Re-delivered to a resumed job: rows of this schedule's windows up to the one it resumed
             # from were read, charged and counted in those windows' committed records by the job it
@@ -292,8 +303,14 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         if not classes.all_kept:
             yield beam.pvalue.TaggedOutput("dead", window_letters(table, classes))
             table = table.filter(pa.array(classes.keep))
-        for window, part in split_by_window(table):
-            rows.add((window, PackedRows(part)))  # compressed while it waits (as in batch)
+        span = pc.min_max(table.column(WINDOW_ID)) if table.num_rows else None
+        if packed is not None and table is arrived and span is not None and span["min"] == span["max"]:
+            # Every row kept, all of one window (a message per window, as producers send them): the
+            # packed bytes that came in are kept as they are, never split, copied or recompressed.
+            rows.add((int(span["min"].as_py()), packed))
+        else:
+            for window, part in split_by_window(table):
+                rows.add((window, PackedRows(part)))  # compressed while it waits (as in batch)
         now, closed = books.read() or (ShardBooks(), ShardBooks())
         books.write((now.plus(received=received, late=np.count_nonzero(classes.late),
                               out_of_range=np.count_nonzero(classes.out_of_schedule)), closed))
@@ -325,8 +342,9 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         if duplicates is not None and duplicates.num_rows and not self._window_records:
             yield beam.pvalue.TaggedOutput("dead", duplicates)
         counts = yield from self._charge(key, shard, window, data)
+        # The rows held for later windows are counted, never decoded (their count travels packed).
         yield from self._close_books(key, window, books, counts, duplicates,
-                                     later=unpacked(part for w, part in buffered if w != window))
+                                     buffered=row_count(part for w, part in buffered if w != window))
         # Persist before anything else can observe the shard: the ledger is replaced (a full snapshot)
         # or added to (a delta of the users charged in this window), never cleared. The first window
         # a job charges and its last are full, so that each job's chain of deltas starts in its own
@@ -363,6 +381,9 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             # them: a firing that stops before this leaves no shard in the cache. After the last
             # window the shard fires no more and is not kept.
             self.shard_cache().put(key, token, shard)
+        if self._progress:  # public: the shard, the window and a monotonic clock (invariant 4: no count)
+            print(f"[streaming] shard {int(key)} charged window {window} at {time.monotonic():.3f}", file=sys.stderr,
+                  flush=True)
 
     def _charge(self, key: int, shard: ShardState, window: int, data: pa.Table | None) -> Iterator[Any]:
         # The batch path charges a window that has rows or a running query active in it; charging
@@ -387,12 +408,11 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         return counts
 
     def _close_books(self, key: int, window: int, books: Any, counts: dict[str, int],
-                     duplicates: pa.Table | None, later: list[pa.Table]) -> Iterator[Any]:
+                     duplicates: pa.Table | None, buffered: int) -> Iterator[Any]:
         """Add the window's charged and duplicate rows to the shard's books, check them against the
         rows still buffered for later windows, and record both (tag ``books``, every window)."""
         now, before = books.read() or (ShardBooks(), ShardBooks())
         after = now.plus(duplicate=0 if duplicates is None else duplicates.num_rows, **counts)
-        buffered = sum(t.num_rows for t in later)
         balanced = after.balances(buffered)
         if not balanced:
             # An engine bug, never a data-dependent event: say so without the (sensitive) counts.
@@ -580,6 +600,7 @@ class StreamingReleases(beam.PTransform):
     (:func:`stream.noise.new_ledger_id`), which the keyed noise is bound to. ``cached_shards``: how
     many restored shards a filter instance keeps between windows (:class:`StreamingIndividualFilterDoFn`,
     "Cache"); default ``n_shards``, 0 restores every shard from its keyed state every window.
+    ``progress``: each shard prints a line on stderr as it charges a window (the job's ``--progress``).
 
     Returns a dict: ``releases`` (release rows), ``raw`` (running queries' releases ``y``),
     ``release_state`` (``(window, state table)`` per running query and window,
@@ -599,7 +620,8 @@ class StreamingReleases(beam.PTransform):
                  released: Sequence[int] = (), snapshot_every_window: bool = False,
                  previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None,
                  resumed_through: int | None = None, window_records: bool = False, compact_every: int = 1,
-                 cached_shards: int | None = None, previous_release: dict[str, pa.Table] | None = None) -> None:
+                 cached_shards: int | None = None, previous_release: dict[str, pa.Table] | None = None,
+                 progress: bool = False) -> None:
         super().__init__()
         self._n_shards = n_shards
         self._previous = previous_ledger
@@ -612,7 +634,7 @@ class StreamingReleases(beam.PTransform):
             snapshot_every_window=snapshot_every_window, resumed_through=resumed_through,
             window_records=window_records, compact_every=compact_every,
             cached_shards=n_shards if cached_shards is None else cached_shards,
-            prepaid_every_window=bool(plan.running or meta))
+            prepaid_every_window=bool(plan.running or meta), progress=progress)
         self._release = ReleaseCompletedWindow(
             ReleaseWindow(key_path=key_path, plan=plan, noise_std=noise_std, window=window, accounting=accounting,
                           key_fingerprint=key_fingerprint, ledger_id=ledger_id), n_shards, plan)
