@@ -255,6 +255,7 @@ def test_a_features_file_readable_by_others_is_refused_naming_it(tmp_path):
 
 def test_the_demos_curator_folder_is_0700_with_private_files_even_if_it_was_open(tmp_path, umask_022, capsys):
     (tmp_path / "demo" / "curator").mkdir(parents=True, mode=0o755)  # left by an older version
+    (tmp_path / "demo" / ".renyi-demo").write_text("")  # a demo's folder: the next demo may replace it
     assert main(["demo", "--users", "40", "--days", "2", "--out", str(tmp_path / "demo"), "--quiet"]) == 0
     assert _not_private(tmp_path / "demo" / "curator") == {}
     out = capsys.readouterr().out
