@@ -94,3 +94,48 @@ def test_renyi_stream_stream_and_distributed_are_the_jobs_front_door(tmp_path, c
     with pytest.raises(SystemExit) as exit_info:
         main(["stream", "--help"])
     assert exit_info.value.code == 0 and "--replay" in capsys.readouterr().out
+
+
+def _replay(tmp_path, files, *extra) -> int:
+    from test_contract_public import DAY, _key
+
+    return main(["stream", "--replay", *map(str, files), "--start", DAY, "--end", DAY, "--epsilon", "1", "--delta",
+                 "1e-6", "--norm-budget", "8", "--noise-key", _key(tmp_path), "--shards", "2",
+                 "--releases-parquet", str(tmp_path / "public"), "--output", str(tmp_path / "curator"), *DECLARE,
+                 *extra])
+
+
+@pytest.mark.parametrize("kind", ["parquet", "csv", "arrow"])
+def test_the_local_replay_takes_the_daily_jobs_files(tmp_path, kind):
+    # Day files given to --replay as Parquet (the natural guess) were each one undecodable_message
+    # dead letter, and five noise-only windows went public with exit 0 (issue 31).
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.feather as feather
+    import pyarrow.parquet as pq
+
+    from pipelines.streaming import job as sj
+    from test_contract_public import _day_csv
+
+    table = pacsv.read_csv(_day_csv(tmp_path), convert_options=pacsv.ConvertOptions(
+        column_types={"user_id": pa.int64(), "day": pa.date32()}))
+    path = tmp_path / f"d0.{kind}"
+    if kind == "parquet":
+        pq.write_table(table, path)
+    elif kind == "arrow":
+        feather.write_feather(table, path)
+    else:
+        path.write_text(open(_day_csv(tmp_path)).read())
+    assert _replay(tmp_path, [path]) == 0
+    books = sj.books(str(tmp_path / "curator"))
+    assert books["rows_read"] == table.num_rows and books["rejected"] == 0 and books["balanced"]
+    assert books["admitted"] + books["dropped"] + books["clipped"] == table.num_rows
+
+
+def test_a_replayed_csv_with_a_line_the_reader_cannot_read_is_refused_naming_it(tmp_path, capsys):
+    bad = tmp_path / "d0.csv"
+    bad.write_text("user_id,day,opened,minutes\n1,2026-03-01,1,3\n2,2026-03-01\n")
+    assert _replay(tmp_path, [bad]) == 2
+    err = capsys.readouterr().err
+    assert f"--replay: {bad} has 1 line(s) the reader cannot read (line 3: 2 fields" in err
+    assert not (tmp_path / "public").exists() or not list((tmp_path / "public").glob("window_id=*"))

@@ -195,6 +195,7 @@ import secrets
 import sys
 import time
 from dataclasses import fields, replace
+from pathlib import PurePosixPath
 from typing import Any, Iterator, Sequence, Tuple
 
 import numpy as np
@@ -230,6 +231,7 @@ from pipelines.cli.errors import worded
 from pipelines.streaming import message_sizes
 from stream.engine.dead_letters import DeadLetterReason, dead_letters, rejected_letters, with_input_position
 from stream.engine.publication import publish_outbox
+from stream.engine.readers import FORMATS, InputFileError, MalformedLines, read_batches
 from stream.engine.row_balance import RowBalance, reason_counts
 from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, merge_ledger_deltas
 from stream.faults import crash_point
@@ -362,9 +364,50 @@ def _message_parts(element: Any) -> tuple[str, bytes]:
 
 
 def _replayed_file(path: str) -> tuple[str, bytes]:
-    """A ``--replay`` file as a message: ``(its path, its bytes)``; the path is its name."""
+    """A ``--replay`` file as a message: ``(its path, its bytes)``; the path is its name.
+
+    A message file (an Arrow IPC stream, as :func:`encode_message` writes, by any other name) is
+    replayed as it is. A file the daily job reads, named as such (``.parquet``, ``.csv``, an Arrow
+    IPC *file* ``.arrow``/``.feather``/``.ipc``), is read by the batch jobs' reader
+    (:func:`stream.engine.readers.read_batches`, the same row-by-row rules) and replayed as one
+    message of its rows, so the same day files feed every job. A CSV line the reader cannot read
+    is refused at launch (:func:`refuse_unreplayable`), never dropped here."""
     with FileSystems.open(path) as handle:
-        return str(path), handle.read()
+        payload = handle.read()
+    if not _is_day_file(path, payload):
+        return str(path), payload
+    return str(path), encode_message(pa.Table.from_batches(list(read_batches(path, malformed=MalformedLines()))))
+
+
+def _is_day_file(path: str, head: bytes) -> bool:
+    """Whether ``path`` is a file of the batch jobs' formats rather than a message: named as one,
+    and, for an Arrow IPC name, in the IPC *file* format (which opens with ``ARROW1``)."""
+    kind = FORMATS.get(PurePosixPath(str(path)).suffix.lower())
+    return kind in ("parquet", "csv") or (kind == "ipc" and head[:6] == b"ARROW1")
+
+
+def refuse_unreplayable(paths: Sequence[str]) -> None:
+    """RunRefused, before anything is charged, for a ``--replay`` day file the batch jobs' reader
+    refuses (not its format, no ``user_id``, ...) or a CSV with a line it cannot read: a message
+    is dead-lettered whole, so such a line would take the file's other rows with it; the daily
+    job (``renyi-stream run``) dead-letters it alone."""
+    for path in paths:
+        with FileSystems.open(path) as handle:
+            head = handle.read(6)
+        if not _is_day_file(path, head):
+            continue
+        malformed = MalformedLines()
+        try:
+            for _ in read_batches(path, malformed=malformed):
+                pass
+        except InputFileError as exc:
+            raise launch.RunRefused(f"--replay: {exc}") from None
+        if len(malformed):
+            line, _, why = next(iter(malformed))
+            raise launch.RunRefused(
+                f"--replay: {path} has {len(malformed):,} line(s) the reader cannot read (line {line}: {why}); a "
+                "replayed file is one message, dead-lettered whole: fix the file, or run it with renyi-stream run, "
+                "which dead-letters each such line alone")
 
 
 def _source_number(name: str) -> int:
@@ -883,7 +926,8 @@ def _parser(prog: str = "python -m pipelines.streaming") -> argparse.ArgumentPar
     source.add_argument("--subscription", help="Pub/Sub subscription (projects/P/subscriptions/S); Dataflow only")
     source.add_argument("--kafka-topic", "--kafka_topic", dest="kafka_topic",
                         help="Kafka topic of Arrow IPC records (with --bootstrap-servers); Flink, Dataflow")
-    source.add_argument("--replay", nargs="+", help="files of Arrow IPC stream messages, replayed in order")
+    source.add_argument("--replay", nargs="+", help="files replayed in order, each one message: Arrow IPC stream "
+                        "messages, or the day files renyi-stream run reads (.parquet, .csv, .arrow)")
     arg("--timestamp-attribute", "--timestamp_attribute", dest="timestamp_attribute", default="event_time",
         help="with --subscription: the message attribute holding its event time (default event_time)")
     kafka = parser.add_argument_group("Kafka (with --kafka-topic)")
@@ -1727,6 +1771,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         if missing:
             raise launch.RunRefused(f"--replay: no such file: {', '.join(missing[:5])}"
                                     + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""))
+        refuse_unreplayable(args.replay)
         messages = (p | "Replay" >> beam.Create(list(args.replay))
                     | "ReadReplayed" >> beam.Map(_replayed_file).with_output_types(Tuple[str, bytes]))
     stamp = not (args.subscription or args.kafka_topic)  # files carry no event time; the sources do
