@@ -17,6 +17,7 @@ from typing import Iterator
 import pytest
 
 from pipelines.engines.local_cluster import ROOT, Config, LocalCluster, Ports
+from stream.private_files import process_alive
 
 #: Off the command's own defaults, so a user's cluster and the tests' do not meet.
 TEST_PORTS = Ports(rest=28081, rpc=26123, pool=25000, kafka=29092, controller=29093)
@@ -40,18 +41,10 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _users(path: Path, *, but: int | None = None) -> list[int]:
     """The live processes (test workers) using the cluster, less ``but``."""
     pids = json.loads(path.read_text()) if path.exists() else []
-    return [pid for pid in pids if pid != but and _alive(pid)]
+    return [pid for pid in pids if pid != but and process_alive(pid)]
 
 
 @pytest.fixture(scope="session")
