@@ -437,3 +437,40 @@ def test_a_dry_run_on_a_new_ledger_creates_no_file(tmp_path, capsys):
     root.mkdir()
     assert main([*_run_args(root, [str(good)], DAY1, DAY1), "--dry-run"]) == 0
     assert sorted(p.name for p in root.iterdir()) == []
+
+
+def test_the_distributed_jobs_dry_run_says_what_it_would_do_and_writes_nothing_real(tmp_path, capsys):
+    from pipelines.distributed import job as dist
+    from stream.noise import NoiseKey
+
+    path = tmp_path / "day2.parquet"
+    pq.write_table(_day(DAY2), path)
+    key = tmp_path / "key" / "noise.key"
+    NoiseKey.load_or_create(key)
+    argv = ["--input", str(path), "--start", DAY2.isoformat(), "--end", DAY2.isoformat(), "--epsilon", "1",
+            "--delta", "1e-6", "--norm-budget", "4", "--previous-ledger", "none", "--output", str(tmp_path / "run1"),
+            "--releases-parquet", str(tmp_path / "public"), "--noise-key", str(key), *flags(*DECLARED)]
+    capsys.readouterr()
+    assert dist.main([*argv, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "dry run: would release 1 window(s) for 1 query: sum:opened" in out
+    assert "would read 3 rows = admitted 3" in out and "nothing was charged or published" in out
+    assert not (tmp_path / "run1").exists() and not (tmp_path / "public").exists()
+    assert dist.main([*argv, "--quiet"]) == 0  # the real run after it, as if the preview had never been
+    assert (tmp_path / "run1" / dist.COMMITTED).exists()
+
+
+def test_the_distributed_jobs_dry_run_refuses_what_the_run_would_refuse(tmp_path, capsys):
+    from pipelines.distributed import job as dist
+    from stream.noise import NoiseKey
+
+    path = tmp_path / "day1.parquet"
+    pq.write_table(_day(DAY1), path)
+    key = tmp_path / "key" / "noise.key"
+    NoiseKey.load_or_create(key)
+    assert dist.main(["--input", str(path), "--start", DAY2.isoformat(), "--end", DAY2.isoformat(), "--epsilon", "1",
+                      "--delta", "1e-6", "--norm-budget", "4", "--previous-ledger", "none", "--output",
+                      str(tmp_path / "run1"), "--releases-parquet", str(tmp_path / "public"), "--noise-key", str(key),
+                      "--dry-run", *flags(*DECLARED)]) != 0
+    assert "none of the 3 rows" in capsys.readouterr().err
+    assert not (tmp_path / "run1").exists() and not (tmp_path / "public").exists()

@@ -91,7 +91,10 @@ ledger that is not the public lineage's is refused at launch, naming both runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
+import io
+import json
 import logging
 import sys
 import uuid
@@ -99,6 +102,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Sequence, Tuple
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 _root, _level = logging.getLogger(), logging.getLogger().level
 _root.setLevel(logging.ERROR)  # Beam's GCP extras warn at import when their optional clients are absent
@@ -134,7 +138,8 @@ from stream.columns import default_columns
 from stream.engine.ledger_config import LedgerConfig, LedgerConfigError
 from stream.ledger import STATUS_NAMES, Policy
 from stream.noise import check_ledger_id, new_ledger_id
-from stream.private_files import CURATOR_ONLY_NOTICE, private_dir, tighten_tree
+from queries.release_files import filesystem
+from stream.private_files import CURATOR_ONLY_NOTICE, private_dir, private_run_dir, tighten_tree
 from stream.schema import WindowSpec
 
 MANIFEST_VERSION = 1
@@ -959,6 +964,9 @@ def _parser(prog: str = "python -m pipelines.distributed") -> argparse.ArgumentP
     arg("--output", required=True, help="this run's curator-only output root (ledger snapshot, counts, dead letters)")
     arg("--columns", help="indicator columns to answer, comma-separated (first run; default: every numeric one)")
     arg("--wait", action="store_true", help="wait for the job and print its totals (always on the DirectRunner)")
+    arg("--dry-run", action="store_true", help="run on the DirectRunner into a private scratch copy of the release "
+        "root and a scratch --output, and print what the run would do (windows, queries, rows by outcome), charging "
+        "and publishing nothing; every refusal is the real run's")
     arg("--quiet", action="store_true", help="print no exact counts (they stay in the curator's --output)")
     return parser
 
@@ -986,6 +994,45 @@ def pipeline_options(plan: RunPlan, args: argparse.Namespace, beam_args: Sequenc
     return PipelineOptions(flags)
 
 
+def dry_run(argv: list[str], args: argparse.Namespace, beam_args: list[str], prog: str) -> int:
+    """``--dry-run``: the run itself, on the DirectRunner, into a ``0700`` scratch folder: a copy
+    of the release root (its windows, catalogue and lineage) and a new ``--output``. Prints what
+    it would release and (curator only, without ``--quiet``) the rows by outcome, from the
+    scratch manifest; the real root, ``--output`` and previous ledger are never written. Its
+    refusals are the real run's, made by the same code."""
+    runner = next((a.split("=", 1)[1] for a in beam_args if a.startswith("--runner=")), "DirectRunner")
+    if "Direct" not in runner:
+        print(f"{prog}: refused: argument --dry-run: a dry run runs here, on the DirectRunner, got --runner={runner}",
+              file=sys.stderr)
+        return 2
+    with private_run_dir("renyi-preview-") as scratch:
+        public = scratch / "public"
+        source_fs, source = filesystem(args.releases_parquet)
+        if source_fs.get_file_info(source).type == pafs.FileType.Directory:
+            pafs.copy_files(source, str(public), source_filesystem=source_fs,
+                            destination_filesystem=pafs.LocalFileSystem())
+        inner = [a for a in argv if a != "--dry-run"] + ["--releases-parquet", str(public),
+                                                          "--output", str(scratch / "output")]
+        captured = io.StringIO()
+        with contextlib.redirect_stdout(captured):  # its "released ..." lines: this prints its own
+            status = main(inner, prog=prog)
+        manifest_path = scratch / "output" / COMMITTED
+        if not manifest_path.exists():
+            return status or 1
+        manifest = json.loads(manifest_path.read_text())
+    queries = sorted({q["query_id"] for q in manifest.get("query_plan", [])})
+    t = manifest["totals"]
+    print(f"dry run: would release {len(manifest['schedule'])} window(s) for {len(queries)} quer"
+          f"{'y' if len(queries) == 1 else 'ies'}: {', '.join(queries) or 'none'}")
+    if not args.quiet:
+        print(CURATOR_ONLY_NOTICE)
+        print(f"would read {t['rows_read']:,} rows = admitted {t['admitted']:,} + clipped {t['clipped']:,} + dropped "
+              f"{t['dropped']:,} + rejected {t['rejected']:,} + late {t['late']:,}  "
+              f"[{'balanced' if manifest['balanced'] else 'MISMATCH'}]")
+    print(f"nothing was charged or published: {args.releases_parquet} and {args.output} are as they were")
+    return status
+
+
 def _is_direct(options: PipelineOptions) -> bool:
     runner = options.view_as(StandardOptions).runner or "DirectRunner"
     return "Direct" in str(runner)
@@ -993,7 +1040,10 @@ def _is_direct(options: PipelineOptions) -> bool:
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipelines.distributed") -> int:
     parser = _parser(prog)
-    args, beam_args = parse_args(sys.argv[1:] if argv is None else argv, prog)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, beam_args = parse_args(argv, prog)
+    if args.dry_run:
+        return dry_run(argv, args, beam_args, prog)
     logging.getLogger().setLevel(logging.ERROR)  # Beam's GCP extras warn about optional clients
     logging.getLogger(__name__).setLevel(logging.INFO)
     try:
