@@ -129,11 +129,9 @@ def refuse_idle_run(read: pa.Table, usable: pa.Table, dead: pa.Table | None = No
     if windows_to_release <= 0 or not read.num_rows:
         return
     rows = _per_source(read.column("source"), read.column("rows"))
-    if not sum(rows.values()) or (usable.num_rows and sum(_per_source(usable.column("source"),
-                                                                       usable.column("rows")).values())):
+    if not sum(rows.values()) or (usable.num_rows and pc.sum(usable.column("rows")).as_py()):
         return
-    reasons = dead.column("reason").combine_chunks() if dead is not None and dead.num_rows else pa.array([], pa.string())
-    why = ", ".join(f"{int(item['counts']):,} {item['values']}" for item in pc.value_counts(reasons).to_pylist())
+    why = ", ".join(f"{n:,} {reason}" for reason, n in reason_counts([] if dead is None else [dead]).items())
     files = sorted(source for source, n in rows.items() if n)
     named = files[0] + (f" and {len(files) - 1} other file(s)" if len(files) > 1 else "")
     raise IdleInputError(
