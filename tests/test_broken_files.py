@@ -296,9 +296,18 @@ def test_the_file_of_another_day_is_refused_before_anyone_is_charged(released_da
     capsys.readouterr()
     assert main(_run_args(root, [str(root / "day1.parquet")], DAY2, DAY2)) == 1
     err = capsys.readouterr().err
-    assert f"none of the 3 rows of {root / 'day1.parquet'} is a valid row of a window to release" in err
-    assert "3 late_window" in err and "--start/--end" in err
+    assert f"no row of {root / 'day1.parquet'} is a valid row of a window to release" in err
+    assert "(dead letters: late_window)" in err and "--start/--end" in err
+    assert "3 rows" not in err and "curator only" not in err  # --quiet: no exact count, refusal or not
     assert _snapshot(root) == before
+
+
+def test_an_idle_runs_exact_counts_are_printed_only_without_quiet(released_day, tmp_path, capsys):
+    root = tmp_path / "store"
+    shutil.copytree(released_day, root)
+    argv = [a for a in _run_args(root, [str(root / "day1.parquet")], DAY2, DAY2) if a != "--quiet"]
+    assert main(argv) == 1
+    assert "[curator only: 3 rows read: 3 late_window]" in capsys.readouterr().err
 
 
 def test_a_file_whose_declared_number_column_holds_text_is_refused(released_day, tmp_path, capsys):
@@ -308,7 +317,7 @@ def test_a_file_whose_declared_number_column_holds_text_is_refused(released_day,
     text = tmp_path / "day2.csv"
     text.write_text("user_id,day,opened\n1,2026-03-02,yes\n2,2026-03-02,no\n")
     assert main(_run_args(root, [str(text)], DAY2, DAY2)) == 1
-    assert "is a valid row of a window to release (2 wrong_type)" in capsys.readouterr().err
+    assert "is a valid row of a window to release (dead letters: wrong_type)" in capsys.readouterr().err
     assert _snapshot(root) == before
 
 
@@ -361,8 +370,10 @@ def test_refuse_idle_run_sums_every_files_batches():
     dead = pa.table({"source": ["b"] * 4, "reason": ["out_of_range_time"] * 4})
     refuse_idle_run(read, pa.table({"source": ["a", "a", "b"], "rows": [0, 1, 0]}), dead, windows_to_release=1)
     refuse_idle_run(read, pa.table({"source": ["a", "b"], "rows": [0, 0]}), dead, windows_to_release=0)
-    with pytest.raises(IdleInputError, match=r"none of the 9 rows of a and 1 other file\(s\) .*\(4 out_of_range_time\)"):
+    with pytest.raises(IdleInputError, match=r"no row of a and 1 other file\(s\) .*\(dead letters: out_of_range_time\)") \
+            as refused:
         refuse_idle_run(read, pa.table({"source": ["a", "b"], "rows": [0, 0]}), dead, windows_to_release=1)
+    assert refused.value.exact == "9 rows read: 4 out_of_range_time"
 
 
 def test_the_distributed_job_refuses_the_file_of_another_day_before_its_commit_point(tmp_path, capsys):
@@ -379,7 +390,7 @@ def test_the_distributed_job_refuses_the_file_of_another_day_before_its_commit_p
                         str(out), "--releases-parquet", str(tmp_path / "public"), "--noise-key", str(key), "--quiet",
                         *flags(*DECLARED)])
     assert status != 0
-    assert f"none of the 3 rows of {path} is a valid row of a window to release" in capsys.readouterr().err
+    assert f"no row of {path} is a valid row of a window to release" in capsys.readouterr().err
     assert not (out / dist.COMMITTED).exists()
     assert not list((tmp_path / "public").glob("window_id=*"))
 
@@ -426,7 +437,7 @@ def test_a_dry_run_refuses_what_the_run_would_refuse(released_day, tmp_path, cap
     shutil.copytree(released_day, root)
     before = _snapshot(root)
     assert main([*_run_args(root, [str(root / "day1.parquet")], DAY2, DAY2), "--dry-run"]) == 1
-    assert "none of the 3 rows" in capsys.readouterr().err
+    assert "is a valid row of a window to release" in capsys.readouterr().err
     assert _snapshot(root) == before
 
 
@@ -472,5 +483,5 @@ def test_the_distributed_jobs_dry_run_refuses_what_the_run_would_refuse(tmp_path
                       "--delta", "1e-6", "--norm-budget", "4", "--previous-ledger", "none", "--output",
                       str(tmp_path / "run1"), "--releases-parquet", str(tmp_path / "public"), "--noise-key", str(key),
                       "--dry-run", *flags(*DECLARED)]) != 0
-    assert "none of the 3 rows" in capsys.readouterr().err
+    assert "is a valid row of a window to release" in capsys.readouterr().err
     assert not (tmp_path / "run1").exists() and not (tmp_path / "public").exists()

@@ -170,7 +170,9 @@ def _run_command(args: argparse.Namespace) -> int:
     except (CuratorStoreError, InputFileError, ReleaseStoreError, ValueError) as exc:
         # ValueError: a loose or changed noise key (NoiseKeyError), an input without indicator
         # columns, a registered query the input cannot answer, an unknown Beam runner.
-        print(f"{PROG} run: error: {name_the_option(str(exc), args)}", file=sys.stderr)
+        exact = getattr(exc, "exact", "")  # exact counts (an idle run's): curator only, never under --quiet
+        print(f"{PROG} run: error: {name_the_option(str(exc), args)}"
+              + (f" [curator only: {exact}]" if exact and not args.quiet else ""), file=sys.stderr)
         return 1
     print(f"run {summary.run_id}: released {len(summary.windows_released)} window(s), "
           f"{len(summary.windows_skipped)} already released; {summary.releases_published} new release rows")

@@ -104,7 +104,12 @@ def reason_counts(tables: Iterable[pa.Table]) -> dict[str, int]:
 
 class IdleInputError(ValueError):
     """A run none of whose input rows a window to release can use: refused before anyone is
-    charged (:func:`refuse_idle_run`)."""
+    charged (:func:`refuse_idle_run`). Its message names the files and the reasons, never a
+    count (it is printed under ``--quiet`` too); ``exact`` holds the counts, curator only."""
+
+    def __init__(self, message: str, exact: str = "") -> None:
+        super().__init__(message)
+        self.exact = exact
 
 
 def refuse_idle_run(read: pa.Table, usable: pa.Table, dead: pa.Table | None = None, *,
@@ -131,14 +136,15 @@ def refuse_idle_run(read: pa.Table, usable: pa.Table, dead: pa.Table | None = No
     rows = _per_source(read.column("source"), read.column("rows"))
     if not sum(rows.values()) or (usable.num_rows and pc.sum(usable.column("rows")).as_py()):
         return
-    why = ", ".join(f"{n:,} {reason}" for reason, n in reason_counts([] if dead is None else [dead]).items())
+    counts = reason_counts([] if dead is None else [dead])
     files = sorted(source for source, n in rows.items() if n)
     named = files[0] + (f" and {len(files) - 1} other file(s)" if len(files) > 1 else "")
+    reasons = f" (dead letters: {', '.join(counts)})" if counts else ""
     raise IdleInputError(
-        f"none of the {sum(rows.values()):,} rows of {named} is a valid row of a window to release"
-        f"{f' ({why})' if why else ''}: refusing the run before anyone is charged or anything is published. Check "
-        "the schedule (--start/--end) against the files' days, the declared column types and the files' format; a "
-        "day without data is a file with a header and no rows")
+        f"no row of {named} is a valid row of a window to release{reasons}: refusing the run before anyone is "
+        "charged or anything is published. Check the schedule (--start/--end) against the files' days, the declared "
+        "column types and the files' format; a day without data is a file with a header and no rows",
+        exact=f"{sum(rows.values()):,} rows read: " + ", ".join(f"{n:,} {reason}" for reason, n in counts.items()))
 
 
 def _per_source(sources: pa.ChunkedArray, counts: pa.ChunkedArray) -> dict[str, int]:
