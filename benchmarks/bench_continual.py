@@ -8,7 +8,7 @@ One command, one run::
 
 A generated stream: ``--users`` users x ``--days`` days, one binary indicator per user-day, on
 with probability ``--rate`` independently. Promise ``(epsilon, delta) = (1, 1e-5)`` per user over
-the whole stream, GDP accounting (``stream.accounting.calibrate``). For each strategy the
+the whole stream, GDP accounting (``renyi_stream.stream.accounting.calibrate``). For each strategy the
 running total through every day is released and compared with the truth:
 
 * (a)  window sums: release each day's sum, add them up (``C = I``, ``B = A``);
@@ -17,25 +17,25 @@ running total through every day is released and compared with the truth:
 * (a') window sums under worst-case accounting (a user active every day: ``||C 1||^2 = T``);
 * (b') the square-root factorisation under worst-case accounting (``||C 1||^2 ~ 2 T^2 / pi``),
   for the record: why nobody releases user-level running totals this way;
-* (d)  the Buffered Linear Toeplitz strategy (:class:`stream.continual.BufferedLinearToeplitz`,
+* (d)  the Buffered Linear Toeplitz strategy (:class:`renyi_stream.stream.continual.BufferedLinearToeplitz`,
   4 buffers, shipped for the declared horizon ``T = --days`` or optimised for it) under prepaid
   admission (issue 20, docs/running_totals.md);
 * (e)  the square root under the same prepaid rule over the declared horizon: the exact
-  reference (:class:`stream.continual.prepaid.DenseHistoryPrepaid`, the whole history per user);
-* (f)  the binary tree under the same prepaid rule (:class:`stream.continual.prepaid.TreePrepaid`):
+  reference (:class:`renyi_stream.stream.continual.prepaid.DenseHistoryPrepaid`, the whole history per user);
+* (f)  the binary tree under the same prepaid rule (:class:`renyi_stream.stream.continual.prepaid.TreePrepaid`):
   the baseline.
 
-(a), (b), (c) run through :class:`stream.continual.RunningState` and one
-:class:`stream.ledger.Ledger` each, policy ``drop`` (Algorithm 3), day by day: exactly what a
+(a), (b), (c) run through :class:`renyi_stream.stream.continual.RunningState` and one
+:class:`renyi_stream.stream.ledger.Ledger` each, policy ``drop`` (Algorithm 3), day by day: exactly what a
 shard of the pipeline does. (a') and (b') run the same code with the worst-case norm budget, so
 nobody can be filtered.
 
-(d), (e), (f) run the real prepaid code of :mod:`stream.continual.prepaid` day by day
-(:func:`run_prepaid`): each active user's :class:`~stream.continual.prepaid.UserState` row is
+(d), (e), (f) run the real prepaid code of :mod:`renyi_stream.stream.continual.prepaid` day by day
+(:func:`run_prepaid`): each active user's :class:`~renyi_stream.stream.continual.prepaid.UserState` row is
 gathered, charged its whole future cost (``charge_terms``), the filter decides on that charge
 alone (``prepaid_filter`` against the ledger's cap ``kappa (1 - BUDGET_SAFETY)``), admitted rows
 are written back (``admit``, ``put``) and the day's admitted sum advances the query's
-:class:`~stream.continual.prepaid.ReleaseState` (``release``), which yields ``(C a)_t``. A user
+:class:`~renyi_stream.stream.continual.prepaid.ReleaseState` (``release``), which yields ``(C a)_t``. A user
 over budget loses that day's contribution, never their past.
 
 The norm budget. Under the individual filter a user is never filtered iff their total squared
@@ -77,7 +77,7 @@ bias is that of window sums (a dropped day, not a dropped history).
 The targets (issue 20, item 4), at rule ``Q`` on day ``T``: the BLT's running-total RMSE at least
 2x lower than (a) and 7x lower than (a') (moonshot 3x and 10x), and its max error within 1% of
 the square root's under the same prepaid rule: the max over days of the declared std
-``s ||B_t||`` (the definition in :mod:`stream.continual.blt`), and, printed beside it, of the
+``s ||B_t||`` (the definition in :mod:`renyi_stream.stream.continual.blt`), and, printed beside it, of the
 measured RMSE (filter bias included). (d), (e) and (f) share their noise draws (common random
 numbers: the same standard normals, each scaled by its own ``s``), so the BLT/square root ratio
 is not swamped by the draws' sampling error.
@@ -103,12 +103,12 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from stream.accounting import calibrate
-from stream.continual import BinaryTree, BufferedLinearToeplitz, RunningState, SquareRootFactorization, Strategy, \
+from renyi_stream.stream.accounting import calibrate
+from renyi_stream.stream.continual import BinaryTree, BufferedLinearToeplitz, RunningState, SquareRootFactorization, Strategy, \
     WindowSums
-from stream.continual.blt import DEFAULT_BUFFERS, SHIPPED_HORIZONS, optimize_blt
-from stream.continual.prepaid import PrepaidRule, prepaid_charge, prepaid_filter, prepaid_rule
-from stream.ledger import ADMITTED, BUDGET_SAFETY, DROPPED, Ledger
+from renyi_stream.stream.continual.blt import DEFAULT_BUFFERS, SHIPPED_HORIZONS, optimize_blt
+from renyi_stream.stream.continual.prepaid import PrepaidRule, prepaid_charge, prepaid_filter, prepaid_rule
+from renyi_stream.stream.ledger import ADMITTED, BUDGET_SAFETY, DROPPED, Ledger
 
 REPORT_DAYS = (30, 90, 180, 365)
 RESULTS = Path(__file__).resolve().parent / "results"

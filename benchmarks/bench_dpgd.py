@@ -8,7 +8,7 @@ random labels): per-example gradients of the cross-entropy, each clipped to ``C`
 Gaussian noise ``N(0, sigma^2 C^2)``, divided by ``n``, one SGD update. Models: multinomial
 logistic regression (784 -> 10) and a one-hidden-layer ReLU MLP (784 -> 256 -> 10).
 
-* **this implementation**: :func:`stream.training.dpgd.private_gd` running Algorithm 7 on a
+* **this implementation**: :func:`renyi_stream.stream.training.dpgd.private_gd` running Algorithm 7 on a
   fresh per-user ledger, so a step also does the individual filter and charges every user
   (the whole production step, ledger included);
 * **Opacus** (PyTorch): ``PrivacyEngine.make_private(..., grad_sample_mode="ghost")``, its
@@ -37,7 +37,7 @@ counts at the end (a device synchronisation on a GPU) are not charged to every s
 
 The median of ``--repeats`` timed steps is reported as examples per second, with the ratio
 (target: >= 3x Opacus). Ours runs with ``private_gd``'s default slicing (on the CPU, slices of
-about 32 MB of ``x``, :func:`stream.training.dpgd.default_chunk_rows`; ``--chunk-rows``
+about 32 MB of ``x``, :func:`renyi_stream.stream.training.dpgd.default_chunk_rows`; ``--chunk-rows``
 overrides it). ``--gemm-floor`` adds, per model, the FLOPs of each side's matrix products and
 the time of our step's two large products alone, as plain NumPy matmuls of the same shapes
 (whole batch and in our slices) and as torch matmuls: the ceiling of any speed-up from the
@@ -62,16 +62,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stream.noise import InsecureNoiseWarning  # noqa: E402
-from stream.training.budget import TrainingLedger  # noqa: E402
-from stream.training.dpgd import (  # noqa: E402
+from renyi_stream.stream.noise import InsecureNoiseWarning  # noqa: E402
+from renyi_stream.stream.training.budget import TrainingLedger  # noqa: E402
+from renyi_stream.stream.training.dpgd import (  # noqa: E402
     GDConfig,
     default_chunk_rows,
     prepare_data,
     private_gd,
     training_generators,
 )
-from stream.training.models import make_model  # noqa: E402
+from renyi_stream.stream.training.models import make_model  # noqa: E402
 
 CLIP, SIGMA, LR = 1.0, 1.0, 0.1
 # Peak memory bandwidth (bytes/s) by device name, used when the driver does not report it.
@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore", InsecureNoiseWarning)  # a seeded benchmark, not a release
     n = args.n or (200_000 if args.device == "cpu" else 1_000_000)
     if args.device == "gpu":
-        from stream.xp import gpu_available
+        from renyi_stream.stream.xp import gpu_available
 
         if not gpu_available():
             try:

@@ -30,9 +30,9 @@ import time
 
 import numpy as np
 
-from stream.accounting.gaussian import gaussian_charge
-from stream.accounting.odometers import tracker_update
-from stream.ledger import Ledger, individual_filter
+from renyi_stream.stream.accounting.gaussian import gaussian_charge
+from renyi_stream.stream.accounting.odometers import tracker_update
+from renyi_stream.stream.ledger import Ledger, individual_filter
 
 BUDGET = 1.0
 NOISE_STD = 4.0

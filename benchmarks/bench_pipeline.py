@@ -70,8 +70,8 @@ def generate(folder: Path, users: int, days: int, rate: float, seed: int = 0) ->
 
 
 def run_ours(paths: list[str], scratch: Path, days: int) -> None:
-    from pipelines.daily.job import JobConfig, run_job
-    from stream.contract import DeclaredColumn, InputContract
+    from renyi_stream.pipelines.daily.job import JobConfig, run_job
+    from renyi_stream.stream.contract import DeclaredColumn, InputContract
 
     w0 = (DAY0 - dt.date(1970, 1, 1)).days
     summary = run_job(JobConfig(
@@ -86,9 +86,9 @@ def run_numpy(paths: list[str], scratch: Path, days: int) -> None:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from stream.accounting import calibrate
-    from stream.ledger import Ledger
-    from stream.noise import NoiseBinding, NoiseKey, gaussian_noise, new_ledger_id
+    from renyi_stream.stream.accounting import calibrate
+    from renyi_stream.stream.ledger import Ledger
+    from renyi_stream.stream.noise import NoiseBinding, NoiseKey, gaussian_noise, new_ledger_id
 
     cal = calibrate(epsilon=EPSILON, delta=DELTA, norm_budget=float(days))
     ledger = Ledger(budget=cal.rho)

@@ -145,7 +145,7 @@ def read_state_size(ledger: str | os.PathLike, *, dim: int) -> dict[str, Any]:
     """
     import duckdb
 
-    from stream.continual.blt import DEFAULT_BUFFERS
+    from renyi_stream.stream.continual.blt import DEFAULT_BUFFERS
 
     out: dict[str, Any] = {"layout": UNKNOWN_LAYOUT, "dim": dim, "buffers": DEFAULT_BUFFERS,
                            "buffers_from": "the BLT's default", "strategies": [], "tables": {}}

@@ -6,7 +6,7 @@ One command::
     python benchmarks/bench_scale.py --sizes 100k,1M    # a subset
     python benchmarks/bench_scale.py --json out.json    # also write the results as JSON
     python benchmarks/bench_scale.py --entry distributed --sizes 1M,10M-daily
-                                    # the same through python -m pipelines.distributed (Parquet state)
+                                    # the same through python -m renyi_stream.pipelines.distributed (Parquet state)
 
 Workloads (every user has one row per day, one binary indicator at rate 5%, users in random
 order within a day, one Parquet file per day):
@@ -75,7 +75,7 @@ DECLARED = ("--id-type", "int64", "--column", "active=0:1")
 def _run_args(paths: list[str], folder: str, first: dt.date, last: dt.date, norm_budget: float,
               shards: int, entry: str = "run", run: int = 0) -> list[str]:
     if entry == "distributed":  # state as Parquet snapshots: run i continues from run i-1's output
-        return [sys.executable, "-m", "pipelines.distributed", "--input", *paths,
+        return [sys.executable, "-m", "renyi_stream.pipelines.distributed", "--input", *paths,
                 "--start", first.isoformat(), "--end", last.isoformat(), "--epsilon", str(EPSILON),
                 "--delta", str(DELTA), "--norm-budget", str(norm_budget),
                 "--previous-ledger", f"{folder}/runs/{run - 1}" if run else "none",
@@ -93,7 +93,7 @@ def measure(label: str, users: int, days: int, shards: int, entry: str = "run") 
         runs = ([(paths, DAY0, DAY0 + dt.timedelta(days=days - 1))] if not label.endswith("-daily") else
                 [([path], DAY0 + dt.timedelta(days=d), DAY0 + dt.timedelta(days=d)) for d, path in enumerate(paths)])
         if entry == "distributed":
-            from stream.noise import NoiseKey
+            from renyi_stream.stream.noise import NoiseKey
 
             NoiseKey.load_or_create(f"{folder}/noise.key")
         seconds = peak_mb = cpu = 0.0
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma-separated subset of {','.join(SIZES)}")
     parser.add_argument("--shards", type=int, default=16)
     parser.add_argument("--entry", choices=["run", "distributed"], default="run",
-                        help="renyi-stream run (DuckDB state, default) or python -m pipelines.distributed")
+                        help="renyi-stream run (DuckDB state, default) or python -m renyi_stream.pipelines.distributed")
     parser.add_argument("--json", help="also write the results to this JSON file")
     parser.add_argument("--generate", help=argparse.SUPPRESS)
     parser.add_argument("--users", type=int, help=argparse.SUPPRESS)
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [s for s in labels if s not in SIZES]
     if unknown:
         parser.error(f"unknown size(s) {unknown}; choose from {list(SIZES)}")
-    what = "renyi-stream run" if args.entry == "run" else "python -m pipelines.distributed"
+    what = "renyi-stream run" if args.entry == "run" else "python -m renyi_stream.pipelines.distributed"
     print(f"# {what} (DirectRunner in-memory, {args.shards} shards) on {platform.machine()}, "
           f"{os.cpu_count()} cores, Python {platform.python_version()}; one binary indicator at {RATE:.0%}")
     fixed = measure("fixed", *FIXED, shards=args.shards, entry=args.entry)

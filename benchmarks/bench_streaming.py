@@ -11,12 +11,12 @@ The workload is U users x D days; each day a pseudo-random ``--active-rate`` sha
 (default half, drawn per day from a generator seeded by the day) has one row, in random order,
 with two indicator columns (``opened``, 0/1; ``bought``, in [0, 1.5)): issue 30's reference is
 100,000 x 60 x 0.5 = 3M rows. It is written once as one Parquet file per day and once as one
-Arrow IPC message per day (:func:`pipelines.streaming.job.encode_message`). Then, each in its own
+Arrow IPC message per day (:func:`renyi_stream.pipelines.streaming.job.encode_message`). Then, each in its own
 process, so that its peak RSS (``ru_maxrss``, :func:`child_run.run_child`) is its own:
 
 * ``daily`` (the anchor): ``renyi-stream run`` over every day in one run (DuckDB release store
   and ledger, ``--quiet``);
-* ``streaming``: ``python -m pipelines.streaming --replay`` of the day messages, one job over the
+* ``streaming``: ``python -m renyi_stream.pipelines.streaming --replay`` of the day messages, one job over the
   whole schedule (its DirectRunner: the FnApiRunner in memory), releases under
   ``--releases-parquet``, curator files under ``--output``.
 
@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ("opened", "bought")
 DECLARED = ["--column", "opened=0:1", "--column", "bought=0:1.5"]
 #: The streaming job's progress line (``--progress``) of a shard that charged a window
-#: (pipelines.streaming.releases.StreamingIndividualFilterDoFn). Not the commit lines: on the
+#: (renyi_stream.pipelines.streaming.releases.StreamingIndividualFilterDoFn). Not the commit lines: on the
 #: FnApiRunner a replay runs the filter's timers through every window before the steps after it.
 PROGRESS = re.compile(r"\[streaming\] shard (\d+) charged window (-?\d+) at ([0-9.]+)")
 LONG_DAYS = 365
@@ -88,7 +88,7 @@ def generate(folder: Path, *, users: int, days: int, rate: float, id_type: str) 
     """Write the days as Parquet files and as messages; ``(parquet paths, message paths, rows)``."""
     import pyarrow.parquet as pq
 
-    from pipelines.streaming.job import encode_message
+    from renyi_stream.pipelines.streaming.job import encode_message
 
     (folder / "parquet").mkdir()
     (folder / "messages").mkdir()
@@ -115,20 +115,20 @@ def _register(where: list[str], running: bool) -> list[list[str]]:
     (without it each job registers the per-window sums of the declared columns itself)."""
     if not running:
         return []
-    cli = [sys.executable, "-m", "pipelines.cli.main", "query", "add", *where, "--from", DAY0.isoformat()]
+    cli = [sys.executable, "-m", "renyi_stream.pipelines.cli.main", "query", "add", *where, "--from", DAY0.isoformat()]
     return [[*cli, "--id", f"sum:{c}", "--columns", c] for c in COLUMNS] + [
         [*cli, "--id", "running:opened", "--columns", "opened", "--kind", "running", "--strategy", "blt"]]
 
 
 def daily_argv(folder: Path, files: list[str], args: argparse.Namespace) -> list[str]:
-    return [sys.executable, "-m", "pipelines.cli.main", "run", "--input", *files,
+    return [sys.executable, "-m", "renyi_stream.pipelines.cli.main", "run", "--input", *files,
             "--store", str(folder / "releases.duckdb"), "--ledger", str(folder / "ledger.duckdb"),
             *_promise(args.days, args.norm_budget), "--shards", str(args.shards), "--id-type", args.id_type,
             *DECLARED, "--quiet"]
 
 
 def streaming_argv(folder: Path, messages: list[str], args: argparse.Namespace) -> list[str]:
-    return [sys.executable, "-m", "pipelines.streaming", "--replay", *messages,
+    return [sys.executable, "-m", "renyi_stream.pipelines.streaming", "--replay", *messages,
             "--releases-parquet", str(folder / "public"), "--output", str(folder / "curator"),
             "--noise-key", str(folder / "noise.key"), *_promise(args.days, args.norm_budget),
             "--shards", str(args.shards), "--id-type", args.id_type, *DECLARED, "--progress"]
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             for command in _register(where, args.running):
                 run_child(command)
             if system == "streaming":  # the streaming job takes an existing key (or a secret and its fingerprint)
-                from stream.noise import NoiseKey
+                from renyi_stream.stream.noise import NoiseKey
 
                 NoiseKey.load_or_create(folder / "noise.key")
             argv_ = daily_argv(folder, files, args) if system == "daily" else streaming_argv(folder, messages, args)

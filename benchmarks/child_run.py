@@ -54,7 +54,7 @@ def cli_run_args(inputs: Sequence[str], folder: str, first: dt.date, last: dt.da
     release store ``folder/releases.duckdb`` and the ledger ``folder/ledger.duckdb`` (noise key
     beside it, created by the first run). ``extra`` is appended as given (``--release running``,
     ``--quiet``, ...)."""
-    return [sys.executable, "-m", "pipelines.cli.main", "run", "--input", *inputs,
+    return [sys.executable, "-m", "renyi_stream.pipelines.cli.main", "run", "--input", *inputs,
             "--store", f"{folder}/releases.duckdb", "--ledger", f"{folder}/ledger.duckdb",
             "--epsilon", str(EPSILON), "--delta", str(DELTA), "--norm-budget", str(norm_budget),
             "--start", first.isoformat(), "--end", last.isoformat(), "--shards", str(shards), *extra]

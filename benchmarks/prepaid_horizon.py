@@ -25,9 +25,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_continual import draw_estimates, plan_activity, prepaid_totals, run_prepaid  # noqa: E402
-from stream.accounting import calibrate  # noqa: E402
-from stream.continual.blt import BufferedLinearToeplitz  # noqa: E402
-from stream.continual.prepaid import BLTPrepaid  # noqa: E402
+from renyi_stream.stream.accounting import calibrate  # noqa: E402
+from renyi_stream.stream.continual.blt import BufferedLinearToeplitz  # noqa: E402
+from renyi_stream.stream.continual.prepaid import BLTPrepaid  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,14 +10,14 @@ product (``(d, M H)`` for the MLP's first layer), and their weighted gradient su
 one ``(M K, rows) @ (rows, d)`` product. Everything else is per setting: the clip ``C_s``, the
 learning rate ``eta_s`` and the noise generator.
 
-What each setting gets is Algorithm 6 exactly as :func:`stream.training.dpgd.private_gd` runs
+What each setting gets is Algorithm 6 exactly as :func:`renyi_stream.stream.training.dpgd.private_gd` runs
 it with ``GDConfig(clip=C_s, noise_multiplier=sigma, learning_rate=eta_s, steps=k)`` (filtering
-off) and a fresh :class:`~stream.training.budget.TrainingLedger` whose budget is at least
+off) and a fresh :class:`~renyi_stream.stream.training.budget.TrainingLedger` whose budget is at least
 ``k / (2 sigma^2)``, so that it never binds (every step charges at most ``1 / (2 sigma^2)``: the
 ledger's clip factor is 1 and it scales nothing):
 
 * per-example squared gradient norms by the identity the models use
-  (``(||x_i||^2 + 1) ||delta_i||^2`` per layer, :mod:`stream.training.models`), with the same
+  (``(||x_i||^2 + 1) ||delta_i||^2`` per layer, :mod:`renyi_stream.stream.training.models`), with the same
   float32/float64 rules (row sums in the working dtype made upper bounds by the same slack
   factors, the products in float64);
 * clip factors ``min(1, C_s / ||g_i||)`` per setting, computed as ``private_gd`` computes them; a
@@ -41,10 +41,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from stream.training.dpgd import GDConfig, TrainingData, _int_at_least, default_chunk_rows
-from stream.training.models import MLP, LogisticRegression, Params, _row_blocks, _slack
-from stream.training.normaliser import check_normaliser
-from stream.xp import array_module, maybe_any
+from renyi_stream.stream.training.dpgd import GDConfig, TrainingData, _int_at_least, default_chunk_rows
+from renyi_stream.stream.training.models import MLP, LogisticRegression, Params, _row_blocks, _slack
+from renyi_stream.stream.training.normaliser import check_normaliser
+from renyi_stream.stream.xp import array_module, maybe_any
 
 
 def _check_stack(configs: Sequence[GDConfig], rngs: Sequence[np.random.Generator],
@@ -75,7 +75,7 @@ def _check_stack(configs: Sequence[GDConfig], rngs: Sequence[np.random.Generator
 
 def _softmax_residual_t(z: Any, onehot_t: Any) -> Any:
     """``(softmax(z_s) - onehot)^T`` for every setting: ``z`` ``(M, rows, K)`` -> ``(M, K, rows)``,
-    as :func:`stream.training.models.softmax_residual` per setting (reductions over the ``K``
+    as :func:`renyi_stream.stream.training.models.softmax_residual` per setting (reductions over the ``K``
     contiguous rows of length ``rows``)."""
     xp = array_module(z)
     zt = xp.ascontiguousarray(z.transpose(0, 2, 1))
@@ -88,7 +88,7 @@ def _softmax_residual_t(z: Any, onehot_t: Any) -> Any:
 
 def _col_sq_norms(a_t: Any) -> Any:
     """``(M, K, rows)`` -> ``(M, rows)`` float64 upper bounds on each column's squared norm
-    (:func:`stream.training.models.col_sq_norms` per setting)."""
+    (:func:`renyi_stream.stream.training.models.col_sq_norms` per setting)."""
     xp = array_module(a_t)
     return xp.einsum("mkr,mkr->mr", a_t, a_t).astype(xp.float64) * _slack(a_t.shape[1], a_t.dtype)
 
@@ -206,8 +206,8 @@ def stacked_private_gd(
     each, in ``configs``' order.
 
     Args:
-        model: :class:`~stream.training.models.LogisticRegression` or ``MLP``.
-        data: the full batch (:func:`stream.training.dpgd.prepare_data`).
+        model: :class:`~renyi_stream.stream.training.models.LogisticRegression` or ``MLP``.
+        data: the full batch (:func:`renyi_stream.stream.training.dpgd.prepare_data`).
         configs: ``M >= 1`` configurations of Algorithm 6 (``filtering=False``) sharing ``steps``
             (``k``) and ``noise_multiplier`` (``sigma``); their ``clip`` (``C_s`` > 0) and
             ``learning_rate`` (``eta_s`` > 0) may differ (``GDConfig`` checks them).
@@ -215,7 +215,7 @@ def stacked_private_gd(
         init_rngs: one generator per setting for ``model.init_params`` (default: a fresh
             ``np.random.default_rng(0)`` each, as ``private_gd``).
         normaliser: ``N`` > 0, the public divisor of the noisy sums (``private_gd``'s).
-        chunk_rows: rows per slice of ``x`` (default :func:`~stream.training.dpgd.default_chunk_rows`:
+        chunk_rows: rows per slice of ``x`` (default :func:`~renyi_stream.stream.training.dpgd.default_chunk_rows`:
             a slice's second read finds it in cache).
 
     Guarantees: setting ``s``'s result is, up to float rounding, what ``private_gd(model, data,

@@ -1,7 +1,7 @@
 """The query catalogue beside a public Parquet release root, for the jobs without a DuckDB store.
 
 The distributed and streaming jobs release into ``<root>/window_id=<W>/releases.parquet``
-(:mod:`queries.release_files`) and keep no DuckDB release store, so the registry of their
+(:mod:`renyi_stream.queries.release_files`) and keep no DuckDB release store, so the registry of their
 queries lives beside those files, as public as they are (query specs are public)::
 
     <root>/_queries/revision-00000001.json
@@ -11,15 +11,15 @@ queries lives beside those files, as public as they are (query specs are public)
 Each revision is the whole catalogue after one change (``queries``: every registration, with
 its spec, ``effective_from`` and ``retired_from``; ``change``: what changed); the highest
 revision is the catalogue. Revisions are created once and never rewritten
-(:func:`queries.release_files.create_once`), so the folder is also the catalogue's public
+(:func:`renyi_stream.queries.release_files.create_once`), so the folder is also the catalogue's public
 history, and a change is a compare-and-set: of two writers that read revision ``n`` only one
 creates ``n + 1``; the other is told (:class:`CatalogueChanged`) and re-reads. That is
 guaranteed on local and network filesystems; for ``gs://`` and ``s3://`` roots
 ``pyarrow.fs`` has no conditional create, so it is check-then-write there (the caveat of
-:mod:`queries.release_lineage`).
+:mod:`renyi_stream.queries.release_lineage`).
 
-Changes follow the rules of :mod:`queries.registration`, the very functions the DuckDB registry
-(:class:`queries.registry.QueryRegistry`) applies: an id is registered once, a registration or
+Changes follow the rules of :mod:`renyi_stream.queries.registration`, the very functions the DuckDB registry
+(:class:`renyi_stream.queries.registry.QueryRegistry`) applies: an id is registered once, a registration or
 retirement takes effect after the last window released under the root, a window's queries
 have at most ``MAX_DIM`` coordinates together, a window's running queries keep at most
 ``MAX_USER_STATE`` numbers a user together. "Released" here means a window with a release
@@ -27,10 +27,10 @@ file under the root. A job changes the catalogue in two ways only, at launch
 (:func:`queries_at_launch`, :meth:`ReleaseCatalogue.record_launch`): it registers the default
 per-column sums on a root whose catalogue has no query (as ``renyi-stream run`` does on a store
 with none), and it moves a query registered into windows an earlier run charged but had not yet
-published (:func:`queries.registration.deferrals`).
+published (:func:`renyi_stream.queries.registration.deferrals`).
 
 Beside the catalogue lies the input contract of the ledger that answers under the root
-(:mod:`stream.contract`: its id type, columns and bounds; public and declared, no data), as the
+(:mod:`renyi_stream.stream.contract`: its id type, columns and bounds; public and declared, no data), as the
 DuckDB store keeps it in ``store_meta.input_contract``: written by the first run that has one
 (:meth:`ReleaseCatalogue.record_input_contract`), never rewritten, and a run whose ledger
 declares another is refused, as the ledger refuses it.
@@ -47,18 +47,18 @@ from typing import Collection, Sequence
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from queries import registration as rules
-from queries.linear import LinearQuery
-from queries.registration import Registration
-from queries.release_files import create_once, filesystem, released_windows
-from stream.contract import ContractError, InputContract
+from renyi_stream.queries import registration as rules
+from renyi_stream.queries.linear import LinearQuery
+from renyi_stream.queries.registration import Registration
+from renyi_stream.queries.release_files import create_once, filesystem, released_windows
+from renyi_stream.stream.contract import ContractError, InputContract
 
 #: The catalogue's folder under a release root.
 FOLDER = "_queries"
 CATALOGUE_VERSION = 1
 _PREFIX, _SUFFIX = "revision-", ".json"
 #: The recorded input contract's file in the catalogue's folder: the contract's canonical JSON
-#: (:meth:`stream.contract.InputContract.to_json`, the text ``store_meta.input_contract`` holds).
+#: (:meth:`renyi_stream.stream.contract.InputContract.to_json`, the text ``store_meta.input_contract`` holds).
 CONTRACT_FILE = "input-contract.json"
 #: The promise the root's releases keep (:meth:`ReleaseCatalogue.record_promise`).
 PROMISE_FILE = "promise.json"
@@ -112,7 +112,7 @@ def queries_at_launch(state: CatalogueState, *, defaults: Sequence[LinearQuery],
     1. Queries registered into windows the ledger already charged (``<= processed_through``) but
        never answered (not in ``answered``, the query ids its earlier runs answered; None when
        unknown: nothing moved) start at ``processed_through + 1``
-       (:func:`queries.registration.deferrals`, as :meth:`queries.registry.QueryRegistry.defer_unanswered`).
+       (:func:`renyi_stream.queries.registration.deferrals`, as :meth:`renyi_stream.queries.registry.QueryRegistry.defer_unanswered`).
     2. On a catalogue with no query, ``defaults`` are registered from ``first_window`` (None: the
        run releases nothing, so nothing is registered), checked by the registration rules
        against ``last_released``.
@@ -187,7 +187,7 @@ class ReleaseCatalogue:
 
     def plan(self, start_window: int, end_window: int) -> list[tuple[LinearQuery, int, int | None]]:
         """Each query active in some window of ``[start_window, end_window]``, with its first
-        window and its retirement, by query id (as :meth:`queries.registry.QueryRegistry.plan`)."""
+        window and its retirement, by query id (as :meth:`renyi_stream.queries.registry.QueryRegistry.plan`)."""
         return [(r.query, r.effective_from, r.retired_from) for r in self.read().plan(start_window, end_window)]
 
     def list(self) -> pa.Table:
@@ -225,7 +225,7 @@ class ReleaseCatalogue:
     # -- changing (the curator) -------------------------------------------------------------------
 
     def add(self, query: LinearQuery, *, effective_from: int) -> None:
-        """Register ``query`` from ``effective_from`` (:func:`queries.registration.check_new`:
+        """Register ``query`` from ``effective_from`` (:func:`renyi_stream.queries.registration.check_new`:
         ValueError, nothing written, for a taken id, a window not after the last released one,
         too many coordinates together, or a running query too big: docs/running_totals.md, "Bounds"). Re-applied on a newer revision when another writer
         changed the catalogue first."""
@@ -239,7 +239,7 @@ class ReleaseCatalogue:
     def retire(self, query_id: str, *, from_window: int) -> bool:
         """Stop answering ``query_id`` from ``from_window`` on; from its first window, withdraw it
         (active in no window; its id stays taken): True then
-        (:func:`queries.registration.check_retirement`: ValueError, nothing written, otherwise)."""
+        (:func:`renyi_stream.queries.registration.check_retirement`: ValueError, nothing written, otherwise)."""
         def change(state: CatalogueState) -> tuple[list[Registration], str]:
             retired = rules.check_retirement(state.registrations, query_id, from_window,
                                              last_released=self.last_released_window())
@@ -299,7 +299,7 @@ class ReleaseCatalogue:
         ``accounting``, squared-norm budget ``norm_budget``; what the DuckDB store keeps as
         ``store_meta.promise_*``) as ``_queries/promise.json``, for reports. Written once: True
         when this call wrote it. The ledger's promise is fixed for life, and a root answers one
-        ledger (:mod:`queries.release_lineage`), so a later run never has another to record."""
+        ledger (:mod:`renyi_stream.queries.release_lineage`), so a later run never has another to record."""
         record = {"epsilon": repr(float(epsilon)), "delta": repr(float(delta)), "accounting": str(accounting),
                   "norm_budget": repr(float(norm_budget))}
         if self.promise() == record:

@@ -1,7 +1,7 @@
 """Linear queries: what an analyst asks of one user's row in one window, as a vector in R^d.
 
 A :class:`LinearQuery` is public (its spec is in the query catalogue). Evaluated on a window's
-validated rows (:func:`stream.schema.validate_batch`: indicator columns are finite float64), it
+validated rows (:func:`renyi_stream.stream.schema.validate_batch`: indicator columns are finite float64), it
 returns an ``(n, d)`` float64 array, one vector per user; the pipeline concatenates the vectors of
 every query active in the window and the ledger charges each user the squared norm of the
 concatenation (Feldman & Zrnic, Algorithm 3, applied to the fully adaptive sequence of queries).
@@ -18,10 +18,10 @@ Specs (``spec["type"]``):
 * ``weighted``: ``sum_j w_j * column_j``, one coordinate.
 
 ``kind`` is ``window`` (each window's own sum) or ``running`` (the running total from the
-query's first window, through a streaming matrix mechanism; see :mod:`stream.continual`). Here it
+query's first window, through a streaming matrix mechanism; see :mod:`renyi_stream.stream.continual`). Here it
 is metadata: it is validated and round-trips through JSON, and the pipeline acts on it. A running
 query also names its ``strategy``, the factorisation of the prefix-sum matrix it is released
-through (:data:`stream.continual.prepaid.RUNNING_STRATEGIES`: ``blt``, the default, a Buffered
+through (:data:`renyi_stream.stream.continual.prepaid.RUNNING_STRATEGIES`: ``blt``, the default, a Buffered
 Linear Toeplitz factorisation with the square root's error and a few numbers of state per user;
 ``sqrt``, the square-root factorisation, the exact reference; ``tree``, the binary tree with
 least-squares post-processing), and its declared ``horizon``: the number of windows it is
@@ -49,18 +49,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stream.accounting.gaussian import MAX_DIM
-from stream.continual.prepaid import (
+from renyi_stream.stream.accounting.gaussian import MAX_DIM
+from renyi_stream.stream.continual.prepaid import (
     DEFAULT_PREPAID_HORIZON,
     DEFAULT_RUNNING_STRATEGY,
     RUNNING_STRATEGIES,
     parse_horizon,
     running_factorisation,
 )
-from stream.schema import DAY, EVENT_TIME, USER_ID, WINDOW_ID
+from renyi_stream.stream.schema import DAY, EVENT_TIME, USER_ID, WINDOW_ID
 
 KINDS = ("window", "running")
-#: Strategies of a running query (:data:`stream.continual.prepaid.RUNNING_STRATEGIES`, the one list).
+#: Strategies of a running query (:data:`renyi_stream.stream.continual.prepaid.RUNNING_STRATEGIES`, the one list).
 STRATEGIES = RUNNING_STRATEGIES
 DEFAULT_STRATEGY = DEFAULT_RUNNING_STRATEGY
 #: What a stored running spec without a ``strategy`` key was released through (before strategies existed).
@@ -169,7 +169,7 @@ class LinearQuery:
         """Raise ValueError naming the query and column when ``schema`` cannot feed :meth:`evaluate`.
 
         ``schema`` is the schema of the rows :meth:`evaluate` will see (after
-        :func:`stream.schema.validate_batch`, indicator columns are float64). A plain sequence of
+        :func:`renyi_stream.stream.schema.validate_batch`, indicator columns are float64). A plain sequence of
         names means numeric columns of those names (what ``validate_batch`` produces). Checks:
         every column read exists; a numeric spec reads numeric columns (integer, float, bool,
         decimal); a string-category histogram reads a string column. The spec itself was checked
@@ -199,9 +199,9 @@ class LinearQuery:
 
         Finite for finite input (no NaN), except that a weighted sum can overflow to infinity
         (or NaN) when ``|w * x|`` exceeds float64's range: the engine then treats that user's
-        vector as an infinite charge and drops them at that window (:mod:`stream.engine.shard_state`). Raises
+        vector as an infinite charge and drops them at that window (:mod:`renyi_stream.stream.engine.shard_state`). Raises
         ValueError naming the column when a column is absent, of the wrong kind, or (numeric
-        columns) has nulls: validate rows with :func:`stream.schema.validate_batch` first.
+        columns) has nulls: validate rows with :func:`renyi_stream.stream.schema.validate_batch` first.
         """
         spec = self.spec
         n = rows.num_rows
@@ -262,7 +262,7 @@ class LinearQuery:
     def strategy_spec(self) -> dict[str, Any] | None:
         """A running query's factorisation with its parameters (``theta``, ``omega`` and the
         horizon they were fitted for, for a BLT), as
-        :func:`stream.continual.prepaid.running_factorisation` builds it: public, what an analyst needs to reproduce an estimate's std. ``None`` for a
+        :func:`renyi_stream.stream.continual.prepaid.running_factorisation` builds it: public, what an analyst needs to reproduce an estimate's std. ``None`` for a
         window query."""
         if self.strategy is None:
             return None
@@ -285,7 +285,7 @@ class LinearQuery:
             raise ValueError(f"query {self.query_id!r} needs column {name!r} to be numeric, got type {column.type}")
         if column.null_count:
             raise ValueError(f"query {self.query_id!r}: column {name!r} has {column.null_count} null(s); "
-                             "validate rows with stream.schema.validate_batch first")
+                             "validate rows with renyi_stream.stream.schema.validate_batch first")
         return np.asarray(column.cast(pa.float64(), safe=False).to_numpy(zero_copy_only=False), dtype=np.float64)
 
     def _one_hot(self, rows: pa.Table | pa.RecordBatch) -> np.ndarray:
@@ -326,7 +326,7 @@ def default_queries(columns: Sequence[str], *, kind: str = "window",
     sum, id ``sum:c`` (``kind="window"``), or its running total, id ``running:c``
     (``kind="running"``, released through ``strategy``, default ``blt``, over ``horizon``,
     default 365 windows); one coordinate labelled ``c`` (``clamp(c,lo,hi)`` when clamped to ``bounds[c]``
-    (the column's declared bound, :mod:`stream.contract`), where given). Existing stores use these
+    (the column's declared bound, :mod:`renyi_stream.stream.contract`), where given). Existing stores use these
     ids: they never change."""
     prefix = {"window": "sum", "running": "running"}.get(kind)
     if prefix is None:

@@ -1,12 +1,12 @@
 """The rules of a query catalogue, one place for every store that keeps one.
 
-A catalogue lists public query registrations: a :class:`queries.linear.LinearQuery`, the first
+A catalogue lists public query registrations: a :class:`renyi_stream.queries.linear.LinearQuery`, the first
 window it is answered in (``effective_from``) and the first window it no longer is
 (``retired_from``, None while it is active). Two stores keep one and both apply these rules:
 
-* the DuckDB release store's registry (:class:`queries.registry.QueryRegistry`), which
+* the DuckDB release store's registry (:class:`renyi_stream.queries.registry.QueryRegistry`), which
   ``renyi-stream run`` answers;
-* the catalogue file beside a public Parquet release root (:class:`queries.catalogue.ReleaseCatalogue`),
+* the catalogue file beside a public Parquet release root (:class:`renyi_stream.queries.catalogue.ReleaseCatalogue`),
   which the distributed and streaming jobs answer.
 
 The rules (invariant 5, release-once, docs/architecture.md: released answers never change):
@@ -39,11 +39,11 @@ from typing import Any, Collection, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 
-from queries.linear import LinearQuery, default_queries
-from stream.accounting.gaussian import MAX_DIM
-from stream.continual.prepaid import refuse_running_too_big
-from stream.columns import InputColumns, input_columns
-from stream.contract import ContractError, InputContract
+from renyi_stream.queries.linear import LinearQuery, default_queries
+from renyi_stream.stream.accounting.gaussian import MAX_DIM
+from renyi_stream.stream.continual.prepaid import refuse_running_too_big
+from renyi_stream.stream.columns import InputColumns, input_columns
+from renyi_stream.stream.contract import ContractError, InputContract
 
 
 @dataclass(frozen=True)
@@ -120,9 +120,9 @@ def refuse_too_wide(registrations: Sequence[Registration], query: LinearQuery, f
 
 def refuse_too_big(registrations: Sequence[Registration], query: LinearQuery, first: int) -> None:
     """ValueError when running ``query``, active from ``first``, is above the bounds on what a job
-    keeps for it (:func:`stream.continual.prepaid.check_running_size`: horizon per strategy,
+    keeps for it (:func:`renyi_stream.stream.continual.prepaid.check_running_size`: horizon per strategy,
     numbers a user), or would put the running queries active together in some
-    window above them (:func:`stream.continual.prepaid.refuse_running_too_big`)."""
+    window above them (:func:`renyi_stream.stream.continual.prepaid.refuse_running_too_big`)."""
     if query.kind != "running":
         return
     for window, active in _together(registrations, first):
@@ -218,9 +218,9 @@ def category_reads(queries: Iterable[Any]) -> set[str]:
 
 def plan_columns(queries: Sequence[Any], answered: Sequence[Any], header: pa.Schema, *, declared_types: bool,
                  where: str, parsed: Collection[str] = ()) -> InputColumns:
-    """The kinds of the input's columns (:func:`stream.columns.input_columns`) for a run that
+    """The kinds of the input's columns (:func:`renyi_stream.stream.columns.input_columns`) for a run that
     parses rows as ``queries`` read them and answers ``answered`` (both
-    :class:`queries.linear.LinearQuery`), and parses the columns ``parsed`` as numbers whatever
+    :class:`renyi_stream.queries.linear.LinearQuery`), and parses the columns ``parsed`` as numbers whatever
     the queries read (a job's ``--columns``): ValueError, before anyone is charged, when a column is
     read both as numbers and as categories, an answered query cannot read the input as
     ``header`` declares it ("Retire the query or fix the input"), or no column is numeric.
@@ -266,8 +266,8 @@ def recorded_plan(entries: Iterable[Any]) -> list[dict]:
     """A query plan as jobs record it beside what they charged (a manifest, a snapshot's
     metadata): per query, by query id, its ``query_id``, the ``first_window`` and
     ``retired_from`` it is answered in and its public ``spec`` (the JSON of
-    :meth:`queries.linear.LinearQuery.to_json`). ``entries`` have ``query``, ``first_window``
-    and ``retired_from`` (:class:`stream.engine.shard_state.PlannedQuery`)."""
+    :meth:`renyi_stream.queries.linear.LinearQuery.to_json`). ``entries`` have ``query``, ``first_window``
+    and ``retired_from`` (:class:`renyi_stream.stream.engine.shard_state.PlannedQuery`)."""
     return [{"query_id": e.query.query_id, "first_window": int(e.first_window),
              "retired_from": None if e.retired_from is None else int(e.retired_from),
              "spec": json.loads(e.query.to_json())} for e in sorted(entries, key=lambda e: e.query.query_id)]

@@ -8,7 +8,7 @@ queries). The daily job answers, in each window, every query active in it
 released window is refused: released answers never change.
 
 The registry is the table ``query_registry`` of the store (schema version 2, see
-:mod:`queries.release_store`). Every change also recreates the view ``releases_wide`` (one row
+:mod:`renyi_stream.queries.release_store`). Every change also recreates the view ``releases_wide`` (one row
 per window, one column per registered query coordinate) in the same transaction, because a
 DuckDB view cannot pivot on values found in the data: any DuckDB client, read-only included,
 then reads it with a plain ``SELECT * FROM releases_wide``.
@@ -22,10 +22,10 @@ from typing import Any, Sequence
 import duckdb
 import pyarrow as pa
 
-from queries import registration as rules
-from queries.linear import LinearQuery
-from queries.registration import Registration
-from queries.release_store import ReleaseStore, ReleaseStoreError, _to_table
+from renyi_stream.queries import registration as rules
+from renyi_stream.queries.linear import LinearQuery
+from renyi_stream.queries.registration import Registration
+from renyi_stream.queries.release_store import ReleaseStore, ReleaseStoreError, _to_table
 
 _WIDE_VIEW = "releases_wide"
 
@@ -64,7 +64,7 @@ class QueryRegistry:
 
     @property
     def _db(self) -> duckdb.DuckDBPyConnection:
-        return self._store._conn  # the registry is part of the store's schema (queries.release_store)
+        return self._store._conn  # the registry is part of the store's schema (renyi_stream.queries.release_store)
 
     # -- reading ----------------------------------------------------------------------------------
 
@@ -87,7 +87,7 @@ class QueryRegistry:
         return LinearQuery.from_json(row[0])
 
     def registrations(self) -> list[Registration]:
-        """Every registered query with its windows (:class:`queries.registration.Registration`), by query id."""
+        """Every registered query with its windows (:class:`renyi_stream.queries.registration.Registration`), by query id."""
         rows = self._db.execute("SELECT spec_json, effective_from, retired_from, CAST(registered_at AS VARCHAR) "
                                 "FROM query_registry ORDER BY query_id").fetchall()
         return [Registration(LinearQuery.from_json(spec), int(first), None if retired is None else int(retired),
@@ -96,7 +96,7 @@ class QueryRegistry:
     def plan(self, start_window: int, end_window: int) -> list[tuple[LinearQuery, int, int | None]]:
         """Each query active in some window of ``[start_window, end_window]`` (inclusive), with
         its first window and the window it is retired from (None if not retired), by query id
-        (:func:`queries.registration.active_between`).
+        (:func:`renyi_stream.queries.registration.active_between`).
 
         A query is active in window ``w`` when ``effective_from <= w < retired_from``.
         """
@@ -114,7 +114,7 @@ class QueryRegistry:
         """Register ``query``, answered in every window from ``effective_from`` on.
 
         Refused (ValueError, nothing changed) by the catalogue rules of
-        :func:`queries.registration.check_new`: when the id is already registered (a retired id
+        :func:`renyi_stream.queries.registration.check_new`: when the id is already registered (a retired id
         stays taken: its releases keep its meaning), when the query reads a column the daily
         input does not have, or of the wrong kind (once a run has recorded them), when
         ``effective_from`` is not after the last window released for any query (a released
@@ -139,7 +139,7 @@ class QueryRegistry:
         """Stop answering ``query_id`` from window ``from_window`` on (its releases stay); from its
         first window, withdraw it (active in no window; its id stays taken). True when withdrawn.
 
-        Refused (ValueError, nothing changed) by :func:`queries.registration.check_retirement`:
+        Refused (ValueError, nothing changed) by :func:`renyi_stream.queries.registration.check_retirement`:
         an unknown or already retired query, a ``from_window`` before the query's first window,
         or not after the last released window.
         """
@@ -150,10 +150,10 @@ class QueryRegistry:
         return retired.retired_from == retired.effective_from
 
     def import_registrations(self, registrations: Sequence[Registration]) -> None:
-        """Copy ``registrations`` (another catalogue's: :meth:`queries.catalogue.ReleaseCatalogue.registrations`)
+        """Copy ``registrations`` (another catalogue's: :meth:`renyi_stream.queries.catalogue.ReleaseCatalogue.registrations`)
         into this registry as they are, first windows and retirements included, without the
         rules of :meth:`add`: for a snapshot of a Parquet release root as a store
-        (:func:`queries.release_root.snapshot_store`), whose catalogue already kept them."""
+        (:func:`renyi_stream.queries.release_root.snapshot_store`), whose catalogue already kept them."""
         for r in registrations:
             self._in_transaction(
                 "INSERT INTO query_registry (query_id, kind, spec_json, labels, description, effective_from, "
@@ -164,7 +164,7 @@ class QueryRegistry:
     def defer_unanswered(self, processed_through: int) -> list[tuple[str, int, int]]:
         """Move the first window of every query that starts in a window the curator has already
         charged (``<= processed_through``) but was never answered, to ``processed_through + 1``
-        (:func:`queries.registration.deferrals`).
+        (:func:`renyi_stream.queries.registration.deferrals`).
 
         This happens only when a query is registered after a run committed a window and before it
         published it (a crash in between): the store did not yet show that window as released,

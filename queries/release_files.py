@@ -16,7 +16,7 @@ offer no create-if-absent there, so a URI root keeps check-then-move: two writer
 window *at the same moment* may both publish, the last one's object winning (each writes its
 own scratch object, so neither sees a torn file). Keyed noise makes their rows identical when
 both were charged from the same ledger; keeping two runs from charging the same window from
-different ledgers is :mod:`queries.release_lineage`'s job, with the same caveat for URIs.
+different ledgers is :mod:`renyi_stream.queries.release_lineage`'s job, with the same caveat for URIs.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from queries.release_store import RELEASE_SCHEMA
+from renyi_stream.queries.release_store import RELEASE_SCHEMA
 
 FILE_NAME = "releases.parquet"
 

@@ -15,7 +15,7 @@ random attempt ids)::
     <root>/_lineage/windows/<window id>.json    {"version": 1, "window_id": ..., "run": ...}
 
 ``after/<p>`` is the *claim*: the one run allowed to publish as the successor of run ``p``
-(:data:`ORIGIN` for a ledger's first run). It is created once (:func:`queries.release_files.create_once`)
+(:data:`ORIGIN` for a ledger's first run). It is created once (:func:`renyi_stream.queries.release_files.create_once`)
 before any of that run's windows, so of two runs from one ledger exactly one can publish; the
 claim is never replaced. ``windows/<w>`` names the run whose committed ledger charged window
 ``w``'s public file, written just before that file. Since every publisher first holds the claim
@@ -36,7 +36,7 @@ import re
 
 import pyarrow.fs as pafs
 
-from queries.release_files import create_once, filesystem
+from renyi_stream.queries.release_files import create_once, filesystem
 
 #: The "previous run" of a ledger's first run.
 ORIGIN = "origin"

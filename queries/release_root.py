@@ -2,11 +2,11 @@
 read for the distributed and streaming jobs, which keep no DuckDB store.
 
 :func:`snapshot_store` copies the root's public content (every window's release file,
-:mod:`queries.release_files`; its query catalogue, :mod:`queries.catalogue`; its recorded
+:mod:`renyi_stream.queries.release_files`; its query catalogue, :mod:`renyi_stream.queries.catalogue`; its recorded
 promise and input contract) into a new DuckDB release store file, with the tables and views of
-:class:`queries.release_store.ReleaseStore` (``releases``, ``releases_with_ci``,
+:class:`renyi_stream.queries.release_store.ReleaseStore` (``releases``, ``releases_with_ci``,
 ``query_catalogue``, ``releases_wide``, ``store_meta``). Analysts' SQL then runs over that
-file through the same sandbox as over a store (:func:`queries.release_store.connect_read_only`:
+file through the same sandbox as over a store (:func:`renyi_stream.queries.release_store.connect_read_only`:
 read-only, no files, no extensions), so one set of rules holds for every release store. The
 root itself is only read; everything in it is public.
 """
@@ -22,10 +22,10 @@ from typing import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from queries.catalogue import ReleaseCatalogue
-from queries.registry import QueryRegistry
-from queries.release_files import FILE_NAME, filesystem, released_windows
-from queries.release_store import RELEASE_SCHEMA, ReleaseStore, ReleaseStoreError
+from renyi_stream.queries.catalogue import ReleaseCatalogue
+from renyi_stream.queries.registry import QueryRegistry
+from renyi_stream.queries.release_files import FILE_NAME, filesystem, released_windows
+from renyi_stream.queries.release_store import RELEASE_SCHEMA, ReleaseStore, ReleaseStoreError
 
 
 def read_release_root(root: str) -> pa.Table:
@@ -50,7 +50,7 @@ def read_release_root(root: str) -> pa.Table:
 def snapshot_store(root: str, path: str | os.PathLike) -> Path:
     """Write a new DuckDB release store at ``path`` (which must not exist) holding ``root``'s
     releases, query catalogue, promise and input contract; return its path. Open it read-only
-    (:func:`queries.sql.run_sql`, :func:`queries.report.render_report`) like any store."""
+    (:func:`renyi_stream.queries.sql.run_sql`, :func:`renyi_stream.queries.report.render_report`) like any store."""
     path = Path(path)
     if path.exists():
         raise ValueError(f"path must be a new file for the snapshot of {root}, got the existing {path}")

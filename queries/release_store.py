@@ -17,14 +17,14 @@ Schema (version 1):
   label, coordinate, value, noise_std, kind, accounting, mechanism, key_fingerprint,
   released_at``;
 * ``store_meta(key, value)``: ``schema_version`` and, from the first publish on, the
-  ``key_fingerprint`` of the noise key (:attr:`stream.noise.NoiseKey.fingerprint`, public) and
+  ``key_fingerprint`` of the noise key (:attr:`renyi_stream.stream.noise.NoiseKey.fingerprint`, public) and
   the ``ledger_id`` of the ledger that charged for the releases (when the publisher names it:
-  :attr:`pipelines.curator.store.CuratorStore.ledger_id`, a public random identifier). A store
+  :attr:`renyi_stream.pipelines.curator.store.CuratorStore.ledger_id`, a public random identifier). A store
   holds one ledger's answers: a publish naming another ledger is refused.
 
 Version 2 adds the query registry and the analysts' views:
 
-* ``query_registry`` (:mod:`queries.registry`): one row per registered query, its spec (JSON),
+* ``query_registry`` (:mod:`renyi_stream.queries.registry`): one row per registered query, its spec (JSON),
   ``kind`` (``window`` or ``running``), labels, and the windows it is answered in,
   ``[effective_from, retired_from)``;
 * ``query_catalogue`` (view): the registry in readable form, with ``dim``;
@@ -51,8 +51,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stream.faults import crash_point
-from stream.noise import check_ledger_id
+from renyi_stream.stream.faults import crash_point
+from renyi_stream.stream.noise import check_ledger_id
 
 SCHEMA_VERSION = 2
 
@@ -109,7 +109,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
                    noise_std, kind, accounting, mechanism, key_fingerprint, released_at
             FROM release_data""",
     ),
-    # Version 2: the query registry (queries.registry) and the analysts' views.
+    # Version 2: the query registry (renyi_stream.queries.registry) and the analysts' views.
     2: (
         """CREATE TABLE query_registry (
             query_id VARCHAR PRIMARY KEY,
@@ -331,7 +331,7 @@ class ReleaseStore:
         """Every check :meth:`publish` makes before it inserts, inserting nothing: ValueError for
         malformed ``releases``, :class:`ReleaseConflictError` for another ledger, another noise
         key or a row differing from a released one (first write wins). The daily job calls it on
-        every committed window before it publishes the first (``stream.engine.publication``)."""
+        every committed window before it publishes the first (``renyi_stream.stream.engine.publication``)."""
         table = _validate(releases)
         if table.num_rows == 0:
             return
@@ -441,13 +441,13 @@ class ReleaseStore:
         reads yet, which either kind of query may read). A query reading a column the input does
         not have, or of the wrong kind, is then refused when it is registered, not when the
         curator's job runs. The kinds come from declared types and registered queries, never
-        from values (:mod:`stream.columns`): this record is public."""
+        from values (:mod:`renyi_stream.stream.columns`): this record is public."""
         self._conn.execute("INSERT OR REPLACE INTO store_meta (key, value) VALUES ('input_columns', ?)",
                            [json.dumps({"numeric": list(numeric), "string": list(strings),
                                         "undeclared": list(undeclared)})])
 
     def record_input_contract(self, contract_json: str) -> None:
-        """Record the ledger's declared input contract (:meth:`stream.contract.InputContract.to_json`:
+        """Record the ledger's declared input contract (:meth:`renyi_stream.stream.contract.InputContract.to_json`:
         the id type, the columns, their kinds and bounds; public, declared, no data) in
         ``store_meta`` (key ``input_contract``), so analysts read the bound a default sum clamps to."""
         self._conn.execute("INSERT OR REPLACE INTO store_meta (key, value) VALUES ('input_contract', ?)",

@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from queries.release_store import ReleaseStore
-from stream.private_files import write_private_bytes
+from renyi_stream.queries.release_store import ReleaseStore
+from renyi_stream.stream.private_files import write_private_bytes
 
 _Z95 = 1.959963984540054
 _MAX_LEGEND = 12  # a histogram with more coordinates gets no legend (the lines say enough)
@@ -43,9 +43,9 @@ def render_report(store: str | os.PathLike, out: str | os.PathLike, *,
 
     Public variant (``curator_part`` None): reads only the release store (opened read-only), one
     chart per released query, in query id order. With ``curator_part`` (a function of pyplot
-    returning HTML, :func:`pipelines.curator.ledger_report.render_curator_report` passes the
+    returning HTML, :func:`renyi_stream.pipelines.curator.ledger_report.render_curator_report` passes the
     ledger's), the curator variant: the same, then that part, written ``0600`` whatever the umask
-    (:mod:`stream.private_files`). This module reads no ledger: the analysts' side imports nothing
+    (:mod:`renyi_stream.stream.private_files`). This module reads no ledger: the analysts' side imports nothing
     from the curator's.
     """
     with ReleaseStore(store, read_only=True) as release_store:

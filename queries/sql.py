@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from queries.release_store import connect_read_only
+from renyi_stream.queries.release_store import connect_read_only
 
 FORMATS = ("table", "csv", "json", "parquet")
 

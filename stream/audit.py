@@ -28,8 +28,8 @@ same runs is biased upwards and can exceed the claim for an honest mechanism).
 
 What is run
 -----------
-The vectorised core, not Beam: :class:`stream.ledger.Ledger` charges and filters, and the noise
-is :func:`stream.noise.gaussian_noise`, keyed by ``(query, window)``. The runs are vectorised:
+The vectorised core, not Beam: :class:`renyi_stream.stream.ledger.Ledger` charges and filters, and the noise
+is :func:`renyi_stream.stream.noise.gaussian_noise`, keyed by ``(query, window)``. The runs are vectorised:
 run ``j`` is user id ``j`` (the target) plus ``background_users`` other ids in the same ledger,
 and its release is coordinate ``j`` of a ``trials``-dimensional keyed noise vector. Each run's
 decisions depend only on its own users' data, which is the ledger's contract, so the runs are
@@ -79,11 +79,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import stats
 
-from stream.accounting import _validate as check
-from stream.accounting import calibrate
-from stream.accounting.calibration import check_accounting
-from stream.ledger import Ledger, Policy
-from stream.noise import InsecureNoiseWarning, NoiseBinding, NoiseKey, gaussian_noise
+from renyi_stream.stream.accounting import _validate as check
+from renyi_stream.stream.accounting import calibrate
+from renyi_stream.stream.accounting.calibration import check_accounting
+from renyi_stream.stream.ledger import Ledger, Policy
+from renyi_stream.stream.noise import InsecureNoiseWarning, NoiseBinding, NoiseKey, gaussian_noise
 
 __all__ = [
     "AuditConfig",
@@ -96,7 +96,7 @@ __all__ = [
 ]
 
 # The adversary asks for slightly less than what is left under `drop`, so that the ledger's
-# rounding up of charges (stream.accounting.gaussian) never turns "everything left" into a drop.
+# rounding up of charges (renyi_stream.stream.accounting.gaussian) never turns "everything left" into a drop.
 _ASK_BELOW_REMAINING = 1.0 - 1e-7
 # Under `clip` the adversary asks for more than is left and lets the filter scale it down.
 _ASK_ABOVE_REMAINING = 3.0
@@ -121,9 +121,9 @@ class AuditConfig:
 
     Args:
         epsilon, delta: the per-user promise, calibrated with ``accounting`` and ``norm_budget``
-            (``stream.accounting.calibrate``); ``delta`` is also where the lower bound is taken.
+            (``renyi_stream.stream.accounting.calibrate``); ``delta`` is also where the lower bound is taken.
         norm_budget: ``B``, the total squared norm a user may contribute.
-        accounting: one of ``stream.accounting.ACCOUNTINGS``; ``gdp`` is the tight one.
+        accounting: one of ``renyi_stream.stream.accounting.ACCOUNTINGS``; ``gdp`` is the tight one.
         policy: ``drop`` or ``clip``.
         windows: number of windows (releases before re-runs), >= 1.
         trials: runs per world (target present / absent), >= 1000; half select the threshold,

@@ -1,10 +1,10 @@
 """Which input columns a run parses as numbers, for a ledger recorded before declared contracts.
 
-A ledger with a declared contract (:mod:`stream.contract`; every new ledger has one) takes its
+A ledger with a declared contract (:mod:`renyi_stream.stream.contract`; every new ledger has one) takes its
 columns from the declaration alone. A ledger recorded before contracts existed goes on under the
 rule below until a run declares its contract: decided from public information, never from values.
 
-A numeric *indicator* column is parsed as numbers by :func:`stream.schema.validate_batch`: a
+A numeric *indicator* column is parsed as numbers by :func:`renyi_stream.stream.schema.validate_batch`: a
 value that does not parse makes its row a dead letter (``wrong_type``, the column named), counted
 in ``admitted + clipped + dropped + rejected = rows read``; it never refuses the run. A *string*
 column is passed through as text for histograms over string categories. Deciding a column's
@@ -17,7 +17,7 @@ refused, and what the public store records about the input: each of those is pub
   floating, bool and decimal columns are numeric, string columns are text, a ``null`` column
   (every value missing) takes the kind a query gives it, any other type is no indicator. A CSV
   declares no types: its columns are *undeclared* (read as text, see
-  :func:`stream.engine.readers.read_batches`);
+  :func:`renyi_stream.stream.engine.readers.read_batches`);
 * the **registered queries** (the public catalogue): a column a numeric query reads is numeric,
   a column a histogram over string categories reads is a category.
 
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from stream.schema import DAY, EVENT_TIME, USER_ID
+from renyi_stream.stream.schema import DAY, EVENT_TIME, USER_ID
 
 __all__ = ["KEY_COLUMNS", "InputColumns", "declared_kind", "default_columns", "input_columns"]
 

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 __all__ = ["ID_TYPES", "KINDS", "ContractError", "DeclaredColumn", "InputContract", "declaration_hint"]
 
-#: The kinds of user id a ledger can hold (:class:`stream.ledger.Ledger`).
+#: The kinds of user id a ledger can hold (:class:`renyi_stream.stream.ledger.Ledger`).
 ID_TYPES = ("int64", "string")
 #: The kinds of an indicator column.
 KINDS = ("number", "category")
@@ -77,7 +77,7 @@ class InputContract:
     """A ledger's declared input: its id type and its indicator columns in declared order.
 
     Public (it is what analysts may ask about), fixed for the ledger's life and recorded with it
-    (:class:`stream.engine.ledger_config.LedgerConfig`'s ``columns``)."""
+    (:class:`renyi_stream.stream.engine.ledger_config.LedgerConfig`'s ``columns``)."""
 
     id_type: str
     columns: tuple[DeclaredColumn, ...]

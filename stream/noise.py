@@ -256,7 +256,7 @@ def check_ledger_id(ledger_id: Any, *, name: str = "ledger_id") -> str:
     """``ledger_id`` when it is what :func:`new_ledger_id` makes (32 lowercase hex digits);
     ValueError naming ``name`` and the value otherwise."""
     if not isinstance(ledger_id, str) or not _LEDGER_ID.fullmatch(ledger_id):
-        raise ValueError(f"{name} must be {2 * LEDGER_ID_BYTES} lowercase hex digits (stream.noise.new_ledger_id), "
+        raise ValueError(f"{name} must be {2 * LEDGER_ID_BYTES} lowercase hex digits (renyi_stream.stream.noise.new_ledger_id), "
                          f"got {name}={ledger_id!r}")
     return ledger_id
 

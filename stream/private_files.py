@@ -3,7 +3,7 @@
 The curator's files hold what invariant 4 (nothing-pre-noise-leaves, docs/architecture.md) keeps
 from everyone else: per-user used budgets and trackers (the ledger database and its snapshots),
 running-query histories, exact row counts, raw dead-letter rows and one row of features per user.
-They are as sensitive as the noise key (:class:`stream.noise.NoiseKey`), and are handled the
+They are as sensitive as the noise key (:class:`renyi_stream.stream.noise.NoiseKey`), and are handled the
 same way, whatever the umask:
 
 * a curator file is created with mode ``0600`` from its first byte (``O_CREAT | O_EXCL`` with

@@ -91,7 +91,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stream.xp import array_module
+from renyi_stream.stream.xp import array_module
 
 __all__ = [
     "DAY",
@@ -127,7 +127,7 @@ MAX_TIME_SECONDS = 253_402_300_799
 #: cannot overflow int64.
 MAX_ABS_SECONDS = 2**61
 
-#: The int64 minimum marks empty slots in the ledger's id index (``stream.id_index``), so it
+#: The int64 minimum marks empty slots in the ledger's id index (``renyi_stream.stream.id_index``), so it
 #: can never be a user id: a row carrying it is rejected (``wrong_type``) rather than left to
 #: fail the whole job at the ledger.
 RESERVED_USER_ID = -(2**63)
@@ -144,7 +144,7 @@ class DeadLetterReason(str, enum.Enum):
     """Why a row went to the dead-letter output: the one vocabulary of every job's dead letters
     (invariant 7 (rows-counted-not-lost, docs/architecture.md)). The values are what the
     curator's dead-letter tables store, so they never change. The validator's reasons come
-    first, in its priority order (first match wins); :mod:`stream.engine.dead_letters` says
+    first, in its priority order (first match wins); :mod:`renyi_stream.stream.engine.dead_letters` says
     which step of which job gives each.
 
     * ``null_user_id``: the row's ``user_id`` is null.

@@ -8,7 +8,7 @@ A kernel never moves data from the device to the host implicitly. Where it must 
 value, a check that raises), it says so with :func:`to_host` or :func:`host_all`, and its
 docstring counts those transfers. Where a data-dependent branch only skips work that would not
 change the result (a rare-case pass over flagged rows), it asks :func:`maybe_any`, which on a
-device answers without waiting for the device. ``stream.testing.strict_xp`` is an array module
+device answers without waiting for the device. ``renyi_stream.stream.testing.strict_xp`` is an array module
 that refuses every implicit conversion and counts the explicit ones; the CI runs the kernels
 through it (``tests/test_device_path.py``), registered here by :func:`register_array_module`.
 """
@@ -25,14 +25,14 @@ try:  # optional GPU backend: absent in CI and on most developer machines
 except ImportError:  # pragma: no cover - exercised only where CuPy is installed
     _cupy = None
 
-# Array types of other modules (the test module stream.testing.strict_xp) and their modules.
+# Array types of other modules (the test module renyi_stream.stream.testing.strict_xp) and their modules.
 _REGISTERED: dict[type, ModuleType] = {}
 
 
 def register_array_module(array_type: type, module: ModuleType) -> None:
     """Make :func:`array_module` return ``module`` for arguments of ``array_type``.
 
-    For array modules that mimic a device (``stream.testing.strict_xp``): ``module`` must offer
+    For array modules that mimic a device (``renyi_stream.stream.testing.strict_xp``): ``module`` must offer
     the NumPy functions the kernels call, plus ``asnumpy``. NumPy's own types cannot be
     registered, so registering never changes what a NumPy array gets.
     """

@@ -1,5 +1,5 @@
 """A ledger's declared input contract (issue 28) for tests whose first run must declare it: the
-same declaration as a Python :class:`stream.contract.InputContract` (``JobConfig(contract=...)``)
+same declaration as a Python :class:`renyi_stream.stream.contract.InputContract` (``JobConfig(contract=...)``)
 or as the jobs' command-line options (``renyi-stream run``, the distributed and streaming jobs).
 
 Columns are spelled as on the command line: ``"opened=0:1"`` a number bounded to [0, 1] (its
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from stream.contract import InputContract
+from renyi_stream.stream.contract import InputContract
 
 
 def contract(id_type: str, *columns: str, categories: Sequence[str] = ()) -> InputContract:
@@ -35,9 +35,9 @@ def register_unclamped_defaults(store: str, columns: Sequence[str], effective_fr
     or running total (``running:c``) per column, from window ``effective_from``. For tests that
     feed values outside any bound on purpose (charges, drops, overflow): declare those columns
     without a bound (``"c"``), which gives them no default query of their own."""
-    from queries.linear import default_queries
-    from queries.registry import QueryRegistry
-    from queries.release_store import ReleaseStore
+    from renyi_stream.queries.linear import default_queries
+    from renyi_stream.queries.registry import QueryRegistry
+    from renyi_stream.queries.release_store import ReleaseStore
 
     with ReleaseStore(store) as opened:
         registry = QueryRegistry(opened)

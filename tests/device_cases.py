@@ -13,10 +13,10 @@ from typing import Any, Callable, ContextManager
 
 import numpy as np
 
-from stream.noise import InsecureNoiseWarning
-from stream.training.budget import TrainingLedger
-from stream.training.dpgd import GDConfig, TrainResult, noise_multiplier_for, prepare_data, private_gd, training_generators
-from stream.training.stopping import AccuracyStopping
+from renyi_stream.stream.noise import InsecureNoiseWarning
+from renyi_stream.stream.training.budget import TrainingLedger
+from renyi_stream.stream.training.dpgd import GDConfig, TrainResult, noise_multiplier_for, prepare_data, private_gd, training_generators
+from renyi_stream.stream.training.stopping import AccuracyStopping
 
 N, D, K = 240, 9, 3  # the DP-GD run's rows, features, classes
 OVERFLOW_ROW = 17  # training_run(overflow=True): this user's features are 1e300, their squared norm inf

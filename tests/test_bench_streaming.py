@@ -1,7 +1,7 @@
 """The streaming benchmark (issue 30) runs end to end at a tiny size and prints its ratio lines.
 
 A benchmark, not a timed test: 200 users x 6 days, string ids and a BLT running total (the
-heaviest path), through ``renyi-stream run`` and ``python -m pipelines.streaming --replay``, each in
+heaviest path), through ``renyi-stream run`` and ``python -m renyi_stream.pipelines.streaming --replay``, each in
 its own process. It checks the command prints each system's rows/s and peak RSS, the ratio of the
 two, and the per-window line from the streaming job's progress lines; the timings themselves are
 never asserted (2 shared cores).

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from stream.continual import RunningState
-from stream.continual.blt import (
+from renyi_stream.stream.continual import RunningState
+from renyi_stream.stream.continual.blt import (
     DEFAULT_BUFFERS,
     SHIPPED_HORIZONS,
     SHIPPED_PARAMETERS,
@@ -26,9 +26,9 @@ from stream.continual.blt import (
     sqrt_max_error_loss,
     tail_sq_norm,
 )
-from stream.continual.strategies import SquareRootFactorization, strategy_by_name, strategy_from_spec
-from stream.ledger import Ledger
-from stream.testing import strict_xp as sx
+from renyi_stream.stream.continual.strategies import SquareRootFactorization, strategy_by_name, strategy_from_spec
+from renyi_stream.stream.ledger import Ledger
+from renyi_stream.stream.testing import strict_xp as sx
 
 BLTS = [BufferedLinearToeplitz(), BufferedLinearToeplitz.shipped(90, 3), BufferedLinearToeplitz.shipped(4096, 4)]
 

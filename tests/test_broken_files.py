@@ -23,8 +23,8 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli.main import main
-from stream.engine.readers import InputFileError, MalformedLines, read_batches
+from renyi_stream.pipelines.cli.main import main
+from renyi_stream.stream.engine.readers import InputFileError, MalformedLines, read_batches
 from declared import contract, flags
 
 DAY1, DAY2 = dt.date(2026, 3, 1), dt.date(2026, 3, 2)
@@ -245,7 +245,7 @@ def test_a_reader_given_a_sink_skips_a_csv_line_that_does_not_split_and_hands_it
 
 
 def test_a_csv_line_that_does_not_split_is_a_dead_letter_and_the_day_is_released(tmp_path):
-    from pipelines.daily.job import JobConfig, run_job
+    from renyi_stream.pipelines.daily.job import JobConfig, run_job
 
     path = tmp_path / "ragged.csv"
     path.write_bytes(_RAGGED)
@@ -266,8 +266,8 @@ def test_a_csv_line_that_does_not_split_is_a_dead_letter_and_the_day_is_released
 def test_the_distributed_job_dead_letters_a_csv_line_that_does_not_split(tmp_path):
     import json
 
-    from pipelines.distributed import job as dist
-    from stream.noise import NoiseKey
+    from renyi_stream.pipelines.distributed import job as dist
+    from renyi_stream.stream.noise import NoiseKey
 
     path = tmp_path / "ragged.csv"
     path.write_bytes(_RAGGED)
@@ -364,7 +364,7 @@ def test_a_rerun_of_a_charged_day_and_an_empty_day_are_not_idle_runs(released_da
 
 
 def test_refuse_idle_run_sums_every_files_batches():
-    from stream.engine.row_balance import IdleInputError, refuse_idle_run
+    from renyi_stream.stream.engine.row_balance import IdleInputError, refuse_idle_run
 
     read = pa.table({"source": ["a", "a", "b"], "rows": [2, 3, 4]})
     dead = pa.table({"source": ["b"] * 4, "reason": ["out_of_range_time"] * 4})
@@ -377,8 +377,8 @@ def test_refuse_idle_run_sums_every_files_batches():
 
 
 def test_the_distributed_job_refuses_the_file_of_another_day_before_its_commit_point(tmp_path, capsys):
-    from pipelines.distributed import job as dist
-    from stream.noise import NoiseKey
+    from renyi_stream.pipelines.distributed import job as dist
+    from renyi_stream.stream.noise import NoiseKey
 
     path = tmp_path / "day1.parquet"
     pq.write_table(_day(DAY1), path)
@@ -398,8 +398,8 @@ def test_the_distributed_job_refuses_the_file_of_another_day_before_its_commit_p
 def test_a_too_long_last_line_without_its_newline_is_a_dead_letter_not_lost(tmp_path):
     # The reader notes it after its last batch: drained only before each batch, it was never
     # dead-lettered, and the books said balanced (the attacker's second review, finding 5).
-    from pipelines.daily.job import JobConfig, run_job
-    from stream.engine import readers
+    from renyi_stream.pipelines.daily.job import JobConfig, run_job
+    from renyi_stream.stream.engine import readers
 
     path = tmp_path / "long.csv"
     path.write_bytes(b"user_id,day,opened\n1,2026-03-02,1\n2,2026-03-02,0\n3,2026-03-02," +
@@ -451,8 +451,8 @@ def test_a_dry_run_on_a_new_ledger_creates_no_file(tmp_path, capsys):
 
 
 def test_the_distributed_jobs_dry_run_says_what_it_would_do_and_writes_nothing_real(tmp_path, capsys):
-    from pipelines.distributed import job as dist
-    from stream.noise import NoiseKey
+    from renyi_stream.pipelines.distributed import job as dist
+    from renyi_stream.stream.noise import NoiseKey
 
     path = tmp_path / "day2.parquet"
     pq.write_table(_day(DAY2), path)
@@ -472,8 +472,8 @@ def test_the_distributed_jobs_dry_run_says_what_it_would_do_and_writes_nothing_r
 
 
 def test_the_distributed_jobs_dry_run_refuses_what_the_run_would_refuse(tmp_path, capsys):
-    from pipelines.distributed import job as dist
-    from stream.noise import NoiseKey
+    from renyi_stream.pipelines.distributed import job as dist
+    from renyi_stream.stream.noise import NoiseKey
 
     path = tmp_path / "day1.parquet"
     pq.write_table(_day(DAY1), path)

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream.accounting.calibration import NOISE_HEADROOM
-from stream.accounting import (
+from renyi_stream.stream.accounting.calibration import NOISE_HEADROOM
+from renyi_stream.stream.accounting import (
     ACCOUNTINGS,
     calibrate,
     epsilon_for_budget,
@@ -20,7 +20,7 @@ from stream.accounting import (
     zcdp_budget_for,
     zcdp_to_epsilon_cks,
 )
-from stream.ledger import Ledger
+from renyi_stream.stream.ledger import Ledger
 
 
 @pytest.mark.parametrize("accounting", ACCOUNTINGS)

@@ -11,8 +11,8 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli.main import main
-from stream.accounting import ACCOUNTINGS, calibrate
+from renyi_stream.pipelines.cli.main import main
+from renyi_stream.stream.accounting import ACCOUNTINGS, calibrate
 
 from declared import flags
 
@@ -59,7 +59,7 @@ def test_calibrate_out_of_range_exits_non_zero_naming_the_parameter(args, name, 
 
 def test_console_script_entry_point_runs():
     result = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli.main", "calibrate", "--epsilon", "1", "--delta", "1e-6",
+        [sys.executable, "-m", "renyi_stream.pipelines.cli.main", "calibrate", "--epsilon", "1", "--delta", "1e-6",
          "--norm-budget", "4", "--json"],
         capture_output=True, text=True, check=True,
     )
@@ -73,7 +73,7 @@ def _run_demo(out_dir, capsys, *extra):
 
 
 def _store_ledger_id(out_dir):
-    from queries.release_store import ReleaseStore
+    from renyi_stream.queries.release_store import ReleaseStore
 
     with ReleaseStore(out_dir / "releases.duckdb", read_only=True) as store:
         return store.ledger_id()

@@ -2,7 +2,7 @@
 that names the option as typed (``--epsilon``, not ``epsilon``), no traceback, and nothing
 committed to an existing release store or ledger.
 
-The cases run ``pipelines.cli.main`` in-process (fast); one test runs the installed console
+The cases run ``renyi_stream.pipelines.cli.main`` in-process (fast); one test runs the installed console
 script. ``test_every_command_is_covered`` fails when a new subcommand appears without cases.
 """
 
@@ -21,9 +21,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli.main import _build_parser, main
-from pipelines.daily.job import JobConfig, run_job
-from pipelines.features.job import materialise_features
+from renyi_stream.pipelines.cli.main import _build_parser, main
+from renyi_stream.pipelines.daily.job import JobConfig, run_job
+from renyi_stream.pipelines.features.job import materialise_features
 from declared import contract, flags
 
 DAY0 = dt.date(2026, 3, 1)
@@ -252,7 +252,7 @@ def _console_script() -> list[str]:
     if script.exists():
         return [str(script)]
     found = shutil.which("renyi-stream")
-    return [found] if found else [sys.executable, "-m", "pipelines.cli.main"]
+    return [found] if found else [sys.executable, "-m", "renyi_stream.pipelines.cli.main"]
 
 
 @pytest.mark.parametrize("argv, option", [

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from stream.continual import (
+from renyi_stream.stream.continual import (
     BinaryTree,
     RunningQuery,
     RunningState,
@@ -26,8 +26,8 @@ from stream.continual import (
     strategy_from_spec,
     tree_node_variance,
 )
-from stream.ledger import ADMITTED, CLIPPED, DROPPED, Ledger
-from stream.noise import InsecureNoiseWarning, NoiseBinding, NoiseKey
+from renyi_stream.stream.ledger import ADMITTED, CLIPPED, DROPPED, Ledger
+from renyi_stream.stream.noise import InsecureNoiseWarning, NoiseBinding, NoiseKey
 
 # False alarms: every statistical test uses a fixed key, so it is deterministic; each check
 # rejects at p < P_FLOOR = 1e-3, so a correct implementation fails it for at most a fraction

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from pipelines.beam.job_options import add_ledger_options, declared_contract
-from stream.contract import ContractError, DeclaredColumn, InputContract
+from renyi_stream.pipelines.beam.job_options import add_ledger_options, declared_contract
+from renyi_stream.stream.contract import ContractError, DeclaredColumn, InputContract
 
 OPENED = DeclaredColumn("opened", "number", 0.0, 1.0)
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipelines.cli.main import main
+from renyi_stream.pipelines.cli.main import main
 
 
 def test_the_release_store_records_the_ledgers_declared_contract_for_analysts(tmp_path, capsys):
@@ -39,7 +39,7 @@ def _day_csv(tmp_path, day: str = DAY) -> str:
 
 
 def _key(tmp_path) -> str:
-    from stream.noise import NoiseKey
+    from renyi_stream.stream.noise import NoiseKey
 
     key = tmp_path / "key" / "noise.key"
     NoiseKey.load_or_create(key)
@@ -47,7 +47,7 @@ def _key(tmp_path) -> str:
 
 
 def _distributed(tmp_path, *declare: str, day: str = DAY, previous: str = "none", out: str = "run0") -> int:
-    from pipelines.distributed import job as dist
+    from renyi_stream.pipelines.distributed import job as dist
 
     return dist.main(["--input", _day_csv(tmp_path, day), "--start", day, "--end", day, "--epsilon", "1",
                       "--delta", "1e-6", "--norm-budget", "8", "--previous-ledger", previous,
@@ -58,8 +58,8 @@ def _distributed(tmp_path, *declare: str, day: str = DAY, previous: str = "none"
 def _streaming(tmp_path, *declare: str) -> int:
     import pyarrow as pa
 
-    from pipelines.streaming import job as sj
-    from stream.engine.readers import read_batches
+    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.stream.engine.readers import read_batches
 
     message = tmp_path / "d0.arrows"
     message.write_bytes(sj.encode_message(pa.Table.from_batches(list(read_batches(_day_csv(tmp_path))))))
@@ -69,13 +69,13 @@ def _streaming(tmp_path, *declare: str) -> int:
 
 
 def _recorded(tmp_path):
-    from queries.catalogue import ReleaseCatalogue
+    from renyi_stream.queries.catalogue import ReleaseCatalogue
 
     return ReleaseCatalogue(str(tmp_path / "public")).input_contract()
 
 
 def _contract_file(tmp_path):
-    from queries.catalogue import CONTRACT_FILE, FOLDER
+    from renyi_stream.queries.catalogue import CONTRACT_FILE, FOLDER
 
     return tmp_path / "public" / FOLDER / CONTRACT_FILE
 
@@ -101,8 +101,8 @@ def test_a_later_run_of_the_same_ledger_leaves_the_recorded_contract_as_it_is(tm
 
 
 def test_a_root_records_a_contract_once_and_refuses_another_naming_both(tmp_path):
-    from queries.catalogue import ReleaseCatalogue
-    from stream.contract import ContractError, InputContract
+    from renyi_stream.queries.catalogue import ReleaseCatalogue
+    from renyi_stream.stream.contract import ContractError, InputContract
 
     catalogue = ReleaseCatalogue(str(tmp_path / "public"))
     declared = InputContract.from_dict(DECLARED)
@@ -118,8 +118,8 @@ def test_a_root_records_a_contract_once_and_refuses_another_naming_both(tmp_path
 
 
 def _answer_a_window(root) -> None:
-    from queries.release_files import write_release_file
-    from queries.release_store import RELEASE_SCHEMA
+    from renyi_stream.queries.release_files import write_release_file
+    from renyi_stream.queries.release_store import RELEASE_SCHEMA
 
     write_release_file(str(root), 1, RELEASE_SCHEMA.empty_table())
 
@@ -128,8 +128,8 @@ def test_a_contract_recorded_by_a_first_run_that_answered_nothing_is_replaced_by
     # A first run refused after it recorded its contract (an idle input, say) left a root that
     # nothing answers to, locked to that contract: a corrected first run was refused for good
     # (the attacker's second review, finding 6).
-    from queries.catalogue import ReleaseCatalogue
-    from stream.contract import InputContract
+    from renyi_stream.queries.catalogue import ReleaseCatalogue
+    from renyi_stream.stream.contract import InputContract
 
     catalogue = ReleaseCatalogue(str(tmp_path / "public"))
     catalogue.record_input_contract(InputContract.from_options(id_type="int64", columns=["opened=0:1"]))
@@ -142,8 +142,8 @@ def test_a_contract_recorded_by_a_first_run_that_answered_nothing_is_replaced_by
 @pytest.mark.parametrize("job", [_distributed, _streaming], ids=["distributed", "streaming"])
 def test_a_job_whose_ledger_declares_another_contract_than_the_roots_is_refused_before_anyone_is_charged(
         tmp_path, capsys, job):
-    from queries.catalogue import ReleaseCatalogue
-    from stream.contract import InputContract
+    from renyi_stream.queries.catalogue import ReleaseCatalogue
+    from renyi_stream.stream.contract import InputContract
 
     earlier = InputContract.from_options(id_type="string", columns=["opened=0:2"])
     ReleaseCatalogue(str(tmp_path / "public")).record_input_contract(earlier)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from stream.accounting import conversions as cv
+from renyi_stream.stream.accounting import conversions as cv
 
 DELTAS = [1e-3, 1e-5, 1e-9]
 RHOS = [1e-4, 0.01, 0.5, 3.0]

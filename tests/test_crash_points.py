@@ -2,7 +2,7 @@
 invariant 6 (charge-once) and invariant 7 (rows-counted-not-lost), docs/architecture.md).
 
 Each test kills a real run with SIGKILL at one named point (``RENYI_STREAM_CRASH_AT``, see
-:mod:`stream.faults`), checks that the crash left the state that point promises, re-runs the same
+:mod:`renyi_stream.stream.faults`), checks that the crash left the state that point promises, re-runs the same
 day and compares everything with an uninterrupted run on a fresh store and a copy of the same new
 ledger with the same noise key (every ledger here is a copy of one new ledger, so one ledger id:
 two ledgers draw independent noise, issue 18): the ledger table (every user charged exactly once), every window released exactly
@@ -28,9 +28,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.curator.store import CuratorStore
-from pipelines.daily.job import JobConfig, run_job
-from queries.release_store import ReleaseStore
+from renyi_stream.pipelines.curator.store import CuratorStore
+from renyi_stream.pipelines.daily.job import JobConfig, run_job
+from renyi_stream.queries.release_store import ReleaseStore
 
 from conformance.crash import run_killed_at
 from declared import contract
@@ -120,8 +120,8 @@ def _fresh(config: JobConfig, tmp_path) -> JobConfig:
 
 _CRASHING_RUN = textwrap.dedent("""
     import json, sys
-    from pipelines.daily.job import JobConfig, run_job
-    from stream.contract import InputContract
+    from renyi_stream.pipelines.daily.job import JobConfig, run_job
+    from renyi_stream.stream.contract import InputContract
     fields = json.loads(sys.argv[1])
     fields["inputs"] = tuple(fields["inputs"])
     fields["contract"] = InputContract.from_dict(fields["contract"])
@@ -286,8 +286,8 @@ def test_a_crash_on_the_second_day_leaves_the_first_day_intact(clean, tmp_path, 
 
 def test_a_query_registered_between_a_crashed_commit_and_its_publish_starts_after_the_charged_windows(
         clean, tmp_path):
-    from queries.linear import LinearQuery
-    from queries.registry import QueryRegistry
+    from renyi_stream.queries.linear import LinearQuery
+    from renyi_stream.queries.registry import QueryRegistry
 
     files = clean["files"]
     first = _fresh(_config(clean["root"], [files["d0"]], 0, 0, "x"), tmp_path)

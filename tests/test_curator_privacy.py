@@ -21,15 +21,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli.main import main
-from pipelines.curator.store import CuratorStore, CuratorStoreError
-from pipelines.curator.features import load_features
-from pipelines.curator.privacy_report import load_ledger
-from pipelines.features.job import materialise_features
-from queries.release_store import RELEASE_SCHEMA
-from stream.engine.ledger_config import LedgerConfig
-from stream.ledger import Ledger
-from stream.schema import REJECTED_SCHEMA
+from renyi_stream.pipelines.cli.main import main
+from renyi_stream.pipelines.curator.store import CuratorStore, CuratorStoreError
+from renyi_stream.pipelines.curator.features import load_features
+from renyi_stream.pipelines.curator.privacy_report import load_ledger
+from renyi_stream.pipelines.features.job import materialise_features
+from renyi_stream.queries.release_store import RELEASE_SCHEMA
+from renyi_stream.stream.engine.ledger_config import LedgerConfig
+from renyi_stream.stream.ledger import Ledger
+from renyi_stream.stream.schema import REJECTED_SCHEMA
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -123,7 +123,7 @@ def _temp_dir(tmp_path: Path, monkeypatch) -> Path:
 def _watch_scratch(monkeypatch) -> list[tuple[Path, int, dict[str, int]]]:
     """What the daily job's pipeline step got as its scratch folder: the folder, its mode, and
     the mode of each file the pipeline left in it (the previous ledger among them)."""
-    import pipelines.daily.job as daily
+    import renyi_stream.pipelines.daily.job as daily
 
     seen = []
     original = daily._run_pipeline

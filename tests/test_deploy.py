@@ -1,12 +1,12 @@
 """The daily graph is ready for distributed runners (issue 5), checked without a cluster.
 
 * Both graphs (``DailyReleases``, as ``renyi-stream run`` builds it, and the distributed entry
-  point's, :mod:`pipelines.distributed.job`) construct under FlinkRunner and DataflowRunner options
+  point's, :mod:`renyi_stream.pipelines.distributed.job`) construct under FlinkRunner and DataflowRunner options
   and round-trip through the Beam runner API (the portable proto those runners receive).
 * Every key of a shuffle (GroupByKey, CombinePerKey) and of keyed state has a deterministic coder,
   read from the portable proto itself: the coders the runner will use.
 * Every transform and DoFn pickles and unpickles with Beam's pickler (cloudpickle, its default).
-* ``pipelines.distributed.main`` runs end to end on the DirectRunner over local files standing in
+* ``renyi_stream.pipelines.distributed.main`` runs end to end on the DirectRunner over local files standing in
   for buckets, and gives the ledger ``renyi-stream run`` gives on the same data and key, and the
   same releases up to the noise, which is each ledger's own (bound to its ledger id, issue 18);
   its recovery rules (re-runs, interrupted attempts, stale ledgers) hold.
@@ -37,16 +37,16 @@ from apache_beam.pipeline import PipelineVisitor
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners import pipeline_context
 
-from pipelines.distributed import job as dist
-from pipelines.beam import transforms as tx
-from pipelines.beam import worker_key
-from stream.engine.ledger_config import DERIVED, LedgerConfig, LedgerConfigError
-from stream.engine.readers import read_batches
-from stream.engine.shard_state import QueryPlan
-from queries.linear import default_queries
-from stream.ledger import Ledger
-from stream.noise import NoiseKey, new_ledger_id
-from stream.schema import WindowSpec
+from renyi_stream.pipelines.distributed import job as dist
+from renyi_stream.pipelines.beam import transforms as tx
+from renyi_stream.pipelines.beam import worker_key
+from renyi_stream.stream.engine.ledger_config import DERIVED, LedgerConfig, LedgerConfigError
+from renyi_stream.stream.engine.readers import read_batches
+from renyi_stream.stream.engine.shard_state import QueryPlan
+from renyi_stream.queries.linear import default_queries
+from renyi_stream.stream.ledger import Ledger
+from renyi_stream.stream.noise import NoiseKey, new_ledger_id
+from renyi_stream.stream.schema import WindowSpec
 
 from conformance.crash import run_killed_at
 from conformance.outcome import window_noise
@@ -222,7 +222,7 @@ def test_every_transform_and_dofn_pickles_and_unpickles(tmp_path, graph, library
 def _local_run(tmp_path: Path, inputs: list[str], start: str, end: str, *declare: str) -> None:
     key_path, _ = _key(tmp_path)
     out = subprocess.run(
-        ["python", "-m", "pipelines.cli.main", "run", "--input", *inputs, "--store", str(tmp_path / "local" / "s.duckdb"),
+        ["python", "-m", "renyi_stream.pipelines.cli.main", "run", "--input", *inputs, "--store", str(tmp_path / "local" / "s.duckdb"),
          "--ledger", str(tmp_path / "local" / "l.duckdb"), "--epsilon", str(EPSILON), "--delta", str(DELTA),
          "--norm-budget", str(NORM_BUDGET), "--start", start, "--end", end, "--key", key_path, *declare, "--quiet"],
         cwd=ROOT, capture_output=True, text=True)
@@ -333,7 +333,7 @@ def test_a_rerun_of_a_committed_day_charges_nobody_and_releases_nothing(tmp_path
 
 def _crashed_main(tmp_path, args, point) -> subprocess.CompletedProcess:
     """``dist.main(args)`` in a child process killed with SIGKILL at crash point ``point``."""
-    return run_killed_at(point, ["-m", "pipelines.distributed", *map(str, args)])
+    return run_killed_at(point, ["-m", "renyi_stream.pipelines.distributed", *map(str, args)])
 
 
 def _public(tmp_path) -> dict:
@@ -458,7 +458,7 @@ def test_of_two_runs_launched_from_one_ledger_only_the_first_to_publish_does(tmp
     """Two runs of day 2 from day 1's ledger pass their launch checks before either publishes (two
     launches at once). The one that publishes first becomes the public lineage; the other
     commits but publishes nothing, fails naming the winner, and nothing can continue from it."""
-    from pipelines.beam.local_runner import batch_runner
+    from renyi_stream.pipelines.beam.local_runner import batch_runner
 
     curator = tmp_path / "curator"
     run1, late, early = curator / "run1", curator / "run2-late", curator / "run2-early"
@@ -549,7 +549,7 @@ def test_a_snapshot_that_lost_users_is_not_committed(tmp_path, two_days):
 def _recorded_as_another_version(run: Path, rho_factor: float) -> dict:
     """Rescale a committed run's recorded budget by ``rho_factor``, with the noise std and tracker
     step that budget gives (what a version whose root finder ends elsewhere records)."""
-    from stream.accounting.calibration import NOISE_HEADROOM
+    from renyi_stream.stream.accounting.calibration import NOISE_HEADROOM
 
     path = run / dist.COMMITTED
     manifest = json.loads(path.read_text())
@@ -716,10 +716,10 @@ def _given_options(path: Path, *, command: str | None = None) -> list[str]:
 
 
 #: Each deployment file, the command in it that launches a job (None: the whole file) and the job.
-DEPLOYED = [("deploy/flink/submit.sh", None, "pipelines.distributed"),
-            ("deploy/flink/submit-stream.sh", None, "pipelines.streaming"),
-            ("deploy/dataflow/launch.sh", "python -m pipelines.streaming", "pipelines.streaming"),
-            ("deploy/dataflow/main.py", None, "pipelines.distributed")]
+DEPLOYED = [("deploy/flink/submit.sh", None, "renyi_stream.pipelines.distributed"),
+            ("deploy/flink/submit-stream.sh", None, "renyi_stream.pipelines.streaming"),
+            ("deploy/dataflow/launch.sh", "python -m renyi_stream.pipelines.streaming", "renyi_stream.pipelines.streaming"),
+            ("deploy/dataflow/main.py", None, "renyi_stream.pipelines.distributed")]
 
 
 @pytest.mark.parametrize("script, command, job", DEPLOYED, ids=[d[0] for d in DEPLOYED])
@@ -729,7 +729,7 @@ def test_every_option_a_deployment_file_gives_a_job_is_the_jobs_or_beams(script,
     flink-options.txt, which gives ``--flink_submit_uber_jar``)."""
     from importlib import import_module
 
-    from pipelines.beam.job_options import long_options, refuse_unknown_options
+    from renyi_stream.pipelines.beam.job_options import long_options, refuse_unknown_options
 
     parser = import_module(f"{job}.job")._parser()
     given = _given_options(ROOT / script, command=command)
@@ -742,12 +742,12 @@ def test_every_option_a_deployment_file_gives_a_job_is_the_jobs_or_beams(script,
 
 
 def test_the_flink_checkpoint_options_are_refused_without_the_uber_jar_that_passes_them_on():
-    from pipelines.beam.job_options import RunRefused, refuse_unknown_options
+    from renyi_stream.pipelines.beam.job_options import RunRefused, refuse_unknown_options
 
     flags = ["--runner=FlinkRunner", "--streaming", "--checkpointing_interval=60000"]
-    refuse_unknown_options(flags + ["--flink_submit_uber_jar"], [], command="python -m pipelines.streaming")
+    refuse_unknown_options(flags + ["--flink_submit_uber_jar"], [], command="python -m renyi_stream.pipelines.streaming")
     with pytest.raises(RunRefused, match="argument --checkpointing_interval: .*only with --flink_submit_uber_jar"):
-        refuse_unknown_options(flags, [], command="python -m pipelines.streaming")
+        refuse_unknown_options(flags, [], command="python -m renyi_stream.pipelines.streaming")
 
 
 @pytest.mark.parametrize("script", ["deploy/dataflow/launch.sh", "deploy/flink/submit.sh"])
@@ -757,7 +757,7 @@ def test_the_scripts_are_valid_bash_with_their_variables_on_top(script):
     assert os.access(path, os.X_OK)
     lines = path.read_text().splitlines()
     assert lines[0] == "#!/usr/bin/env bash" and any(line.startswith("set -euo pipefail") for line in lines[:20])
-    assert "-m pipelines.distributed" in path.read_text() or "flex-template" in path.read_text()
+    assert "-m renyi_stream.pipelines.distributed" in path.read_text() or "flex-template" in path.read_text()
 
 
 # --- the local job's Parquet release path publishes only what the ledger committed -------------
@@ -768,7 +768,7 @@ def test_local_parquet_releases_appear_only_after_the_ledger_commit(tmp_path, tw
     parquet = tmp_path / "public-parquet"
     env = {**os.environ, "RENYI_STREAM_CRASH_AT": "after_ledger_write"}
     out = subprocess.run(
-        ["python", "-m", "pipelines.cli.main", "run", "--input", *two_days[:1], "--store", str(tmp_path / "s.duckdb"),
+        ["python", "-m", "renyi_stream.pipelines.cli.main", "run", "--input", *two_days[:1], "--store", str(tmp_path / "s.duckdb"),
          "--ledger", str(tmp_path / "l.duckdb"), "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "2",
          "--start", "2026-03-01", "--end", "2026-03-01", "--key", key_path, "--releases-parquet", str(parquet),
          *DECLARE, "--quiet"], cwd=ROOT, env=env, capture_output=True, text=True)
@@ -779,7 +779,7 @@ def test_local_parquet_releases_appear_only_after_the_ledger_commit(tmp_path, tw
 def test_local_parquet_releases_left_pending_by_a_crash_are_written_by_the_next_run(tmp_path, two_days):
     key_path, _ = _key(tmp_path)
     parquet, store = tmp_path / "public-parquet", tmp_path / "s.duckdb"
-    argv = ["python", "-m", "pipelines.cli.main", "run", "--input", *two_days[:1], "--store", str(store),
+    argv = ["python", "-m", "renyi_stream.pipelines.cli.main", "run", "--input", *two_days[:1], "--store", str(store),
             "--ledger", str(tmp_path / "l.duckdb"), "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "2",
             "--start", "2026-03-01", "--end", "2026-03-01", "--key", key_path, "--releases-parquet", str(parquet),
             *DECLARE, "--quiet"]  # the re-run may declare the contract its crashed first run recorded

@@ -1,5 +1,5 @@
 """The device path without a device (issue 21, item 4): the kernels run on
-``stream.testing.strict_xp``, an array module that refuses implicit conversion to NumPy as CuPy
+``renyi_stream.stream.testing.strict_xp``, an array module that refuses implicit conversion to NumPy as CuPy
 does and counts every explicit host transfer, and give NumPy's results bit for bit (one stated
 exception: the long square-root decode, by the device's FFT).
 
@@ -14,18 +14,18 @@ import device_cases as cases
 import numpy as np
 import pytest
 
-from stream.accounting.gaussian import gaussian_charge
-from stream.accounting.odometers import advance_trackers, tracker_update
-from stream.continual.running import RunningQuery
-from stream.continual.strategies import BinaryTree, SquareRootFactorization, WindowSums
-from stream.ledger import Ledger, Policy, individual_filter
-from stream.testing import strict_xp as sx
-from stream.training.budget import TrainingLedger
-from stream.training.dpgd import prepare_data
-from stream.training.models import MLP, LogisticRegression
-from stream.training.normaliser import private_count
-from stream.training.stopping import AccuracyStopping
-from stream.xp import array_module, gpu_available, host_all, maybe_any, register_array_module, to_host
+from renyi_stream.stream.accounting.gaussian import gaussian_charge
+from renyi_stream.stream.accounting.odometers import advance_trackers, tracker_update
+from renyi_stream.stream.continual.running import RunningQuery
+from renyi_stream.stream.continual.strategies import BinaryTree, SquareRootFactorization, WindowSums
+from renyi_stream.stream.ledger import Ledger, Policy, individual_filter
+from renyi_stream.stream.testing import strict_xp as sx
+from renyi_stream.stream.training.budget import TrainingLedger
+from renyi_stream.stream.training.dpgd import prepare_data
+from renyi_stream.stream.training.models import MLP, LogisticRegression
+from renyi_stream.stream.training.normaliser import private_count
+from renyi_stream.stream.training.stopping import AccuracyStopping
+from renyi_stream.stream.xp import array_module, gpu_available, host_all, maybe_any, register_array_module, to_host
 
 # The strict module, and CuPy where a CUDA device is present (tests/test_gpu_kernels.py has the rest).
 DEVICE_MODULES = [sx] + ([__import__("cupy")] if gpu_available() else [])
@@ -389,7 +389,7 @@ def test_the_checked_encode_weights_refuse_a_lag_past_t_on_the_device_path():
     ("column_sums", lambda a: a.sum(axis=0)),
 ])
 def test_the_reductions_with_a_cupy_form_keep_numpy_s_form_and_bits_off_cupy(reduce, numpy_form):
-    import stream.xp as sxp
+    import renyi_stream.stream.xp as sxp
 
     a = np.random.default_rng(14).standard_normal((50, 6)).astype(np.float32)
     assert _same_bits(numpy_form(a), getattr(sxp, reduce)(sx.asarray(a)))

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from stream.ledger import Ledger, Policy
-from stream.noise import InsecureNoiseWarning
-from stream.training.budget import TrainingLedger
-from stream.training.dpgd import (
+from renyi_stream.stream.ledger import Ledger, Policy
+from renyi_stream.stream.noise import InsecureNoiseWarning
+from renyi_stream.stream.training.budget import TrainingLedger
+from renyi_stream.stream.training.dpgd import (
     GDConfig,
     noise_multiplier_for,
     prepare_data,
@@ -26,11 +26,11 @@ from stream.training.dpgd import (
     run_budget_steps,
     training_generators,
 )
-from stream.training.models import LogisticRegression, MLP, per_example_gradients_reference
-from stream.training.normaliser import count_noise_std, normaliser_from_count, private_count
-from stream.training.stopping import AccuracyStopping, private_accuracy
+from renyi_stream.stream.training.models import LogisticRegression, MLP, per_example_gradients_reference
+from renyi_stream.stream.training.normaliser import count_noise_std, normaliser_from_count, private_count
+from renyi_stream.stream.training.stopping import AccuracyStopping, private_accuracy
 
-pytestmark = pytest.mark.filterwarnings("ignore::stream.noise.InsecureNoiseWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::renyi_stream.stream.noise.InsecureNoiseWarning")
 
 N, D, K = 120, 6, 3
 

@@ -1,4 +1,4 @@
-"""The CPU default of :func:`stream.training.dpgd.private_gd`: the batch in cache-sized slices,
+"""The CPU default of :func:`renyi_stream.stream.training.dpgd.private_gd`: the batch in cache-sized slices,
 each charged to the ledger before its weighted sum (the performance change of issue 7).
 
 Slicing must change nothing that matters for privacy or for the specification: Algorithm 7
@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stream.training import dpgd
-from stream.training.budget import TrainingLedger
-from stream.training.dpgd import (
+from renyi_stream.stream.training import dpgd
+from renyi_stream.stream.training.budget import TrainingLedger
+from renyi_stream.stream.training.dpgd import (
     GDConfig,
     default_chunk_rows,
     noise_multiplier_for,
@@ -22,9 +22,9 @@ from stream.training.dpgd import (
     private_gd,
     training_generators,
 )
-from stream.training.models import LogisticRegression, MLP, per_example_gradients_reference
+from renyi_stream.stream.training.models import LogisticRegression, MLP, per_example_gradients_reference
 
-pytestmark = pytest.mark.filterwarnings("ignore::stream.noise.InsecureNoiseWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::renyi_stream.stream.noise.InsecureNoiseWarning")
 
 N, D, K = 150, 6, 3
 MODELS = [LogisticRegression(), MLP(5)]

@@ -1,6 +1,6 @@
 """Running totals in the Beam-free engine (issue 20): per-user prepaid rows on a shard
-(:class:`stream.engine.running.PrepaidUsers`), the query's one release state
-(:class:`stream.engine.running.RunningRelease`), and :meth:`ShardState.charge_window` reading only
+(:class:`renyi_stream.stream.engine.running.PrepaidUsers`), the query's one release state
+(:class:`renyi_stream.stream.engine.running.RunningRelease`), and :meth:`ShardState.charge_window` reading only
 the window's users and charging window vectors and prepaid terms in one decision."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from queries.linear import LinearQuery
-from stream.continual.prepaid import prepaid_rho, running_rule
-from stream.engine.running import MIGRATION, OldRunningFormatError, PrepaidUsers, RunningRelease
-from stream.engine.shard_state import QueryPlan, ShardSnapshots, ShardState
-from stream.ledger import Ledger
+from renyi_stream.queries.linear import LinearQuery
+from renyi_stream.stream.continual.prepaid import prepaid_rho, running_rule
+from renyi_stream.stream.engine.running import MIGRATION, OldRunningFormatError, PrepaidUsers, RunningRelease
+from renyi_stream.stream.engine.shard_state import QueryPlan, ShardSnapshots, ShardState
+from renyi_stream.stream.ledger import Ledger
 
 W0 = 20_000
 S = 2.0

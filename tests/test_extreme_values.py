@@ -19,12 +19,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.daily.job import JobConfig, run_job
-from stream.engine.shard_state import QueryPlan, ShardState
-from queries.linear import LinearQuery
-from queries.registry import QueryRegistry
-from queries.release_store import ReleaseStore
-from stream.ledger import Ledger
+from renyi_stream.pipelines.daily.job import JobConfig, run_job
+from renyi_stream.stream.engine.shard_state import QueryPlan, ShardState
+from renyi_stream.queries.linear import LinearQuery
+from renyi_stream.queries.registry import QueryRegistry
+from renyi_stream.queries.release_store import ReleaseStore
+from renyi_stream.stream.ledger import Ledger
 from declared import contract, register_unclamped_defaults
 
 DAY0 = dt.date(2026, 3, 1)

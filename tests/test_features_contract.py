@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli.main import main
+from renyi_stream.pipelines.cli.main import main
 
 DAY0 = dt.date(2026, 3, 1)
 

@@ -21,12 +21,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli.main import main
-from pipelines.curator.features import FEATURES_KEY, ROWS_KEY, load_features
-from pipelines.daily.job import JobConfig, run_job
-from pipelines.features.job import materialise_features
-from stream.contract import DeclaredColumn, InputContract
-from stream.engine.readers import InputFileError
+from renyi_stream.pipelines.cli.main import main
+from renyi_stream.pipelines.curator.features import FEATURES_KEY, ROWS_KEY, load_features
+from renyi_stream.pipelines.daily.job import JobConfig, run_job
+from renyi_stream.pipelines.features.job import materialise_features
+from renyi_stream.stream.contract import DeclaredColumn, InputContract
+from renyi_stream.stream.engine.readers import InputFileError
 
 GOLDEN = Path(__file__).parent / "data" / "features_golden"
 WINDOWS = {"start": "2026-03-01", "end": "2026-03-04", "label_column": "bought",

@@ -23,7 +23,7 @@ import math
 import numpy as np
 import pytest
 
-from stream.ledger import Ledger
+from renyi_stream.stream.ledger import Ledger
 
 PATHS = 40_000
 WINDOWS = 60

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream.accounting import (
+from renyi_stream.stream.accounting import (
     AdvancedCompositionFilter,
     DPFilterViaZCDP,
     GDPFilter,

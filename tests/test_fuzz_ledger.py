@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from stream.ledger import ADMITTED, CLIPPED, DROPPED, Ledger
+from renyi_stream.stream.ledger import ADMITTED, CLIPPED, DROPPED, Ledger
 
 INT_IDS = st.sampled_from([0, 1, 2, -1, 7, 2**63 - 1, -(2**63) + 1, 123_456_789_012])
 STR_IDS = st.sampled_from(["a", "b", "", " a", "é", "e\u0301", "🙂" * 3, "x" * 10_000, "\x00"])

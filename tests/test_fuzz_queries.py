@@ -10,7 +10,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queries.linear import LinearQuery
+from renyi_stream.queries.linear import LinearQuery
 
 COLUMNS = ["a", "b", "c"]
 anything = st.recursive(

@@ -25,8 +25,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stream.ledger import Ledger
-from stream.schema import (
+from renyi_stream.stream.ledger import Ledger
+from renyi_stream.stream.schema import (
     MAX_TIME_SECONDS,
     MIN_TIME_SECONDS,
     REJECTED_SCHEMA,

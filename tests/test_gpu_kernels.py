@@ -1,7 +1,7 @@
 """The device path on a real GPU (issue 21, item 4): the ledger's kernels, the filtered DP-GD step
 and the running-total kernels run on CuPy arrays and agree with NumPy.
 
-``tests/test_device_path.py`` runs the same kernels in CI on ``stream.testing.strict_xp`` and
+``tests/test_device_path.py`` runs the same kernels in CI on ``renyi_stream.stream.testing.strict_xp`` and
 shows they are NumPy bit for bit with no hidden host traffic. What only a GPU can show is
 checked here: that CuPy has every function and keyword the kernels call, and that CUDA's own
 arithmetic (cuBLAS and reduction summation order, the device's exp/log and FFT) changes results
@@ -18,17 +18,17 @@ import device_cases as cases
 import numpy as np
 import pytest
 
-from stream.accounting.gaussian import gaussian_charge
-from stream.accounting.odometers import advance_trackers, tracker_update
-from stream.continual.running import RunningQuery
-from stream.continual.strategies import BinaryTree, SquareRootFactorization, WindowSums
-from stream.ledger import Policy, individual_filter
-from stream.training.budget import TrainingLedger
-from stream.training.dpgd import prepare_data
-from stream.training.models import MLP, LogisticRegression, softmax_residual
-from stream.training.normaliser import private_count
-from stream.training.stopping import AccuracyStopping
-from stream.xp import array_module, col_sq_sums, column_sums, gpu_available, row_sq_sums, to_host
+from renyi_stream.stream.accounting.gaussian import gaussian_charge
+from renyi_stream.stream.accounting.odometers import advance_trackers, tracker_update
+from renyi_stream.stream.continual.running import RunningQuery
+from renyi_stream.stream.continual.strategies import BinaryTree, SquareRootFactorization, WindowSums
+from renyi_stream.stream.ledger import Policy, individual_filter
+from renyi_stream.stream.training.budget import TrainingLedger
+from renyi_stream.stream.training.dpgd import prepare_data
+from renyi_stream.stream.training.models import MLP, LogisticRegression, softmax_residual
+from renyi_stream.stream.training.normaliser import private_count
+from renyi_stream.stream.training.stopping import AccuracyStopping
+from renyi_stream.stream.xp import array_module, col_sq_sums, column_sums, gpu_available, row_sq_sums, to_host
 
 pytestmark = pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device (pip install '.[gpu]')")
 
@@ -53,7 +53,7 @@ def _close(expected: np.ndarray, got: object, rtol: float, atol: float = 0.0) ->
     np.testing.assert_allclose(host, expected, rtol=rtol, atol=atol)
 
 
-# --- the reductions stream.xp computes in CuPy's own fast forms ----------------------------------
+# --- the reductions renyi_stream.stream.xp computes in CuPy's own fast forms ----------------------------------
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream.id_index import Int64Index, StringCodes
+from renyi_stream.stream.id_index import Int64Index, StringCodes
 
 
 def test_positions_follow_insertion_order_and_survive_growth():

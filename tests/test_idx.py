@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from stream.training.idx import IdxFormatError, load_mnist, read_idx, write_idx
+from renyi_stream.stream.training.idx import IdxFormatError, load_mnist, read_idx, write_idx
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8, np.int16, np.int32, np.float32, np.float64])

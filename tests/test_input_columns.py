@@ -14,10 +14,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.daily.job import JobConfig, run_job
-from queries.linear import LinearQuery
-from queries.registry import QueryRegistry
-from queries.release_store import ReleaseStore
+from renyi_stream.pipelines.daily.job import JobConfig, run_job
+from renyi_stream.queries.linear import LinearQuery
+from renyi_stream.queries.registry import QueryRegistry
+from renyi_stream.queries.release_store import ReleaseStore
 from declared import contract
 
 DAY0 = dt.date(2026, 3, 1)
@@ -160,7 +160,7 @@ def test_a_csv_column_no_registered_query_reads_may_later_get_a_numeric_or_a_cat
 
 def _as_before_contracts(config) -> None:
     """Leave ``config``'s ledger as a version from before input contracts recorded it: no declared
-    columns in its ``meta`` (it goes on under the rule of :mod:`stream.columns`)."""
+    columns in its ``meta`` (it goes on under the rule of :mod:`renyi_stream.stream.columns`)."""
     db = duckdb.connect(config.ledger)
     try:
         db.execute("DELETE FROM meta WHERE key = 'columns'")
@@ -205,7 +205,7 @@ def test_a_declared_number_column_a_parquet_file_writes_as_text_is_read_by_the_d
 
 
 def test_the_column_rule_reads_the_declared_types_and_the_queries_never_the_values():
-    from stream.columns import InputColumns, default_columns, input_columns
+    from renyi_stream.stream.columns import InputColumns, default_columns, input_columns
 
     parquet = pa.schema([("user_id", pa.int64()), ("day", pa.date32()), ("opened", pa.float64()),
                          ("n", pa.int32()), ("plan", pa.string()), ("at", pa.timestamp("s"))])
@@ -241,7 +241,7 @@ def _empty_first_day(tmp_path, kind):
 def test_a_running_series_whose_first_days_rows_are_all_unusable_is_refused_and_starts_when_run_again(tmp_path):
     # Every row of the first day malformed: that day's running total went out as noise, for good;
     # the run is now refused before anyone is charged (issue 31), and the day runs once fixed.
-    from stream.engine.row_balance import IdleInputError
+    from renyi_stream.stream.engine.row_balance import IdleInputError
 
     bad = _empty_first_day(tmp_path, "csv_of_malformed_rows")
     with pytest.raises(IdleInputError, match="no row of .* is a valid row of a window to release"):

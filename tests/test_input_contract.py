@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli.main import main
+from renyi_stream.pipelines.cli.main import main
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -77,9 +77,9 @@ def _recorded_before_contracts(tmp_path, id_type: str, name: str = "a") -> None:
     """The record an older version (before declared contracts) wrote on a ledger's first run, by
     hand: the promise, the id type it took from its first input (a CSV's: ``string``), the key
     beside the ledger (``<ledger>.noise.key``, where ``renyi-stream run`` looks), no columns."""
-    from pipelines.curator.store import CuratorStore
-    from stream.engine.ledger_config import LedgerConfig
-    from stream.noise import NoiseKey
+    from renyi_stream.pipelines.curator.store import CuratorStore
+    from renyi_stream.stream.engine.ledger_config import LedgerConfig
+    from renyi_stream.stream.noise import NoiseKey
 
     ledger = tmp_path / f"{name}.ledger.duckdb"
     key = NoiseKey.load_or_create(ledger.with_name(ledger.stem + ".noise.key"))
@@ -165,7 +165,7 @@ def test_the_catalogue_is_the_same_whether_or_not_one_user_gave_a_value_in_a_col
     quiet = _parquet(tmp_path / "quiet.parquet", [1, 2, 3], [None, None, None])
     loud = _parquet(tmp_path / "loud.parquet", [1, 2, 3], [None, 30.0, None])
     # Others' rows, after the first file (whose types once decided the catalogue): a run none of
-    # whose rows is usable is refused before anything (stream.engine.row_balance.refuse_idle_run).
+    # whose rows is usable is refused before anything (renyi_stream.stream.engine.row_balance.refuse_idle_run).
     others = _parquet(tmp_path / "others.parquet", [4, 5], [12.0, 7.0])
     assert pq.read_schema(quiet).field("minutes").type == pa.null()
     assert _run(tmp_path, [quiet, others], *declare, name="quiet") == 0
@@ -224,8 +224,8 @@ DECLARE = ("--id-type", "int64", "--column", "opened=0:1", "--column", "minutes"
 
 
 def _distributed(tmp_path, inputs, *extra: str, start: int, previous: str = "none", out: str) -> int:
-    from pipelines.distributed import job as dist
-    from stream.noise import NoiseKey
+    from renyi_stream.pipelines.distributed import job as dist
+    from renyi_stream.stream.noise import NoiseKey
 
     key = tmp_path / "key" / "noise.key"
     NoiseKey.load_or_create(key)
@@ -236,7 +236,7 @@ def _distributed(tmp_path, inputs, *extra: str, start: int, previous: str = "non
 
 
 def _public_catalogue(tmp_path) -> dict:
-    from queries.catalogue import ReleaseCatalogue
+    from renyi_stream.queries.catalogue import ReleaseCatalogue
 
     return {r.query_id: json.loads(r.query.to_json())["spec"]
             for r in ReleaseCatalogue(str(tmp_path / "public")).read().registrations}
@@ -260,9 +260,9 @@ def test_the_distributed_job_answers_the_declared_bounded_columns_and_its_next_r
 
 def test_the_streaming_job_answers_the_declared_bounded_columns_and_refuses_columns_given_both_ways(tmp_path,
                                                                                                    capsys):
-    from pipelines.streaming import job as sj
-    from stream.engine.readers import read_batches
-    from stream.noise import NoiseKey
+    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.stream.engine.readers import read_batches
+    from renyi_stream.stream.noise import NoiseKey
 
     day0 = _csv(tmp_path / "d0.csv", [f"1,{_day(0)},1,500", f"2,{_day(0)},0,3"], header="user_id,day,opened,minutes")
     message = tmp_path / "d0.arrows"

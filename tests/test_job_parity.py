@@ -2,11 +2,11 @@
 
 ``renyi-stream run`` answers the queries of its DuckDB release store; the distributed and
 streaming jobs answer those of the catalogue beside their Parquet release root
-(:mod:`queries.catalogue`), registered by ``renyi-stream query add --releases-parquet ROOT``
-under the same rules (:mod:`queries.registration`). Given the same registrations (a weighted
+(:mod:`renyi_stream.queries.catalogue`), registered by ``renyi-stream query add --releases-parquet ROOT``
+under the same rules (:mod:`renyi_stream.queries.registration`). Given the same registrations (a weighted
 sum, a clamp, a numeric histogram retired mid-way, a string-category histogram registered
 mid-way) and the same rows, every job releases the same rows with the same sums: each adds its
-own ledger's noise (bound to its random ledger id, :class:`stream.noise.NoiseBinding`), which
+own ledger's noise (bound to its random ledger id, :class:`renyi_stream.stream.noise.NoiseBinding`), which
 the tests take off again with the key. The distributed and streaming jobs keep a running
 query's state from run to run and from job to job (the conformance suite compares their running
 totals with the daily job's); the streaming job takes string ids.
@@ -24,18 +24,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli.main import main as cli
-from pipelines.daily.job import JobConfig, run_job
-from pipelines.distributed import job as dist
-from pipelines.streaming import job as sj
-from queries.catalogue import ReleaseCatalogue, queries_at_launch
-from queries.linear import LinearQuery
-from queries.registry import QueryRegistry
-from queries.release_files import write_release_file
-from queries.release_store import ReleaseStore
-from stream.accounting.gaussian import MAX_DIM
-from stream.contract import DeclaredColumn, InputContract
-from stream.noise import NoiseBinding, NoiseKey, gaussian_noise
+from renyi_stream.pipelines.cli.main import main as cli
+from renyi_stream.pipelines.daily.job import JobConfig, run_job
+from renyi_stream.pipelines.distributed import job as dist
+from renyi_stream.pipelines.streaming import job as sj
+from renyi_stream.queries.catalogue import ReleaseCatalogue, queries_at_launch
+from renyi_stream.queries.linear import LinearQuery
+from renyi_stream.queries.registry import QueryRegistry
+from renyi_stream.queries.release_files import write_release_file
+from renyi_stream.queries.release_store import ReleaseStore
+from renyi_stream.stream.accounting.gaussian import MAX_DIM
+from renyi_stream.stream.contract import DeclaredColumn, InputContract
+from renyi_stream.stream.noise import NoiseBinding, NoiseKey, gaussian_noise
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -507,7 +507,7 @@ def test_a_running_query_retired_before_the_jobs_windows_is_no_reason_to_refuse(
 
 def test_a_running_query_registered_beside_a_parquet_release_root_records_its_strategy_and_horizon(tmp_path):
     """The catalogue the distributed and streaming jobs answer records a running query as the
-    daily registry does (one codec: queries.linear.LinearQuery.to_json), its strategy's
+    daily registry does (one codec: renyi_stream.queries.linear.LinearQuery.to_json), its strategy's
     parameters included."""
     root = str(tmp_path / "public")
     assert cli(["query", "add", "--releases-parquet", root, "--id", "total", "--columns", "opened",
@@ -578,7 +578,7 @@ class _Store:
                "value": 1.0, "noise_std": 1.0, "kind": "window", "accounting": "gdp", "mechanism": "gaussian",
                "key_fingerprint": "0" * 16}
         if self.kind == "duckdb":
-            from queries.release_store import RELEASE_SCHEMA
+            from renyi_stream.queries.release_store import RELEASE_SCHEMA
 
             self._store.publish(pa.Table.from_pylist([row], schema=RELEASE_SCHEMA))
         else:
@@ -624,7 +624,7 @@ def test_each_change_of_a_parquet_catalogue_is_a_new_revision_and_a_stale_one_is
     catalogue.add(LinearQuery.columns("b", ["x"]), effective_from=10)
     assert sorted(p.name for p in (tmp_path / "_queries").iterdir()) == ["revision-00000001.json",
                                                                          "revision-00000002.json"]
-    from queries.catalogue import CatalogueChanged
+    from renyi_stream.queries.catalogue import CatalogueChanged
 
     with pytest.raises(CatalogueChanged):  # a job planned from revision 1 must plan again
         catalogue.record_launch(launch)

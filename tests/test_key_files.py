@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.curator.store import CuratorStoreError
-from pipelines.daily.job import JobConfig, run_job
-from queries.release_store import ReleaseConflictError, ReleaseStore
-from stream.noise import NoiseKey, NoiseKeyError
+from renyi_stream.pipelines.curator.store import CuratorStoreError
+from renyi_stream.pipelines.daily.job import JobConfig, run_job
+from renyi_stream.queries.release_store import ReleaseConflictError, ReleaseStore
+from renyi_stream.stream.noise import NoiseKey, NoiseKeyError
 
 from declared import contract, flags
 
@@ -88,7 +88,7 @@ def _cli_run(tmp_path, offset, *, store="s.duckdb", ledger="l.duckdb", key="k.ke
 
 
 def _cli(argv, capsys) -> tuple[int, str]:
-    from pipelines.cli.main import main
+    from renyi_stream.pipelines.cli.main import main
 
     try:
         status = main(argv)

@@ -10,13 +10,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("stream", "pipelines", "queries")
+PACKAGE = "renyi_stream"  # the one import package the folders are installed under (setup.py)
 
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
-    return ".".join(parts)
+    return ".".join([PACKAGE, *parts])
 
 
 def _modules() -> dict[str, Path]:
@@ -28,8 +29,8 @@ MODULES = _modules()
 
 def _imports(name: str) -> set[str]:
     """Every absolute module ``name`` imports, anywhere in its body (function-level imports too),
-    resolved to the longest known module (``from pipelines.beam import transforms`` imports
-    ``pipelines.beam.transforms``); external modules by their top-level package."""
+    resolved to the longest known module (``from renyi_stream.pipelines.beam import transforms`` imports
+    ``renyi_stream.pipelines.beam.transforms``); external modules by their top-level package."""
     tree = ast.parse(MODULES[name].read_text(), filename=str(MODULES[name]))
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -60,25 +61,45 @@ def _layer_violations(importer_prefix: str, forbidden: tuple[str, ...]) -> list[
                   for i in imported if any(i == f or i.startswith(f + ".") for f in forbidden))
 
 
+def _bare_imports(path: Path) -> list[str]:
+    """The absolute imports in ``path`` of one of the folders by its bare name (``import stream``,
+    ``from pipelines.cli import main``), which only a checkout on ``sys.path`` resolves."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = [(node.lineno, alias.name) for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names]
+    names += [(node.lineno, node.module) for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module]
+    return [f"{path.relative_to(ROOT)}:{line} imports {name}" for line, name in names
+            if name.split(".")[0] in PACKAGES]
+
+
+def test_every_module_imports_the_folders_through_the_one_installed_package():
+    """An installed wheel has no top-level ``stream``, ``pipelines`` or ``queries`` (issue 31):
+    a bare import of one works in a checkout and fails after ``pip install .``."""
+    tracked = [p for p in ROOT.rglob("*.py") if not any(part.startswith(".") or part in {"build", "dist"}
+                                                          for part in p.relative_to(ROOT).parts)]
+    assert [found for path in tracked for found in _bare_imports(path)] == []
+
+
 def test_the_core_and_the_engine_import_nothing_from_the_jobs_or_the_analysts_side():
-    assert _layer_violations("stream", ("pipelines", "queries")) == []
+    assert _layer_violations("renyi_stream.stream", ("renyi_stream.pipelines", "renyi_stream.queries")) == []
 
 
 def test_the_core_imports_nothing_from_the_engine_above_it():
-    core = [m for m in GRAPH if m.startswith("stream") and not m.startswith("stream.engine")]
-    assert sorted(f"{m} imports {i}" for m in core for i in GRAPH[m] if i.startswith("stream.engine")) == []
+    core = [m for m in GRAPH if m.startswith("renyi_stream.stream") and not m.startswith("renyi_stream.stream.engine")]
+    assert sorted(f"{m} imports {i}" for m in core for i in GRAPH[m] if i.startswith("renyi_stream.stream.engine")) == []
 
 
 def test_the_engine_is_beam_free_and_storage_free():
-    assert _layer_violations("stream.engine", ("apache_beam", "duckdb")) == []
+    assert _layer_violations("renyi_stream.stream.engine", ("apache_beam", "duckdb")) == []
 
 
 def test_the_analysts_side_imports_nothing_from_the_pipelines():
-    assert _layer_violations("queries", ("pipelines",)) == []
+    assert _layer_violations("renyi_stream.queries", ("renyi_stream.pipelines",)) == []
 
 
 def test_no_job_imports_another_job():
-    jobs = ("pipelines.daily", "pipelines.distributed", "pipelines.streaming", "pipelines.features")
+    jobs = ("renyi_stream.pipelines.daily", "renyi_stream.pipelines.distributed", "renyi_stream.pipelines.streaming", "renyi_stream.pipelines.features")
     crossings = [v for job in jobs for v in _layer_violations(job, tuple(j for j in jobs if j != job))]
     assert crossings == []
 

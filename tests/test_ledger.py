@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream.ledger import ADMITTED, CLIPPED, DROPPED, Ledger
+from renyi_stream.stream.ledger import ADMITTED, CLIPPED, DROPPED, Ledger
 
 S = 2.0  # noise std used throughout: charge = ||q||^2 / 8
 

@@ -14,15 +14,15 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from stream.contract import DeclaredColumn, InputContract
-from stream.accounting import calibrate
-from stream.accounting.calibration import NOISE_HEADROOM
-from stream.accounting.odometers import tracker_step_for
-from stream.engine.ledger_config import (DEFAULT_SHARDS, DERIVED, FIXED, MAX_SHARDS, LedgerConfig, LedgerConfigError,
+from renyi_stream.stream.contract import DeclaredColumn, InputContract
+from renyi_stream.stream.accounting import calibrate
+from renyi_stream.stream.accounting.calibration import NOISE_HEADROOM
+from renyi_stream.stream.accounting.odometers import tracker_step_for
+from renyi_stream.stream.engine.ledger_config import (DEFAULT_SHARDS, DERIVED, FIXED, MAX_SHARDS, LedgerConfig, LedgerConfigError,
                                          snapshot_key)
-from stream.ledger import Ledger
-from stream.noise import new_ledger_id
-from stream.schema import WindowSpec
+from renyi_stream.stream.ledger import Ledger
+from renyi_stream.stream.noise import new_ledger_id
+from renyi_stream.stream.schema import WindowSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 B = 30.0
@@ -61,7 +61,7 @@ def test_a_new_ledgers_budget_noise_and_tracker_step_come_from_the_calibration_o
 
 
 def test_the_tracker_step_is_written_once_in_the_code_base():
-    # tracker_step = rho / 32 is defined by stream.accounting.odometers.tracker_step_for alone; any
+    # tracker_step = rho / 32 is defined by renyi_stream.stream.accounting.odometers.tracker_step_for alone; any
     # other "/ 32" in the code is a second definition that can drift from it.
     pattern = re.compile(r"/\s*32(\.0*)?(?![\d.])")
     definition = ROOT / "stream" / "accounting" / "odometers.py"
@@ -104,7 +104,7 @@ def test_the_snapshot_codec_round_trips_through_a_parquet_files_schema_metadata(
 
 
 def test_the_meta_codec_round_trips_through_a_curator_ledger_file(tmp_path):
-    from pipelines.curator.store import CuratorStore
+    from renyi_stream.pipelines.curator.store import CuratorStore
 
     with CuratorStore(tmp_path / "l.duckdb") as store:
         config = _config(ledger_id=store.ledger_id, n_shards=5)
@@ -262,18 +262,18 @@ SHARED = ("start", "end", "epsilon", "delta", "norm_budget", "accounting", "wind
 
 
 def _subcommand(name: str) -> argparse.ArgumentParser:
-    from pipelines.cli.main import _build_parser
+    from renyi_stream.pipelines.cli.main import _build_parser
 
     parser = _build_parser()
     return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
 
 
 def _jobs() -> dict[str, argparse.ArgumentParser]:
-    from pipelines.distributed import job as dist
-    from pipelines.streaming import job as sj
+    from renyi_stream.pipelines.distributed import job as dist
+    from renyi_stream.pipelines.streaming import job as sj
 
-    return {"renyi-stream run": _subcommand("run"), "python -m pipelines.distributed": dist._parser(),
-            "python -m pipelines.streaming": sj._parser()}
+    return {"renyi-stream run": _subcommand("run"), "python -m renyi_stream.pipelines.distributed": dist._parser(),
+            "python -m renyi_stream.pipelines.streaming": sj._parser()}
 
 
 def test_the_three_jobs_share_the_ledger_options_with_the_same_names_defaults_and_choices():

@@ -2,7 +2,7 @@
 
 ``Ledger.admit(..., prepaid=terms)``: a user's whole request in a window is their window-query
 vector ``v`` (charged ``||v||^2 / (2 s^2)``) plus, for each active running query, the prepaid
-charge of their contribution ``x`` (stream.continual.prepaid); the ledger decides once over the
+charge of their contribution ``x`` (renyi_stream.stream.continual.prepaid); the ledger decides once over the
 sum, and under ``clip`` one scale applies to ``v`` and every ``x``.
 """
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stream.accounting.gaussian import gaussian_charge
-from stream.continual.blt import BufferedLinearToeplitz
-from stream.continual.prepaid import BLTPrepaid, prepaid_charge, prepaid_rho
-from stream.ledger import ADMITTED, CLIPPED, DROPPED, ChargeTerms, Ledger
+from renyi_stream.stream.accounting.gaussian import gaussian_charge
+from renyi_stream.stream.continual.blt import BufferedLinearToeplitz
+from renyi_stream.stream.continual.prepaid import BLTPrepaid, prepaid_charge, prepaid_rho
+from renyi_stream.stream.ledger import ADMITTED, CLIPPED, DROPPED, ChargeTerms, Ledger
 
 S = 2.0
 RULE = BLTPrepaid(BufferedLinearToeplitz(), horizon=365)
@@ -108,7 +108,7 @@ def test_a_nonzero_window_vector_is_never_free_even_when_its_square_underflows()
 def test_a_nonzero_running_contribution_is_never_free_even_when_its_square_underflows(strategy):
     """x = 1e-170 in a window that asks only a running query: x^2 underflows to 0 in every term,
     yet its true loss is positive, so it must be charged (found by the attacker's review)."""
-    from stream.continual.prepaid import running_rule
+    from renyi_stream.stream.continual.prepaid import running_rule
 
     rule = running_rule(strategy, 16)
     state = rule.new_users(1, 1)

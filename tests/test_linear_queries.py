@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from queries.linear import MAX_ID, LinearQuery, default_queries
-from stream.accounting.gaussian import MAX_DIM
-from stream.schema import validate_batch
+from renyi_stream.queries.linear import MAX_ID, LinearQuery, default_queries
+from renyi_stream.stream.accounting.gaussian import MAX_DIM
+from renyi_stream.stream.schema import validate_batch
 
 
 def _rows(**columns) -> pa.Table:

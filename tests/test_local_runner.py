@@ -12,8 +12,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability import prism_runner
 from apache_beam.runners.portability.fn_api_runner import fn_runner
 
-from pipelines.daily.job import JobConfig, run_job
-from pipelines.beam.local_runner import batch_runner
+from renyi_stream.pipelines.daily.job import JobConfig, run_job
+from renyi_stream.pipelines.beam.local_runner import batch_runner
 from declared import contract
 
 
@@ -54,8 +54,8 @@ def test_a_local_run_outside_ipython_does_not_import_ipython(tmp_path):
     script = textwrap.dedent(f"""
         import datetime as dt, sys
         import pyarrow as pa, pyarrow.parquet as pq
-        from pipelines.daily.job import JobConfig, run_job
-        from stream.contract import DeclaredColumn, InputContract
+        from renyi_stream.pipelines.daily.job import JobConfig, run_job
+        from renyi_stream.stream.contract import DeclaredColumn, InputContract
         day = dt.date(2026, 3, 1)
         pq.write_table(pa.table({{"user_id": [1, 2], "day": [day] * 2, "opened": [1.0, 0.0]}}), "{tmp_path}/d.parquet")
         w0 = (day - dt.date(1970, 1, 1)).days
@@ -74,7 +74,7 @@ def test_inside_an_ipython_session_beams_own_check_still_answers():
 
     from apache_beam.utils import interactive_utils
 
-    from pipelines.beam.local_runner import skip_ipython_probe
+    from renyi_stream.pipelines.beam.local_runner import skip_ipython_probe
 
     skip_ipython_probe()
     fake = types.ModuleType("IPython")

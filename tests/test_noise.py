@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from stream import noise
-from stream.noise import (
+from renyi_stream.stream import noise
+from renyi_stream.stream.noise import (
     InsecureNoiseWarning,
     NoiseBinding,
     NoiseKey,

@@ -1,5 +1,5 @@
-"""log Phi without scipy (stream.accounting.normal) and the bisection behind every inverted budget
-(stream.accounting._bisect): the default calibration's two numerical parts."""
+"""log Phi without scipy (renyi_stream.stream.accounting.normal) and the bisection behind every inverted budget
+(renyi_stream.stream.accounting._bisect): the default calibration's two numerical parts."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy import special
 
-from stream.accounting._bisect import first_true, last_true
-from stream.accounting.normal import log_ndtr, log_ndtr_scalar
+from renyi_stream.stream.accounting._bisect import first_true, last_true
+from renyi_stream.stream.accounting.normal import log_ndtr, log_ndtr_scalar
 
 
 def _relative_error(ours: np.ndarray, reference: np.ndarray) -> np.ndarray:
@@ -76,7 +76,7 @@ def test_bisection_refuses_an_empty_bracket_naming_both_ends(finder):
 
 def test_the_default_calibration_imports_no_scipy():
     # scipy.optimize and scipy.special cost every run about 0.25 s of imports; only zcdp-cks needs scipy.
-    code = ("import sys; from stream.accounting import calibrate, epsilon_for_budget; "
+    code = ("import sys; from renyi_stream.stream.accounting import calibrate, epsilon_for_budget; "
             "calibrate(epsilon=1.0, delta=1e-6, norm_budget=30.0); epsilon_for_budget(rho=0.1, delta=1e-6); "
             "calibrate(epsilon=1.0, delta=1e-6, norm_budget=30.0, accounting='zcdp-thm49'); "
             "print(sorted(m for m in sys.modules if m == 'scipy' or m.startswith('scipy.')))")

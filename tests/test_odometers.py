@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream.accounting import (
+from renyi_stream.stream.accounting import (
     Odometer,
     filter_odometer,
     mixture_odometer,
@@ -17,7 +17,7 @@ from stream.accounting import (
     stitched_odometer,
     tracker_update,
 )
-from stream.accounting.odometers import tracker_reference
+from renyi_stream.stream.accounting.odometers import tracker_reference
 
 charges = st.lists(
     st.one_of(

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock
-from pipelines.daily.job import JobConfig, run_job
-from queries.release_store import ReleaseConflictError, ReleaseStore
+from renyi_stream.pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock
+from renyi_stream.pipelines.daily.job import JobConfig, run_job
+from renyi_stream.queries.release_store import ReleaseConflictError, ReleaseStore
 from declared import contract
 
 # The ledgers' declared input (issue 28): 0/1 indicators, whose clamped sums are their plain sums.
@@ -106,8 +106,8 @@ def test_budgets_accumulate_across_daily_runs(tmp_path):
 
 def test_a_ledger_continued_with_another_shard_count_gives_the_ledger_and_releases_of_the_same_count(tmp_path):
     # Invariant 1 (ledger-never-window-scoped) across a change of --shards: the ledger is restored
-    # whole and split again by user (stream.engine.sharding.shard_of), so every user finds their
-    # own budget, as in the distributed and streaming jobs (stream.engine.ledger_config, "per run").
+    # whole and split again by user (renyi_stream.stream.engine.sharding.shard_of), so every user finds their
+    # own budget, as in the distributed and streaming jobs (renyi_stream.stream.engine.ledger_config, "per run").
     from dataclasses import replace
 
     rng = np.random.default_rng(11)
@@ -241,7 +241,7 @@ def _recorded(config) -> dict:
 def _as_another_version(tmp_path, rho_factor: float) -> tuple:
     """Day 0 run, then its ledger's budget rescaled by ``rho_factor`` with the noise std and tracker
     step that budget gives (what a version whose root finder ends elsewhere records)."""
-    from stream.accounting.calibration import NOISE_HEADROOM
+    from renyi_stream.stream.accounting.calibration import NOISE_HEADROOM
 
     day0 = _write_day(tmp_path / "d0.parquet", 0, [1, 2], [1.0, 0.0], [0.0, 1.0])
     config = _config(tmp_path, [day0], start=0, end=0)
@@ -277,9 +277,9 @@ def test_a_ledger_whose_noise_or_tracker_does_not_follow_from_its_budget_is_refu
 
 _CRASHING_RUN = textwrap.dedent("""
     import sys
-    from pipelines.daily.job import JobConfig, run_job
-    from stream.contract import InputContract
-    from stream.schema import WindowSpec
+    from renyi_stream.pipelines.daily.job import JobConfig, run_job
+    from renyi_stream.stream.contract import InputContract
+    from renyi_stream.stream.schema import WindowSpec
     inputs, store, ledger, key, start, end, declared = sys.argv[1:8]
     run_job(JobConfig(inputs=(inputs,), store=store, ledger=ledger, epsilon=1.0, delta=1e-6,
                       norm_budget=2.5, start_window=int(start), end_window=int(end), key_path=key, n_shards=4,
@@ -348,7 +348,7 @@ def test_releases_are_also_written_as_parquet_files_that_duckdb_reads(tmp_path):
 
 
 def test_a_release_file_is_never_rewritten_first_write_wins(tmp_path):
-    from pipelines.beam.transforms import WriteReleaseFiles
+    from renyi_stream.pipelines.beam.transforms import WriteReleaseFiles
 
     start = dt.datetime(2026, 3, 1, tzinfo=dt.timezone.utc)
     row = {"query_id": "sum:a", "window_id": 5, "window_start": start, "window_end": start + dt.timedelta(days=1),

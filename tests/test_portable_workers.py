@@ -1,6 +1,6 @@
 """Both batch jobs on Beam's portable workers, as Flink and Dataflow run Python (issue 19, item 4).
 
-The daily job (``renyi-stream run``) and the distributed job (``python -m pipelines.distributed``)
+The daily job (``renyi-stream run``) and the distributed job (``python -m renyi_stream.pipelines.distributed``)
 run their DoFns in SDK harness processes started by a worker pool (``worker_pool_main``), which
 reach the runner over the Fn API: control, data, state and timers over gRPC (the filter's bag
 state and its event-time timer included). Two runner routes:
@@ -39,10 +39,10 @@ import pyarrow.parquet as pq
 import pytest
 from portable_workers import WorkerPool, run_job, worker_pool
 
-from pipelines.cli import main as cli
-from pipelines.distributed import job as dist
-from queries.release_store import RELEASE_SCHEMA
-from stream.noise import NoiseKey
+from renyi_stream.pipelines.cli import main as cli
+from renyi_stream.pipelines.distributed import job as dist
+from renyi_stream.queries.release_store import RELEASE_SCHEMA
+from renyi_stream.stream.noise import NoiseKey
 
 DAY0 = dt.date(2026, 3, 1)
 WINDOWS = [20513, 20514, 20515]  # 2026-03-01 .. 03
@@ -103,7 +103,7 @@ def days(tmp_path_factory) -> list[str]:
 def _in_process(argv: list[str]) -> None:
     """Run ``python -m <module> <args>`` (``argv``) in this process, on the in-process runner."""
     _, module, *args = argv
-    main = {"pipelines.cli.main": cli.main, "pipelines.distributed": dist.main}[module]
+    main = {"renyi_stream.pipelines.cli.main": cli.main, "renyi_stream.pipelines.distributed": dist.main}[module]
     assert main(args) == 0
 
 
@@ -120,7 +120,7 @@ def _on_workers(pool: WorkerPool, route: Route, argv: list[str]) -> None:
 
 
 def _daily(folder: Path, inputs: list[str], start: str, end: str, key: Path, *declare: str) -> list[str]:
-    return ["-m", "pipelines.cli.main", "run", "--input", *inputs, "--store", str(folder / "releases.duckdb"),
+    return ["-m", "renyi_stream.pipelines.cli.main", "run", "--input", *inputs, "--store", str(folder / "releases.duckdb"),
             "--ledger", str(folder / "ledger.duckdb"), "--start", start, "--end", end, "--key", str(key), *PROMISE,
             *declare]
 
@@ -173,7 +173,7 @@ def test_renyi_stream_run_on_sdk_harnesses_gives_the_in_process_releases_and_led
         assert got[name] == expected, f"{name} differ on {route} [portable workers: {pool.detail}]"
 
 
-# --- python -m pipelines.distributed ---------------------------------------------------------------
+# --- python -m renyi_stream.pipelines.distributed ---------------------------------------------------------------
 
 
 def _distributed(inputs: list[str], start: str, end: str, previous: Path | str, output: Path, public: Path,
@@ -181,7 +181,7 @@ def _distributed(inputs: list[str], start: str, end: str, previous: Path | str, 
     # --wait: the launcher waits for the job (and prints its totals) on any runner, not only the DirectRunner.
     # A new ledger (previous "none") declares its contract; a continuation keeps the recorded one.
     declare = DECLARE if str(previous) == "none" else []
-    return ["-m", "pipelines.distributed", "--input", *inputs, "--start", start, "--end", end,
+    return ["-m", "renyi_stream.pipelines.distributed", "--input", *inputs, "--start", start, "--end", end,
             "--previous-ledger", str(previous), "--output", str(output), "--releases-parquet", str(public),
             "--noise-key", str(key), "--wait", *PROMISE, *declare]
 

@@ -13,8 +13,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from stream.continual.blt import BufferedLinearToeplitz
-from stream.continual.prepaid import (
+from renyi_stream.stream.continual.blt import BufferedLinearToeplitz
+from renyi_stream.stream.continual.prepaid import (
     ETA,
     BLTPrepaid,
     ChargeTerms,
@@ -27,9 +27,9 @@ from stream.continual.prepaid import (
     prepaid_rule,
     realised_sq_norms,
 )
-from stream.continual.strategies import BinaryTree, SquareRootFactorization, WindowSums
-from stream.ledger import ADMITTED, CLIPPED, DROPPED, individual_filter
-from stream.testing import strict_xp as sx
+from renyi_stream.stream.continual.strategies import BinaryTree, SquareRootFactorization, WindowSums
+from renyi_stream.stream.ledger import ADMITTED, CLIPPED, DROPPED, individual_filter
+from renyi_stream.stream.testing import strict_xp as sx
 
 # A BLT whose tail is negligible after 400 windows (largest decay 0.9), so a dense reference over
 # 400 windows is its infinite tail to 1e-18.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from stream.continual.prepaid_audit import PrepaidAuditConfig, PrepaidVariant, run_prepaid_audit
+from renyi_stream.stream.continual.prepaid_audit import PrepaidAuditConfig, PrepaidVariant, run_prepaid_audit
 
 CLAIM = PrepaidAuditConfig()  # epsilon = 1 at delta = 1e-2, 6 windows, 200k runs per world, alpha = 1e-3
 

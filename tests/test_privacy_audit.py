@@ -1,6 +1,6 @@
 """Empirical privacy audit of the individual filter (stream/audit.py).
 
-The audit runs the real :class:`stream.ledger.Ledger` and the real keyed noise on neighbouring
+The audit runs the real :class:`renyi_stream.stream.ledger.Ledger` and the real keyed noise on neighbouring
 inputs (a target user present / absent), with an adaptive adversary that controls the target's
 data, and turns the most powerful test's error rates into a lower bound on epsilon with
 Clopper-Pearson intervals (Jagielski et al. 2020; Nasr et al. 2021; Clopper & Pearson 1934).
@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from stream.accounting import gdp_to_epsilon
-from stream.audit import AuditConfig, Variant, clopper_pearson_upper, epsilon_lower_bound, run_audit
+from renyi_stream.stream.accounting import gdp_to_epsilon
+from renyi_stream.stream.audit import AuditConfig, Variant, clopper_pearson_upper, epsilon_lower_bound, run_audit
 
 CLAIM = AuditConfig()  # epsilon = 1 at delta = 1e-2, gdp accounting, 200k runs per world, alpha = 1e-3
 

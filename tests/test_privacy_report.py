@@ -11,15 +11,15 @@ import pyarrow.parquet as pq
 import pytest
 from scipy.stats import norm
 
-from pipelines.cli.main import main
-from pipelines.curator.store import CuratorStore
-from pipelines.daily.job import JobConfig, run_job
-from pipelines.curator.privacy_report import privacy_report
-from queries.release_store import RELEASE_SCHEMA
-from stream.accounting import calibrate, epsilon_for_budget
-from stream.engine.ledger_config import LedgerConfig
-from stream.ledger import Ledger
-from stream.schema import REJECTED_SCHEMA
+from renyi_stream.pipelines.cli.main import main
+from renyi_stream.pipelines.curator.store import CuratorStore
+from renyi_stream.pipelines.daily.job import JobConfig, run_job
+from renyi_stream.pipelines.curator.privacy_report import privacy_report
+from renyi_stream.queries.release_store import RELEASE_SCHEMA
+from renyi_stream.stream.accounting import calibrate, epsilon_for_budget
+from renyi_stream.stream.engine.ledger_config import LedgerConfig
+from renyi_stream.stream.ledger import Ledger
+from renyi_stream.stream.schema import REJECTED_SCHEMA
 
 from declared import contract
 

@@ -1,4 +1,4 @@
-"""stream.private_files: curator files 0600 in 0700 folders whatever the umask, refused when shared."""
+"""renyi_stream.stream.private_files: curator files 0600 in 0700 folders whatever the umask, refused when shared."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from stream.private_files import (PrivateFileError, make_private_dirs, private_dir, private_run_dir, private_scratch,
+from renyi_stream.stream.private_files import (PrivateFileError, make_private_dirs, private_dir, private_run_dir, private_scratch,
                                   private_temp_dir, private_umask, public_file_mode, refuse_if_shared,
                                   remove_stale_run_dirs, remove_stale_scratch, tighten_tree, write_private,
                                   write_private_bytes)

@@ -1,10 +1,10 @@
 """One publication rule and one row balance for the three jobs (issue 19, item 1; docs/architecture.md,
 "The outbox rule"; invariant 5 (release-once) and invariant 7 (rows-counted-not-lost)).
 
-The rule (:func:`stream.engine.publication.publish_outbox`) is specified with in-memory sides
+The rule (:func:`renyi_stream.stream.engine.publication.publish_outbox`) is specified with in-memory sides
 first: committed windows only, in window order, first write wins, and a crash between windows
 then a resume publishes the rest once. The crash is the rule's own test-only crash point
-(:func:`stream.faults.crash_point`), made to raise here instead of killing the process; the jobs
+(:func:`renyi_stream.stream.faults.crash_point`), made to raise here instead of killing the process; the jobs
 are killed for real at the same points in ``tests/test_crash_points.py`` (daily) and
 ``tests/conformance`` (daily and distributed). Then each job's own sides where no other test
 covers them: the daily job's whole-batch conflict check, and the streaming job's outbox (a window
@@ -25,10 +25,10 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-import stream.engine.publication as publication
-from stream.engine.publication import Outbox, Publication, PublicReleases, publish_outbox
-from stream.engine.row_balance import RowBalance, reason_counts
-from stream.noise import NoiseKey
+import renyi_stream.stream.engine.publication as publication
+from renyi_stream.stream.engine.publication import Outbox, Publication, PublicReleases, publish_outbox
+from renyi_stream.stream.engine.row_balance import RowBalance, reason_counts
+from renyi_stream.stream.noise import NoiseKey
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -88,7 +88,7 @@ class MemoryPublic:
 
 
 class Killed(Exception):
-    """Stands for the SIGKILL of stream.faults.crash_point: nothing after it runs."""
+    """Stands for the SIGKILL of renyi_stream.stream.faults.crash_point: nothing after it runs."""
 
 
 @pytest.fixture
@@ -168,8 +168,8 @@ def test_rows_of_another_window_in_a_windows_outbox_are_refused_before_anything_
 
 
 def test_every_jobs_outbox_and_public_side_have_the_protocols_methods(tmp_path):
-    from pipelines.beam.publication import PublicReleaseFiles, StagedReleases
-    from pipelines.daily.job import CuratorOutbox, StoreAndFiles
+    from renyi_stream.pipelines.beam.publication import PublicReleaseFiles, StagedReleases
+    from renyi_stream.pipelines.daily.job import CuratorOutbox, StoreAndFiles
 
     assert isinstance(CuratorOutbox(None), Outbox) and isinstance(StagedReleases(str(tmp_path)), Outbox)
     assert isinstance(StoreAndFiles(None, "id"), PublicReleases)
@@ -181,7 +181,7 @@ def test_every_jobs_outbox_and_public_side_have_the_protocols_methods(tmp_path):
 
 
 def _release_rows(windows, value: float, key: str) -> pa.Table:
-    from queries.release_store import RELEASE_SCHEMA
+    from renyi_stream.queries.release_store import RELEASE_SCHEMA
 
     rows = []
     for w in windows:
@@ -196,12 +196,12 @@ def _release_rows(windows, value: float, key: str) -> pa.Table:
 def test_the_daily_jobs_publication_refuses_a_conflict_in_a_later_window_before_publishing_an_earlier_one(tmp_path):
     """The store checks every committed window before the first is inserted: a store holding
     another answer for the second window gets neither (first write wins, all or nothing)."""
-    from pipelines.curator.store import CuratorStore
-    from pipelines.daily.job import _publish_pending
-    from queries.release_store import ReleaseConflictError, ReleaseStore
-    from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
-    from stream.engine.shard_state import WINDOW_COUNT_NAMES
-    from stream.ledger import Ledger
+    from renyi_stream.pipelines.curator.store import CuratorStore
+    from renyi_stream.pipelines.daily.job import _publish_pending
+    from renyi_stream.queries.release_store import ReleaseConflictError, ReleaseStore
+    from renyi_stream.stream.engine.dead_letters import DEAD_LETTER_SCHEMA
+    from renyi_stream.stream.engine.shard_state import WINDOW_COUNT_NAMES
+    from renyi_stream.stream.ledger import Ledger
 
     key = "ab" * 8
     with CuratorStore(tmp_path / "ledger.duckdb") as curator, ReleaseStore(tmp_path / "releases.duckdb") as store:
@@ -223,7 +223,7 @@ def test_the_daily_jobs_publication_refuses_a_conflict_in_a_later_window_before_
 
 def _stream(tmp_path: Path, days: int = 2) -> list[str]:
     """One message per day of 40 users (the streaming job's --replay files)."""
-    from pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming import job as sj
 
     folder = tmp_path / "messages"
     folder.mkdir(exist_ok=True)
@@ -266,7 +266,7 @@ def test_the_streaming_jobs_public_files_are_written_downstream_of_its_ledger_sn
     """A Beam runner orders two steps only by data: the step writing public files must consume
     the snapshot writes (invariant 5 (release-once), docs/architecture.md: the charge is durable
     before the answer is public); a branch beside them could publish first and be lost with it."""
-    from pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming import job as sj
 
     messages = _stream(tmp_path, days=1)
     args, _ = sj.parse_args(_stream_args(tmp_path, messages, start=W0, end=W0, output="curator"))
@@ -282,9 +282,9 @@ def test_a_streaming_window_goes_public_only_once_committed_after_every_earlier_
     W0 + 1 is complete first but waits for W0; W0 + 2 never gets shard 1's snapshot."""
     from apache_beam.testing.util import assert_that, equal_to
 
-    from pipelines.beam.object_store import write_parquet
-    from pipelines.streaming import job as sj
-    from queries.release_files import release_file_path, release_file_table
+    from renyi_stream.pipelines.beam.object_store import write_parquet
+    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.queries.release_files import release_file_path, release_file_table
 
     curator, public = str(tmp_path / "curator"), str(tmp_path / "public")
     for w in (W0, W0 + 1, W0 + 2):
@@ -306,7 +306,7 @@ def test_a_window_a_lost_streaming_job_left_staged_is_published_by_the_next_job_
     """The state a job lost after every shard's snapshot of its last window, before that window's
     public file, leaves: the file staged in its --output and not public. The next job, given that
     window's snapshots, publishes it (the answer the lost job computed) and continues from them."""
-    from pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming import job as sj
 
     messages = _stream(tmp_path, days=3)
     assert sj.main(_stream_args(tmp_path, messages[:2], start=W0, end=W0 + 1, output="job1")) == 0
@@ -324,7 +324,7 @@ def test_a_window_a_lost_streaming_job_left_staged_is_published_by_the_next_job_
 
 
 def test_a_staged_window_whose_snapshots_miss_a_shard_is_not_published(tmp_path, capsys):
-    from pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming import job as sj
 
     messages = _stream(tmp_path, days=3)
     assert sj.main(_stream_args(tmp_path, messages[:2], start=W0, end=W0 + 1, output="job1")) == 0
@@ -371,9 +371,9 @@ def test_reasons_are_counted_over_every_dead_letter_table():
 def test_the_three_jobs_record_the_same_row_balance_fields(tmp_path):
     """The daily summary and curator ``run_counts``, the distributed manifest's ``totals`` and the
     streaming ``_BOOKS.json``: the same names, from :meth:`RowBalance.totals`, with ``balanced``."""
-    from pipelines.daily.job import JobSummary
-    from pipelines.distributed import job as dist
-    from pipelines.streaming import job as sj
+    from renyi_stream.pipelines.daily.job import JobSummary
+    from renyi_stream.pipelines.distributed import job as dist
+    from renyi_stream.pipelines.streaming import job as sj
 
     fields = set(RowBalance(0, 0, 0, 0, 0, 0).totals())
     assert fields <= set(JobSummary.__dataclass_fields__) and JobSummary.balanced is RowBalance.balanced

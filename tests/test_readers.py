@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stream.engine import readers
-from stream.engine.readers import InputFileError, MalformedLines, read_batches
+from renyi_stream.stream.engine import readers
+from renyi_stream.stream.engine.readers import InputFileError, MalformedLines, read_batches
 
 TABLE = pa.table({
     "user_id": pa.array([1, 2, 3], type=pa.int64()),
@@ -105,7 +105,7 @@ def _csv_rows(path) -> tuple[list[dict], list[tuple[int, str, str]]]:
 def test_a_too_long_line_ending_exactly_at_a_chunk_boundary_loses_no_line_after_it(tmp_path):
     # The reader reads 8 MiB chunks; a too-long line whose newline is the last byte of a chunk
     # once ended the read there, silently: the lines after it were never read nor counted.
-    from stream.engine import readers
+    from renyi_stream.stream.engine import readers
 
     header = b"user_id,day,opened\n"
     long_line = b"9" * (2 * readers._CHUNK_BYTES - len(header) - 1) + b"\n"
@@ -117,7 +117,7 @@ def test_a_too_long_line_ending_exactly_at_a_chunk_boundary_loses_no_line_after_
 
 @pytest.mark.parametrize("cut", [-2, -1, 0, 1, 2])
 def test_every_line_after_a_too_long_line_is_read_wherever_the_chunks_fall(tmp_path, monkeypatch, cut):
-    from stream.engine import readers
+    from renyi_stream.stream.engine import readers
 
     monkeypatch.setattr(readers, "_CHUNK_BYTES", 64)
     monkeypatch.setattr(readers, "MAX_LINE_BYTES", 20)
@@ -214,7 +214,7 @@ def test_a_csv_whose_lines_end_in_lone_carriage_returns_is_refused_naming_it(tmp
 
 
 def test_a_header_line_longer_than_the_header_limit_is_refused_naming_the_file(tmp_path):
-    from stream.engine import readers
+    from renyi_stream.stream.engine import readers
 
     names = ",".join(f"c{i}" for i in range(readers._MAX_HEADER_BYTES // 4))
     (tmp_path / "wide.csv").write_bytes(b"user_id,day," + names.encode() + b"\n1,2026-03-01\n")
@@ -236,7 +236,7 @@ def test_a_string_id_column_gives_a_new_ledger_string_ids_whatever_its_encoding(
     # A dictionary-encoded id column (a pandas category, a writer's choice) gave an undeclared
     # input int64 ids: "alice" became a wrong_type dead letter, "7" the user 7. (The features job
     # without a contract still takes this rule; a new ledger must declare its id type.)
-    from stream.engine.readers import id_type_of
+    from renyi_stream.stream.engine.readers import id_type_of
 
     table = pa.table({"user_id": ids, "day": ["2026-03-01"] * 2, "opened": [1.0, 0.0]})
     with ipc.new_file(tmp_path / "a.arrow", table.schema) as writer:
@@ -249,7 +249,7 @@ def test_a_string_id_column_gives_a_new_ledger_string_ids_whatever_its_encoding(
 def test_a_crlf_line_of_exactly_the_limit_is_read_wherever_its_newline_falls(tmp_path, monkeypatch):
     # A line of MAX_LINE_BYTES bytes ended by CRLF, its newline in the next chunk: the reader's
     # partial line held MAX + 1 bytes (the CR counted), so it was "too long" there and read elsewhere.
-    from stream.engine import readers
+    from renyi_stream.stream.engine import readers
 
     monkeypatch.setattr(readers, "MAX_LINE_BYTES", 8)
     header = b"user_id,day\n"
@@ -290,7 +290,7 @@ def _reference_csv(body: bytes, limit: int, fields: int) -> tuple[list[tuple[str
        limit=st.integers(4, 14), chunk=st.integers(12, 40))
 def test_property_each_csv_line_is_read_as_on_its_own_wherever_the_chunks_fall(tmp_path, monkeypatch, pieces,
                                                                                  limit, chunk):
-    from stream.engine import readers
+    from renyi_stream.stream.engine import readers
 
     monkeypatch.setattr(readers, "MAX_LINE_BYTES", limit)
     monkeypatch.setattr(readers, "_CHUNK_BYTES", chunk)

@@ -11,13 +11,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli.main import main
-from pipelines.daily.job import JobConfig, run_job
-from queries.linear import LinearQuery
-from queries.registry import QueryRegistry
-from queries.release_store import _MIGRATIONS, RELEASE_SCHEMA, ReleaseStore, ReleaseStoreError, connect_read_only
-from stream.accounting import calibrate
-from stream.accounting.gaussian import MAX_DIM
+from renyi_stream.pipelines.cli.main import main
+from renyi_stream.pipelines.daily.job import JobConfig, run_job
+from renyi_stream.queries.linear import LinearQuery
+from renyi_stream.queries.registry import QueryRegistry
+from renyi_stream.queries.release_store import _MIGRATIONS, RELEASE_SCHEMA, ReleaseStore, ReleaseStoreError, connect_read_only
+from renyi_stream.stream.accounting import calibrate
+from renyi_stream.stream.accounting.gaussian import MAX_DIM
 from declared import contract
 
 # The ledgers' declared input (issue 28): 0/1 indicators, whose clamped sums are their plain sums.
@@ -223,7 +223,7 @@ def test_a_query_answered_in_its_first_window_is_never_withdrawn(tmp_path):
 
 
 def test_a_parquet_catalogue_withdraws_a_never_answered_query_from_its_first_window(tmp_path):
-    from queries.catalogue import ReleaseCatalogue
+    from renyi_stream.queries.catalogue import ReleaseCatalogue
 
     catalogue = ReleaseCatalogue(str(tmp_path / "public"))
     catalogue.add(LinearQuery.clamp("minutes", "minute", 0, 60), effective_from=5)
@@ -463,7 +463,7 @@ def test_query_list_and_retire_on_a_missing_store_exit_1_and_create_nothing(tmp_
 
 
 def test_a_query_reading_a_column_the_daily_input_lacks_is_refused_at_registration(tmp_path):
-    from queries.release_store import ReleaseStore
+    from renyi_stream.queries.release_store import ReleaseStore
 
     with ReleaseStore(tmp_path / "s.duckdb") as store:
         store.record_input_columns(["opened", "bought"], ["tier"])  # as the daily job does on every run
@@ -491,7 +491,7 @@ def _day_with_plan(tmp_path, offset, users, opened, plan):
 
 
 def test_a_histogram_over_a_string_column_of_the_input_is_answered_end_to_end(tmp_path):
-    from stream.noise import NoiseBinding, NoiseKey, gaussian_noise
+    from renyi_stream.stream.noise import NoiseBinding, NoiseKey, gaussian_noise
 
     day0 = _day_with_plan(tmp_path, 0, [1, 2, 3], [1, 1, 0], ["free", "pro", "free"])
     plans = contract("int64", "opened=0:1", categories=["plan"])

@@ -14,8 +14,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from queries.release_files import FILE_NAME, release_file_path, write_release_file
-from queries.release_store import RELEASE_SCHEMA
+from renyi_stream.queries.release_files import FILE_NAME, release_file_path, write_release_file
+from renyi_stream.queries.release_store import RELEASE_SCHEMA
 
 ROUNDS = 40
 WINDOW = 20_513

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pipelines.cli.main import main
+from renyi_stream.pipelines.cli.main import main
 from test_contract_public import DECLARE, _distributed, _streaming
 
 
@@ -58,7 +58,7 @@ def test_report_draws_a_parquet_release_root_with_its_promise(root, tmp_path, ca
 
 
 def test_the_streaming_job_records_its_promise_beside_its_releases(tmp_path):
-    from queries.catalogue import ReleaseCatalogue
+    from renyi_stream.queries.catalogue import ReleaseCatalogue
 
     assert _streaming(tmp_path, *DECLARE) == 0
     assert ReleaseCatalogue(str(tmp_path / "public")).promise() == {
@@ -77,8 +77,8 @@ def test_renyi_stream_stream_and_distributed_are_the_jobs_front_door(tmp_path, c
     # their options passed as they are.
     import pyarrow as pa
 
-    from pipelines.streaming import job as sj
-    from stream.engine.readers import read_batches
+    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.stream.engine.readers import read_batches
     from test_contract_public import DAY, _day_csv, _key
 
     common = ["--start", DAY, "--end", DAY, "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "8",
@@ -114,7 +114,7 @@ def test_the_local_replay_takes_the_daily_jobs_files(tmp_path, kind):
     import pyarrow.feather as feather
     import pyarrow.parquet as pq
 
-    from pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming import job as sj
     from test_contract_public import _day_csv
 
     table = pacsv.read_csv(_day_csv(tmp_path), convert_options=pacsv.ConvertOptions(

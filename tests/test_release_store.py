@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queries import release_store
-from queries.release_store import (
+from renyi_stream.queries import release_store
+from renyi_stream.queries.release_store import (
     READ_SCHEMA,
     RELEASE_SCHEMA,
     SCHEMA_VERSION,

@@ -17,11 +17,11 @@ import pyarrow.parquet as pq
 import numpy as np
 import pytest
 
-from pipelines.cli.main import main
-from pipelines.daily.job import JobConfig, run_job
-from queries.release_store import RELEASE_SCHEMA, ReleaseStore
-from pipelines.curator.ledger_report import render_curator_report
-from queries.report import render_report
+from renyi_stream.pipelines.cli.main import main
+from renyi_stream.pipelines.daily.job import JobConfig, run_job
+from renyi_stream.queries.release_store import RELEASE_SCHEMA, ReleaseStore
+from renyi_stream.pipelines.curator.ledger_report import render_curator_report
+from renyi_stream.queries.report import render_report
 
 from declared import contract
 
@@ -114,7 +114,7 @@ def test_the_public_report_has_one_decodable_chart_per_query_and_nothing_externa
 def test_the_curator_report_counts_dropped_contributions_not_only_used_up_budgets():
     # A window that dropped 204 users' contributions was summed up as "1 of 1,975 users have used
     # their whole budget": a user is dropped when the next charge would pass the budget (issue 31).
-    from pipelines.curator.ledger_report import budget_sentence
+    from renyi_stream.pipelines.curator.ledger_report import budget_sentence
 
     used = np.r_[np.ones(1), np.full(1974, 0.9)]
     text = budget_sentence(used, [(20500, 1900, 0, 10), (20501, 1771, 0, 204)])

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.cli.main import main
-from pipelines.daily.job import JobConfig
-from queries.catalogue import ReleaseCatalogue
-from queries.linear import LinearQuery
-from queries.registry import QueryRegistry
-from stream.accounting.gaussian import MAX_DIM
-from stream.continual.prepaid import (
+from renyi_stream.pipelines.cli.main import main
+from renyi_stream.pipelines.daily.job import JobConfig
+from renyi_stream.queries.catalogue import ReleaseCatalogue
+from renyi_stream.queries.linear import LinearQuery
+from renyi_stream.queries.registry import QueryRegistry
+from renyi_stream.stream.accounting.gaussian import MAX_DIM
+from renyi_stream.stream.continual.prepaid import (
     MAX_RUNNING_HORIZON,
     MAX_USER_STATE,
     RUNNING_STRATEGIES,

@@ -15,14 +15,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.curator.store import CuratorStore
-from pipelines.daily.job import JobConfig, run_job
-from queries.release_store import ReleaseStore
-from stream.accounting import calibrate
-from stream.continual.blt import BufferedLinearToeplitz
-from stream.continual.prepaid import running_rule
-from stream.engine.running import PrepaidUsers, RunningRelease
-from stream.ledger import Ledger
+from renyi_stream.pipelines.curator.store import CuratorStore
+from renyi_stream.pipelines.daily.job import JobConfig, run_job
+from renyi_stream.queries.release_store import ReleaseStore
+from renyi_stream.stream.accounting import calibrate
+from renyi_stream.stream.continual.blt import BufferedLinearToeplitz
+from renyi_stream.stream.continual.prepaid import running_rule
+from renyi_stream.stream.engine.running import PrepaidUsers, RunningRelease
+from renyi_stream.stream.ledger import Ledger
 from declared import contract
 
 BLT = BufferedLinearToeplitz.shipped(365, 4)  # the default strategy, fitted for the default horizon
@@ -189,7 +189,7 @@ def test_prepaid_state_survives_between_runs_in_the_ledger_database_one_bounded_
 
 
 def test_prepaid_and_release_state_round_trip_through_the_ledger_store(tmp_path):
-    from pipelines.curator.store import CuratorStore
+    from renyi_stream.pipelines.curator.store import CuratorStore
 
     rule = running_rule("blt", 365)
     state = PrepaidUsers(rule, strategy="blt", dim=1, start_window=W0)
@@ -218,7 +218,7 @@ def test_a_store_whose_prepaid_rows_were_edited_to_other_widths_is_refused(tmp_p
     shift between users' buffers (and their cross terms) unless every row is checked."""
     import duckdb
 
-    from pipelines.curator.store import CuratorStore, CuratorStoreError
+    from renyi_stream.pipelines.curator.store import CuratorStore, CuratorStoreError
 
     rule = running_rule("blt", 365)
     state = PrepaidUsers(rule, strategy="blt", dim=1, start_window=W0)
@@ -241,12 +241,12 @@ def test_a_store_whose_prepaid_rows_were_edited_to_other_widths_is_refused(tmp_p
 
 
 def _empty_releases() -> pa.Table:
-    from queries.release_store import RELEASE_SCHEMA
+    from renyi_stream.queries.release_store import RELEASE_SCHEMA
 
     return RELEASE_SCHEMA.empty_table()
 
 
 def _empty_dead() -> pa.Table:
-    from pipelines.beam.transforms import DEAD_LETTER_SCHEMA
+    from renyi_stream.pipelines.beam.transforms import DEAD_LETTER_SCHEMA
 
     return DEAD_LETTER_SCHEMA.empty_table()

@@ -16,14 +16,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli.main import main
-from pipelines.curator.store import CuratorStore, CuratorStoreError
-from pipelines.daily.job import JobConfig, run_job
-from queries.release_store import ReleaseStore
-from stream.accounting import calibrate
-from stream.continual.blt import BufferedLinearToeplitz
-from stream.continual.prepaid import realised_sq_norms
-from stream.noise import NoiseBinding, NoiseKey, gaussian_noise
+from renyi_stream.pipelines.cli.main import main
+from renyi_stream.pipelines.curator.store import CuratorStore, CuratorStoreError
+from renyi_stream.pipelines.daily.job import JobConfig, run_job
+from renyi_stream.queries.release_store import ReleaseStore
+from renyi_stream.stream.accounting import calibrate
+from renyi_stream.stream.continual.blt import BufferedLinearToeplitz
+from renyi_stream.stream.continual.prepaid import realised_sq_norms
+from renyi_stream.stream.noise import NoiseBinding, NoiseKey, gaussian_noise
 from declared import contract, register_unclamped_defaults
 
 DAY0 = dt.date(2026, 5, 1)

@@ -15,18 +15,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli.main import main
-from pipelines.curator.store import CuratorStore
-from stream.engine.shard_state import QueryPlan, ShardState
-from queries.linear import LinearQuery, default_queries
-from queries.registry import QueryRegistry
-from queries.release_store import ReleaseStore
-from stream.accounting import calibrate
-from stream.continual.blt import BufferedLinearToeplitz
-from stream.continual.prepaid import TreePrepaid, running_rule
-from stream.continual.strategies import BinaryTree, SquareRootFactorization
-from stream.engine.running import PrepaidUsers
-from stream.ledger import Ledger
+from renyi_stream.pipelines.cli.main import main
+from renyi_stream.pipelines.curator.store import CuratorStore
+from renyi_stream.stream.engine.shard_state import QueryPlan, ShardState
+from renyi_stream.queries.linear import LinearQuery, default_queries
+from renyi_stream.queries.registry import QueryRegistry
+from renyi_stream.queries.release_store import ReleaseStore
+from renyi_stream.stream.accounting import calibrate
+from renyi_stream.stream.continual.blt import BufferedLinearToeplitz
+from renyi_stream.stream.continual.prepaid import TreePrepaid, running_rule
+from renyi_stream.stream.continual.strategies import BinaryTree, SquareRootFactorization
+from renyi_stream.stream.engine.running import PrepaidUsers
+from renyi_stream.stream.ledger import Ledger
 from declared import flags
 
 DAY0 = dt.date(2026, 3, 1)

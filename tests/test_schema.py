@@ -1,4 +1,4 @@
-"""Tests for stream.schema: the indicator-batch schema and its validator (invariant 7
+"""Tests for renyi_stream.stream.schema: the indicator-batch schema and its validator (invariant 7
 (rows-counted-not-lost, docs/architecture.md))."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stream.schema import (
+from renyi_stream.stream.schema import (
     DAY,
     EVENT_TIME,
     MAX_TIME_SECONDS,
@@ -850,7 +850,7 @@ def test_may_repeat_is_false_only_when_no_user_window_pair_repeats():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from stream.schema import may_repeat
+    from renyi_stream.stream.schema import may_repeat
 
     pairs = st.lists(st.tuples(st.integers(-3, 40) | st.integers(-2**62, 2**62), st.integers(0, 3)), max_size=60)
 
@@ -868,7 +868,7 @@ def test_may_repeat_is_false_only_when_no_user_window_pair_repeats():
 
 
 def test_may_repeat_proves_sorted_and_dense_ids_distinct_and_leaves_strings_to_grouping():
-    from stream.schema import may_repeat
+    from renyi_stream.stream.schema import may_repeat
 
     windows = np.repeat([5, 6], 4)
     assert not may_repeat(pa.array([1, 2, 3, 4, 1, 2, 3, 4]), windows)  # sorted within each window

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from scipy import stats
 
-from stream.engine.sharding import shard_of
+from renyi_stream.stream.engine.sharding import shard_of
 
 
 def test_shards_are_in_range_and_the_same_for_numpy_and_arrow_ids():
@@ -22,7 +22,7 @@ def test_shards_are_in_range_and_the_same_for_numpy_and_arrow_ids():
 
 def test_shards_do_not_change_between_processes():
     # Python's own hash() of a str is salted per process; ours must not be.
-    code = "from stream.engine.sharding import shard_of; import pyarrow as pa; print(list(shard_of(pa.array(['ana','bo','ünï','']), 13)))"
+    code = "from renyi_stream.stream.engine.sharding import shard_of; import pyarrow as pa; print(list(shard_of(pa.array(['ana','bo','ünï','']), 13)))"
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
             for _ in range(2)}
     assert len(runs) == 1

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli.main import main
-from queries.release_store import RELEASE_SCHEMA, ReleaseStore, connect_read_only
-from queries.sql import SqlRefused, run_sql
+from renyi_stream.pipelines.cli.main import main
+from renyi_stream.queries.release_store import RELEASE_SCHEMA, ReleaseStore, connect_read_only
+from renyi_stream.queries.sql import SqlRefused, run_sql
 
 
 @pytest.fixture

@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stream.training.budget import TrainingLedger
-from stream.training.dpgd import GDConfig, prepare_data, private_gd, training_generators
-from stream.training.models import MLP, LogisticRegression
+from renyi_stream.stream.training.budget import TrainingLedger
+from renyi_stream.stream.training.dpgd import GDConfig, prepare_data, private_gd, training_generators
+from renyi_stream.stream.training.models import MLP, LogisticRegression
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-pytestmark = pytest.mark.filterwarnings("ignore::stream.noise.InsecureNoiseWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::renyi_stream.stream.noise.InsecureNoiseWarning")
 
 N, D, K, STEPS, SIGMA = 300, 20, 4, 4, 1.3
 # (C, eta): C = 0.3 clips every row, C = 5 about half of them (of the logistic regression's), so the

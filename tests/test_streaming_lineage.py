@@ -25,9 +25,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.streaming import job as sj
-from queries import release_lineage as lineage
-from stream.noise import NoiseKey
+from renyi_stream.pipelines.streaming import job as sj
+from renyi_stream.queries import release_lineage as lineage
+from renyi_stream.stream.noise import NoiseKey
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days

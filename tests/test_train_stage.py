@@ -19,22 +19,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.cli.main import main
-from pipelines.curator.store import CuratorStore
-from pipelines.daily.job import JobConfig, run_job
-from pipelines.curator.features import FEATURES_KEY, load_features
-from pipelines.features.job import materialise_features
-import pipelines.curator.train as train_module
-import stream.training.models as models_module
-from pipelines.curator.train import TrainConfig, TrainRefused, run_train
-from stream.faults import CRASH_ENV
-from stream.ledger import Ledger
-from stream.noise import NoiseKey
-from stream.training.models import load_model
+from renyi_stream.pipelines.cli.main import main
+from renyi_stream.pipelines.curator.store import CuratorStore
+from renyi_stream.pipelines.daily.job import JobConfig, run_job
+from renyi_stream.pipelines.curator.features import FEATURES_KEY, load_features
+from renyi_stream.pipelines.features.job import materialise_features
+import renyi_stream.pipelines.curator.train as train_module
+import renyi_stream.stream.training.models as models_module
+from renyi_stream.pipelines.curator.train import TrainConfig, TrainRefused, run_train
+from renyi_stream.stream.faults import CRASH_ENV
+from renyi_stream.stream.ledger import Ledger
+from renyi_stream.stream.noise import NoiseKey
+from renyi_stream.stream.training.models import load_model
 
 from declared import contract
 
-pytestmark = pytest.mark.filterwarnings("ignore::stream.noise.InsecureNoiseWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::renyi_stream.stream.noise.InsecureNoiseWarning")
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -234,7 +234,7 @@ def _train_in_a_child(args: list[str], crash_at: str | None = None) -> subproces
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     if crash_at is not None:
         env[CRASH_ENV] = crash_at
-    return subprocess.run([sys.executable, "-m", "pipelines.cli.main", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "renyi_stream.pipelines.cli.main", *args], env=env, capture_output=True, text=True,
                           timeout=300, umask=0o022)
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stream.training.dpgd import prepare_data
-from stream.training.models import (
+from renyi_stream.stream.training.dpgd import prepare_data
+from renyi_stream.stream.training.models import (
     LogisticRegression,
     MLP,
     load_model,
@@ -16,7 +16,7 @@ from stream.training.models import (
     save_model,
     softmax_residual,
 )
-from stream.xp import gpu_available
+from renyi_stream.stream.xp import gpu_available
 
 N, D, K = 40, 7, 4
 MODULES = [np] + ([__import__("cupy")] if gpu_available() else [])
@@ -135,7 +135,7 @@ def test_mlp_row_blocks_change_nothing(block_bytes, dtype, monkeypatch):
     # The CPU path runs the MLP's element-wise passes in cache-sized row blocks; any block size
     # (the smallest, 8 rows; a few rows with a ragged last block; one block) gives the same norms bit for bit
     # and the same weighted sums up to the order of the bias sum.
-    from stream.training import models
+    from renyi_stream.stream.training import models
 
     model = MLP(6)
     x, y, params, _ = _setup(model, seed=7)

@@ -9,9 +9,9 @@ import warnings
 import numpy as np
 import pytest
 
-from stream.noise import InsecureNoiseWarning, NoiseKey
-from stream.training.dpgd import training_generators
-from stream.training.keyed_noise import STREAMS, keyed_training_noise, seeded_training_noise, training_stream
+from renyi_stream.stream.noise import InsecureNoiseWarning, NoiseKey
+from renyi_stream.stream.training.dpgd import training_generators
+from renyi_stream.stream.training.keyed_noise import STREAMS, keyed_training_noise, seeded_training_noise, training_stream
 
 KEY = NoiseKey(secret=bytes(range(32)))
 
@@ -41,7 +41,7 @@ def test_the_training_derivation_is_pinned():
 
 
 def test_training_noise_is_not_the_release_noise_of_the_same_numbers():
-    from stream.noise import NoiseBinding, gaussian_noise
+    from renyi_stream.stream.noise import NoiseBinding, gaussian_noise
 
     ledger_id = "0123456789abcdef0123456789abcdef"  # training and releases bind to the same ledger id
     release = gaussian_noise(NoiseBinding(KEY, ledger_id), query_id="gradient", window_id=3, dim=4, noise_std=1.0)

@@ -11,12 +11,12 @@ import pyarrow.parquet as pq
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipelines.beam import transforms as tx
-from stream.engine.shard_state import QueryPlan
-from queries.linear import default_queries
-from stream.ledger import Ledger
-from stream.noise import NoiseKey, new_ledger_id
-from stream.schema import WindowSpec
+from renyi_stream.pipelines.beam import transforms as tx
+from renyi_stream.stream.engine.shard_state import QueryPlan
+from renyi_stream.queries.linear import default_queries
+from renyi_stream.stream.ledger import Ledger
+from renyi_stream.stream.noise import NoiseKey, new_ledger_id
+from renyi_stream.stream.schema import WindowSpec
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -55,7 +55,7 @@ def test_the_daily_graph_composes_inside_a_users_own_pipeline(tmp_path):
 def test_packed_rows_pickle_compressed_and_come_back_identical():
     import pickle
 
-    from pipelines.beam.transforms import PackedRows, unpacked
+    from renyi_stream.pipelines.beam.transforms import PackedRows, unpacked
 
     rng = np.random.default_rng(3)
     n = 20_000
@@ -72,7 +72,7 @@ def test_packed_rows_pickle_compressed_and_come_back_identical():
 def test_packed_rows_passed_through_a_second_pickle_are_not_recompressed():
     import pickle
 
-    from pipelines.beam.transforms import PackedRows
+    from renyi_stream.pipelines.beam.transforms import PackedRows
 
     table = pa.table({"user_id": pa.array(np.arange(5_000)), "opened": pa.array(np.ones(5_000))})
     first = pickle.dumps(PackedRows(table))
@@ -88,7 +88,7 @@ def test_packed_rows_count_their_rows_without_decoding_them_and_old_pickles_stil
     pickle from before the count travelled (state written by an older version) still loads."""
     import pickle
 
-    from pipelines.beam.transforms import PackedRows, _unpack_rows, row_count
+    from renyi_stream.pipelines.beam.transforms import PackedRows, _unpack_rows, row_count
 
     table = pa.table({"user_id": pa.array(np.arange(3_000)), "opened": pa.array(np.ones(3_000))})
     passed = pickle.loads(pickle.dumps(PackedRows(table)))
@@ -98,8 +98,8 @@ def test_packed_rows_count_their_rows_without_decoding_them_and_old_pickles_stil
 
 
 def test_split_by_shard_keeps_every_row_once_in_its_shard_for_any_shard_count():
-    from stream.engine.sharding import shard_of
-    from pipelines.beam.transforms import split_by_shard
+    from renyi_stream.stream.engine.sharding import shard_of
+    from renyi_stream.pipelines.beam.transforms import split_by_shard
 
     ids = np.random.default_rng(5).integers(-2**62, 2**62, size=3_000)
     table = pa.table({"user_id": pa.array(ids), "_row": pa.array(np.arange(ids.size))})
@@ -115,7 +115,7 @@ def test_split_by_shard_keeps_every_row_once_in_its_shard_for_any_shard_count():
 def test_each_shards_part_pickles_to_its_own_rows_not_the_whole_table():
     import pickle
 
-    from pipelines.beam.transforms import split_by_shard
+    from renyi_stream.pipelines.beam.transforms import split_by_shard
 
     n = 200_000
     table = pa.table({"user_id": pa.array(np.arange(n)), "used": pa.array(np.random.default_rng(0).random(n))})

@@ -1,7 +1,7 @@
 """A user id typed otherwise than the ledger's ids costs its row, never the day (issue 18, edges).
 
 The ledger's id type is public and fixed for life; each row's id is parsed as it by the validator
-(``stream.schema.validate_batch(id_type=...)``). Before, a producer sending text ids stopped the
+(``renyi_stream.stream.schema.validate_batch(id_type=...)``). Before, a producer sending text ids stopped the
 streaming job (its int64 ledger raised in a shard's timer, so that window and every later one
 went unreleased), and a CSV day with one text id among integers was refused by the daily and
 distributed jobs ("parameters differ"): one row decided whether a day was released.
@@ -18,11 +18,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.distributed import job as dist
-from pipelines.streaming import job as sj
-from pipelines.daily.job import JobConfig, run_job
-from stream.noise import NoiseKey
-from stream.schema import RejectReason, SchemaError, validate_batch
+from renyi_stream.pipelines.distributed import job as dist
+from renyi_stream.pipelines.streaming import job as sj
+from renyi_stream.pipelines.daily.job import JobConfig, run_job
+from renyi_stream.stream.noise import NoiseKey
+from renyi_stream.stream.schema import RejectReason, SchemaError, validate_batch
 from declared import contract, flags
 
 DAY0 = dt.date(2026, 3, 1)

@@ -37,12 +37,12 @@ MAX_WORKERS=8                         # capacity model: a 100M-user day fits 8 x
 MACHINE_TYPE=n2-standard-4
 SUBSCRIPTION=projects/${PROJECT}/subscriptions/renyi-indicators  # streaming: Arrow IPC messages
 SCHEMA=$(dirname "$0")/../schema.example.json  # the ledger's input contract (id type, columns, bounds)
-KEY_FINGERPRINT=                      # streaming: the noise key's fingerprint (python -c "from stream.noise import NoiseKey; print(NoiseKey.load('noise.key').fingerprint)")
+KEY_FINGERPRINT=                      # streaming: the noise key's fingerprint (python -c "from renyi_stream.stream.noise import NoiseKey; print(NoiseKey.load('noise.key').fingerprint)")
 
 usage() { sed -n '2,11p' "$0"; exit 2; }
 
 setup() {
-  local key_file=${1:?usage: launch.sh setup KEY_FILE (a 32-byte key: python -c "from stream.noise import NoiseKey; NoiseKey.load_or_create('noise.key')")}
+  local key_file=${1:?usage: launch.sh setup KEY_FILE (a 32-byte key: python -c "from renyi_stream.stream.noise import NoiseKey; NoiseKey.load_or_create('noise.key')")}
   gcloud services enable dataflow.googleapis.com artifactregistry.googleapis.com secretmanager.googleapis.com \
     --project="$PROJECT"
   gcloud artifacts repositories create "$REPO" --repository-format=docker --location="$REGION" --project="$PROJECT"
@@ -97,9 +97,9 @@ stream() {
   local start=${1:?usage: launch.sh stream START END [PREVIOUS_LEDGER_GLOB|none]}
   local end=${2:?usage: launch.sh stream START END [PREVIOUS_LEDGER_GLOB|none]}
   local previous=${3:-none}
-  # Launched from here (not a Flex Template): python -m pipelines.streaming needs this
+  # Launched from here (not a Flex Template): python -m renyi_stream.pipelines.streaming needs this
   # repository installed with the same apache-beam as the harness image.
-  python -m pipelines.streaming --subscription "$SUBSCRIPTION" --timestamp-attribute event_time \
+  python -m renyi_stream.pipelines.streaming --subscription "$SUBSCRIPTION" --timestamp-attribute event_time \
     --schema "$SCHEMA" --start "$start" --end "$end" \
     --epsilon "$EPSILON" --delta "$DELTA" --norm-budget "$NORM_BUDGET" --shards "$SHARDS" \
     --releases-parquet "$RELEASES" --output "${CURATOR_BUCKET}/stream/${start}" --previous-ledger "$previous" \

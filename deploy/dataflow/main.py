@@ -3,7 +3,7 @@
 
 import sys
 
-from pipelines.distributed.job import main
+from renyi_stream.pipelines.distributed.job import main
 
 argv = sys.argv[1:]
 if not any(a.startswith("--runner") for a in argv):

@@ -85,7 +85,7 @@ for setting in ${KAFKA_CONSUMER_CONFIG[@]+"${KAFKA_CONSUMER_CONFIG[@]}"}; do
   KAFKA_OPTIONS+=(--kafka-consumer-config "$setting")
 done
 
-python -m pipelines.streaming "${KAFKA_OPTIONS[@]}" \
+python -m renyi_stream.pipelines.streaming "${KAFKA_OPTIONS[@]}" \
   --schema "$SCHEMA" --start "$START" --end "$END" \
   --epsilon "$EPSILON" --delta "$DELTA" --norm-budget "$NORM_BUDGET" --shards "$SHARDS" \
   --releases-parquet "$RELEASES" --output "$OUTPUT" --previous-ledger "$PREVIOUS" \

@@ -42,7 +42,7 @@ if [[ -n "$FLINK_JOB_SERVER_JAR" ]]; then
   OPTIONS+=("--flink_job_server_jar=${FLINK_JOB_SERVER_JAR}")
 fi
 
-python -m pipelines.distributed \
+python -m renyi_stream.pipelines.distributed \
   --input "${INPUT_ROOT}/day=${DAY}/*.parquet" --start "$DAY" --end "$DAY" \
   --epsilon "$EPSILON" --delta "$DELTA" --norm-budget "$NORM_BUDGET" \
   --previous-ledger "$PREVIOUS" --output "$OUTPUT" --releases-parquet "$RELEASES" \

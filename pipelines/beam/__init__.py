@@ -1,2 +1,2 @@
-"""Beam shells shared by the jobs: DoFns and PTransforms over :mod:`stream.engine`
-(:mod:`pipelines.beam.transforms`), the in-process batch runner and the workers' noise key."""
+"""Beam shells shared by the jobs: DoFns and PTransforms over :mod:`renyi_stream.stream.engine`
+(:mod:`renyi_stream.pipelines.beam.transforms`), the in-process batch runner and the workers' noise key."""

@@ -1,9 +1,9 @@
 """What the jobs share at launch: the one option group for the promise, the schedule, the key,
 the shards and the window (:func:`add_ledger_options`, the same in ``renyi-stream run``,
-``python -m pipelines.distributed`` and ``python -m pipelines.streaming``), the Beam jobs' further
+``python -m renyi_stream.pipelines.distributed`` and ``python -m renyi_stream.pipelines.streaming``), the Beam jobs' further
 launch options (:func:`add_promise_options`), parsing them, and the worker noise key's
 fingerprint. What a ledger keeps for life and how a run continues it is
-:class:`stream.engine.ledger_config.LedgerConfig`. Anything that would break a promise, or cannot
+:class:`renyi_stream.stream.engine.ledger_config.LedgerConfig`. Anything that would break a promise, or cannot
 be checked not to, is refused before launch (:class:`RunRefused`), and so is an option neither
 the job nor Beam knows (:func:`refuse_unknown_options`, the one check of the three jobs). Imports
 no Beam at import time (the ``renyi-stream`` command line parses with it); the option check
@@ -15,15 +15,15 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-from stream.accounting import ACCOUNTINGS, DEFAULT_ACCOUNTING
-from stream.contract import ID_TYPES
-from stream.engine.ledger_config import DEFAULT_SHARDS
-from stream.ledger import Policy
-from stream.noise import NoiseKey
-from stream.schema import WindowSpec
+from renyi_stream.stream.accounting import ACCOUNTINGS, DEFAULT_ACCOUNTING
+from renyi_stream.stream.contract import ID_TYPES
+from renyi_stream.stream.engine.ledger_config import DEFAULT_SHARDS
+from renyi_stream.stream.ledger import Policy
+from renyi_stream.stream.noise import NoiseKey
+from renyi_stream.stream.schema import WindowSpec
 
 if TYPE_CHECKING:
-    from stream.contract import InputContract
+    from renyi_stream.stream.contract import InputContract
 
 #: The option group's defaults (:func:`add_ledger_options`): one place for every job.
 DEFAULT_WINDOW = "1d"
@@ -58,7 +58,7 @@ def key_fingerprint(args: argparse.Namespace) -> tuple[str, str, NoiseKey | None
                          "mounted secret) and --noise-key-secret (a Secret Manager version the workers fetch)")
     key = None
     if args.noise_key_secret:
-        from pipelines.beam import worker_key  # imports Beam: only where a secret is fetched
+        from renyi_stream.pipelines.beam import worker_key  # imports Beam: only where a secret is fetched
 
         if not args.key_fingerprint:
             key = NoiseKey(secret=worker_key.fetch_secret(args.noise_key_secret))
@@ -106,7 +106,7 @@ def add_ledger_options(parser: argparse.ArgumentParser, *, key_help: str, key_al
 
 
 def add_contract_options(parser: argparse.ArgumentParser) -> None:
-    """The input contract's options (:mod:`stream.contract`), the same in every job and in
+    """The input contract's options (:mod:`renyi_stream.stream.contract`), the same in every job and in
     ``renyi-stream features``; :func:`declared_contract` reads them."""
     contract = parser.add_argument_group(
         "the input contract: declared on the ledger's first run, kept for its life (nothing is inferred from values)")
@@ -134,9 +134,9 @@ def refuse_declared_columns(args: argparse.Namespace, *, job: str) -> None:
 
 def declared_contract(args: argparse.Namespace) -> "InputContract | None":
     """The contract a run's options declare (:func:`add_ledger_options`), None when they declare
-    none. :class:`stream.contract.ContractError` (a ValueError) for a malformed declaration, or
+    none. :class:`renyi_stream.stream.contract.ContractError` (a ValueError) for a malformed declaration, or
     ``--schema`` beside the other contract options."""
-    from stream.contract import ContractError, InputContract
+    from renyi_stream.stream.contract import ContractError, InputContract
 
     inline = bool(args.declared_columns or args.declared_categories)
     if args.schema_file is not None:
@@ -183,7 +183,7 @@ def beam_options() -> frozenset[str]:
     """Every option string Beam's ``PipelineOptions`` parse (``--runner``, ``--no_use_public_ips``,
     ``--worker_machine_type``, ...), as Beam's own parser holds them: aliases and negations
     included, of every options class imported so far (the project's own, e.g.
-    :mod:`pipelines.beam.worker_key`, once imported). Imports Beam."""
+    :mod:`renyi_stream.pipelines.beam.worker_key`, once imported). Imports Beam."""
     import logging
 
     root, level = logging.getLogger(), logging.getLogger().level
@@ -205,8 +205,8 @@ def refuse_unknown_options(beam_args: Sequence[str], ours: Iterable[str], *, com
     option: a typo such as ``--polcy clip`` would otherwise only make Beam warn while the job ran
     without it (under the default ``--policy``). :data:`FLINK_PASSED_ON` are accepted when
     ``--flink_submit_uber_jar`` is given (the only case the runner hands them on), refused
-    otherwise. The same check for ``renyi-stream run``, ``python -m pipelines.distributed`` and
-    ``python -m pipelines.streaming``. Imports Beam, only when there is an option to check."""
+    otherwise. The same check for ``renyi-stream run``, ``python -m renyi_stream.pipelines.distributed`` and
+    ``python -m renyi_stream.pipelines.streaming``. Imports Beam, only when there is an option to check."""
     if not any(token.startswith("--") and token != "--" for token in beam_args):
         return  # nothing left for Beam: the common case costs no parser
     known = beam_options()

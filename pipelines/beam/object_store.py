@@ -1,7 +1,7 @@
 """Curator files in object storage or on local disk, for the jobs that keep their state there
 (the distributed and streaming jobs): paths, JSON manifests through Beam's FileSystems, Parquet
 through pyarrow.fs. Every write is whole or not at all; a local curator file is ``0600`` from
-creation and one that group/others may read is refused (:mod:`stream.private_files`)."""
+creation and one that group/others may read is refused (:mod:`renyi_stream.stream.private_files`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from stream.private_files import refuse_if_shared, write_private, write_private_bytes
+from renyi_stream.stream.private_files import refuse_if_shared, write_private, write_private_bytes
 
 
 def join(root: str, *parts: str) -> str:
@@ -54,7 +54,7 @@ def write_json(path: str, value: dict) -> None:
 
 def read_parquet(path: str) -> pa.Table:
     """A curator Parquet file (ledger snapshot, staged releases); a local one that group/others
-    may read is refused (:class:`stream.private_files.PrivateFileError`)."""
+    may read is refused (:class:`renyi_stream.stream.private_files.PrivateFileError`)."""
     refuse_if_shared_file(path, "the curator file")
     if is_uri(path):
         import pyarrow.fs as pafs
@@ -82,7 +82,7 @@ def write_parquet(path: str, table: pa.Table) -> None:
 
 
 def refuse_if_shared_file(path: str, what: str) -> None:
-    """Refuse a local curator file that group/others may read (:func:`stream.private_files.refuse_if_shared`)."""
+    """Refuse a local curator file that group/others may read (:func:`renyi_stream.stream.private_files.refuse_if_shared`)."""
     if not is_uri(path):  # an object store's permissions are its IAM policy's
         refuse_if_shared(path, what)
 

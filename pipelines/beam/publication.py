@@ -1,17 +1,17 @@
 """The outbox and the public side of the jobs that keep releases as Parquet files (the distributed
-and streaming jobs), for the one publication rule :func:`stream.engine.publication.publish_outbox`.
+and streaming jobs), for the one publication rule :func:`renyi_stream.stream.engine.publication.publish_outbox`.
 
 * :class:`StagedReleases`, the outbox: release files staged in the curator's ``--output``, one
-  per window, as :mod:`queries.release_files` lays them out
+  per window, as :mod:`renyi_stream.queries.release_files` lays them out
   (``<staging>/window_id=<W>/releases.parquet``). Staged files are committed by what the job
   writes after them, never by being there: the caller gives only a committed staging (the
   distributed job: a run whose ``_COMMITTED.json`` exists, after its lineage claim) or only the
   windows committed (the streaming job: windows whose every shard's ledger snapshot, of that
   window or a later one, is written).
 * :class:`PublicReleaseFiles`, the public side: the public release root, one file per window,
-  first write wins (:func:`queries.release_files.write_release_file`), with, for the distributed
+  first write wins (:func:`renyi_stream.queries.release_files.write_release_file`), with, for the distributed
   job, the lineage record of the run that charged the window written before its file
-  (:func:`queries.release_lineage.record_window`).
+  (:func:`renyi_stream.queries.release_lineage.record_window`).
 
 The public file is the mark of a published window, so marking is a no-op and a window published
 before a crash is skipped when publishing resumes (docs/architecture.md, "The outbox rule").
@@ -23,16 +23,16 @@ from typing import Iterable, Mapping
 
 import pyarrow as pa
 
-from pipelines.beam.object_store import read_parquet, release_windows_present
-from queries import release_lineage as lineage
-from queries.release_files import release_file_path, write_release_file
-from stream.schema import WINDOW_ID
+from renyi_stream.pipelines.beam.object_store import read_parquet, release_windows_present
+from renyi_stream.queries import release_lineage as lineage
+from renyi_stream.queries.release_files import release_file_path, write_release_file
+from renyi_stream.stream.schema import WINDOW_ID
 
 
 class StagedReleases:
     """Release files staged under ``root``: every window there, or with ``windows`` only those
-    (:class:`stream.engine.publication.Outbox`). Staged files are curator files, read through
-    :func:`pipelines.beam.object_store.read_parquet` (a local one others may read is refused)."""
+    (:class:`renyi_stream.stream.engine.publication.Outbox`). Staged files are curator files, read through
+    :func:`renyi_stream.pipelines.beam.object_store.read_parquet` (a local one others may read is refused)."""
 
     def __init__(self, root: str, windows: Iterable[int] | None = None) -> None:
         self._root = root
@@ -51,7 +51,7 @@ class StagedReleases:
 
 
 class PublicReleaseFiles:
-    """The public release root ``root`` (:class:`stream.engine.publication.PublicReleases`): one
+    """The public release root ``root`` (:class:`renyi_stream.stream.engine.publication.PublicReleases`): one
     file per window, first write wins. With ``run``, each window's lineage record names that run
     (written before the file; LineageConflict when another run's is recorded)."""
 

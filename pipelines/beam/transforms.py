@@ -1,9 +1,9 @@
 """Beam transforms of the daily job: read and validate, filter per shard, sum, noise.
 
-* :class:`ReadAndValidate`: one input file -> Arrow batches validated by ``stream.schema``;
+* :class:`ReadAndValidate`: one input file -> Arrow batches validated by ``renyi_stream.stream.schema``;
   rows of windows already charged (``late_window``) or outside the schedule
   (``out_of_range_time``) are dead-lettered by the engine's one rule,
-  :func:`stream.engine.dead_letters.classify_windows` (invariant 7).
+  :func:`renyi_stream.stream.engine.dead_letters.classify_windows` (invariant 7).
 * :class:`IndividualFilterDoFn`: the stateful filter, keyed by user shard **in the global
   window** (invariant 1: a window-scoped ledger would reset budgets daily). It buffers the
   shard's rows in bag state and, on a watermark timer, charges them window by window in
@@ -34,7 +34,7 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, TimerSpec, on_timer
 from apache_beam.transforms.window import GlobalWindow
 
-from stream.engine.dead_letters import (
+from renyi_stream.stream.engine.dead_letters import (
     DEAD_LETTER_SCHEMA,
     ROW,
     SOURCE,
@@ -49,14 +49,14 @@ from stream.engine.dead_letters import (
     with_input_position,
     with_source_names,
 )
-from stream.engine.readers import MalformedLines, read_batches
-from stream.engine.sharding import shard_of
-from stream.engine.running import RunningRelease, noisy_release, rule_meta
-from stream.engine.shard_state import (QueryPlan, ShardSnapshots, ShardState, refuse_oversized_running,
+from renyi_stream.stream.engine.readers import MalformedLines, read_batches
+from renyi_stream.stream.engine.sharding import shard_of
+from renyi_stream.stream.engine.running import RunningRelease, noisy_release, rule_meta
+from renyi_stream.stream.engine.shard_state import (QueryPlan, ShardSnapshots, ShardState, refuse_oversized_running,
                                       refuse_running_gaps, running_rule_of)
-from stream.faults import crash_point
-from stream.noise import NoiseBinding, NoiseKey, check_ledger_id, gaussian_noise
-from stream.schema import USER_ID, WINDOW_ID, WindowSpec, may_repeat, validate_batch
+from renyi_stream.stream.faults import crash_point
+from renyi_stream.stream.noise import NoiseBinding, NoiseKey, check_ledger_id, gaussian_noise
+from renyi_stream.stream.schema import USER_ID, WINDOW_ID, WindowSpec, may_repeat, validate_batch
 
 #: The kind of an element that carries nothing and only makes its shard's filter fire.
 TICK = "tick"
@@ -112,7 +112,7 @@ class ReadAndValidate(beam.DoFn):
             classes = classify_windows(valid.column(WINDOW_ID), start_window=self._start, end_window=self._end,
                                        charged=self._released)
             # rows a window to release can use: a run with none is given the wrong files, or files
-            # not what they were declared (stream.engine.row_balance.refuse_idle_run)
+            # not what they were declared (renyi_stream.stream.engine.row_balance.refuse_idle_run)
             yield beam.pvalue.TaggedOutput("usable", (path, int(np.count_nonzero(classes.keep))))
             if not classes.all_kept:
                 yield beam.pvalue.TaggedOutput("dead", window_letters(valid, classes))
@@ -224,13 +224,13 @@ class IndividualFilterDoFn(beam.DoFn):
       ROWS   -- bag of Arrow tables: this run's valid rows for the shard, in arrival order.
       LEDGER -- bag of the shard's snapshot parts from the previous run: ``("ledger", table)``
                 (zero or one) and ``("running", (query_id, table))`` per running query, as
-                :class:`stream.engine.shard_state.ShardSnapshots` restores them.
+                :class:`renyi_stream.stream.engine.shard_state.ShardSnapshots` restores them.
     An element ``(TICK, None)`` is kept nowhere: it only makes its shard's timer fire.
     Timer:
       FLUSH  -- event-time timer at the end of the global window; its callback
                 :meth:`on_end_of_input` runs once all input has been read (batch): it restores
                 the shard, charges the buffered rows window by window, in window order, through
-                :meth:`stream.engine.shard_state.ShardState.charge_window` (every active query of
+                :meth:`renyi_stream.stream.engine.shard_state.ShardState.charge_window` (every active query of
                 a window charged together, running queries stepped through every window) and
                 emits the shard's snapshot.
     Outputs: ``((query_id, window_id), partial sum vector)`` (main), the shard's new ledger
@@ -361,7 +361,7 @@ def first_per_user_window(data: pa.Table) -> tuple[pa.Table, pa.Table]:
 
 def _first_of_each_user_window(data: pa.Table) -> np.ndarray | None:
     """Mask of the rows that are the first of their (user, window), ``None`` when all are.
-    Rows come sorted by window; :func:`stream.schema.may_repeat` spares the hash grouping when
+    Rows come sorted by window; :func:`renyi_stream.stream.schema.may_repeat` spares the hash grouping when
     a linear check proves every (user, window) distinct."""
     n = data.num_rows
     users = data.column(USER_ID)
@@ -389,7 +389,7 @@ class ReleaseWindow(beam.DoFn):
     """window id -> one release row per (query, coordinate) for each window query active in it:
     the sum (0 when no rows) plus keyed noise (running queries are released in window order by
     :class:`ReleaseRunning`). The noise is the key's bound to the ledger ``ledger_id``
-    (:class:`stream.noise.NoiseBinding`): another ledger under the same key draws independent
+    (:class:`renyi_stream.stream.noise.NoiseBinding`): another ledger under the same key draws independent
     noise."""
 
     def __init__(self, *, key_path: str, plan: QueryPlan, noise_std: float, window: WindowSpec, accounting: str,
@@ -425,7 +425,7 @@ class ReleaseWindow(beam.DoFn):
 class ReleaseRunning(beam.DoFn):
     """running query id -> its releases over this run's schedule, in window order.
 
-    From the query's release state (:class:`stream.engine.running.RunningRelease`, restored from
+    From the query's release state (:class:`renyi_stream.stream.engine.running.RunningRelease`, restored from
     ``previous``, ``query_id -> Arrow table``, or new at its first window), for every window of
     the schedule the query is active in, with or without rows (invariant 3): ``a_t`` the sum of
     every shard's admitted contributions (0 without rows), ``y_t = (C a)_t + z_t`` with the keyed
@@ -494,10 +494,10 @@ def refuse_running_continuation(plan: QueryPlan, states: dict[str, pa.Table], sc
     """ValueError, at launch, for a running query a job cannot continue: a stored release state
     (``states``, by query id) made under another strategy, horizon or first window than the
     registered query (:func:`running_release_for`), or a schedule that skips, repeats or passes
-    one of its windows (:func:`stream.engine.shard_state.refuse_running_gaps`). ``stored_where``
+    one of its windows (:func:`renyi_stream.stream.engine.shard_state.refuse_running_gaps`). ``stored_where``
     says where the states came from, for the message (e.g. ``"the previous manifest"``). A running
     query too big for a job to keep is refused first, before its rule is built
-    (:func:`stream.engine.shard_state.refuse_oversized_running`)."""
+    (:func:`renyi_stream.stream.engine.shard_state.refuse_oversized_running`)."""
     refuse_oversized_running(plan, schedule)
     for entry in plan.running:
         if any(entry.active_in(w) for w in schedule):
@@ -512,7 +512,7 @@ def refuse_running_continuation(plan: QueryPlan, states: dict[str, pa.Table], sc
 
 def release_row(spec: WindowSpec, window: int, *, query_id: str, label: str, coordinate: int, value: float,
                 noise_std: float, kind: str, accounting: str, key_fingerprint: str) -> dict:
-    """One row of :data:`queries.release_store.RELEASE_SCHEMA`."""
+    """One row of :data:`renyi_stream.queries.release_store.RELEASE_SCHEMA`."""
     start = dt.datetime.fromtimestamp(int(spec.window_start_seconds(window)), tz=dt.timezone.utc)
     end = dt.datetime.fromtimestamp(int(spec.window_end_seconds(window)), tz=dt.timezone.utc)
     return {"query_id": query_id, "window_id": int(window), "window_start": start, "window_end": end,
@@ -613,7 +613,7 @@ class WriteReleaseFiles(beam.DoFn):
         self._root = root
 
     def process(self, element: tuple[int, list[dict]]) -> Iterator[str]:
-        from queries.release_files import write_release_file
+        from renyi_stream.queries.release_files import write_release_file
 
         window, rows = element
         written = write_release_file(self._root, window, rows)
@@ -632,7 +632,7 @@ class ReadIndicators(beam.PTransform):
 
     Rows of windows in ``released`` are dead-lettered as ``late_window`` (invariant 7), rows
     before ``start_window`` or after ``end_window`` as ``out_of_range_time``
-    (:func:`stream.engine.dead_letters.classify_windows`), so ``rows read = valid + dead`` holds
+    (:func:`renyi_stream.stream.engine.dead_letters.classify_windows`), so ``rows read = valid + dead`` holds
     per file.
     """
 
@@ -663,9 +663,9 @@ class IndividualFilter(beam.PTransform):
     seconds for a 1M-user ledger). ``previous_ledger`` may also be a PCollection of
     ``(shard, ("ledger", table))`` elements, exactly one per shard that has users (the
     distributed job's ``ReadLedgerSnapshot``): a shard given two refuses to restore
-    (:meth:`stream.engine.shard_state.ShardSnapshots.restore`); that PCollection may also carry
+    (:meth:`renyi_stream.stream.engine.shard_state.ShardSnapshots.restore`); that PCollection may also carry
     ``(shard, ("running", (query_id, table)))`` parts, one per shard and running query, whose
-    snapshot metadata (:func:`stream.engine.running.rule_meta`) is then given as ``running_meta``
+    snapshot metadata (:func:`renyi_stream.stream.engine.running.rule_meta`) is then given as ``running_meta``
     (``query_id -> metadata``), so that a shard without a part still checks the stored strategy.
     ``last_window`` is the last window of this run's schedule: running queries step every
     window through it. Tagged outputs: ``sums`` (``((query_id, window_id), partial vector)`` per
@@ -800,7 +800,7 @@ class DailyReleases(beam.PTransform):
     """The whole daily graph from ``PBegin``: read -> individual filter -> sum -> noisy releases.
 
     Returns a dict of PCollections: ``releases`` (release rows, dicts of
-    :data:`queries.release_store.RELEASE_SCHEMA`), ``ledger`` (shard snapshots), ``running``
+    :data:`renyi_stream.queries.release_store.RELEASE_SCHEMA`), ``ledger`` (shard snapshots), ``running``
     (running queries' per-user prepaid rows per shard), ``raw`` (running queries' releases ``y``),
     ``release_state`` (each running query's release state after the run),
     ``counts``, ``dead`` (dead-letter tables from reading and from the filter) and ``read`` (rows

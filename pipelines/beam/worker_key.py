@@ -1,7 +1,7 @@
 """Bring the curator's noise key to a distributed worker, as a private local file.
 
-The release step (:class:`pipelines.beam.transforms.ReleaseWindow`) loads the noise key from a local
-path in ``setup`` (:meth:`stream.noise.NoiseKey.load`: mode 0600, 32 bytes). On a cluster that
+The release step (:class:`renyi_stream.pipelines.beam.transforms.ReleaseWindow`) loads the noise key from a local
+path in ``setup`` (:meth:`renyi_stream.stream.noise.NoiseKey.load`: mode 0600, 32 bytes). On a cluster that
 file must come from a secret store, never from the container image or the job graph:
 
 * **mounted file** (Flink on Kubernetes, any runner whose workers can mount a secret): mount
@@ -10,7 +10,7 @@ file must come from a secret store, never from the container image or the job gr
 * **Google Secret Manager** (Dataflow, or any worker with Google credentials): the launcher
   passes ``--renyi_noise_key_secret=projects/P/secrets/S/versions/V`` and
   ``--renyi_noise_key_path=/tmp/...`` as pipeline options and ``--beam_plugins=
-  pipelines.beam.worker_key``. Beam imports every plugin when an SDK harness starts, after it has
+  renyi_stream.pipelines.beam.worker_key``. Beam imports every plugin when an SDK harness starts, after it has
   read the pipeline options and before it runs any bundle; importing this module then fetches
   the secret (the worker's service account needs ``roles/secretmanager.secretAccessor``) and
   writes it to the path with mode 0600 (write to a private temporary file, then rename, so
@@ -31,16 +31,16 @@ from typing import Callable, Mapping
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from stream.noise import write_durably
+from renyi_stream.stream.noise import write_durably
 
 SECRET_OPTION = "renyi_noise_key_secret"
 PATH_OPTION = "renyi_noise_key_path"
-PLUGIN = "pipelines.beam.worker_key"
+PLUGIN = "renyi_stream.pipelines.beam.worker_key"
 _PORTABLE_KEY = re.compile(r"^beam:option:(?P<key>.*):v1$")
 
 
 class NoiseKeyOptions(PipelineOptions):
-    """The two options the worker start-up reads (set by :mod:`pipelines.distributed.job`)."""
+    """The two options the worker start-up reads (set by :mod:`renyi_stream.pipelines.distributed.job`)."""
 
     @classmethod
     def _add_argparse_args(cls, parser) -> None:

@@ -6,8 +6,8 @@ Subcommands:
 * ``run``: the daily job (Beam pipeline, DuckDB release store and curator ledger).
 * ``demo``: the daily job run day by day on a generated stream, compared with worst-case
   accounting, with a chart.
-* ``features`` and ``train``: the batch training stage (:mod:`pipelines.curator.train`).
-* ``query add|list|retire`` and ``privacy-report`` (:mod:`pipelines.cli.queries`).
+* ``features`` and ``train``: the batch training stage (:mod:`renyi_stream.pipelines.curator.train`).
+* ``query add|list|retire`` and ``privacy-report`` (:mod:`renyi_stream.pipelines.cli.queries`).
 
 Errors in parameters exit with status 2 and a message that names the parameter.
 """
@@ -20,12 +20,12 @@ import os
 import sys
 from typing import Any, Sequence
 
-from pipelines.beam.job_options import RunRefused, add_ledger_options, declared_contract, refuse_unknown_options
-from pipelines.cli.errors import PROG, name_the_option, record_option_names
-from pipelines.cli.queries import add_query_subcommands, add_running_options
-from pipelines.cli.training import add_train_subcommand
-from stream.accounting import ACCOUNTINGS, calibrate, describe_accounting
-from stream.private_files import CURATOR_ONLY_NOTICE
+from renyi_stream.pipelines.beam.job_options import RunRefused, add_ledger_options, declared_contract, refuse_unknown_options
+from renyi_stream.pipelines.cli.errors import PROG, name_the_option, record_option_names
+from renyi_stream.pipelines.cli.queries import add_query_subcommands, add_running_options
+from renyi_stream.pipelines.cli.training import add_train_subcommand
+from renyi_stream.stream.accounting import ACCOUNTINGS, calibrate, describe_accounting
+from renyi_stream.stream.private_files import CURATOR_ONLY_NOTICE
 
 
 
@@ -79,11 +79,11 @@ def _calibrate_command(args: argparse.Namespace) -> int:
 
 
 def _demo_command(args: argparse.Namespace) -> int:
-    from pipelines.daily.demo import DemoConfig, run_demo  # heavy imports only when needed
+    from renyi_stream.pipelines.daily.demo import DemoConfig, run_demo  # heavy imports only when needed
 
     from pathlib import Path
 
-    from pipelines.daily.demo import check_demo_folder
+    from renyi_stream.pipelines.daily.demo import check_demo_folder
 
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise _UsageError(f"--out must be a folder (it is created when missing), got the file {args.out}")
@@ -107,8 +107,8 @@ def _demo_command(args: argparse.Namespace) -> int:
 
 
 def _window_spec(text: str) -> Any:
-    """``--window`` as a :class:`stream.schema.WindowSpec`; a usage error naming it otherwise."""
-    from stream.schema import WindowSpec
+    """``--window`` as a :class:`renyi_stream.stream.schema.WindowSpec`; a usage error naming it otherwise."""
+    from renyi_stream.stream.schema import WindowSpec
 
     try:
         return WindowSpec.from_length(text)
@@ -124,10 +124,10 @@ def _window_of_day(name: str, text: str, spec) -> int:
 
 
 def _run_command(args: argparse.Namespace) -> int:
-    from pipelines.curator.store import CuratorStoreError
-    from pipelines.daily.job import JobConfig, preview_job, run_job
-    from stream.engine.readers import InputFileError
-    from queries.release_store import ReleaseStoreError
+    from renyi_stream.pipelines.curator.store import CuratorStoreError
+    from renyi_stream.pipelines.daily.job import JobConfig, preview_job, run_job
+    from renyi_stream.stream.engine.readers import InputFileError
+    from renyi_stream.queries.release_store import ReleaseStoreError
 
     spec = _window_spec(args.window)
     start, end = _window_of_day("start", args.start, spec), _window_of_day("end", args.end, spec)
@@ -191,10 +191,10 @@ def _run_command(args: argparse.Namespace) -> int:
 
 
 def _sql_command(args: argparse.Namespace) -> int:
-    from queries.release_store import ReleaseStoreError
-    from queries.sql import SqlRefused, format_result, run_sql, write_parquet
+    from renyi_stream.queries.release_store import ReleaseStoreError
+    from renyi_stream.queries.sql import SqlRefused, format_result, run_sql, write_parquet
 
-    from queries.release_root import readable_store
+    from renyi_stream.queries.release_root import readable_store
 
     if args.format == "parquet" and not args.out:
         raise _UsageError("--format parquet needs --out FILE")
@@ -330,9 +330,9 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_demo_command)
     # Listed for --help only: main() hands their options to the job's own command line.
     sub.add_parser("stream", help="the streaming job: Kafka or Pub/Sub, or --replay of local files, one window at a "
-                   "time (python -m pipelines.streaming; renyi-stream stream --help lists its options)")
+                   "time (python -m renyi_stream.pipelines.streaming; renyi-stream stream --help lists its options)")
     sub.add_parser("distributed", help="the daily job on a distributed runner (Flink, Dataflow): ledger snapshots and "
-                   "releases as Parquet (python -m pipelines.distributed; renyi-stream distributed --help)")
+                   "releases as Parquet (python -m renyi_stream.pipelines.distributed; renyi-stream distributed --help)")
     add_train_subcommand(sub)
     add_query_subcommands(sub)
     record_option_names(parser)
@@ -340,7 +340,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 #: Jobs with a command line of their own, run as ``renyi-stream <name> OPTIONS`` (the options as they are).
-_JOBS = {"stream": "pipelines.streaming", "distributed": "pipelines.distributed"}
+_JOBS = {"stream": "renyi_stream.pipelines.streaming", "distributed": "renyi_stream.pipelines.distributed"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipelines.cli.errors import PROG, name_the_option
-from stream.continual.prepaid import (
+from renyi_stream.pipelines.cli.errors import PROG, name_the_option
+from renyi_stream.stream.continual.prepaid import (
     DEFAULT_PREPAID_HORIZON,
     DEFAULT_RUNNING_STRATEGY,
     MAX_RUNNING_HORIZON,
@@ -39,7 +39,7 @@ def _fail(command: str, message: str, status: int, args: argparse.Namespace | No
 
 def _window(name: str, text: str, window: str) -> int:
     """A window id from ``YYYY-MM-DD`` (the window holding that day's midnight UTC) or an integer id."""
-    from stream.schema import WindowSpec
+    from renyi_stream.stream.schema import WindowSpec
 
     if text.lstrip("-").isdigit():
         return int(text)
@@ -72,7 +72,7 @@ def _categories(text: str) -> list[float] | list[str]:
 
 def _query_from_args(args: argparse.Namespace) -> Any:
     """The query ``query add`` registers; a running query too big for a job to keep
-    (:func:`stream.continual.prepaid.check_running_size`) is refused here, before a store opens."""
+    (:func:`renyi_stream.stream.continual.prepaid.check_running_size`) is refused here, before a store opens."""
     query = _spec_from_args(args)
     if query.kind == "running":
         try:
@@ -83,7 +83,7 @@ def _query_from_args(args: argparse.Namespace) -> Any:
 
 
 def _spec_from_args(args: argparse.Namespace) -> Any:
-    from queries.linear import LinearQuery
+    from renyi_stream.queries.linear import LinearQuery
 
     chosen = [flag for flag, value in (("--columns", args.columns), ("--histogram", args.histogram),
                                        ("--clamp", args.clamp), ("--weighted", args.weighted)) if value]
@@ -121,9 +121,9 @@ def _spec_from_args(args: argparse.Namespace) -> Any:
 
 
 def _query_command(args: argparse.Namespace) -> int:
-    from queries.catalogue import CatalogueChanged
-    from queries.registry import QueryRegistry
-    from queries.release_store import ReleaseStore, ReleaseStoreError
+    from renyi_stream.queries.catalogue import CatalogueChanged
+    from renyi_stream.queries.registry import QueryRegistry
+    from renyi_stream.queries.release_store import ReleaseStore, ReleaseStoreError
 
     command = f"query {args.action}"
     if (args.store is None) == (args.releases_parquet is None):
@@ -174,8 +174,8 @@ def _contract_command(args: argparse.Namespace, command: str) -> int:
     """``query contract --store S | --releases-parquet ROOT``: the declared input contract the
     release store (``store_meta.input_contract``) or the Parquet release root
     (``ROOT/_queries/input-contract.json``) records, as JSON; status 1 when none is recorded."""
-    from queries.catalogue import ReleaseCatalogue
-    from queries.release_store import ReleaseStore, ReleaseStoreError
+    from renyi_stream.queries.catalogue import ReleaseCatalogue
+    from renyi_stream.queries.release_store import ReleaseStore, ReleaseStoreError
 
     where = f"release store {args.store}" if args.store is not None else f"release root {args.releases_parquet}"
     try:
@@ -199,7 +199,7 @@ def _contract_command(args: argparse.Namespace, command: str) -> int:
 
 
 def _refuse_released(args: argparse.Namespace, first: int, last: int | None) -> None:
-    """The catalogue rule (:func:`queries.registration.refuse_released`), worded for ``--from``."""
+    """The catalogue rule (:func:`renyi_stream.queries.registration.refuse_released`), worded for ``--from``."""
     if last is not None and first <= last:
         raise _Usage(f"--from must be after the last released window {last}, got --from {args.start} "
                      f"(window {first}): released answers never change")
@@ -220,7 +220,7 @@ def _print_catalogue(table: Any, form: str, window: str = "1d") -> None:
 
 def _window_start_text(window: str) -> Any:
     """``window id -> "YYYY-MM-DD (window N)"`` (with the time when windows are shorter than a day)."""
-    from stream.schema import WindowSpec
+    from renyi_stream.stream.schema import WindowSpec
 
     try:
         spec = WindowSpec.from_length(window)
@@ -237,9 +237,9 @@ def _window_start_text(window: str) -> Any:
 
 def _catalogue_command(args: argparse.Namespace, command: str) -> int:
     """``query add|retire|list --releases-parquet ROOT``: the catalogue beside a Parquet release
-    root (:mod:`queries.catalogue`), which the distributed and streaming jobs answer, under the
-    rules of the DuckDB registry (:mod:`queries.registration`)."""
-    from queries.catalogue import CatalogueChanged, ReleaseCatalogue
+    root (:mod:`renyi_stream.queries.catalogue`), which the distributed and streaming jobs answer, under the
+    rules of the DuckDB registry (:mod:`renyi_stream.queries.registration`)."""
+    from renyi_stream.queries.catalogue import CatalogueChanged, ReleaseCatalogue
 
     root = args.releases_parquet
     local = "://" not in root
@@ -269,8 +269,8 @@ def _catalogue_command(args: argparse.Namespace, command: str) -> int:
 
 
 def _privacy_report_command(args: argparse.Namespace) -> int:
-    from pipelines.curator.store import CuratorStoreError
-    from pipelines.curator.privacy_report import privacy_report
+    from renyi_stream.pipelines.curator.store import CuratorStoreError
+    from renyi_stream.pipelines.curator.privacy_report import privacy_report
 
     if (args.user is None) == (not args.all):
         return _fail("privacy-report", "give exactly one of --user ID or --all (with --out FILE.parquet)", 2, args)
@@ -291,7 +291,7 @@ def _privacy_report_command(args: argparse.Namespace) -> int:
     if args.all:
         import pyarrow.parquet as pq
 
-        from stream.private_files import write_private
+        from renyi_stream.stream.private_files import write_private
 
         try:  # every user's spent budget: a curator file, 0600 whatever the umask
             write_private(args.out, lambda handle: pq.write_table(table, handle), make_parents=False)
@@ -314,11 +314,11 @@ def _privacy_report_command(args: argparse.Namespace) -> int:
 
 
 def _report_command(args: argparse.Namespace) -> int:
-    from pipelines.curator.store import CuratorStoreError
-    from queries.release_store import ReleaseStoreError
-    from pipelines.curator.ledger_report import render_curator_report
-    from queries.release_root import readable_store
-    from queries.report import render_report
+    from renyi_stream.pipelines.curator.store import CuratorStoreError
+    from renyi_stream.queries.release_store import ReleaseStoreError
+    from renyi_stream.pipelines.curator.ledger_report import render_curator_report
+    from renyi_stream.queries.release_root import readable_store
+    from renyi_stream.queries.report import render_report
 
     if Path(args.out).suffix.lower() not in (".html", ".htm"):
         return _fail("report", f"--out must be an .html file, got --out {args.out!r}", 2, args)
@@ -420,7 +420,7 @@ def add_query_subcommands(sub: Any) -> None:
 def add_running_options(parser: argparse.ArgumentParser, *, applies_to: str) -> None:
     """``--strategy`` and ``--horizon`` of a running total (``run --release running`` and
     ``query add --kind running``): the choices are the strategy registry's
-    (:data:`stream.continual.prepaid.RUNNING_STRATEGIES`), listed here once for both commands."""
+    (:data:`renyi_stream.stream.continual.prepaid.RUNNING_STRATEGIES`), listed here once for both commands."""
     parser.add_argument(
         "--strategy", choices=RUNNING_STRATEGIES, default=None,
         help=f"with {applies_to}: the factorisation the running total is released through, each admitted "

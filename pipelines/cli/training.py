@@ -1,5 +1,5 @@
 """``renyi-stream features`` and ``train``: the command line of the curator's training stage
-(:mod:`pipelines.features.job`, a Beam batch job, and :mod:`pipelines.curator.train`)."""
+(:mod:`renyi_stream.pipelines.features.job`, a Beam batch job, and :mod:`renyi_stream.pipelines.curator.train`)."""
 
 from __future__ import annotations
 
@@ -8,20 +8,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipelines.beam.job_options import add_contract_options
-from pipelines.cli.errors import name_the_option
-from pipelines.curator.train import (DEFAULT_COUNT_FRACTION, DEFAULT_STOP_FRACTION, TrainConfig, TrainRefused,
+from renyi_stream.pipelines.beam.job_options import add_contract_options
+from renyi_stream.pipelines.cli.errors import name_the_option
+from renyi_stream.pipelines.curator.train import (DEFAULT_COUNT_FRACTION, DEFAULT_STOP_FRACTION, TrainConfig, TrainRefused,
                                      run_train)
-from stream.accounting import ACCOUNTINGS
-from stream.engine.ledger_config import DEFAULT_SHARDS
+from renyi_stream.stream.accounting import ACCOUNTINGS
+from renyi_stream.stream.engine.ledger_config import DEFAULT_SHARDS
 
 
 def _features_contract(args: argparse.Namespace) -> Any:
     """The input contract of a features run: declared by its options, or recorded by ``--ledger``
     (the ledger the model will be trained on); None when neither gives one. ValueError for both,
     or for a ledger that records none."""
-    from pipelines.beam.job_options import declared_contract
-    from pipelines.curator.store import CuratorStore
+    from renyi_stream.pipelines.beam.job_options import declared_contract
+    from renyi_stream.pipelines.curator.store import CuratorStore
 
     declared = declared_contract(args)
     if args.ledger is None:
@@ -40,9 +40,9 @@ def _features_contract(args: argparse.Namespace) -> Any:
 
 
 def _features_command(args: argparse.Namespace) -> int:
-    from pipelines.beam.job_options import RunRefused, refuse_unknown_options
-    from pipelines.features.job import materialise_features
-    from stream.engine.readers import InputFileError
+    from renyi_stream.pipelines.beam.job_options import RunRefused, refuse_unknown_options
+    from renyi_stream.pipelines.features.job import materialise_features
+    from renyi_stream.stream.engine.readers import InputFileError
 
     # Beam options pass through as in ``renyi-stream run``: one neither this command nor Beam knows
     # is refused (a typo would be ignored), and --runner defaults to the DirectRunner, in memory.

@@ -2,7 +2,7 @@
 Beam-free part) and the file the training stage reads.
 
 The training stage (``renyi-stream train``) needs one record per user: a feature vector and a
-label. The features job (:mod:`pipelines.features.job`, ``renyi-stream features``) derives them
+label. The features job (:mod:`renyi_stream.pipelines.features.job`, ``renyi-stream features``) derives them
 from the same daily indicator inputs the daily job reads, through the daily job's own read and
 validation (so the rows the daily job would reject are left out here too, and counted); this
 module holds what it computes, Beam-free:
@@ -22,7 +22,7 @@ repeated ``(user, day)`` keeps its first occurrence in (input, row) order, the d
 ``duplicate_user_window`` dead letters. The output is sensitive (it is the users' data): it
 stays on the curator side, next to the ledger: the file is written ``0600`` (folders made for it
 ``0700``) whatever the umask, and :func:`load_features` refuses one that group/others may read
-(:mod:`stream.private_files`). Parquet columns: ``user_id``, the features in a fixed order,
+(:mod:`renyi_stream.stream.private_files`). Parquet columns: ``user_id``, the features in a fixed order,
 ``label`` (int64); the schema metadata records the windows and the source columns
 (:data:`FEATURES_KEY`) and, apart, the run's exact row counts (:data:`ROWS_KEY`, curator only as
 the file is).
@@ -44,10 +44,10 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from stream.columns import default_columns
-from stream.engine.readers import MalformedLines, declares_types, read_batches
-from stream.private_files import refuse_if_shared, write_private
-from stream.schema import USER_ID, WINDOW_ID
+from renyi_stream.stream.columns import default_columns
+from renyi_stream.stream.engine.readers import MalformedLines, declares_types, read_batches
+from renyi_stream.stream.private_files import refuse_if_shared, write_private
+from renyi_stream.stream.schema import USER_ID, WINDOW_ID
 
 LABEL = "label"
 #: The features job's labels are 0 or 1: the classes it records (``classes`` in FEATURES_KEY).
@@ -133,7 +133,7 @@ class FeatureWindows:
 def indicator_columns_of(path: str | os.PathLike, label_column: str,
                          indicator_columns: Sequence[str] | None = None) -> list[str]:
     """The indicator columns the features are made of: ``indicator_columns`` when given, else the
-    daily job's default columns of the first input (:func:`stream.columns.default_columns`: the
+    daily job's default columns of the first input (:func:`renyi_stream.stream.columns.default_columns`: the
     declared numeric columns of a Parquet/Arrow file, every non-key column of a CSV). ValueError
     naming ``label_column`` when it is not one of them."""
     if indicator_columns:
@@ -213,7 +213,7 @@ def features_table(parts: Iterable[pa.Table], *, windows: FeatureWindows, column
 
 def write_features(table: pa.Table, out: str | os.PathLike) -> None:
     """Write ``table`` to ``out`` whole or not at all: a local path through
-    :func:`stream.private_files.write_private` (a scratch file ``0600`` beside it, renamed over it;
+    :func:`renyi_stream.stream.private_files.write_private` (a scratch file ``0600`` beside it, renamed over it;
     missing folders ``0700``); a URI (``gs://``, ``s3://``) through ``pyarrow.fs`` to a scratch
     object beside it, then moved (its permissions are the bucket's IAM policy)."""
     text = str(out)

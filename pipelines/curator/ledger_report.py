@@ -1,5 +1,5 @@
 """The curator variant of the HTML report: the public report of the release store
-(:func:`queries.report.render_report`) followed by the ledger's budget and filtering charts.
+(:func:`renyi_stream.queries.report.render_report`) followed by the ledger's budget and filtering charts.
 
 Those charts are computed from users' data without noise (invariant 4, nothing-pre-noise-leaves,
 docs/architecture.md): the page says so, and it is written ``0600`` to stay with the curator.
@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.curator.privacy_report import load_ledger
-from pipelines.curator.store import connect_curator
-from queries.report import chart_png, image_html, render_report
-from stream.private_files import private_umask
+from renyi_stream.pipelines.curator.privacy_report import load_ledger
+from renyi_stream.pipelines.curator.store import connect_curator
+from renyi_stream.queries.report import chart_png, image_html, render_report
+from renyi_stream.stream.private_files import private_umask
 
 
 def render_curator_report(store: str | os.PathLike, out: str | os.PathLike, ledger: str | os.PathLike) -> Path:

@@ -4,7 +4,7 @@ For each user: the zCDP budget used and remaining (the filter's state), and the 
 odometer of Feldman & Zrnic, Algorithm 5 / Corollary 4.11. The ledger runs, per user, a chain of
 Rényi filters of budget ``Delta`` (the ledger's ``tracker_step``): the open filter takes what
 fits of each charge, and every filter that halts opens a new one and adds ``Delta`` to the
-tracker ``O^(i)`` (``O_1 = Delta``; :func:`stream.accounting.odometers.tracker_update` feeds a
+tracker ``O^(i)`` (``O_1 = Delta``; :func:`renyi_stream.stream.accounting.odometers.tracker_update` feeds a
 charge above ``Delta`` as pieces, a post-processing of the one Gaussian release). By
 Corollary 4.11, ``min(O^(i), kappa)`` bounds user ``i``'s zCDP loss so far; converted with the
 ledger's accounting it gives ``(epsilon_i, delta)``. A user never charged has lost nothing (0).
@@ -24,11 +24,11 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from pipelines.curator.store import CuratorStoreError, connect_curator, refuse_a_shared_ledger
-from stream.engine.ledger_config import LedgerConfig, LedgerConfigError
-from stream.accounting import epsilon_for_budget
-from stream.ledger import Ledger
-from stream.private_files import under_private_umask
+from renyi_stream.pipelines.curator.store import CuratorStoreError, connect_curator, refuse_a_shared_ledger
+from renyi_stream.stream.engine.ledger_config import LedgerConfig, LedgerConfigError
+from renyi_stream.stream.accounting import epsilon_for_budget
+from renyi_stream.stream.ledger import Ledger
+from renyi_stream.stream.private_files import under_private_umask
 
 #: One row per user. ``used_rho``, ``remaining_rho``, ``budget_rho`` (kappa), ``odometer_rho``
 #: (``min(O^(i), kappa)``) and ``tracker_step`` (Delta) are zCDP; ``odometer_epsilon`` is the
@@ -42,7 +42,7 @@ REPORT_SCHEMA = pa.schema([
 ])
 
 
-@under_private_umask  # what DuckDB spills to <ledger>.tmp/ is 0600 (pipelines.curator.store.connect_curator)
+@under_private_umask  # what DuckDB spills to <ledger>.tmp/ is 0600 (renyi_stream.pipelines.curator.store.connect_curator)
 def load_ledger(path: str | os.PathLike, *, user: Any = None) -> tuple[LedgerConfig, Ledger]:
     """The ledger's parameters and its users (only ``user``, when given), opened read-only.
 

@@ -5,14 +5,14 @@ public release store: invariant 4 (nothing-pre-noise-leaves, docs/architecture.m
 file holds:
 
 * ``meta``: the configuration the ledger was started with, as
-  :meth:`stream.engine.ledger_config.LedgerConfig.to_meta` writes it (a daily job must not change
+  :meth:`renyi_stream.stream.engine.ledger_config.LedgerConfig.to_meta` writes it (a daily job must not change
   the promise half-way: a run with other parameters is refused), and the ledger's random
   identifier ``ledger_id`` (:attr:`CuratorStore.ledger_id`), which its releases' noise is bound to;
 * ``ledger``: per user, the used zCDP budget and the personal tracker;
 * ``processed_windows``: windows already charged and released (invariant 6: never twice);
 * ``outbox``: released (noisy) answers committed with the ledger in one transaction and then
   published to the release store window by window (the daily job's outbox for
-  :func:`stream.engine.publication.publish_outbox`: at-least-once publish, idempotent insert there);
+  :func:`renyi_stream.stream.engine.publication.publish_outbox`: at-least-once publish, idempotent insert there);
 * ``window_counts`` and ``dead_letters``: row accounting (invariant 7).
 
 A run commits everything in one transaction (:meth:`CuratorStore.commit_run`), so a crash
@@ -20,7 +20,7 @@ leaves either the previous state or the new one, never a ledger without its rele
 
 The file, its write-ahead log and the lock file are created ``0600`` (folders made for them
 ``0700``) whatever the umask, and a ledger or log that group/others may read is refused before
-it is opened (:mod:`stream.private_files`, :func:`refuse_a_shared_ledger`). What DuckDB spills to
+it is opened (:mod:`renyi_stream.stream.private_files`, :func:`refuse_a_shared_ledger`). What DuckDB spills to
 disk (a sort or join larger than its memory) goes to ``<ledger>.tmp/``, a ``0700`` folder of ours
 (:func:`connect_curator`), in files created ``0600``.
 """
@@ -38,12 +38,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from queries.release_store import RELEASE_SCHEMA
-from stream.engine.ledger_config import LedgerConfig, LedgerConfigError
-from stream.faults import crash_point
-from stream.ledger import Ledger
-from stream.noise import check_ledger_id, new_ledger_id
-from stream.private_files import (PrivateFileError, make_private_dirs, private_temp_dir, private_umask,
+from renyi_stream.queries.release_store import RELEASE_SCHEMA
+from renyi_stream.stream.engine.ledger_config import LedgerConfig, LedgerConfigError
+from renyi_stream.stream.faults import crash_point
+from renyi_stream.stream.ledger import Ledger
+from renyi_stream.stream.noise import check_ledger_id, new_ledger_id
+from renyi_stream.stream.private_files import (PrivateFileError, make_private_dirs, private_temp_dir, private_umask,
                                   process_alive, refuse_if_shared, under_private_umask)
 
 SCHEMA_VERSION = 1
@@ -110,11 +110,11 @@ def refuse_a_shared_ledger(path: str | os.PathLike) -> None:
 
 def connect_curator(path: str | os.PathLike, *, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection to the curator database ``path`` (the ledger) that spills only into
-    its private folder ``<path>.tmp`` (:func:`stream.private_files.private_temp_dir`, ``0700``),
+    its private folder ``<path>.tmp`` (:func:`renyi_stream.stream.private_files.private_temp_dir`, ``0700``),
     set at connect time (``SET temp_directory`` after connecting works too, but SQL could change
     it). Every connection to the ledger is made here, so they agree (DuckDB refuses a second
     connection to a file with another configuration). Run its queries under
-    :func:`stream.private_files.private_umask` so that the spill files are ``0600`` as well.
+    :func:`renyi_stream.stream.private_files.private_umask` so that the spill files are ``0600`` as well.
     CuratorStoreError naming the folder and the fix when it is not private; duckdb.Error as is."""
     try:
         folder = private_temp_dir(path)
@@ -150,7 +150,7 @@ class CuratorStore:
     Private whatever the umask: an existing file (or write-ahead log) that group/others may
     read is refused; every step that may create the file or its log (DuckDB creates the log at
     the first write after a checkpoint), or spill a large read to ``<ledger>.tmp/``
-    (:func:`connect_curator`), runs under :func:`stream.private_files.private_umask`."""
+    (:func:`connect_curator`), runs under :func:`renyi_stream.stream.private_files.private_umask`."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -248,9 +248,9 @@ class CuratorStore:
 
     @property
     def ledger_id(self) -> str:
-        """This ledger's identifier (:func:`stream.noise.new_ledger_id`: 128 random bits as hex),
+        """This ledger's identifier (:func:`renyi_stream.stream.noise.new_ledger_id`: 128 random bits as hex),
         created with the ledger and kept for its life; public. The noise of every release it
-        charges for is bound to it (:class:`stream.noise.NoiseBinding`), so a second ledger using
+        charges for is bound to it (:class:`renyi_stream.stream.noise.NoiseBinding`), so a second ledger using
         the same key file draws independent noise. A copy of the ledger file is the same ledger
         and has the same id."""
         (value,) = self._db.execute("SELECT value FROM meta WHERE key = 'ledger_id'").fetchone()
@@ -326,7 +326,7 @@ class CuratorStore:
 
     @under_private_umask  # a large read may spill to disk
     def load_running(self, id_type: str) -> dict[str, pa.Table]:
-        """Every prepaid running query's per-user state (:meth:`stream.engine.running.PrepaidUsers.to_arrow`
+        """Every prepaid running query's per-user state (:meth:`renyi_stream.stream.engine.running.PrepaidUsers.to_arrow`
         layout, metadata included), by query id; empty when no running query has run."""
         metas = dict(self._db.execute("SELECT query_id, meta FROM prepaid_meta").fetchall())
         if not metas:
@@ -355,7 +355,7 @@ class CuratorStore:
 
     @under_private_umask  # a large read may spill to disk
     def load_release_states(self) -> dict[str, pa.Table]:
-        """Every prepaid running query's release state (:meth:`stream.engine.running.RunningRelease.to_arrow`
+        """Every prepaid running query's release state (:meth:`renyi_stream.stream.engine.running.RunningRelease.to_arrow`
         layout), by query id."""
         out = {}
         for query_id, meta_json, vals in self._db.execute(

@@ -1,7 +1,7 @@
 """The batch training stage: filtered DP gradient descent charged to the curator's ledger.
 
 ``renyi-stream train --features F --ledger L --epsilon E --delta D ...`` trains a model on one row
-per user (:mod:`pipelines.curator.features`) with private gradient descent (Feldman & Zrnic,
+per user (:mod:`renyi_stream.pipelines.curator.features`) with private gradient descent (Feldman & Zrnic,
 Algorithm 6) or private gradient descent with individual filtering (Algorithm 7, the default),
 charging every user's gradient steps and accuracy queries to the **same** per-user zCDP ledger
 that the daily job charges. A user's guarantee therefore covers the daily releases and the
@@ -14,11 +14,11 @@ Order of a run (each step safe to crash after):
    it was started with, and load its noise key (never create one: a missing key or another
    key than the ledger's is refused); on a new one, record the parameters and create its noise
    key beside it, as the daily job does, so a later daily job can continue on it;
-3. train (:func:`stream.training.dpgd.private_gd`), reading each user's remaining budget once,
+3. train (:func:`renyi_stream.stream.training.dpgd.private_gd`), reading each user's remaining budget once,
    with noise derived from the key, the ledger and the run id the training will commit as
-   (:mod:`stream.training.keyed_noise`);
+   (:mod:`renyi_stream.stream.training.keyed_noise`);
 4. write the model to a private scratch file (``0600``, removed on any failure:
-   :func:`stream.private_files.private_scratch`), commit the charged ledger in one DuckDB
+   :func:`renyi_stream.stream.private_files.private_scratch`), commit the charged ledger in one DuckDB
    transaction, then move the model into place with the caller's umask's mode (it is released),
    print the released noisy values and write the report.
 
@@ -30,12 +30,12 @@ After the commit the charge stands (the safe direction), and the next training d
 **Declared, never inferred.** The number of classes (the model's shape) is ``--classes`` or the
 features file's record, never the labels; a row whose label is outside them, or whose feature is
 null or not finite in the run's dtype, is left out of the run (charged nothing) and counted by
-reason in the report's ``curator_only`` part (:func:`pipelines.curator.features.load_features`).
-A user whose gradient overflows at a step is dropped for that step (:func:`stream.training.dpgd.private_gd`).
+reason in the report's ``curator_only`` part (:func:`renyi_stream.pipelines.curator.features.load_features`).
+A user whose gradient overflows at a step is dropped for that step (:func:`renyi_stream.stream.training.dpgd.private_gd`).
 
 **No exact counts.** The neighbouring relation is add/remove one user, so the number of users
 is private. The update divides by a public normaliser (``--normaliser``) or, by default, by a
-noisy count of the users charged to the ledger (:mod:`stream.training.normaliser`). Before the
+noisy count of the users charged to the ledger (:mod:`renyi_stream.stream.training.normaliser`). Before the
 commit the progress lines print only the step, the worst-case zCDP spent so far and the time;
 after it, the released noisy count and accuracies. Nothing printed carries an exact count. The
 report's ``curator_only`` section (exact users, per-step counts of clipped and filtered users)
@@ -54,10 +54,10 @@ from typing import Any, Callable, TextIO
 import numpy as np
 import pyarrow as pa
 
-from stream.accounting import ACCOUNTINGS, DEFAULT_ACCOUNTING, describe_accounting, epsilon_for_budget
-from stream.accounting import _validate as check
-from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
-from stream.private_files import private_scratch, public_file_mode, write_private_bytes
+from renyi_stream.stream.accounting import ACCOUNTINGS, DEFAULT_ACCOUNTING, describe_accounting, epsilon_for_budget
+from renyi_stream.stream.accounting import _validate as check
+from renyi_stream.stream.engine.dead_letters import DEAD_LETTER_SCHEMA
+from renyi_stream.stream.private_files import private_scratch, public_file_mode, write_private_bytes
 
 DEFAULT_STOP_FRACTION = 0.05
 # Share of the run's budget the default normaliser (a noisy count of the users) costs. At the
@@ -70,7 +70,7 @@ class TrainConfig:
     """One training run. Privacy numbers are keyword-only in spirit: every field is named.
 
     Attributes:
-        features: Parquet file of the features job (:func:`pipelines.features.job.materialise_features`) (or any Parquet
+        features: Parquet file of the features job (:func:`renyi_stream.pipelines.features.job.materialise_features`) (or any Parquet
             with ``user_id``, numeric features and an integer ``label``).
         classes: the number of classes ``N`` >= 2 (labels ``0 .. N-1``), declared: default the
             features file's record (the features job records 2); never read off the labels. A
@@ -94,7 +94,7 @@ class TrainConfig:
         key_path: the curator's noise key file (default: beside the ledger, as the daily job's).
         normaliser: a public number (> 0) the update and the accuracy queries divide by, declared
             by the curator and not computed from the data; default ``None``: a noisy count of the
-            users, costing ``count_fraction`` of the run's budget (:mod:`stream.training.normaliser`).
+            users, costing ``count_fraction`` of the run's budget (:mod:`renyi_stream.stream.training.normaliser`).
         count_fraction: share of the run's budget for that count, in (0, 1).
         seed: an integer makes the noise reproducible and the model NOT private (warns).
         device: ``cpu`` (NumPy) or ``gpu`` (CuPy); dtype: ``float64`` or ``float32``.
@@ -232,7 +232,7 @@ def _existing_key(config: TrainConfig, params: Any) -> Any:
     """An existing ledger's noise key: loaded from ``config.key_file``, never created (a new key
     would not be the one the ledger was started with), and refused unless its fingerprint is the
     ledger's."""
-    from stream.noise import NoiseKey, NoiseKeyError
+    from renyi_stream.stream.noise import NoiseKey, NoiseKeyError
 
     try:
         key = NoiseKey.load(config.key_file)
@@ -244,7 +244,7 @@ def _existing_key(config: TrainConfig, params: Any) -> Any:
 
 
 def _ledger_parameters(curator: Any, config: TrainConfig, id_type: str) -> tuple[Any, Any]:
-    """The ledger's configuration (:class:`stream.engine.ledger_config.LedgerConfig`), after
+    """The ledger's configuration (:class:`renyi_stream.stream.engine.ledger_config.LedgerConfig`), after
     checking this run's promise against it (:meth:`LedgerConfig.continued_from`: the epsilon,
     delta, accounting and id type a training run gives; the rest is the ledger's), and ``None``;
     on a new ledger, the configuration to record (compatible with a later ``renyi-stream run``)
@@ -253,8 +253,8 @@ def _ledger_parameters(curator: Any, config: TrainConfig, id_type: str) -> tuple
     checks, so a bad parameter is reported as such."""
     from dataclasses import replace
 
-    from stream.engine.ledger_config import LedgerConfig, LedgerConfigError
-    from stream.noise import NoiseKey
+    from renyi_stream.stream.engine.ledger_config import LedgerConfig, LedgerConfigError
+    from renyi_stream.stream.noise import NoiseKey
 
     existing = curator.parameters()
     if existing is not None:
@@ -283,7 +283,7 @@ def _commit_ledger(curator: Any, run_id: int, ledger_table: pa.Table, previous_u
     """Write the charged ledger as run ``run_id`` in one transaction through
     ``CuratorStore.commit_run`` with no releases, window counts or dead letters (a training run
     reads no stream rows)."""
-    from queries.release_store import RELEASE_SCHEMA
+    from renyi_stream.queries.release_store import RELEASE_SCHEMA
 
     curator.commit_run(
         run_id=run_id, ledger=ledger_table, releases=RELEASE_SCHEMA.empty_table(),
@@ -314,7 +314,7 @@ class _Normaliser:
 def _release_normaliser(config: TrainConfig, view: Any, train_rho: float, rng: Any) -> _Normaliser:
     """The declared public normaliser, or a noisy count of the users charged to ``view`` (each
     user ``1 / (2 s^2)`` zCDP with ``s`` spending ``count_fraction`` of the run's budget)."""
-    from stream.training.normaliser import count_noise_std, normaliser_from_count, private_count
+    from renyi_stream.stream.training.normaliser import count_noise_std, normaliser_from_count, private_count
 
     if config.normaliser is not None:
         return _Normaliser(value=float(config.normaliser), kind="public", noise_std=None, rho=0.0, released=None)
@@ -327,14 +327,14 @@ def _release_normaliser(config: TrainConfig, view: Any, train_rho: float, rng: A
 
 def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSummary:
     """Run one training stage end to end; see the module docstring for the order of steps."""
-    from pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock
-    from pipelines.curator.features import FEATURE_DEAD_LETTERS, LABEL_DEAD_LETTERS, load_features
-    from stream.ledger import Ledger
-    from stream.training.budget import TrainingLedger
-    from stream.training.dpgd import GDConfig, noise_multiplier_for, prepare_data, private_gd
-    from stream.training.keyed_noise import keyed_training_noise, seeded_training_noise
-    from stream.training.models import make_model, save_model
-    from stream.training.stopping import AccuracyStopping
+    from renyi_stream.pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock
+    from renyi_stream.pipelines.curator.features import FEATURE_DEAD_LETTERS, LABEL_DEAD_LETTERS, load_features
+    from renyi_stream.stream.ledger import Ledger
+    from renyi_stream.stream.training.budget import TrainingLedger
+    from renyi_stream.stream.training.dpgd import GDConfig, noise_multiplier_for, prepare_data, private_gd
+    from renyi_stream.stream.training.keyed_noise import keyed_training_noise, seeded_training_noise
+    from renyi_stream.stream.training.models import make_model, save_model
+    from renyi_stream.stream.training.stopping import AccuracyStopping
 
     started = time.perf_counter()
     say: Callable[[str], Any] = (lambda m: (progress.write(m + "\n"), progress.flush())) if progress else (lambda m: None)

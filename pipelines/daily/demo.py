@@ -26,12 +26,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.daily.job import JobConfig, run_job
-from stream.contract import DeclaredColumn, InputContract
-from stream.accounting import ACCOUNTINGS, calibrate
-from stream.ledger import Policy
-from pipelines.curator.store import connect_curator
-from stream.private_files import private_dir, private_umask
+from renyi_stream.pipelines.daily.job import JobConfig, run_job
+from renyi_stream.stream.contract import DeclaredColumn, InputContract
+from renyi_stream.stream.accounting import ACCOUNTINGS, calibrate
+from renyi_stream.stream.ledger import Policy
+from renyi_stream.pipelines.curator.store import connect_curator
+from renyi_stream.stream.private_files import private_dir, private_umask
 
 INDICATORS = ("opened_app", "changed_plan", "filed_complaint")
 #: The demo's declared input: integer ids and three 0/1 indicators, each sum clamped to [0, 1].

@@ -9,7 +9,7 @@ Order of a run (each step safe to crash after):
 4. commit the new ledger, the releases, the row counts and the dead letters in one DuckDB
    transaction (``CuratorStore.commit_run``);
 5. publish the releases to the public store window by window (idempotent: first write wins) and
-   mark them (:func:`stream.engine.publication.publish_outbox`, the rule every job shares).
+   mark them (:func:`renyi_stream.stream.engine.publication.publish_outbox`, the rule every job shares).
 
 A re-run of a processed day finds its windows released: its rows are dead-lettered as late,
 nobody is charged, nothing new is released, and step 5 re-publishes nothing.
@@ -33,28 +33,28 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock, crash_point
-from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
-from stream.engine.publication import publish_outbox
-from stream.engine.row_balance import RowBalance, reason_counts, refuse_idle_run
-from stream.engine.readers import MalformedLines, check_declared_columns, declares_types, id_type_of, read_batches
-from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, refuse_running_gaps
-from queries.registration import contract_defaults, declared_header, plan_columns
-from queries.release_files import write_release_file
-from queries.release_store import RELEASE_SCHEMA, ReleaseStore
-from stream.accounting import DEFAULT_ACCOUNTING, calibrate
-from stream.engine.ledger_config import DEFAULT_SHARDS, LedgerConfig
-from stream.columns import KEY_COLUMNS, InputColumns, declared_kind, default_columns
-from stream.contract import ContractError, InputContract, declaration_hint
-from stream.continual.prepaid import DEFAULT_RUNNING_STRATEGY, RUNNING_STRATEGIES, check_running_size
-from stream.engine.running import MIGRATION
-from stream.ledger import STATUS_NAMES, Policy
-from stream.noise import NoiseKey
-from stream.private_files import CURATOR_ONLY_NOTICE, private_run_dir, private_umask
-from stream.schema import WindowSpec
+from renyi_stream.pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock, crash_point
+from renyi_stream.stream.engine.dead_letters import DEAD_LETTER_SCHEMA
+from renyi_stream.stream.engine.publication import publish_outbox
+from renyi_stream.stream.engine.row_balance import RowBalance, reason_counts, refuse_idle_run
+from renyi_stream.stream.engine.readers import MalformedLines, check_declared_columns, declares_types, id_type_of, read_batches
+from renyi_stream.stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, refuse_running_gaps
+from renyi_stream.queries.registration import contract_defaults, declared_header, plan_columns
+from renyi_stream.queries.release_files import write_release_file
+from renyi_stream.queries.release_store import RELEASE_SCHEMA, ReleaseStore
+from renyi_stream.stream.accounting import DEFAULT_ACCOUNTING, calibrate
+from renyi_stream.stream.engine.ledger_config import DEFAULT_SHARDS, LedgerConfig
+from renyi_stream.stream.columns import KEY_COLUMNS, InputColumns, declared_kind, default_columns
+from renyi_stream.stream.contract import ContractError, InputContract, declaration_hint
+from renyi_stream.stream.continual.prepaid import DEFAULT_RUNNING_STRATEGY, RUNNING_STRATEGIES, check_running_size
+from renyi_stream.stream.engine.running import MIGRATION
+from renyi_stream.stream.ledger import STATUS_NAMES, Policy
+from renyi_stream.stream.noise import NoiseKey
+from renyi_stream.stream.private_files import CURATOR_ONLY_NOTICE, private_run_dir, private_umask
+from renyi_stream.stream.schema import WindowSpec
 
 #: The name of a run's scratch folder in the temp dir: ``renyi-run-<pid>-<random>``
-#: (:func:`stream.private_files.private_run_dir`).
+#: (:func:`renyi_stream.stream.private_files.private_run_dir`).
 SCRATCH_PREFIX = "renyi-run-"
 
 
@@ -103,7 +103,7 @@ class JobConfig:
             # ValueError by name; the default queries have one coordinate each
             check_running_size(self.strategy or DEFAULT_RUNNING_STRATEGY, self.horizon, 1)
         # The in-process runner's limit (every shard is a keyed state cell in this process); the
-        # distributed and streaming jobs take up to stream.engine.ledger_config.MAX_SHARDS.
+        # distributed and streaming jobs take up to renyi_stream.stream.engine.ledger_config.MAX_SHARDS.
         if not 1 <= self.n_shards <= 4096:
             raise ValueError(f"n_shards must be in [1, 4096], got n_shards={self.n_shards}")
         calibrate(epsilon=self.epsilon, delta=self.delta, norm_budget=self.norm_budget, accounting=self.accounting)
@@ -116,7 +116,7 @@ class JobConfig:
 @dataclass(frozen=True)
 class JobSummary(RowBalance):
     """What a run did (curator-only: counts are sensitive): its row balance (the
-    :class:`stream.engine.row_balance.RowBalance` every job records, ``balanced`` deciding the
+    :class:`renyi_stream.stream.engine.row_balance.RowBalance` every job records, ``balanced`` deciding the
     exit status), and the windows, releases and users."""
 
     run_id: int
@@ -131,7 +131,7 @@ def _contract(config: JobConfig, existing: LedgerConfig | None) -> InputContract
     """The run's input contract: the one it declares, else the one the ledger records. A new ledger
     must be given one (ContractError naming the options); a ledger recorded before contracts
     existed may go on without (None: its columns follow the undeclared rule of
-    :mod:`stream.columns`). Every input must hold the declared columns (InputFileError, before
+    :mod:`renyi_stream.stream.columns`). Every input must hold the declared columns (InputFileError, before
     anyone is charged)."""
     contract = config.contract or (existing.contract if existing else None)
     if contract is None and existing is None:
@@ -158,7 +158,7 @@ def _id_type(config: JobConfig, existing: LedgerConfig | None, contract: InputCo
 
 def _first_input(paths: Sequence[str]) -> tuple[str, pa.Schema, bool]:
     """The first input's path, its columns and whether their types are declared (Parquet, Arrow;
-    a CSV declares none): what :mod:`stream.columns` decides the numeric columns from, for a
+    a CSV declares none): what :mod:`renyi_stream.stream.columns` decides the numeric columns from, for a
     ledger without a declared contract."""
     first = next(read_batches(paths[0], batch_rows=16, malformed=MalformedLines()))
     return paths[0], first.schema, declares_types(paths[0])
@@ -184,7 +184,7 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
             params = curator.check_or_record_parameters(wanted)
             stored_key = store.key_fingerprint()
             if stored_key is not None and stored_key != key.fingerprint:  # before anyone is charged
-                from queries.release_store import ReleaseConflictError
+                from renyi_stream.queries.release_store import ReleaseConflictError
 
                 raise ReleaseConflictError(
                     f"release store {config.store} holds releases made with noise key {stored_key}; this run's "
@@ -298,7 +298,7 @@ def _refuse_a_ledger_behind_the_store(curator: CuratorStore, store: ReleaseStore
 
 
 class CuratorOutbox:
-    """The daily job's outbox (:class:`stream.engine.publication.Outbox`): the curator store's
+    """The daily job's outbox (:class:`renyi_stream.stream.engine.publication.Outbox`): the curator store's
     ``outbox`` table, written in the same DuckDB transaction as the ledger that charged its
     releases (:meth:`CuratorStore.commit_run`), so every window it lists is committed."""
 
@@ -316,10 +316,10 @@ class CuratorOutbox:
 
 
 class StoreAndFiles:
-    """The daily job's public side (:class:`stream.engine.publication.PublicReleases`): the DuckDB
+    """The daily job's public side (:class:`renyi_stream.stream.engine.publication.PublicReleases`): the DuckDB
     release store (first write wins on ``(query_id, window_id, coordinate)``, for one ledger and
     one noise key) and, with ``parquet_root``, one release file per window
-    (:mod:`queries.release_files`, first write wins), written after the window's store commit."""
+    (:mod:`renyi_stream.queries.release_files`, first write wins), written after the window's store commit."""
 
     def __init__(self, store: ReleaseStore, ledger_id: str, parquet_root: str | None = None) -> None:
         self._store = store
@@ -342,7 +342,7 @@ class StoreAndFiles:
 
 
 def _publish_pending(curator: CuratorStore, store: ReleaseStore, parquet_root: str | None = None) -> int:
-    """Publish the committed outbox (:func:`stream.engine.publication.publish_outbox`): into the
+    """Publish the committed outbox (:func:`renyi_stream.stream.engine.publication.publish_outbox`): into the
     DuckDB store and, with ``parquet_root``, as one Parquet file per window. Public answers leave
     only from here, after the curator's transaction charged every user for them (an answer nobody
     was charged for must never exist, even after a crash; docs/architecture.md, "The outbox
@@ -354,7 +354,7 @@ def _publish_pending(curator: CuratorStore, store: ReleaseStore, parquet_root: s
 
 def _row_balance(outputs: dict[str, pa.Table]) -> RowBalance:
     """The run's row balance: rows read, the filter's outcomes summed over windows, and the dead
-    letters by reason (:class:`stream.engine.row_balance.RowBalance`)."""
+    letters by reason (:class:`renyi_stream.stream.engine.row_balance.RowBalance`)."""
     wc = outputs["window_counts"]
     statuses = {name: int(pc.sum(wc.column(name)).as_py() or 0) if wc.num_rows else 0 for name in STATUS_NAMES}
     return RowBalance.of(rows_read=int(outputs["rows_read"]), statuses=statuses,
@@ -384,9 +384,9 @@ def _query_plan(store: ReleaseStore, config: JobConfig, contract: InputContract,
     is answered. A query registered into a window already charged but not yet published (after a
     crash) starts at the first window after the charged ones
     (:meth:`QueryRegistry.defer_unanswered`). Which columns are numeric is the ledger's declared
-    contract (:mod:`stream.contract`), never the input's values or its writer's types; a query
+    contract (:mod:`renyi_stream.stream.contract`), never the input's values or its writer's types; a query
     the contract cannot feed is refused here, before anyone is charged."""
-    from queries.registry import QueryRegistry
+    from renyi_stream.queries.registry import QueryRegistry
 
     if contract is not None:
         header = declared_header(contract)
@@ -418,7 +418,7 @@ def _query_plan(store: ReleaseStore, config: JobConfig, contract: InputContract,
 def _register_declared_defaults(registry, config: JobConfig, contract: InputContract, first_window: int,
                                 say) -> None:
     """Register the default queries of a declared contract from ``first_window``
-    (:func:`queries.registration.contract_defaults`: a clamped sum per bounded number column)."""
+    (:func:`renyi_stream.queries.registration.contract_defaults`: a clamped sum per bounded number column)."""
     for query in contract_defaults(contract, kind=config.release, strategy=config.strategy, horizon=config.horizon):
         registry.add(query, effective_from=first_window)
     unbounded = [c for c in contract.numeric if c not in {b.name for b in contract.bounded}]
@@ -435,7 +435,7 @@ def _register_defaults(registry, config: JobConfig, path: str, header: pa.Schema
     """Register the default per-column queries from ``first_window``: over the declared numeric
     columns of a Parquet/Arrow input, over every non-key column of a CSV (it declares no types:
     its columns are not guessed from their values)."""
-    from queries.linear import default_queries
+    from renyi_stream.queries.linear import default_queries
 
     columns = default_columns(header, declared_types=declared)
     if not columns:
@@ -466,7 +466,7 @@ def _refuse_history_running_queries(plan: QueryPlan, history: Sequence[str], to_
 
 def _refuse_gaps_in_running_queries(plan: QueryPlan, previous_release: dict[str, pa.Table],
                                     to_release: list[int]) -> None:
-    """The one schedule rule of running totals (:func:`stream.engine.shard_state.refuse_running_gaps`)
+    """The one schedule rule of running totals (:func:`renyi_stream.stream.engine.shard_state.refuse_running_gaps`)
     over the release states the curator store holds."""
     refuse_running_gaps(plan, {q: int(t.schema.metadata[b"next_window"]) for q, t in previous_release.items()},
                         to_release)
@@ -478,8 +478,8 @@ def _run_pipeline(config: JobConfig, params: LedgerConfig, plan: QueryPlan, colu
                   say, categories: Sequence[str] = (), *, ledger_id: str,
                   previous_release: dict[str, pa.Table] | None = None) -> dict[str, pa.Table]:
     beam, PipelineOptions = _beam()
-    from pipelines.beam import transforms as tx
-    from pipelines.beam.local_runner import batch_runner
+    from renyi_stream.pipelines.beam import transforms as tx
+    from renyi_stream.pipelines.beam.local_runner import batch_runner
 
     options = PipelineOptions(list(config.beam_args) or ["--runner=DirectRunner", "--direct_running_mode=in_memory"])
     out = Path(scratch)

@@ -1,2 +1,2 @@
-"""The distributed batch job (``python -m pipelines.distributed``): state and releases in object
+"""The distributed batch job (``python -m renyi_stream.pipelines.distributed``): state and releases in object
 storage, for Flink and Dataflow."""

@@ -1,5 +1,5 @@
 import sys
 
-from pipelines.distributed.job import main
+from renyi_stream.pipelines.distributed.job import main
 
 sys.exit(main())

@@ -5,7 +5,7 @@ to the curator's DuckDB ledger in one transaction: that needs the pipeline to ru
 launched. A Flink or Dataflow job runs elsewhere, so this entry point keeps every piece of state
 in object storage (``gs://``, ``s3://``, or local paths standing in for them)::
 
-    python -m pipelines.distributed \\
+    python -m renyi_stream.pipelines.distributed \\
         --input 'gs://acme-events/day=2026-03-02/*.parquet' --start 2026-03-02 --end 2026-03-02 \\
         --epsilon 1 --delta 1e-6 --norm-budget 30 \\
         --previous-ledger gs://acme-curator/runs/2026-03-01 --output gs://acme-curator/runs/2026-03-02 \\
@@ -21,19 +21,19 @@ What a run reads and writes:
   the ledger files it lists), or ``none`` for the very first run. Read *inside* the pipeline,
   split by user shard: the launcher never holds the ledger (100M users are ~3.2 GB);
 * ``--releases-parquet``: the public release files, ``<root>/window_id=<id>/releases.parquet``
-  (:mod:`queries.release_files`: first write wins), which DuckDB reads with
+  (:mod:`renyi_stream.queries.release_files`: first write wins), which DuckDB reads with
   ``read_parquet('<root>/*/*.parquet', hive_partitioning = true)``. The pipeline writes them to
   ``<output>/staged-releases/<attempt>/`` and the commit step copies them here only after the
   run's ``_COMMITTED.json`` exists, so a public answer always has a committed ledger that charged
   its users; ``<root>/_lineage/`` records which committed run charged each public window and which
-  run continued which ledger (:mod:`queries.release_lineage`);
+  run continued which ledger (:mod:`renyi_stream.queries.release_lineage`);
 * ``--output`` (curator only: sensitive): ``_INTENT.json`` (written at launch), the new ledger
   snapshot ``ledger/<attempt>/part-*.parquet``, per-window counts, dead letters and rows read per
   file, all written by Beam's Parquet sinks; and, last, ``_COMMITTED.json``: written by a step
   that takes every other output as a side input, so it exists only once all of them are
   complete. The next day's ``--previous-ledger`` is this ``--output``.
 
-Curator files are private (:mod:`stream.private_files`). For a local ``--output`` the launcher
+Curator files are private (:mod:`renyi_stream.stream.private_files`). For a local ``--output`` the launcher
 makes the folder ``0700`` (tightening an existing one) before anything is written, manifests
 are written ``0600`` from creation, and the commit step sets every file Beam's sinks wrote under
 it to ``0600`` (folders ``0700``) before it writes ``_COMMITTED.json``; a local previous run's
@@ -43,23 +43,23 @@ analyst can read. With ``--quiet`` nothing printed carries an exact count.
 
 The ledger's identity, ``parameters.ledger_id`` in every intent and manifest
 (:func:`ledger_identity`), is drawn by the first run and carried from each manifest to the next;
-the release noise is bound to it (:class:`stream.noise.NoiseBinding`), so another ledger given
+the release noise is bound to it (:class:`renyi_stream.stream.noise.NoiseBinding`), so another ledger given
 the same key draws independent noise.
 
-The graph is the daily job's: :class:`~pipelines.beam.transforms.ReadIndicators`, the stateful
-:class:`~pipelines.beam.transforms.IndividualFilterDoFn` keyed by user shard in the global window,
-:class:`~pipelines.beam.transforms.ReleaseWindows` (keyed noise) and
-:class:`~pipelines.beam.transforms.WriteReleaseParquet`. Only the previous ledger enters differently:
+The graph is the daily job's: :class:`~renyi_stream.pipelines.beam.transforms.ReadIndicators`, the stateful
+:class:`~renyi_stream.pipelines.beam.transforms.IndividualFilterDoFn` keyed by user shard in the global window,
+:class:`~renyi_stream.pipelines.beam.transforms.ReleaseWindows` (keyed noise) and
+:class:`~renyi_stream.pipelines.beam.transforms.WriteReleaseParquet`. Only the previous ledger enters differently:
 ``DailyReleases`` takes it as an in-memory table and embeds it in the job graph (``beam.Create``),
 which a cluster cannot afford; here :class:`ReadLedgerSnapshot` reads it from files in the
 pipeline and hands each shard exactly one part.
 
 Answered here: the queries registered in the catalogue beside the public release root,
-``<--releases-parquet>/_queries/`` (:mod:`queries.catalogue`; ``renyi-stream query add
+``<--releases-parquet>/_queries/`` (:mod:`renyi_stream.queries.catalogue`; ``renyi-stream query add
 --releases-parquet ROOT``), under the rules of the daily job's registry
-(:mod:`queries.registration`): every window query active in the run's windows (sums over
+(:mod:`renyi_stream.queries.registration`): every window query active in the run's windows (sums over
 columns, weighted sums, clamps, histograms over numeric and string categories), charged together
-per user as the daily job charges them (the same :class:`~stream.engine.shard_state.QueryPlan`).
+per user as the daily job charges them (the same :class:`~renyi_stream.stream.engine.shard_state.QueryPlan`).
 On a root whose catalogue has no query, the first run registers the default per-column sums
 (``--columns``, else every declared numeric column) from its first window, as ``renyi-stream
 run`` does on a store without queries. The intent and the manifest record the run's plan
@@ -67,10 +67,10 @@ run`` does on a store without queries. The intent and the manifest record the ru
 answered (``queries``).
 
 Running totals (docs/running_totals.md) go through the daily job's engine objects: each shard's
-per-user prepaid rows (:class:`stream.engine.running.PrepaidUsers`, one row per user and
+per-user prepaid rows (:class:`renyi_stream.stream.engine.running.PrepaidUsers`, one row per user and
 running query) are written beside its ledger, ``running/<attempt>/query-<i>/part-*.parquet``,
 and read back per shard by the next run like the ledger; each running query's release state
-(:class:`stream.engine.running.RunningRelease`: ``(C a)_t`` in window order) and its releases
+(:class:`renyi_stream.stream.engine.running.RunningRelease`: ``(C a)_t`` in window order) and its releases
 ``y_t`` (which the running-total estimates are computed from) are recorded in the committed
 manifest (``running``: per query id, ``prepaid`` with the files, their metadata and the users,
 ``release`` and ``raw``). Every window of the schedule is released for a running query active in
@@ -111,36 +111,36 @@ try:
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-    from pipelines.beam import transforms as tx
-    from pipelines.beam.job_options import (RunRefused, add_promise_options, declared_contract, key_fingerprint,
+    from renyi_stream.pipelines.beam import transforms as tx
+    from renyi_stream.pipelines.beam.job_options import (RunRefused, add_promise_options, declared_contract, key_fingerprint,
                                             long_options, parse_day, refuse_unknown_options, window_seconds)
-    from pipelines.beam.object_store import (absolute, is_uri, join, read_json, read_parquet, refuse_if_shared_file,
+    from renyi_stream.pipelines.beam.object_store import (absolute, is_uri, join, read_json, read_parquet, refuse_if_shared_file,
                                              release_windows_present, write_json)
-    from pipelines.beam.publication import PublicReleaseFiles, StagedReleases
-    from pipelines.beam import worker_key
-    from pipelines.beam.local_runner import batch_runner
+    from renyi_stream.pipelines.beam.publication import PublicReleaseFiles, StagedReleases
+    from renyi_stream.pipelines.beam import worker_key
+    from renyi_stream.pipelines.beam.local_runner import batch_runner
 finally:
     _root.setLevel(_level)
-from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
-from stream.engine.readers import MalformedLines, check_declared_columns, declares_types, id_type_of, read_batches
-from queries import release_lineage as lineage
-from stream.engine.publication import publish_outbox
-from pipelines.cli.errors import worded
-from stream.engine.row_balance import IdleInputError, RowBalance, reason_counts, refuse_idle_run
-from stream.faults import crash_point
-from stream.engine.running import PrepaidUsers
-from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, running_rule_of
-from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
-from queries.linear import default_queries
-from queries.registration import category_reads, contract_defaults, declared_header, plan_columns, recorded_plan
-from stream.contract import ContractError, InputContract, declaration_hint
-from stream.columns import default_columns
-from stream.engine.ledger_config import LedgerConfig, LedgerConfigError
-from stream.ledger import STATUS_NAMES, Policy
-from stream.noise import check_ledger_id, new_ledger_id
-from queries.release_files import filesystem
-from stream.private_files import CURATOR_ONLY_NOTICE, private_dir, private_run_dir, tighten_tree
-from stream.schema import WindowSpec
+from renyi_stream.stream.engine.dead_letters import DEAD_LETTER_SCHEMA
+from renyi_stream.stream.engine.readers import MalformedLines, check_declared_columns, declares_types, id_type_of, read_batches
+from renyi_stream.queries import release_lineage as lineage
+from renyi_stream.stream.engine.publication import publish_outbox
+from renyi_stream.pipelines.cli.errors import worded
+from renyi_stream.stream.engine.row_balance import IdleInputError, RowBalance, reason_counts, refuse_idle_run
+from renyi_stream.stream.faults import crash_point
+from renyi_stream.stream.engine.running import PrepaidUsers
+from renyi_stream.stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, running_rule_of
+from renyi_stream.queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
+from renyi_stream.queries.linear import default_queries
+from renyi_stream.queries.registration import category_reads, contract_defaults, declared_header, plan_columns, recorded_plan
+from renyi_stream.stream.contract import ContractError, InputContract, declaration_hint
+from renyi_stream.stream.columns import default_columns
+from renyi_stream.stream.engine.ledger_config import LedgerConfig, LedgerConfigError
+from renyi_stream.stream.ledger import STATUS_NAMES, Policy
+from renyi_stream.stream.noise import check_ledger_id, new_ledger_id
+from renyi_stream.queries.release_files import filesystem
+from renyi_stream.stream.private_files import CURATOR_ONLY_NOTICE, private_dir, private_run_dir, tighten_tree
+from renyi_stream.stream.schema import WindowSpec
 
 MANIFEST_VERSION = 1
 INTENT = "_INTENT.json"
@@ -167,11 +167,11 @@ def resolve_inputs(patterns: Sequence[str]) -> list[dict]:
 
 def promote_releases(staging: str, public: str, *, run: str | None = None) -> list[int]:
     """Publish every staged window file under ``staging`` to ``public`` by the one publication
-    rule (:func:`stream.engine.publication.publish_outbox`: window by window, in window order,
+    rule (:func:`renyi_stream.stream.engine.publication.publish_outbox`: window by window, in window order,
     first write wins: a window already public is kept). Call only for a committed run's staging,
     after its lineage claim (:func:`publish_committed` does both): the staged files are then the
     run's outbox. With ``run``, each window's lineage record names that run
-    (:func:`queries.release_lineage.record_window`, written before the file). Returns the windows
+    (:func:`renyi_stream.queries.release_lineage.record_window`, written before the file). Returns the windows
     newly published."""
     return list(publish_outbox(StagedReleases(staging), PublicReleaseFiles(public, run=run)).windows)
 
@@ -190,7 +190,7 @@ def parent_run(manifest: dict) -> str | None:
 
 def claim_lineage(output: str, public: str) -> dict:
     """Claim the committed run at ``output`` its place in the public lineage under ``public``: the
-    one successor of the ledger it continued (:func:`queries.release_lineage.claim`; idempotent
+    one successor of the ledger it continued (:func:`renyi_stream.queries.release_lineage.claim`; idempotent
     for that run). LineageConflict when another run from the same ledger claimed first: then
     nothing of this run may be published. Returns the run's manifest."""
     manifest = read_json(join(output, COMMITTED))
@@ -211,7 +211,7 @@ def publish_committed(output: str, public: str) -> list[int]:
 
 def check_lineage(releases: str, previous: str | None, manifest: dict | None) -> None:
     """Refuse (RunRefused) a run whose ``--previous-ledger`` is not the public lineage's latest
-    ledger under ``releases`` (:func:`queries.release_lineage.check_continuation`), or a first run
+    ledger under ``releases`` (:func:`renyi_stream.queries.release_lineage.check_continuation`), or a first run
     on a release root that already holds a lineage."""
     if manifest is None:
         holder = lineage.successor(releases, lineage.ORIGIN)
@@ -268,7 +268,7 @@ class RunPlan:
 
     @property
     def releases(self) -> str:
-        """The public release root (normalised, :func:`pipelines.beam.object_store.absolute`)."""
+        """The public release root (normalised, :func:`renyi_stream.pipelines.beam.object_store.absolute`)."""
         return self.config.releases
 
     @property
@@ -285,7 +285,7 @@ class RunPlan:
         return [item["path"] for item in self.inputs]
 
     def query_plan(self) -> QueryPlan:
-        """The registered queries active in this run's windows (:mod:`queries.catalogue`)."""
+        """The registered queries active in this run's windows (:mod:`renyi_stream.queries.catalogue`)."""
         return QueryPlan(self.queries)
 
     def planned(self) -> list[dict]:
@@ -310,7 +310,7 @@ class RunPlan:
         ledger's configuration as :meth:`LedgerConfig.to_manifest` records it. ``query_plan``
         (from the intent) lists the queries this run answered and from which window; ``queries``
         maps every query the ledger has answered, in this run or an earlier one, to the first
-        window it answered it in (what a later run's :func:`queries.catalogue.queries_at_launch`
+        window it answered it in (what a later run's :func:`renyi_stream.queries.catalogue.queries_at_launch`
         reads as answered)."""
         return {**self.intent(), **self.config.to_manifest(), "attempt": self.attempt,
                 "processed_windows": sorted({*self.released, *self.schedule}),
@@ -326,7 +326,7 @@ def _first_input_schema(path: str) -> pa.Schema:
 
 
 def ledger_identity(recorded: Any, output: str, *, where: str) -> str:
-    """This run's ledger id (:func:`stream.noise.new_ledger_id`), which its noise is bound to and
+    """This run's ledger id (:func:`renyi_stream.stream.noise.new_ledger_id`), which its noise is bound to and
     its manifest records (``parameters.ledger_id``): the one ``recorded`` by the previous manifest.
     For a new ledger, or one whose manifest predates ledger ids (``recorded`` None), the one an
     interrupted attempt at this ``--output`` already fixed in its intent, so that its re-run
@@ -355,7 +355,7 @@ def _same_intent(stored: dict, planned: dict) -> bool:
 
 
 def release_state_record(table: pa.Table) -> dict:
-    """A running query's release state (:meth:`stream.engine.running.RunningRelease.to_arrow`) as
+    """A running query's release state (:meth:`renyi_stream.stream.engine.running.RunningRelease.to_arrow`) as
     the manifest records it: its metadata and its values, flat (JSON floats round-trip exactly)."""
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     return {"meta": dict(sorted(meta.items())),
@@ -372,7 +372,7 @@ def release_state_table(record: dict) -> pa.Table:
 
 def refuse_running_continuation(plan: QueryPlan, running_state: dict[str, dict], schedule: Sequence[int]) -> None:
     """ValueError, at launch, for a running query this run cannot continue
-    (:func:`pipelines.beam.transforms.refuse_running_continuation` over the previous manifest's
+    (:func:`renyi_stream.pipelines.beam.transforms.refuse_running_continuation` over the previous manifest's
     ``running`` release states), or prepaid rows in the manifest without their release state (an
     edited manifest)."""
     states = {q: release_state_table(r["release"]) for q, r in running_state.items() if "release" in r}
@@ -425,7 +425,7 @@ def prepare(args: argparse.Namespace) -> RunPlan:
             recorded = LedgerConfig.from_manifest(manifest, where=where)
             if recorded.releases is not None:  # compared normalised: gs://b/r/ is gs://b/r
                 recorded = replace(recorded, releases=absolute(recorded.releases))
-            # The ledger's id type for life: each row's id is parsed as it (stream.schema), so an
+            # The ledger's id type for life: each row's id is parsed as it (renyi_stream.stream.schema), so an
             # input typed otherwise (a CSV with one text id) costs its bad rows, not the day.
             declared_id = declared_input is not None or args.id_type is not None
             config = (config if declared_id else replace(config, id_type=recorded.id_type)).continued_from(
@@ -510,10 +510,10 @@ def prepare(args: argparse.Namespace) -> RunPlan:
 def launch_queries(releases: str, *, defaults: "Sequence[str] | InputContract", schedule: Sequence[int],
                    processed: Iterable[int], answered: set[str] | None) -> LaunchQueries:
     """The query catalogue under ``releases`` as this run launches with it
-    (:func:`queries.catalogue.queries_at_launch`, nothing written): queries registered into
+    (:func:`renyi_stream.queries.catalogue.queries_at_launch`, nothing written): queries registered into
     windows the ledger charged (``processed``) but never ``answered`` move past them, and on a
     catalogue with no query the default sums of ``defaults`` are registered from the schedule's
-    first window (a declared contract's: :func:`queries.registration.contract_defaults`). RunRefused
+    first window (a declared contract's: :func:`renyi_stream.queries.registration.contract_defaults`). RunRefused
     when the catalogue cannot be read or a default cannot be registered; ContractError when the
     root records another input contract than ``defaults``."""
     catalogue = ReleaseCatalogue(releases)
@@ -535,9 +535,9 @@ def launch_queries(releases: str, *, defaults: "Sequence[str] | InputContract", 
 
 
 def record_queries(plan: RunPlan) -> list[str]:
-    """Write the catalogue changes ``plan`` launches with (:meth:`queries.catalogue.ReleaseCatalogue.record_launch`)
+    """Write the catalogue changes ``plan`` launches with (:meth:`renyi_stream.queries.catalogue.ReleaseCatalogue.record_launch`)
     and the ledger's input contract beside them, once
-    (:meth:`~queries.catalogue.ReleaseCatalogue.record_input_contract`), and return what changed, in
+    (:meth:`~renyi_stream.queries.catalogue.ReleaseCatalogue.record_input_contract`), and return what changed, in
     words. CatalogueChanged when the catalogue changed since :func:`prepare` read it: the plan must
     be made again; ContractError, nothing written, when the root records another contract."""
     catalogue = ReleaseCatalogue(plan.releases)
@@ -621,7 +621,7 @@ class ReadLedgerSnapshot(beam.PTransform):
     ``query_id``, a running query's prepaid-row files -> ``(shard, ("running", (query_id, table)))``.
 
     A shard must never get its users in two pieces (the second would start from zero budget;
-    :meth:`stream.engine.shard_state.ShardSnapshots.restore` refuses two): the parts of a shard
+    :meth:`renyi_stream.stream.engine.shard_state.ShardSnapshots.restore` refuses two): the parts of a shard
     from every file are grouped and concatenated first (``Ledger.from_arrow`` and
     ``PrepaidUsers.from_arrow`` then refuse a user listed twice)."""
 
@@ -825,7 +825,7 @@ class CommitRun(beam.DoFn):
 
 def running_templates(plan: RunPlan, query_plan: QueryPlan,
                       stored_meta: dict[str, dict[str, str]]) -> dict[str, pa.Schema]:
-    """The schema (metadata included: :func:`stream.engine.running.rule_meta` and the id type) of
+    """The schema (metadata included: :func:`renyi_stream.stream.engine.running.rule_meta` and the id type) of
     the prepaid-row files of every running query this run carries: those stored before
     (``stored_meta``) and those its plan answers."""
     id_type = plan.config.id_type
@@ -949,7 +949,7 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
 # --- the command -------------------------------------------------------------------------------------
 
 
-def _parser(prog: str = "python -m pipelines.distributed") -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m renyi_stream.pipelines.distributed") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, allow_abbrev=False,
         description="The daily job on a distributed Beam runner: ledger snapshots and releases as Parquet in "
@@ -971,10 +971,10 @@ def _parser(prog: str = "python -m pipelines.distributed") -> argparse.ArgumentP
     return parser
 
 
-def parse_args(argv: Sequence[str], prog: str = "python -m pipelines.distributed") -> tuple[argparse.Namespace, list[str]]:
+def parse_args(argv: Sequence[str], prog: str = "python -m renyi_stream.pipelines.distributed") -> tuple[argparse.Namespace, list[str]]:
     """``(job arguments, Beam arguments)`` of ``argv``. Exits with status 2 and a message naming the
     option (argparse's ``error``) when an option is neither this job's nor Beam's
-    (:func:`pipelines.beam.job_options.refuse_unknown_options`): a typo would run the job without it."""
+    (:func:`renyi_stream.pipelines.beam.job_options.refuse_unknown_options`): a typo would run the job without it."""
     parser = _parser(prog)
     args, beam_args = parser.parse_known_args(list(argv))
     try:
@@ -1038,7 +1038,7 @@ def _is_direct(options: PipelineOptions) -> bool:
     return "Direct" in str(runner)
 
 
-def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipelines.distributed") -> int:
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m renyi_stream.pipelines.distributed") -> int:
     parser = _parser(prog)
     argv = list(sys.argv[1:] if argv is None else argv)
     args, beam_args = parse_args(argv, prog)

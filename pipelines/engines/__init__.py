@@ -1,2 +1,2 @@
 """Real engines on one machine: a local Flink cluster, a Beam worker pool and a Kafka broker
-assembled from registry artifacts (``python -m pipelines.engines.local_cluster up|down|status``)."""
+assembled from registry artifacts (``python -m renyi_stream.pipelines.engines.local_cluster up|down|status``)."""

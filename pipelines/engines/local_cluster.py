@@ -1,8 +1,8 @@
 """A local Flink cluster, a Beam Python worker pool and a Kafka broker, started with one command.
 
-    python -m pipelines.engines.local_cluster up       # fetch what is missing, start, wait until ready
-    python -m pipelines.engines.local_cluster status   # each process, and the Beam options to use
-    python -m pipelines.engines.local_cluster down     # stop exactly the processes `up` started
+    python -m renyi_stream.pipelines.engines.local_cluster up       # fetch what is missing, start, wait until ready
+    python -m renyi_stream.pipelines.engines.local_cluster status   # each process, and the Beam options to use
+    python -m renyi_stream.pipelines.engines.local_cluster down     # stop exactly the processes `up` started
 
 Everything fetched goes into one cache folder (``$RENYI_ENGINES_CACHE``, default
 ``~/.cache/renyi-stream/engines``): Flink's runtime and scripts unpacked from PyPI's
@@ -609,7 +609,7 @@ def running(config: Config, *, timeout_s: float = 180.0) -> Iterator[LocalCluste
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.engines.local_cluster", allow_abbrev=False,
+    parser = argparse.ArgumentParser(prog="python -m renyi_stream.pipelines.engines.local_cluster", allow_abbrev=False,
                                      description="A local Flink cluster (JobManager + TaskManagers), a Beam "
                                                  "Python worker pool and a Kafka broker (KRaft).")
     parser.add_argument("command", choices=["up", "down", "status", "fetch"])

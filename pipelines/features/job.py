@@ -2,15 +2,15 @@
 
 Materialising one row per user from months of daily files is the part of training that
 outgrows one machine first, so it runs on Beam like the daily job, and on its read and
-validation: :class:`pipelines.beam.transforms.ReadIndicators` (the daily job's reader,
-:func:`stream.engine.readers.read_batches`, and validator, :func:`stream.schema.validate_batch`
+validation: :class:`renyi_stream.pipelines.beam.transforms.ReadIndicators` (the daily job's reader,
+:func:`renyi_stream.stream.engine.readers.read_batches`, and validator, :func:`renyi_stream.stream.schema.validate_batch`
 with the ledger's id type taken from the first input, dead letters by
-:mod:`stream.engine.dead_letters`, the window rule :func:`stream.engine.dead_letters.classify_windows`
+:mod:`renyi_stream.stream.engine.dead_letters`, the window rule :func:`renyi_stream.stream.engine.dead_letters.classify_windows`
 over the schedule ``[first day read, last day read]``), then the daily filter's order rule
-(:func:`pipelines.beam.transforms.in_event_time_order`: per user shard, rows in (window, input,
+(:func:`renyi_stream.pipelines.beam.transforms.in_event_time_order`: per user shard, rows in (window, input,
 row) order and the first row of each (user, window) kept, the later ones
 ``duplicate_user_window`` dead letters). What is computed per user is
-:func:`pipelines.curator.features.user_features` (Beam-free, vectorised). The graph::
+:func:`renyi_stream.pipelines.curator.features.user_features` (Beam-free, vectorised). The graph::
 
     ReadIndicators -> ByShard (packed Arrow tables) -> GroupByKey (shard) -> ShardFeatures
         -> Gather (one key: the features parts, the dead letters, the rows read) -> WriteOutputs
@@ -20,19 +20,19 @@ row's place in the file, whatever order the runner reads or shuffles them in (in
 (charge-in-event-time-order, docs/architecture.md)).
 
 The output is written once, at the end, by one step that sees every shard's part: the features
-Parquet (:func:`pipelines.curator.features.write_features`: a scratch file ``0600`` beside it,
+Parquet (:func:`renyi_stream.pipelines.curator.features.write_features`: a scratch file ``0600`` beside it,
 then renamed over it), with the run's token and exact row counts in its schema metadata
-(:data:`pipelines.curator.features.ROWS_KEY`), from which the launcher reads the summary back:
+(:data:`renyi_stream.pipelines.curator.features.ROWS_KEY`), from which the launcher reads the summary back:
 that works wherever the launcher can read the output (a local path on the DirectRunner, an object
 store at scale). Dead letters go to ``dead_letters`` (Parquet,
-:data:`stream.engine.dead_letters.DEAD_LETTER_SCHEMA`, ``0600``) when it is given. Counts and
+:data:`renyi_stream.stream.engine.dead_letters.DEAD_LETTER_SCHEMA`, ``0600``) when it is given. Counts and
 dead letters are curator only (invariant 4 (nothing-pre-noise-leaves, docs/architecture.md)).
 
 Locally the graph runs on the DirectRunner's FnApiRunner
-(:func:`pipelines.beam.local_runner.batch_runner`); at scale with the Beam options the daily and
+(:func:`renyi_stream.pipelines.beam.local_runner.batch_runner`); at scale with the Beam options the daily and
 distributed jobs take (``--runner=DataflowRunner --project ...``, ``--runner=FlinkRunner ...``),
 passed through as they are, and an option neither this job nor Beam knows is refused
-(:func:`pipelines.beam.job_options.refuse_unknown_options`, in ``renyi-stream features``).
+(:func:`renyi_stream.pipelines.beam.job_options.refuse_unknown_options`, in ``renyi-stream features``).
 """
 
 from __future__ import annotations
@@ -58,17 +58,17 @@ try:
     from apache_beam.options.pipeline_options import PipelineOptions
 finally:
     _root.setLevel(_level)
-from pipelines.beam.local_runner import batch_runner
-from pipelines.beam.transforms import ReadIndicators, in_event_time_order, packed_by_shard, unpacked
-from pipelines.curator.features import (LABEL, FeatureSummary, FeatureWindows, feature_names, features_table,
+from renyi_stream.pipelines.beam.local_runner import batch_runner
+from renyi_stream.pipelines.beam.transforms import ReadIndicators, in_event_time_order, packed_by_shard, unpacked
+from renyi_stream.pipelines.curator.features import (LABEL, FeatureSummary, FeatureWindows, feature_names, features_table,
                                         indicator_columns_of, read_rows_record, user_features, write_features)
-from stream.engine.dead_letters import DEAD_LETTER_SCHEMA
-from stream.engine.ledger_config import DEFAULT_SHARDS, MAX_SHARDS
-from stream.contract import InputContract
-from stream.engine.readers import id_type_of, check_declared_columns
-from stream.engine.row_balance import reason_counts
-from stream.private_files import write_private
-from stream.schema import WindowSpec
+from renyi_stream.stream.engine.dead_letters import DEAD_LETTER_SCHEMA
+from renyi_stream.stream.engine.ledger_config import DEFAULT_SHARDS, MAX_SHARDS
+from renyi_stream.stream.contract import InputContract
+from renyi_stream.stream.engine.readers import id_type_of, check_declared_columns
+from renyi_stream.stream.engine.row_balance import reason_counts
+from renyi_stream.stream.private_files import write_private
+from renyi_stream.stream.schema import WindowSpec
 
 _EPOCH = dt.date(1970, 1, 1)
 
@@ -94,7 +94,7 @@ class ShardFeatures(beam.DoFn):
     its repeated (user, window) rows as ``duplicate_user_window`` dead letters (tag ``dead``).
 
     The rows are put in (window, input, row) order and the first of each (user, window) kept by
-    the daily filter's own rule (:func:`pipelines.beam.transforms.in_event_time_order`); a user's
+    the daily filter's own rule (:func:`renyi_stream.pipelines.beam.transforms.in_event_time_order`); a user's
     rows are all in one shard, so the shards' tables hold disjoint users."""
 
     def __init__(self, plan: FeaturesPlan) -> None:
@@ -176,11 +176,11 @@ def materialise_features(
     """Run the features job: read the daily indicator files, one row per user, write ``out``
     (Parquet; a local path or a URI) and, with ``dead_letters``, the rejected rows there.
 
-    With ``contract`` (the ledger's declared input, :mod:`stream.contract`) the indicator columns
+    With ``contract`` (the ledger's declared input, :mod:`renyi_stream.stream.contract`) the indicator columns
     are its number columns and the ids are parsed as its id type, whatever the files' writers
     typed; every input must hold the declared columns. Without one, ``indicator_columns`` default
     to the daily job's default columns of the first input
-    (:func:`pipelines.curator.features.indicator_columns_of`); ``n_shards`` (in ``[1, 65536]``)
+    (:func:`renyi_stream.pipelines.curator.features.indicator_columns_of`); ``n_shards`` (in ``[1, 65536]``)
     is how many groups of users the aggregation is split into; ``beam_args`` are Beam options
     (default: the DirectRunner, in memory). Returns the summary read back from ``out`` (exact
     counts: curator only).
@@ -188,7 +188,7 @@ def materialise_features(
     Raises ``ValueError`` naming the parameter for an empty input list, a date that does not
     parse, reversed windows, a label window that overlaps the feature window, a
     ``label_column`` that is not an indicator column or ``n_shards`` out of range;
-    :class:`stream.engine.readers.InputFileError` naming a file that cannot be read (a whole-file
+    :class:`renyi_stream.stream.engine.readers.InputFileError` naming a file that cannot be read (a whole-file
     problem stops the job, as in the daily job); ``ValueError`` when no row of the inputs is valid.
     """
     if not inputs:

@@ -4,7 +4,7 @@ Pure functions and small objects, each citing the theorem it implements. Units: 
 (the ledger's unit), GDP ``mu``, RDP at an order ``alpha``, and ``(epsilon, delta)``.
 """
 
-from stream.accounting.calibration import (
+from renyi_stream.stream.accounting.calibration import (
     ACCOUNTINGS,
     DEFAULT_ACCOUNTING,
     Calibration,
@@ -15,7 +15,7 @@ from stream.accounting.calibration import (
     resume,
     zcdp_budget_for,
 )
-from stream.accounting.conversions import (
+from renyi_stream.stream.accounting.conversions import (
     epsilon_to_gdp,
     epsilon_to_zcdp_cks,
     epsilon_to_zcdp_thm49,
@@ -30,15 +30,15 @@ from stream.accounting.conversions import (
     zcdp_to_epsilon_thm49,
     zcdp_to_gdp,
 )
-from stream.accounting.filters import (
+from renyi_stream.stream.accounting.filters import (
     AdvancedCompositionFilter,
     DPFilterViaZCDP,
     GDPFilter,
     RenyiFilter,
     ZCDPFilter,
 )
-from stream.accounting.gaussian import gaussian_charge
-from stream.accounting.odometers import (
+from renyi_stream.stream.accounting.gaussian import gaussian_charge
+from renyi_stream.stream.accounting.odometers import (
     Odometer,
     filter_odometer,
     mixture_odometer,

@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from stream.accounting import _validate as check
-from stream.accounting.conversions import (
+from renyi_stream.stream.accounting import _validate as check
+from renyi_stream.stream.accounting.conversions import (
     epsilon_to_gdp,
     epsilon_to_zcdp_cks,
     epsilon_to_zcdp_thm49,
@@ -34,7 +34,7 @@ from stream.accounting.conversions import (
 )
 
 # The noise std is raised by this relative amount above sqrt(B / (2 kappa)). Charges are rounded
-# up and the ledger's cap sits 1e-9 below kappa (stream.ledger.BUDGET_SAFETY); without headroom
+# up and the ledger's cap sits 1e-9 below kappa (renyi_stream.stream.ledger.BUDGET_SAFETY); without headroom
 # a user contributing exactly B in total (say C = 1 every day for B days) would lose the last
 # day to rounding. With it, their charges sum to kappa * (1 - 2e-8): they get all B / C^2 windows.
 NOISE_HEADROOM = 1e-8

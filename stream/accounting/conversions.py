@@ -12,7 +12,7 @@ Units used throughout the project:
 Every conversion comes with its inverse and is *conservative by construction*: where a value is
 found numerically, the returned number is on the safe side (never a smaller epsilon, larger
 rho or larger mu than the exact answer would give). Inverses bisect on the promise itself
-(:mod:`stream.accounting._bisect`), so the answer is a point where the promise was checked.
+(:mod:`renyi_stream.stream.accounting._bisect`), so the answer is a point where the promise was checked.
 
 Only the ``zcdp-cks`` conversions import scipy (its bounded scalar minimiser), and only when
 called: the default GDP calibration runs on the standard library and NumPy.
@@ -25,9 +25,9 @@ from typing import Any, Callable, Iterable, Union
 
 import numpy as np
 
-from stream.accounting import _validate as check
-from stream.accounting._bisect import first_true, last_true
-from stream.accounting.normal import log_ndtr_scalar
+from renyi_stream.stream.accounting import _validate as check
+from renyi_stream.stream.accounting._bisect import first_true, last_true
+from renyi_stream.stream.accounting.normal import log_ndtr_scalar
 
 ArrayOrFloat = Union[float, np.ndarray]
 
@@ -252,7 +252,7 @@ def gdp_to_delta(mu: ArrayOrFloat, epsilon: float) -> ArrayOrFloat:
 
     Dong, Roth & Su 2019, Corollary 2.13:
     ``delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``, evaluated in log space
-    (:mod:`stream.accounting.normal`) so the difference of two tiny terms does not cancel. An
+    (:mod:`renyi_stream.stream.accounting.normal`) so the difference of two tiny terms does not cancel. An
     array gives, element by element, the same numbers as the scalar calls.
     """
     mu_arr = _reals("mu", mu, minimum=0.0)

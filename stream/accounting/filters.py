@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from stream.accounting import _validate as check
-from stream.accounting.conversions import (
+from renyi_stream.stream.accounting import _validate as check
+from renyi_stream.stream.accounting.conversions import (
     epsilon_to_gdp,
     epsilon_to_zcdp_cks,
     epsilon_to_zcdp_thm49,

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from stream.accounting import _validate as check
-from stream.xp import array_module, maybe_any
+from renyi_stream.stream.accounting import _validate as check
+from renyi_stream.stream.xp import array_module, maybe_any
 
 # Relative error of a float64 sum of d squares is below d * 2^-53; with d <= MAX_DIM this factor
 # is an upper bound on the computed-vs-exact ratio of ||q||^2 / (2 s^2).
@@ -34,7 +34,7 @@ def squared_norms(contributions: Any) -> Any:
     """Row-wise squared L2 norms of a ``(n, d)`` array (NumPy or CuPy), computed without overflow
     for any finite input: rows whose plain sum of squares overflows are scaled by their largest
     magnitude first. No host round trip on a device (the rescaling pass is masked, see
-    :func:`stream.xp.maybe_any`)."""
+    :func:`renyi_stream.stream.xp.maybe_any`)."""
     xp = array_module(contributions)
     sq = xp.einsum("ij,ij->i", contributions, contributions)
     if contributions.shape[1] <= 1:  # at most one square: rescaling gives the same inf, skip it

@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from stream.accounting import _validate as check
-from stream.rounding import round_down, round_up
-from stream.xp import array_module, host_all, maybe_any
+from renyi_stream.stream.accounting import _validate as check
+from renyi_stream.stream.rounding import round_down, round_up
+from renyi_stream.stream.xp import array_module, host_all, maybe_any
 
 # ---------------------------------------------------------------------------------------------
 # Personal tracker (Feldman & Zrnic, Algorithm 5 / Corollary 4.11), vectorised over users
@@ -37,7 +37,7 @@ def tracker_step_for(rho: float) -> float:
     """``Delta``, the personal tracker's step (Algorithm 5's discretisation error), of a ledger
     whose per-user zCDP budget is ``rho``: ``rho / 32``, zCDP. The one definition of a new
     ledger's step; a ledger records its own with its budget and keeps it for life
-    (:class:`stream.engine.ledger_config.LedgerConfig`), since its users' trackers were counted
+    (:class:`renyi_stream.stream.engine.ledger_config.LedgerConfig`), since its users' trackers were counted
     in it. ValueError naming ``rho`` unless it is a positive finite number."""
     # Why 32: the tracker overstates a user's loss by less than one step
     # (O^(i) < Delta + sum_t rho_t(i) / (1 - 1e-9), tracker_update), so rho / 32 keeps every
@@ -83,10 +83,10 @@ def tracker_update(segment: Any, bound: Any, charge: Any, *, step: float) -> tup
 
 def advance_trackers(segment: Any, bound: Any, charge: Any, *, step: float) -> tuple[Any, Any]:
     """:func:`tracker_update` without its input check, for charges that are finite and ``>= 0``
-    by construction (the filter's recorded charges, :func:`stream.ledger.individual_filter`).
+    by construction (the filter's recorded charges, :func:`renyi_stream.stream.ledger.individual_filter`).
 
     Pure array arithmetic, element by element: no host round trip on a device (the spill pass
-    runs masked over every row, see :func:`stream.xp.maybe_any`), and each row's result is the
+    runs masked over every row, see :func:`renyi_stream.stream.xp.maybe_any`), and each row's result is the
     same whether it is computed alone or with others.
     """
     xp = array_module(segment, bound, charge)

@@ -37,7 +37,7 @@ parameter). ``B`` is lower-triangular Toeplitz, so ``||B_t||^2 = sum_{k<=t} b_k^
 ``t`` and the max is at ``t = T - 1``. The mean over ``t`` is not used.
 
 Which sensitivity, and why it is the apples-to-apples one. Running totals here are charged by
-the prepaid rule (:mod:`stream.continual.prepaid`): a contribution ``x`` admitted at ``t`` is
+the prepaid rule (:mod:`renyi_stream.stream.continual.prepaid`): a contribution ``x`` admitted at ``t`` is
 charged, once, the increase of ``||C x_i||^2`` over the rest of the declared schedule ``[t, T)``,
 so a user's charges sum to exactly ``||C x_i^admitted||^2`` over the ``T`` rows and the noise is
 ``s^2 = B_norm / mu^2`` for the norm budget ``B_norm`` those totals must fit in (Feldman & Zrnic,
@@ -91,8 +91,8 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from stream.continual.strategies import Strategy, _count, register_strategy, sqrt_coefficients
-from stream.xp import array_module
+from renyi_stream.stream.continual.strategies import Strategy, _count, register_strategy, sqrt_coefficients
+from renyi_stream.stream.xp import array_module
 
 SHIPPED_HORIZONS: tuple[int, ...] = (90, 365, 730, 1095, 4096)
 DEFAULT_HORIZON = 365
@@ -245,7 +245,7 @@ def max_error_loss(theta: Sequence[float], omega: Sequence[float], horizon: int,
 
 def sqrt_max_error_loss(horizon: int) -> float:
     """The square root's ``sens^2 * max_t ||B_t||^2 = (sum_{k<T} c_k^2)^2`` (``B = C = A^{1/2}``,
-    :func:`stream.continual.strategies.sqrt_coefficients`)."""
+    :func:`renyi_stream.stream.continual.strategies.sqrt_coefficients`)."""
     horizon = _count("horizon", horizon, minimum=1)
     c = sqrt_coefficients(horizon)
     return float(c @ c) ** 2
@@ -409,7 +409,7 @@ class BufferedLinearToeplitz(Strategy):
     (public, in the spec); the strategy itself releases for any number of windows
     (its error keeps growing like ``log t`` past the horizon, a little faster than the square
     root's). Under the prepaid rule the charges are a matter of the declared schedule, not of
-    this field (:mod:`stream.continual.prepaid`).
+    this field (:mod:`renyi_stream.stream.continual.prepaid`).
     """
 
     name: ClassVar[str] = "blt"

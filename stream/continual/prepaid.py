@@ -24,7 +24,7 @@ contribution: a user over budget loses that day, never their past.
 Rules (one per factorisation; the per-user state is what ``Delta`` needs, and the aggregate
 state what ``(C a)_t`` needs):
 
-* :class:`BLTPrepaid` (:class:`stream.continual.blt.BufferedLinearToeplitz`): ``(C h)_r =
+* :class:`BLTPrepaid` (:class:`renyi_stream.stream.continual.blt.BufferedLinearToeplitz`): ``(C h)_r =
   sum_j omega_j theta_j^(r-t) S_j(t)`` for ``r >= t`` with the user's buffers ``S_j``, so
 
       Delta = ||x||^2 G(m) + 2 sum_j omega_j H_j(m) <S_j(t), x>,
@@ -35,7 +35,7 @@ state what ``(C a)_t`` needs):
   ``buffers x d`` numbers ``S_j`` as of the day after the last admission, and that day; read
   and written only on days the user contributes (``S_j(t) = theta_j^(t - 1 - last) S_j(last +
   1)``). Per query: ``buffers x d`` numbers.
-* :class:`TreePrepaid` (:class:`stream.continual.strategies.BinaryTree`): the tree applies. ``x``
+* :class:`TreePrepaid` (:class:`renyi_stream.stream.continual.strategies.BinaryTree`): the tree applies. ``x``
   at ``t`` enters one node per level, released when it completes, so ``Delta = sum_{released
   levels j} (||x||^2 + 2 <P_j, x>)``, ``P_j`` the user's admitted sum inside the level-``j`` node
   holding ``t``. Per user: ``levels x d`` partial sums and the day last seen. It needs a declared
@@ -54,7 +54,7 @@ contribution that lowers the user's future norm, possible with signed data, is c
 rather than refunded: charging more is always safe). Non-finite charges (overflow) are infinite:
 the row is dropped (docs/architecture.md, "Edges").
 
-Kernels are xp-clean (:mod:`stream.xp`): per-user arrays may live on a device; public constants
+Kernels are xp-clean (:mod:`renyi_stream.stream.xp`): per-user arrays may live on a device; public constants
 are uploaded; the only host transfers are the checks that raise, counted in each docstring.
 """
 
@@ -67,12 +67,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from stream.continual.blt import DEFAULT_BUFFERS, DEFAULT_HORIZON, SHIPPED_HORIZONS, BufferedLinearToeplitz
-from stream.continual.strategies import MAX_DENSE_HORIZON, BinaryTree, SquareRootFactorization, Strategy
+from renyi_stream.stream.continual.blt import DEFAULT_BUFFERS, DEFAULT_HORIZON, SHIPPED_HORIZONS, BufferedLinearToeplitz
+from renyi_stream.stream.continual.strategies import MAX_DENSE_HORIZON, BinaryTree, SquareRootFactorization, Strategy
 # The charge, its rounding and the filter decision on it live with the ledger (one decision per
-# user and window over window vectors and prepaid terms: stream.ledger.Ledger.admit).
-from stream.ledger import ETA, TINY, ChargeTerms, prepaid_charge, prepaid_filter, prepaid_rho
-from stream.xp import array_module, host_all
+# user and window over window vectors and prepaid terms: renyi_stream.stream.ledger.Ledger.admit).
+from renyi_stream.stream.ledger import ETA, TINY, ChargeTerms, prepaid_charge, prepaid_filter, prepaid_rho
+from renyi_stream.stream.xp import array_module, host_all
 
 # The infinite tail's closed forms lose relative precision like 2^-52 / (1 - theta^2); past this
 # decay they would no longer be covered by ETA.
@@ -325,7 +325,7 @@ class TreePrepaid(PrepaidRule):
     """The prepaid rule for the binary tree: per user one partial node sum per level.
 
     Node ``(j, m)`` covers windows ``[m 2^j, (m + 1) 2^j)`` and is released at its last window
-    (:class:`stream.continual.strategies.BinaryTree`), so ``x`` admitted at ``t`` is in the one
+    (:class:`renyi_stream.stream.continual.strategies.BinaryTree`), so ``x`` admitted at ``t`` is in the one
     level-``j`` node holding ``t`` for each level, and is charged ``||x||^2 + 2 <P_j, x>`` for
     each such node that will be released: within the declared ``horizon``, or at all (levels
     ``<= height``) for the infinite tail, which needs a finite ``height``.
@@ -453,7 +453,7 @@ def prepaid_rule(strategy: Strategy, *, horizon: int | None) -> PrepaidRule:
 # --------------------------------------------------------------------------- running queries by name
 
 #: The strategies a running query may name, each under the prepaid rule (the one list: the CLI's
-#: ``--strategy`` choices and :mod:`queries.linear` take it from here). ``blt`` is the default:
+#: ``--strategy`` choices and :mod:`renyi_stream.queries.linear` take it from here). ``blt`` is the default:
 #: its max error is within 1% of the square root's (1.000024 at ``T = 365``, 4 buffers).
 RUNNING_STRATEGIES: tuple[str, ...] = ("blt", "sqrt", "tree")
 DEFAULT_RUNNING_STRATEGY = "blt"

@@ -1,18 +1,18 @@
 """Empirical privacy audit of running totals under prepaid admission (issue 20), in the style of
-:mod:`stream.audit`.
+:mod:`renyi_stream.stream.audit`.
 
 The claim under test: a running query released through a BLT, ``y_t = (C a)_t + z_t``, whose
-admissions are charged by the prepaid rule (:mod:`stream.continual.prepaid`) and filtered with the
+admissions are charged by the prepaid rule (:mod:`renyi_stream.stream.continual.prepaid`) and filtered with the
 ledger's budget, is ``(epsilon, delta)``-DP per user (docs/running_totals.md). The audit checks the
-code from the outside, as :mod:`stream.audit` checks the window filter: neighbouring worlds (the
+code from the outside, as :mod:`renyi_stream.stream.audit` checks the window filter: neighbouring worlds (the
 target present / absent), ``trials`` independent runs per world, the most powerful test on the
 released values, Clopper-Pearson bounds turned into a lower bound on epsilon
-(:func:`stream.audit.epsilon_lower_bound`: an honest mechanism reports a bound above the claim with
+(:func:`renyi_stream.stream.audit.epsilon_lower_bound`: an honest mechanism reports a bound above the claim with
 probability at most ``alpha``).
 
-What runs: the real :class:`stream.continual.prepaid.BLTPrepaid` (charges, state updates, the
-aggregate release state) and :func:`stream.continual.prepaid.prepaid_filter` (policy ``drop``,
-the ledger's cap), the real keyed noise (:func:`stream.noise.gaussian_noise`). Run ``j`` is user
+What runs: the real :class:`renyi_stream.stream.continual.prepaid.BLTPrepaid` (charges, state updates, the
+aggregate release state) and :func:`renyi_stream.stream.continual.prepaid.prepaid_filter` (policy ``drop``,
+the ledger's cap), the real keyed noise (:func:`renyi_stream.stream.noise.gaussian_noise`). Run ``j`` is user
 ``j`` and release coordinate ``j``: the runs are one vectorised query of dimension ``trials``.
 No other users: their contributions would be known to the adversary and cancel from its
 statistic (and each user's decision reads only their own row, tested in ``tests/test_prepaid.py``).
@@ -47,12 +47,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stream.accounting import calibrate
-from stream.audit import epsilon_lower_bound
-from stream.continual.blt import BufferedLinearToeplitz
-from stream.continual.prepaid import BLTPrepaid, ChargeTerms, prepaid_filter
-from stream.ledger import BUDGET_SAFETY
-from stream.noise import InsecureNoiseWarning, NoiseBinding, NoiseKey, gaussian_noise
+from renyi_stream.stream.accounting import calibrate
+from renyi_stream.stream.audit import epsilon_lower_bound
+from renyi_stream.stream.continual.blt import BufferedLinearToeplitz
+from renyi_stream.stream.continual.prepaid import BLTPrepaid, ChargeTerms, prepaid_filter
+from renyi_stream.stream.ledger import BUDGET_SAFETY
+from renyi_stream.stream.noise import InsecureNoiseWarning, NoiseBinding, NoiseKey, gaussian_noise
 
 # The adversary asks a hair below the share it means to spend, so that rounding never turns a
 # share of "everything left" into a drop.
@@ -75,7 +75,7 @@ class PrepaidAuditConfig:
     """One audit: the promise, the experiment's size and its confidence.
 
     Args:
-        epsilon, delta: the per-user promise (GDP accounting, ``stream.accounting.calibrate``).
+        epsilon, delta: the per-user promise (GDP accounting, ``renyi_stream.stream.accounting.calibrate``).
         norm_budget: ``B``, the total prepaid squared norm a user may be charged.
         windows: the declared schedule (``T``), >= 2.
         trials: runs per world, >= 1000 (half select the threshold, half evaluate it).

@@ -1,6 +1,6 @@
 """Running totals under the individual filter: per-user history, the query at each window, the charge.
 
-The mechanism. A running query with strategy ``A = B C`` (:mod:`stream.continual.strategies`)
+The mechanism. A running query with strategy ``A = B C`` (:mod:`renyi_stream.stream.continual.strategies`)
 releases at window offset ``t`` (``t = window_id - start_window``)
 
     y_t = sum_{i admitted at t} q_t(x_i) + z_t,    z_t ~ N(0, s^2 I),  q_t(x_i) = C_t x_i,
@@ -13,7 +13,7 @@ factorisation ``q_t(x_i) = sum_{s<=t} c_{t-s} x_{i,s}``, for the tree the node s
 Individual accounting (Feldman & Zrnic, "Individual Privacy Accounting via a Rényi Filter",
 Section 4). Each ``y_t`` is a Gaussian mechanism on a sum, so user ``i``'s individual loss at
 ``t`` is ``rho_t(i) = ||q_t(x_i)||^2 / (2 s^2)`` zCDP (Section 4.2). :meth:`RunningState.step`
-hands the vectors ``q_t(x_i)`` to :meth:`stream.ledger.Ledger.admit`, the same ledger as window
+hands the vectors ``q_t(x_i)`` to :meth:`renyi_stream.stream.ledger.Ledger.admit`, the same ledger as window
 sums, which admits, drops (Algorithm 3) or clips (Algorithm 7) each user exactly as for a window
 sum. Why this is sound: the record of user ``i`` is their whole timeline (user-level privacy);
 ``q_t`` is a fixed linear function of that record which reads only windows ``<= t`` (``C`` is
@@ -59,14 +59,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stream.accounting import _validate as check
-from stream.continual.strategies import SquareRootFactorization, Strategy, strategy_from_spec
-from stream.id_index import Int64Index, StringCodes
-from stream.ledger import STATUS_NAMES, Ledger, Policy
-from stream.noise import NoiseBinding, gaussian_noise
+from renyi_stream.stream.accounting import _validate as check
+from renyi_stream.stream.continual.strategies import SquareRootFactorization, Strategy, strategy_from_spec
+from renyi_stream.stream.id_index import Int64Index, StringCodes
+from renyi_stream.stream.ledger import STATUS_NAMES, Ledger, Policy
+from renyi_stream.stream.noise import NoiseBinding, gaussian_noise
 
 SNAPSHOT_VERSION = 1
-MAX_QUERY_DIM = 4096  # the ledger's limit on rows * d (stream.accounting.gaussian.MAX_DIM)
+MAX_QUERY_DIM = 4096  # the ledger's limit on rows * d (renyi_stream.stream.accounting.gaussian.MAX_DIM)
 
 
 def _integer(name: str, value: Any) -> int:
@@ -94,7 +94,7 @@ class RunningQuery:
         dim: ``d``, numbers per user per window.
         start_window: the window id of the running total's first window (offset 0).
         noise_std: ``s``, the per-coordinate noise std of each released row ``C_t x + z_t``
-            (from ``stream.accounting.calibrate``; the estimate's std is larger, see
+            (from ``renyi_stream.stream.accounting.calibrate``; the estimate's std is larger, see
             :meth:`estimate_std`).
     """
 
@@ -134,7 +134,7 @@ class RunningQuery:
     def noisy_release(self, total: Any, *, binding: NoiseBinding, window_id: int) -> np.ndarray:
         """``y_t = total + z_t``: ``total`` the ``(rows_at, d)`` sum of every shard's
         :attr:`RunningStep.total`; ``z_t`` the keyed noise of ``(query_id, window_id)`` at
-        :attr:`noise_std` for ``binding``'s ledger (:func:`stream.noise.gaussian_noise`, dim
+        :attr:`noise_std` for ``binding``'s ledger (:func:`renyi_stream.stream.noise.gaussian_noise`, dim
         ``rows * d``, row-major), so a re-run releases the identical ``y_t`` (invariant 5
         (release-once, docs/architecture.md)) and another ledger under the same key an independent
         one."""
@@ -191,7 +191,7 @@ class RunningStep:
     """What :meth:`RunningState.step` charged and what the shard adds to the release.
 
     ``contributions`` (``(n, rows * dim)``), ``charge`` (zCDP) and ``status`` are the ledger's
-    :class:`stream.ledger.AdmitResult` for ``user_ids``; ``total`` (``(rows, dim)``) is their
+    :class:`renyi_stream.stream.ledger.AdmitResult` for ``user_ids``; ``total`` (``(rows, dim)``) is their
     sum: the shard's part of ``C_t x`` over admitted users (sensitive until noised).
     """
 
@@ -245,7 +245,7 @@ class RunningState:
     """Per-shard state of one running query: every user's history, keyed like the ledger.
 
     Args:
-        strategy: the factorisation (see :mod:`stream.continual.strategies`).
+        strategy: the factorisation (see :mod:`renyi_stream.stream.continual.strategies`).
         dim: ``d``, numbers per user per window.
         start_window: window id of offset 0.
         id_type: ``"int64"`` or ``"string"``, as the ledger's.
@@ -402,7 +402,7 @@ class RunningState:
                              f"{len(ids)} ids and {x.shape[0]} rows")
         if not np.isfinite(x).all():
             raise ValueError("contributions must be finite, got a NaN/inf; validate batches with "
-                             "stream.schema.validate_batch first")
+                             "renyi_stream.stream.schema.validate_batch first")
         self._refuse_repeats(ids)
         t = self._offset
         rows = self.strategy.rows_at(t)
@@ -428,7 +428,7 @@ class RunningState:
         known = positions >= 0
         with np.errstate(over="ignore", invalid="ignore"):
             # A user's finite values can sum past float64's range: their query is then not
-            # finite, which the caller treats as an infinite charge (stream.engine.shard_state).
+            # finite, which the caller treats as an infinite charge (renyi_stream.stream.engine.shard_state).
             current[known] += history[positions[known]]
         covered = np.zeros(self._n_users, dtype=bool)
         covered[positions[known]] = True
@@ -448,7 +448,7 @@ class RunningState:
 
     def commit(self, queries: RunningQueries) -> None:
         """Record the window of ``queries`` as processed: store its non-zero contributions as
-        history and move to the next window. Call it after charging ``queries.vectors``
+        history and move to the next window. Call it after charging ``renyi_stream.queries.vectors``
         (possibly concatenated with other queries of the window) into the ledger."""
         if not isinstance(queries, RunningQueries):
             raise ValueError(f"queries must come from queries_at, got {type(queries).__name__}")
@@ -476,7 +476,7 @@ class RunningState:
             policy: ``drop`` (Algorithm 3) or ``clip`` (Algorithm 7).
         """
         if not isinstance(ledger, Ledger):
-            raise ValueError(f"ledger must be a stream.ledger.Ledger, got {type(ledger).__name__}")
+            raise ValueError(f"ledger must be a renyi_stream.stream.ledger.Ledger, got {type(ledger).__name__}")
         if ledger.id_type != self.id_type:
             raise ValueError(f"ledger id_type must match the state's id_type={self.id_type!r}, "
                              f"got id_type={ledger.id_type!r}")

@@ -12,7 +12,7 @@ has ``rows_at(t)`` rows, and row ``r`` is ``sum_{s<=t} w_r(t, t - s) x_s`` for w
 depend only on ``t`` and the lag ``t - s`` (:meth:`Strategy.lag_weights`). That is what makes
 the query at ``t`` a linear function of each user's own history, known before ``t``'s release,
 so Feldman & Zrnic's individual filter charges it like any window sum (see
-:mod:`stream.continual.running`). ``B`` is causal too: the estimate at ``t`` reads only the
+:mod:`renyi_stream.stream.continual.running`). ``B`` is causal too: the estimate at ``t`` reads only the
 releases of windows ``<= t`` (:meth:`Strategy.post_process`).
 
 Units. ``noise_std`` is ``s``, the per-coordinate std of each released row ``(C x)_r + z_r``;
@@ -44,8 +44,8 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from stream.accounting import _validate as check
-from stream.xp import array_module, host_all, to_host
+from renyi_stream.stream.accounting import _validate as check
+from renyi_stream.stream.xp import array_module, host_all, to_host
 
 # Beyond this a dense C or B (tests, planning) would not fit in memory anyway.
 MAX_DENSE_HORIZON = 1 << 14

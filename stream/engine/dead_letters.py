@@ -3,15 +3,15 @@
 Every job counts its late and bad rows instead of losing them (invariant 7
 (rows-counted-not-lost, docs/architecture.md)): each such row becomes one row of
 :data:`DEAD_LETTER_SCHEMA`, built by :func:`dead_letters` and nothing else, with a reason from the
-one vocabulary :class:`stream.schema.DeadLetterReason` (its docstring says what each reason
+one vocabulary :class:`renyi_stream.stream.schema.DeadLetterReason` (its docstring says what each reason
 means). Where each reason comes from, the same word in all three jobs for the same situation:
 
 * ``null_user_id``, ``empty_user_id``, ``null_time``, ``bad_time``, ``null_value``,
   ``wrong_type``, ``non_finite_value``, ``duplicate_user_window`` (within one batch): the
-  validator :func:`stream.schema.validate_batch`, for each file batch of the batch jobs
+  validator :func:`renyi_stream.stream.schema.validate_batch`, for each file batch of the batch jobs
   (``ReadAndValidate``) and each message of the streaming job (``DecodeAndValidate``); written
   by :func:`rejected_letters`.
-* ``malformed_row``: a CSV line the reader (:func:`stream.engine.readers.read_batches`) could not
+* ``malformed_row``: a CSV line the reader (:func:`renyi_stream.stream.engine.readers.read_batches`) could not
   split, in the batch jobs (streaming messages are Arrow, never CSV).
 * ``out_of_range_time`` and ``late_window``: :func:`classify_windows`, the one rule for a row's
   window against the public schedule and what was charged before, called by the batch jobs'
@@ -19,10 +19,10 @@ means). Where each reason comes from, the same word in all three jobs for the sa
   (``StreamingIndividualFilterDoFn``); written by :func:`window_letters`. The jobs pass no
   window bounds to the validator, so no other step decides these two.
 * ``duplicate_user_window`` (across batches): the filter's event-time order keeps the first row
-  of each (user, window) (``pipelines.beam.transforms.first_per_user_window``, both filters);
+  of each (user, window) (``renyi_stream.pipelines.beam.transforms.first_per_user_window``, both filters);
   written by :func:`row_letters`.
 * ``undecodable_message``: a streaming message that does not decode or fails the schema as a
-  whole, one dead letter for the message (``pipelines.streaming.job.DecodeAndValidate``).
+  whole, one dead letter for the message (``renyi_stream.pipelines.streaming.job.DecodeAndValidate``).
 
 Every dead letter names its input the same way in all three jobs: the file path or the message
 name (a Pub/Sub message id, a Kafka ``topic/partition/offset``, a replayed file's path). Rows that
@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stream.schema import WINDOW_ID, DeadLetterReason
+from renyi_stream.stream.schema import WINDOW_ID, DeadLetterReason
 
 __all__ = [
     "DEAD_LETTER_SCHEMA",
@@ -79,7 +79,7 @@ SOURCE_NAMES = b"renyi_stream.source_names"
 
 #: Every job's dead-letter rows: where the row came from (a file path or a message name; a
 #: validated row's source number as text only for rows that carry no name), its row index there
-#: (-1 for a whole CSV line or message), the :class:`stream.schema.DeadLetterReason` value, a
+#: (-1 for a whole CSV line or message), the :class:`renyi_stream.stream.schema.DeadLetterReason` value, a
 #: human-readable detail, and the row itself (JSON, or the CSV line, or the message's first bytes
 #: in hex) for replay.
 DEAD_LETTER_SCHEMA = pa.schema([
@@ -95,7 +95,7 @@ def dead_letters(reason: DeadLetterReason | pa.Array | pa.ChunkedArray, *, sourc
     """The dead-letter rows (:data:`DEAD_LETTER_SCHEMA`) of ``n`` rows: the one builder every job
     calls.
 
-    ``reason`` is one :class:`stream.schema.DeadLetterReason` for every row, or an Arrow array of
+    ``reason`` is one :class:`renyi_stream.stream.schema.DeadLetterReason` for every row, or an Arrow array of
     reason values, one per row. Each of ``source`` (text or integers, written as text),
     ``row_index``, ``detail`` and ``raw`` is one value for every row or an array (Arrow, NumPy
     or a list) of one value per row; ``n`` is the arrays' common length, 1 when every argument
@@ -140,7 +140,7 @@ def _column(value: Any, n: int, type_: pa.DataType) -> pa.Array:
 
 
 def rejected_letters(source: str, rejected: pa.Table, *, offset: int = 0) -> pa.Table:
-    """Dead letters of the validator's rejected rows (:data:`stream.schema.REJECTED_SCHEMA`) of
+    """Dead letters of the validator's rejected rows (:data:`renyi_stream.stream.schema.REJECTED_SCHEMA`) of
     one batch read from ``source``, whose first row is row ``offset`` there."""
     return dead_letters(rejected.column("reason"), source=source,
                         row_index=pc.add(rejected.column("row_index"), offset).cast(pa.int64()),
@@ -149,7 +149,7 @@ def rejected_letters(source: str, rejected: pa.Table, *, offset: int = 0) -> pa.
 
 def malformed_letters(source: str, lines: pa.Table) -> pa.Table:
     """Dead letters (``malformed_row``) of the CSV lines ``lines`` read from ``source``: what
-    :meth:`stream.engine.readers.MalformedLines.drain` gives (columns ``line``, ``raw``,
+    :meth:`renyi_stream.stream.engine.readers.MalformedLines.drain` gives (columns ``line``, ``raw``,
     ``why``). Each says its line number and why in ``detail``; ``row_index`` is -1 (the line is
     no row). Built column-wise, so a file of millions of bad lines costs no Python per line."""
     detail = pc.binary_join_element_wise("line ", pc.cast(lines.column("line"), pa.string()), ": ",

@@ -9,22 +9,22 @@ is charged. The fields are of four kinds:
 
 * **fixed** (:data:`FIXED`): the promise ``epsilon``, ``delta``, ``norm_budget`` (``B``, squared
   norm) and ``accounting``; ``id_type`` (every row's id is parsed as it); ``key_fingerprint`` (the
-  noise key's, :attr:`stream.noise.NoiseKey.fingerprint`); the windows ``window_seconds`` and
+  noise key's, :attr:`renyi_stream.stream.noise.NoiseKey.fingerprint`); the windows ``window_seconds`` and
   ``origin_seconds``; and ``releases``, the public release root, for the jobs that have one. A
   continuing run must ask exactly the recorded values: any difference is refused, naming the
   field and both values.
 * **derived** (:data:`DERIVED`): ``rho`` (``kappa``, the per-user zCDP budget), ``noise_std`` (per
   coordinate) and ``tracker_step`` (``Delta`` of the personal tracker, zCDP), which calibration
   derives from the promise (:meth:`LedgerConfig.from_promise`). They are the ledger's own for
-  life: a continuing run keeps the recorded values (:func:`stream.accounting.calibration.resume`),
+  life: a continuing run keeps the recorded values (:func:`renyi_stream.stream.accounting.calibration.resume`),
   so another version's last-bit difference in calibration neither refuses a ledger nor changes
   its noise; a recorded budget above the promise, or a noise std or tracker step that does not
   follow from the recorded budget (an edited record), is refused.
-* **identity**: ``ledger_id`` (:func:`stream.noise.new_ledger_id`), which the release noise is
+* **identity**: ``ledger_id`` (:func:`renyi_stream.stream.noise.new_ledger_id`), which the release noise is
   bound to; kept from the record. A record made before ledger ids existed has none (``None``):
   the continuing run's own id is then the ledger's from now on.
 * **per run**: ``n_shards``. A ledger is keyed by user; every job restores it whole and splits it
-  with :func:`stream.engine.sharding.shard_of`, the same in every process and run, so a run may
+  with :func:`renyi_stream.stream.engine.sharding.shard_of`, the same in every process and run, so a run may
   use another shard count than the run before it and every user still finds their own row. A
   record keeps the shard count of the run that wrote it.
 
@@ -56,13 +56,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from stream.accounting import _validate as check
-from stream.accounting.calibration import DEFAULT_ACCOUNTING, Calibration, calibrate, check_accounting, resume
-from stream.accounting.odometers import tracker_step_for
-from stream.contract import ID_TYPES, InputContract
-from stream.ledger import Ledger
-from stream.noise import check_ledger_id
-from stream.schema import MAX_ABS_SECONDS, WindowSpec
+from renyi_stream.stream.accounting import _validate as check
+from renyi_stream.stream.accounting.calibration import DEFAULT_ACCOUNTING, Calibration, calibrate, check_accounting, resume
+from renyi_stream.stream.accounting.odometers import tracker_step_for
+from renyi_stream.stream.contract import ID_TYPES, InputContract
+from renyi_stream.stream.ledger import Ledger
+from renyi_stream.stream.noise import check_ledger_id
+from renyi_stream.stream.schema import MAX_ABS_SECONDS, WindowSpec
 
 #: The user shards of a run unless it says otherwise, in every job (a ledger may be re-sharded:
 #: module docstring). Deployments at scale choose theirs (deploy/README.md, "Shards").
@@ -115,19 +115,19 @@ class LedgerConfig:
     Attributes:
         epsilon, delta: the per-user promise, ``(epsilon, delta)``-DP over the ledger's life.
         norm_budget: ``B``, the squared L2 norm a user may contribute in total.
-        accounting: how ``(epsilon, delta)`` maps to ``rho`` (:data:`stream.accounting.ACCOUNTINGS`).
+        accounting: how ``(epsilon, delta)`` maps to ``rho`` (:data:`renyi_stream.stream.accounting.ACCOUNTINGS`).
         rho: ``kappa``, each user's zCDP budget (ledger units).
         noise_std: the Gaussian noise std per coordinate, ``sqrt(B / (2 rho))`` with headroom.
         tracker_step: ``Delta`` of the personal tracker (Algorithm 5), zCDP.
         id_type: ``"int64"`` or ``"string"``.
         key_fingerprint: the noise key's public fingerprint (lowercase hex).
-        window_seconds, origin_seconds: the windows, :class:`stream.schema.WindowSpec`'s.
+        window_seconds, origin_seconds: the windows, :class:`renyi_stream.stream.schema.WindowSpec`'s.
         n_shards: user shards of this run, in ``[1, MAX_SHARDS]``.
         ledger_id: the ledger's identifier (32 lowercase hex digits); None only as read from a
             record that predates ledger ids.
         releases: the public release root (a path or URI, as the job normalises it), or None for
             a job that has none (the local daily job) and records that predate it.
-        columns: the declared indicator columns, as :meth:`stream.contract.InputContract.columns_json`
+        columns: the declared indicator columns, as :meth:`renyi_stream.stream.contract.InputContract.columns_json`
             writes them (with ``id_type``, the ledger's declared contract); None for a run that
             declares none (it continues the record's) and for records that predate declared contracts.
     """
@@ -161,7 +161,7 @@ class LedgerConfig:
         if self.id_type not in ID_TYPES:
             raise ValueError(f"id_type must be one of {ID_TYPES}, got id_type={self.id_type!r}")
         if not isinstance(self.key_fingerprint, str) or not _FINGERPRINT.fullmatch(self.key_fingerprint):
-            raise ValueError("key_fingerprint must be 1 to 64 lowercase hex digits (stream.noise.NoiseKey.fingerprint), "
+            raise ValueError("key_fingerprint must be 1 to 64 lowercase hex digits (renyi_stream.stream.noise.NoiseKey.fingerprint), "
                              f"got key_fingerprint={self.key_fingerprint!r}")
         set_(self, "window_seconds", _integer("window_seconds", self.window_seconds, 1, MAX_ABS_SECONDS, "[1, 2**61]"))
         set_(self, "origin_seconds", _integer("origin_seconds", self.origin_seconds, -MAX_ABS_SECONDS,
@@ -186,8 +186,8 @@ class LedgerConfig:
                      contract: InputContract | None = None) -> "LedgerConfig":
         """A new ledger's configuration for the promise ``(epsilon, delta)`` with squared-norm
         budget ``norm_budget``: ``rho`` and ``noise_std`` from
-        :func:`stream.accounting.calibrate` (Corollary 4.7, under ``accounting``), the tracker
-        step from :func:`stream.accounting.odometers.tracker_step_for` (its one definition);
+        :func:`renyi_stream.stream.accounting.calibrate` (Corollary 4.7, under ``accounting``), the tracker
+        step from :func:`renyi_stream.stream.accounting.odometers.tracker_step_for` (its one definition);
         daily windows from the epoch unless ``window`` says otherwise. ValueError naming the
         parameter for anything out of range."""
         cal = calibrate(epsilon=epsilon, delta=delta, norm_budget=norm_budget, accounting=accounting)
@@ -207,12 +207,12 @@ class LedgerConfig:
 
     @property
     def contract(self) -> InputContract | None:
-        """The declared input contract (:mod:`stream.contract`), None when none is recorded."""
+        """The declared input contract (:mod:`renyi_stream.stream.contract`), None when none is recorded."""
         return None if self.columns is None else InputContract.from_columns_json(self.id_type, self.columns)
 
     @property
     def calibration(self) -> Calibration:
-        """This configuration's own budget and noise as a :class:`stream.accounting.Calibration`
+        """This configuration's own budget and noise as a :class:`renyi_stream.stream.accounting.Calibration`
         (what reports and the release records state), not recomputed from the promise."""
         return Calibration(accounting=self.accounting, epsilon=self.epsilon, delta=self.delta,
                            norm_budget=self.norm_budget, rho=self.rho, mu=math.sqrt(2.0 * self.rho),
@@ -235,7 +235,7 @@ class LedgerConfig:
         * for any :data:`FIXED` field whose value differs (``releases`` only when both name one),
           one ``<field>: ledger has <recorded>, <by> asks <this run's>`` per field;
         * for a recorded ``rho`` above the budget this run's promise allows (beyond
-          :data:`stream.accounting.calibration.BUDGET_RTOL` of float rounding);
+          :data:`renyi_stream.stream.accounting.calibration.BUDGET_RTOL` of float rounding);
         * for a recorded ``noise_std`` or ``tracker_step`` other than exactly what the recorded
           ``rho`` gives (the record was edited).
 
@@ -265,7 +265,7 @@ class LedgerConfig:
 
     def resumed(self, recorded_rho: float, *, where: str, by: str = "this run") -> "LedgerConfig":
         """This configuration continuing a ledger whose budget is ``recorded_rho``: that budget,
-        and the noise std and tracker step it gives (:func:`stream.accounting.calibration.resume`
+        and the noise std and tracker step it gives (:func:`renyi_stream.stream.accounting.calibration.resume`
         of this promise's calibration). :class:`LedgerConfigError` naming ``where`` when
         ``recorded_rho`` is above what the promise allows."""
         cal = calibrate(epsilon=self.epsilon, delta=self.delta, norm_budget=self.norm_budget,

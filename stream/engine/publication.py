@@ -25,7 +25,7 @@ A crash anywhere leaves some windows public and the rest in the outbox; calling
 :func:`publish_outbox` again publishes the rest, once (the public side skips a window already
 public, so a window published but not yet marked is not published twice).
 
-Test-only crash points (:func:`stream.faults.crash_point`), at the same places for every job:
+Test-only crash points (:func:`renyi_stream.stream.faults.crash_point`), at the same places for every job:
 ``during_publish`` before each window but the first (earlier windows public, later ones not) and
 ``after_publish`` once every window is public and before any is marked published.
 Beam-free and storage-free: the implementations live with their jobs.
@@ -39,8 +39,8 @@ from typing import Mapping, Protocol, Sequence, runtime_checkable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stream.faults import crash_point
-from stream.schema import WINDOW_ID
+from renyi_stream.stream.faults import crash_point
+from renyi_stream.stream.schema import WINDOW_ID
 
 __all__ = ["Outbox", "Publication", "PublicReleases", "publish_outbox"]
 
@@ -48,7 +48,7 @@ __all__ = ["Outbox", "Publication", "PublicReleases", "publish_outbox"]
 @runtime_checkable
 class Outbox(Protocol):
     """Committed releases not yet public: per window, the noisy release rows (the columns of
-    ``queries.release_store.RELEASE_SCHEMA``; nothing pre-noise) of a ledger already durable."""
+    ``renyi_stream.queries.release_store.RELEASE_SCHEMA``; nothing pre-noise) of a ledger already durable."""
 
     def committed_windows(self) -> Sequence[int]:
         """The windows whose releases are committed and not marked published, in any order. A

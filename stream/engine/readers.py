@@ -10,7 +10,7 @@ one empty batch, so that its schema can be read (an empty day is a valid input).
 
 A CSV declares no column types, so its values are not typed by what they look like: every
 column but ``user_id`` is read as text (``day``/``event_time`` and the indicators alike), and
-which indicators are numbers is decided from public information (:mod:`stream.columns`), the
+which indicators are numbers is decided from public information (:mod:`renyi_stream.stream.columns`), the
 validator parsing them (an empty value is missing; one that does not parse is a dead letter).
 Typing a CSV column from its values would let one user's value change the column's type: whether
 it gets a default query, whether the run is refused, what the public store records. ``user_id``
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
-    from stream.contract import InputContract
+    from renyi_stream.stream.contract import InputContract
 
 import numpy as np
 
@@ -340,7 +340,7 @@ def _quoted_lines(data: bytes, starts: np.ndarray, stops: np.ndarray, numbers: n
 
 def check_declared_columns(path: str | Path, contract: "InputContract") -> None:
     """InputFileError, naming the file and the column, when its header cannot hold the declared
-    contract (:mod:`stream.contract`): a declared column it lacks, a column name it repeats, or a
+    contract (:mod:`renyi_stream.stream.contract`): a declared column it lacks, a column name it repeats, or a
     declared column whose type no value of could parse (a number written as a list, binary or
     struct column; a category written as anything but text). Structural faults of the file, seen
     in its header before anyone is charged; a value that does not parse is that row's dead letter."""
@@ -379,7 +379,7 @@ def id_type_of(path: str | Path) -> str:
     Never decided from values (one user's id must not change how everybody's ids are read)."""
     if not declares_types(path):
         return "string"
-    from stream.columns import declared_kind
+    from renyi_stream.stream.columns import declared_kind
 
     t = next(read_batches(path, batch_rows=1, malformed=MalformedLines())).schema.field("user_id").type
     return "string" if declared_kind(t) == "string" else "int64"  # dictionaries by their values, string views

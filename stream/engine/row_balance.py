@@ -2,7 +2,7 @@
 by every job.
 
 Invariant 7 (rows-counted-not-lost, docs/architecture.md): a run's rows are admitted, clipped or
-dropped by the filter, or dead-lettered with a reason (:class:`stream.schema.DeadLetterReason`),
+dropped by the filter, or dead-lettered with a reason (:class:`renyi_stream.stream.schema.DeadLetterReason`),
 ``late_window`` counted apart as ``late`` and every other reason as ``rejected``, and
 
     rows_read = admitted + clipped + dropped + rejected + late
@@ -24,8 +24,8 @@ from typing import Iterable, Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stream.ledger import STATUS_NAMES
-from stream.schema import DeadLetterReason
+from renyi_stream.stream.ledger import STATUS_NAMES
+from renyi_stream.stream.schema import DeadLetterReason
 
 __all__ = ["IdleInputError", "RowBalance", "reason_counts", "refuse_idle_run"]
 
@@ -38,7 +38,7 @@ class RowBalance:
 
     ``rows_read``: every row read (a streaming message that does not decode counts as one row,
     its one dead letter); ``admitted``, ``clipped``, ``dropped``: rows the filter charged by
-    outcome (:data:`stream.ledger.STATUS_NAMES`); ``rejected``: rows dead-lettered for any reason
+    outcome (:data:`renyi_stream.stream.ledger.STATUS_NAMES`); ``rejected``: rows dead-lettered for any reason
     but ``late_window``; ``late``: rows dead-lettered ``late_window`` (their window was charged
     before). Build it with :meth:`of`."""
 
@@ -58,8 +58,8 @@ class RowBalance:
     @classmethod
     def of(cls, *, rows_read: int, statuses: Mapping[str, int], reasons: Mapping[str, int]) -> "RowBalance":
         """The balance of a run that read ``rows_read`` rows, charged ``statuses`` (rows per
-        filter outcome, names from :data:`stream.ledger.STATUS_NAMES`, absent ones 0) and
-        dead-lettered ``reasons`` (rows per :class:`stream.schema.DeadLetterReason` value).
+        filter outcome, names from :data:`renyi_stream.stream.ledger.STATUS_NAMES`, absent ones 0) and
+        dead-lettered ``reasons`` (rows per :class:`renyi_stream.stream.schema.DeadLetterReason` value).
         ValueError naming the key for a status or reason outside its vocabulary, or a count that
         is not an int >= 0."""
         unknown = sorted(set(statuses) - set(STATUS_NAMES))
@@ -92,7 +92,7 @@ class RowBalance:
 
 def reason_counts(tables: Iterable[pa.Table]) -> dict[str, int]:
     """Rows per dead-letter reason over dead-letter tables (a ``reason`` column, as
-    :data:`stream.engine.dead_letters.DEAD_LETTER_SCHEMA`), counted by Arrow, not row by row."""
+    :data:`renyi_stream.stream.engine.dead_letters.DEAD_LETTER_SCHEMA`), counted by Arrow, not row by row."""
     totals: dict[str, int] = {}
     for table in tables:
         if not table.num_rows:

@@ -1,10 +1,10 @@
 """A worker's cache of restored shards, used only while it is exactly the committed keyed state.
 
-The streaming filter (:class:`pipelines.streaming.releases.StreamingIndividualFilterDoFn`) keeps a
+The streaming filter (:class:`renyi_stream.pipelines.streaming.releases.StreamingIndividualFilterDoFn`) keeps a
 shard's ledger in keyed state for the life of the job (invariant 1 (ledger-never-window-scoped,
 docs/architecture.md)). Restoring it from there every window costs the whole shard: every
-snapshot part unpickled and the :class:`stream.ledger.Ledger` rebuilt. This cache keeps the
-:class:`stream.engine.shard_state.ShardState` a firing charged between firings, so a window costs
+snapshot part unpickled and the :class:`renyi_stream.stream.ledger.Ledger` rebuilt. This cache keeps the
+:class:`renyi_stream.stream.engine.shard_state.ShardState` a firing charged between firings, so a window costs
 the users charged in it.
 
 Soundness (a cached shard ahead of the committed state would charge its users twice, one behind
@@ -30,7 +30,7 @@ import secrets
 from collections import OrderedDict
 from typing import Hashable
 
-from stream.engine.shard_state import ShardState
+from renyi_stream.stream.engine.shard_state import ShardState
 
 __all__ = ["ShardCache", "new_token"]
 

@@ -1,12 +1,12 @@
 """A strict array module: CuPy's refusals on the CPU, so the device path runs in CI without a GPU.
 
-The kernels pick their array module with :func:`stream.xp.array_module`; on a GPU that is CuPy,
+The kernels pick their array module with :func:`renyi_stream.stream.xp.array_module`; on a GPU that is CuPy,
 whose arrays live in device memory and refuse to become NumPy arrays behind the code's back.
 Code that is only ever run on NumPy can hide a stray ``np.`` call, a ``float(x)`` or a host
 round trip that works on NumPy and fails (or stalls the device) on CuPy. This module wraps NumPy
 arrays in :class:`StrictArray` and refuses what CuPy refuses, computing with NumPy underneath,
 so a kernel run on strict arrays gives NumPy's bits and fails loudly where it would not run on
-a device. Importing it registers it with :func:`stream.xp.register_array_module`, so
+a device. Importing it registers it with :func:`renyi_stream.stream.xp.register_array_module`, so
 ``array_module(strict_array)`` is this module; nothing in NumPy is patched.
 
 What a :class:`StrictArray` refuses (``TypeError``):
@@ -25,7 +25,7 @@ What a :class:`StrictArray` refuses (``TypeError``):
 What it allows, counted by :func:`host_traffic`:
 
 * ``transfers``: explicit device-to-host copies, ``xp.asnumpy(x)``, ``x.get()``, ``x.item()``,
-  ``x.tolist()`` (``stream.xp.to_host`` and ``stream.xp.host_all`` use these);
+  ``x.tolist()`` (``renyi_stream.stream.xp.to_host`` and ``renyi_stream.stream.xp.host_all`` use these);
 * ``uploads``: host-to-device copies, ``xp.asarray(numpy_array)`` and NumPy arrays or lists used
   as indices or as values of an advanced-index assignment (CuPy copies them over);
 * ``syncs``: operations CuPy can only do by waiting for the device to report a size, which it
@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from stream.xp import register_array_module
+from renyi_stream.stream.xp import register_array_module
 
 IMPLICIT_CONVERSION = ("Implicit conversion to a NumPy array is not allowed. "
                        "Please use `.get()` to construct a NumPy array explicitly.")  # CuPy's words
@@ -289,20 +289,20 @@ class StrictArray:
 
     __array__ = _refuse(IMPLICIT_CONVERSION)
     __float__ = _refuse("float() of a strict (device) array: a hidden host round trip; "
-                        "use stream.xp.to_host (or .get()) and say so in the kernel's contract")
-    __int__ = _refuse("int() of a strict (device) array: a hidden host round trip; use stream.xp.to_host")
+                        "use renyi_stream.stream.xp.to_host (or .get()) and say so in the kernel's contract")
+    __int__ = _refuse("int() of a strict (device) array: a hidden host round trip; use renyi_stream.stream.xp.to_host")
     __complex__ = _refuse("complex() of a strict (device) array: a hidden host round trip")
     __index__ = _refuse("a strict (device) array used as a Python integer: a hidden host round trip")
     __bool__ = _refuse("the truth value of a strict (device) array: a hidden host round trip; use "
-                       "stream.xp.host_all for a check that raises, or stream.xp.maybe_any to skip work")
+                       "renyi_stream.stream.xp.host_all for a check that raises, or renyi_stream.stream.xp.maybe_any to skip work")
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         raise TypeError(f"numpy.{ufunc.__name__} called on a strict (device) array (or mixing it with a "
-                        "NumPy array): use the array module from stream.xp.array_module")
+                        "NumPy array): use the array module from renyi_stream.stream.xp.array_module")
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         raise TypeError(f"numpy.{func.__name__} called on a strict (device) array: use the array module "
-                        "from stream.xp.array_module")
+                        "from renyi_stream.stream.xp.array_module")
 
     # -- indexing -------------------------------------------------------------------------------
 

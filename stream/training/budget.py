@@ -2,11 +2,11 @@
 
 A training run charges every user at every gradient step (and at every private accuracy
 query), so it cannot afford to look users up by id each time. :class:`TrainingLedger` takes a
-snapshot of the users' state from a :class:`stream.ledger.Ledger` once (``used`` budget and
+snapshot of the users' state from a :class:`renyi_stream.stream.ledger.Ledger` once (``used`` budget and
 personal tracker, zCDP units), keeps it in arrays in the order of the training rows (NumPy, or
 CuPy on a GPU), charges them with the ledger's own filter arithmetic
-(:func:`stream.ledger.individual_filter`, :func:`stream.accounting.gaussian.gaussian_charge`,
-:func:`stream.accounting.odometers.tracker_update`), and at the end merges them back into a new
+(:func:`renyi_stream.stream.ledger.individual_filter`, :func:`renyi_stream.stream.accounting.gaussian.gaussian_charge`,
+:func:`renyi_stream.stream.accounting.odometers.tracker_update`), and at the end merges them back into a new
 ``Ledger`` through its checked snapshot format (``to_arrow`` / ``from_arrow``).
 
 Same rules as the streaming ledger, so one budget ``kappa`` covers streaming and training:
@@ -14,12 +14,12 @@ Same rules as the streaming ledger, so one budget ``kappa`` covers streaming and
 * each charge is the Gaussian mechanism's individual zCDP cost ``||v_i||^2 / (2 s^2)``,
   rounded up, for a contribution ``v_i`` released with noise std ``s`` per coordinate
   (Feldman & Zrnic, Section 4.2; Proposition 5.2's proof for gradient steps);
-* a user's used budget never passes ``kappa * (1 - 1e-9)`` (``stream.ledger.BUDGET_SAFETY``):
+* a user's used budget never passes ``kappa * (1 - 1e-9)`` (``renyi_stream.stream.ledger.BUDGET_SAFETY``):
   under ``clip`` a contribution that would pass it is scaled down to what is left (the clipping
   step of Algorithm 7), under ``drop`` it is left out (Algorithm 3);
 * the decision for user ``i`` reads only user ``i``'s state and contribution.
 
-The run must hold the ledger exclusively (``pipelines.curator.store.RunLock``) from the snapshot
+The run must hold the ledger exclusively (``renyi_stream.pipelines.curator.store.RunLock``) from the snapshot
 to the write-back, as the daily job does.
 """
 
@@ -31,16 +31,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stream.accounting import _validate as check
-from stream.accounting.gaussian import gaussian_charge
-from stream.accounting.odometers import advance_trackers, tracker_step_for
-from stream.ledger import BUDGET_SAFETY, Ledger, Policy, individual_filter
-from stream.xp import array_module, host_all, maybe_any, to_host
+from renyi_stream.stream.accounting import _validate as check
+from renyi_stream.stream.accounting.gaussian import gaussian_charge
+from renyi_stream.stream.accounting.odometers import advance_trackers, tracker_step_for
+from renyi_stream.stream.ledger import BUDGET_SAFETY, Ledger, Policy, individual_filter
+from renyi_stream.stream.xp import array_module, host_all, maybe_any, to_host
 
 
 def ledger_cap(budget: float) -> float:
     """The largest used budget the ledger allows, ``kappa * (1 - BUDGET_SAFETY)`` rounded down
-    (the same number ``stream.ledger.Ledger`` compares against)."""
+    (the same number ``renyi_stream.stream.ledger.Ledger`` compares against)."""
     return float(np.nextafter(budget * (1.0 - BUDGET_SAFETY), 0.0))
 
 

@@ -4,7 +4,7 @@ individual filtering (Algorithm 7), in one implementation, charging the shared p
 One step ``t`` of both algorithms, for a full batch of ``n`` examples (one per user):
 
 1. per-example gradients ``g_t(x_i)`` of the cross-entropy loss (never materialised: the model
-   returns their norms and weighted sums, see :mod:`stream.training.models`);
+   returns their norms and weighted sums, see :mod:`renyi_stream.stream.training.models`);
 2. clip: ``g~_t(x_i) = g_t(x_i) * min(1, bound_i / ||g_t(x_i)||)`` with
    ``bound_i = C`` (Algorithm 6) or ``bound_i = min(C, sqrt(B_i - sum_{j<t} ||g~_j(x_i)||^2))``
    (Algorithm 7), where ``B_i`` is user ``i``'s squared-norm budget for this run;
@@ -12,7 +12,7 @@ One step ``t`` of both algorithms, for a full batch of ``n`` examples (one per u
    mechanism's individual cost; Proposition 5.2's proof), which never lets a user pass the
    ledger's budget;
 4. noise: ``g~_t = (sum_i g~_t(x_i) + N(0, sigma^2 C^2 I)) / N``; step ``theta -= eta g~_t``.
-   ``N`` is a public normaliser (:mod:`stream.training.normaliser`), never the exact number of
+   ``N`` is a public normaliser (:mod:`renyi_stream.stream.training.normaliser`), never the exact number of
    users ``n``: under add/remove-one-user neighbours ``n`` is private. The paper's ``1 / n`` is
    ``normaliser=n`` where ``n`` is public (its experiments: a fixed data set, replace-one).
 
@@ -47,15 +47,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from stream.accounting import _validate as check
-from stream.accounting.calibration import NOISE_HEADROOM
-from stream.ledger import Policy
-from stream.noise import InsecureNoiseWarning
-from stream.training.budget import TrainingLedger
-from stream.training.models import Model, Params, augmented_sq_norms
-from stream.training.normaliser import check_normaliser
-from stream.training.stopping import AccuracyStopping, private_accuracy
-from stream.xp import array_module, to_host
+from renyi_stream.stream.accounting import _validate as check
+from renyi_stream.stream.accounting.calibration import NOISE_HEADROOM
+from renyi_stream.stream.ledger import Policy
+from renyi_stream.stream.noise import InsecureNoiseWarning
+from renyi_stream.stream.training.budget import TrainingLedger
+from renyi_stream.stream.training.models import Model, Params, augmented_sq_norms
+from renyi_stream.stream.training.normaliser import check_normaliser
+from renyi_stream.stream.training.stopping import AccuracyStopping, private_accuracy
+from renyi_stream.stream.xp import array_module, to_host
 
 # The per-user run budget derived from the ledger is shrunk by this relative amount, so that the
 # ledger's rounded-up charges (each up by ~1e-12 relative) still fit what is left.
@@ -103,7 +103,7 @@ class GDConfig:
         norm_budget: ``B_norm`` > 0 (Algorithm 7 only), each user's squared-norm budget for the
             run; default ``k C^2``.
         max_steps: ``k_max`` >= 1 (Algorithm 7 only), steps to run; default ``k``. A stopping
-            rule (:class:`~stream.training.stopping.AccuracyStopping`) ends the run at its last
+            rule (:class:`~renyi_stream.stream.training.stopping.AccuracyStopping`) ends the run at its last
             query instead.
     """
 
@@ -306,13 +306,13 @@ def private_gd(
     """Run Algorithm 6 or 7 on ``data`` (one row per user, in ``ledger``'s row order).
 
     Args:
-        model: :class:`~stream.training.models.LogisticRegression` or ``MLP``.
+        model: :class:`~renyi_stream.stream.training.models.LogisticRegression` or ``MLP``.
         data: the full batch (:func:`prepare_data`), on the device the run uses.
         config: the algorithm and its hyperparameters (:class:`GDConfig`).
         ledger: the users' budgets; charged in place at every step and query.
         normaliser: ``N`` > 0, what the noisy gradient sum is divided by (and the accuracy
             queries' counts): a public constant or a released noisy count
-            (:mod:`stream.training.normaliser`), never the exact number of rows unless that is
+            (:mod:`renyi_stream.stream.training.normaliser`), never the exact number of rows unless that is
             public. The iterates depend on the rows only through the noisy sums and ``N``: a row
             whose user contributes nothing (no budget left) changes nothing.
         rng: generator of the gradient noise (:func:`training_generators`).
@@ -338,7 +338,7 @@ def private_gd(
     after the run, returning nothing, when it diverged for everybody: every user's gradient
     norm was not finite at some step, or the parameters were not finite after one.
 
-    Host traffic on a device (tested with ``stream.testing.strict_xp``): a gradient step moves
+    Host traffic on a device (tested with ``renyi_stream.stream.testing.strict_xp``): a gradient step moves
     nothing from the device to the host; it uploads its noise, one array per parameter, drawn
     on the host from ``rng`` so that a seeded run draws the same noise on NumPy and CuPy. Each
     accuracy query makes two transfers (its input check and the count it releases), and the

@@ -2,7 +2,7 @@
 docs/architecture.md)).
 
 A training run releases noisy gradient sums (every iterate is a post-processing of them), a
-noisy count of its users (the update's normaliser, :mod:`stream.training.normaliser`) and noisy
+noisy count of its users (the update's normaliser, :mod:`renyi_stream.stream.training.normaliser`) and noisy
 accuracy counts (Appendix A's stopping rule). Like a daily window, a training run must be
 released **once**: a run that crashes before the ledger commit and is re-run from the same
 ledger state must release the same model and the same noisy values, never a second independent
@@ -14,7 +14,7 @@ from a live generator:
 
 with ``DOMAIN = b"renyi-stream/training/v1"``, lengths as 8-byte big-endian integers, ``ledger``
 the ledger's identifier (``CuratorStore.ledger_id``: 128 random bits as hex, the id the release
-noise of :mod:`stream.noise` is bound to too), ``run_id`` the ledger run the training will
+noise of :mod:`renyi_stream.stream.noise` is bound to too), ``run_id`` the ledger run the training will
 commit as (a signed 8-byte big-endian integer) and ``stream`` one of :data:`STREAMS`. Each
 stream is read in a fixed order (the gradient noise parameter by parameter, step by step; the
 ``j``-th accuracy query takes the ``j``-th draw), so the Philox counter is the step or query
@@ -26,12 +26,12 @@ index.
 * A committed run moves the ledger to the next run id, so the next training draws fresh,
   independent noise (HMAC-SHA256 is a pseudo-random function of the message; Philox streams
   under distinct keys are independent).
-* The domain keeps training noise apart from the release noise of :mod:`stream.noise` (which
+* The domain keeps training noise apart from the release noise of :mod:`renyi_stream.stream.noise` (which
   hashes other domains) even where a training run and a daily window share numbers.
 * The ledger identity binds the draws to one ledger: a key copied to a second ledger does not
   give that ledger the same training noise over other users' data.
 
-This module does not touch :mod:`stream.noise`'s release derivation; it only reads the key's
+This module does not touch :mod:`renyi_stream.stream.noise`'s release derivation; it only reads the key's
 secret.
 """
 
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stream.noise import InsecureNoiseWarning, NoiseKey
+from renyi_stream.stream.noise import InsecureNoiseWarning, NoiseKey
 
 DOMAIN = b"renyi-stream/training/v1"
 STREAMS = ("gradient", "accuracy", "count")
@@ -107,7 +107,7 @@ def keyed_training_noise(key: NoiseKey, *, ledger: str, run_id: int) -> Training
 def seeded_training_noise(seed: int) -> TrainingNoise:
     """Reproducible noise from a public integer seed, for tests and experiments: warns
     :class:`InsecureNoiseWarning` (anyone who knows the seed can remove the noise). The gradient
-    and accuracy streams are those of :func:`stream.training.dpgd.training_generators` with the
+    and accuracy streams are those of :func:`renyi_stream.stream.training.dpgd.training_generators` with the
     same seed; the count stream is the seed's third child."""
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ValueError(f"seed must be an integer, got seed={seed!r}")

@@ -24,7 +24,7 @@ a recursive sum of ``m`` non-negative terms errs by at most ``gamma_{m-1}``; pai
 orders err less), so the clip bound holds for the gradient the algorithm contributes up to the
 rounding of the final matrix product. ``||x_i||^2`` is computed once, in float64.
 
-Array module: one body for NumPy and CuPy (``stream.xp.array_module`` on the inputs); no loop
+Array module: one body for NumPy and CuPy (``renyi_stream.stream.xp.array_module`` on the inputs); no loop
 over examples anywhere.
 """
 
@@ -35,7 +35,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from stream.xp import (array_module, col_sq_sums, column_sums, maybe_any, row_sq_sums, scale_in_place, to_host,
+from renyi_stream.stream.xp import (array_module, col_sq_sums, column_sums, maybe_any, row_sq_sums, scale_in_place, to_host,
                        zero_where)
 
 Params = dict[str, Any]
@@ -128,7 +128,7 @@ class PerExample:
 
 
 class Model(Protocol):
-    """What :func:`stream.training.dpgd.private_gd` needs from a model."""
+    """What :func:`renyi_stream.stream.training.dpgd.private_gd` needs from a model."""
 
     name: str
 

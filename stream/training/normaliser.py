@@ -17,7 +17,7 @@ constant is one of:
   left are dropped, Algorithm 3); the update divides by ``max(count + N(0, s^2), 1)``, a
   post-processing of the release.
 
-The stopping rule's accuracy queries (:mod:`stream.training.stopping`) divide by the same
+The stopping rule's accuracy queries (:mod:`renyi_stream.stream.training.stopping`) divide by the same
 normaliser.
 """
 
@@ -28,13 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from stream.accounting import _validate as check
-from stream.ledger import Policy
-from stream.training.budget import TrainingLedger
-from stream.xp import array_module, to_host
+from renyi_stream.stream.accounting import _validate as check
+from renyi_stream.stream.ledger import Policy
+from renyi_stream.stream.training.budget import TrainingLedger
+from renyi_stream.stream.xp import array_module, to_host
 
 # Noise is raised by this relative amount above sqrt(1 / (2 rho)), as in
-# stream.accounting.calibration.NOISE_HEADROOM, so the rounded-up charge fits the reserve.
+# renyi_stream.stream.accounting.calibration.NOISE_HEADROOM, so the rounded-up charge fits the reserve.
 _HEADROOM = 1e-8
 # The smallest normaliser a noisy count is turned into (a count's noise can make it <= 0).
 MIN_NORMALISER = 1.0

@@ -24,13 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from stream.accounting import _validate as check
-from stream.ledger import Policy
-from stream.training.budget import TrainingLedger
-from stream.xp import array_module, to_host
+from renyi_stream.stream.accounting import _validate as check
+from renyi_stream.stream.ledger import Policy
+from renyi_stream.stream.training.budget import TrainingLedger
+from renyi_stream.stream.xp import array_module, to_host
 
 # Noise is raised by this relative amount above sqrt(queries / (2 rho)), as in
-# stream.accounting.calibration.NOISE_HEADROOM, so rounded-up charges fit the reserve.
+# renyi_stream.stream.accounting.calibration.NOISE_HEADROOM, so rounded-up charges fit the reserve.
 _HEADROOM = 1e-8
 
 
@@ -104,7 +104,7 @@ def private_accuracy(correct: Any, ledger: TrainingLedger, *, noise_std: float,
     ``correct`` is ``(n,)`` bool (or 0/1), one per training row. Each row's user is charged
     ``1 / (2 s^2)`` if correct (0 otherwise) under the ``drop`` policy (Algorithm 3): a user
     without that much budget left contributes 0. ``N`` (``normaliser``, > 0) is the run's public
-    normaliser (:mod:`stream.training.normaliser`), not the exact number of rows, which is
+    normaliser (:mod:`renyi_stream.stream.training.normaliser`), not the exact number of rows, which is
     private under add/remove-one-user neighbours. The result is a noisy fraction and may fall
     outside [0, 1]. On a device: two explicit transfers (the ledger's input check, the count).
     """

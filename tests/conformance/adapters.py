@@ -5,7 +5,7 @@ point, in this process; in a child process for a crash), as an operator would, o
 own folder: the public ``--releases-parquet`` root ``public/`` and the job's curator files. Each
 declares what its job supports (:attr:`JobAdapter.supports`, names from
 :data:`tests.conformance.scenario.FEATURES`) and the crash points it can be killed at
-(:data:`stream.faults.CRASH_ENV`). The tests derive their expected failures from these
+(:data:`renyi_stream.stream.faults.CRASH_ENV`). The tests derive their expected failures from these
 declarations, so:
 
 * a job that gains a feature while its adapter does not declare it XPASSes a strict xfail,
@@ -15,7 +15,7 @@ declarations, so:
 The analysts' query changes of a step are made before its run through the job's catalogue, as
 ``renyi-stream query add|retire`` makes them (:func:`ask_catalogue`): the daily job's DuckDB
 registry (``--store``), the distributed and streaming jobs' catalogue beside their release root
-(``--releases-parquet``, :mod:`queries.catalogue`). A running total is registered there too, as a
+(``--releases-parquet``, :mod:`renyi_stream.queries.catalogue`). A running total is registered there too, as a
 catalogue written by a later version could hold one (the command line refuses ``--kind running``
 with ``--releases-parquet``): the jobs that do not offer running totals must refuse it at launch,
 by name.
@@ -92,10 +92,10 @@ class JobAdapter:
 
     def ask(self, step: sc.Step) -> None:
         """Make the analysts' query changes of ``step`` before its run: here through the query
-        catalogue beside the release root (:class:`queries.catalogue.ReleaseCatalogue`), which the
+        catalogue beside the release root (:class:`renyi_stream.queries.catalogue.ReleaseCatalogue`), which the
         distributed and streaming jobs answer."""
         if step.register or step.retire:
-            from queries.catalogue import ReleaseCatalogue
+            from renyi_stream.queries.catalogue import ReleaseCatalogue
 
             ask_catalogue(ReleaseCatalogue(str(self.public)), step)
 
@@ -121,7 +121,7 @@ class JobAdapter:
         return sorted(self.inputs[m.name] for m in step.messages)
 
     def common(self, step: sc.Step) -> list[str]:
-        """The options every job shares (pipelines.beam.job_options.add_promise_options); the
+        """The options every job shares (renyi_stream.pipelines.beam.job_options.add_promise_options); the
         scenario's input contract on the ledger's first run (:meth:`declaration`)."""
         s = self.scenario
         return ["--start", sc.date(step.first_day), "--end", sc.date(step.last_day), "--epsilon", repr(s.epsilon),
@@ -163,7 +163,7 @@ class JobAdapter:
 
 def ask_catalogue(catalogue, step: sc.Step) -> None:
     """Register and retire ``step``'s queries in ``catalogue`` (a
-    :class:`queries.registry.QueryRegistry` or :class:`queries.catalogue.ReleaseCatalogue`: the
+    :class:`renyi_stream.queries.registry.QueryRegistry` or :class:`renyi_stream.queries.catalogue.ReleaseCatalogue`: the
     same calls and rules), each once: a re-run after a crash asks again."""
     listed = {row["query_id"]: row for row in catalogue.list().to_pylist()}
     for query, day in step.register:
@@ -189,11 +189,11 @@ def _dead_rows(run: int, tables: Sequence[pa.Table]) -> list[tuple[int, str, int
 
 
 class DailyJob(JobAdapter):
-    """``renyi-stream run`` (pipelines/cli/main.py -> pipelines.daily.job.run_job): a DuckDB release
+    """``renyi-stream run`` (pipelines/cli/main.py -> renyi_stream.pipelines.daily.job.run_job): a DuckDB release
     store, a DuckDB curator ledger, and the release files under ``--releases-parquet``."""
 
     name = "daily"
-    module = "pipelines.cli.main"
+    module = "renyi_stream.pipelines.cli.main"
     supports = sc.FEATURES
     crash_points = ("while_reading", "after_ledger_write", "before_publish", "during_release_insert",
                     "during_publish", "after_publish")
@@ -212,21 +212,21 @@ class DailyJob(JobAdapter):
                 "--noise-key", self.key_path, *self.common(step), "--quiet"]
 
     def main(self, argv: list[str]) -> int:
-        from pipelines.cli.main import main
+        from renyi_stream.pipelines.cli.main import main
 
         return main(argv)
 
     def ask(self, step: sc.Step) -> None:
         """Through the query registry of the release store (``renyi-stream query add|retire --store``)."""
         if step.register or step.retire:
-            from queries.registry import QueryRegistry
+            from renyi_stream.queries.registry import QueryRegistry
 
             with QueryRegistry(str(self.store)) as registry:
                 ask_catalogue(registry, step)
 
     def store_releases(self) -> tuple[dict, ...]:
         """The release store's rows (the daily job's public DuckDB store), as the release files'."""
-        from queries.release_store import ReleaseStore
+        from renyi_stream.queries.release_store import ReleaseStore
 
         with ReleaseStore(str(self.store), read_only=True) as store:
             return tuple(store.read().drop_columns(["released_at"]).to_pylist())
@@ -246,14 +246,14 @@ class DailyJob(JobAdapter):
 
 
 class DistributedJob(JobAdapter):
-    """``python -m pipelines.distributed``: one run per step, each continuing the previous run's
+    """``python -m renyi_stream.pipelines.distributed``: one run per step, each continuing the previous run's
     ``--output`` (``--previous-ledger``), releases under ``--releases-parquet``."""
 
     name = "distributed"
-    module = "pipelines.distributed"
+    module = "renyi_stream.pipelines.distributed"
     supports = sc.FEATURES
-    # while_reading is in the read step both batch jobs share (pipelines.beam.transforms.ReadAndValidate);
-    # during_publish and after_publish in the publication rule all jobs share (stream.engine.publication).
+    # while_reading is in the read step both batch jobs share (renyi_stream.pipelines.beam.transforms.ReadAndValidate);
+    # during_publish and after_publish in the publication rule all jobs share (renyi_stream.stream.engine.publication).
     crash_points = ("while_reading", "distributed_before_commit", "distributed_before_promote",
                     "distributed_after_claim", "during_publish", "after_publish")
     committed_at = frozenset({"distributed_before_promote", "distributed_after_claim", "during_publish",
@@ -272,7 +272,7 @@ class DistributedJob(JobAdapter):
                 "--output", str(self._output()), "--noise-key", self.key_path, "--quiet"]
 
     def main(self, argv: list[str]) -> int:
-        from pipelines.distributed.job import main
+        from renyi_stream.pipelines.distributed.job import main
 
         return main(argv)
 
@@ -284,14 +284,14 @@ class DistributedJob(JobAdapter):
         """A run killed before its commit is re-run into its own ``--output`` (its intent fixed
         its inputs and ledger id); a committed one is continued by the next run, which publishes
         what it left staged: here the same step again, which charges nobody (deploy/README.md)."""
-        from pipelines.distributed.job import COMMITTED
+        from renyi_stream.pipelines.distributed.job import COMMITTED
 
         if (self._output() / COMMITTED).exists():
             self.committed(step)
         self.run(step)
 
     def outcome(self) -> Outcome:
-        from pipelines.distributed.job import COMMITTED
+        from renyi_stream.pipelines.distributed.job import COMMITTED
 
         manifests = [json.loads((out / COMMITTED).read_text()) for out in self.outputs]
         books, dead = [], []
@@ -307,16 +307,16 @@ class DistributedJob(JobAdapter):
 
 
 class StreamingJob(JobAdapter):
-    """``python -m pipelines.streaming --replay``: each step a job over its windows, replaying the
+    """``python -m renyi_stream.pipelines.streaming --replay``: each step a job over its windows, replaying the
     step's messages in order, continuing from the previous job's snapshot of the last released
     window (``--previous-ledger``); window files, ledger snapshots and books under its
     ``--output``. A crashed job is recovered by running its command again (the same ``--output``):
     it continues from the last window it committed there."""
 
     name = "streaming"
-    module = "pipelines.streaming"
+    module = "renyi_stream.pipelines.streaming"
     supports = sc.FEATURES
-    # Each write of a window's commit (pipelines.streaming.job, CommitWindows), then the publication
+    # Each write of a window's commit (renyi_stream.pipelines.streaming.job, CommitWindows), then the publication
     # rule's after_publish; its during_publish needs two windows committed at once, which a replay's
     # window-by-window commits do not reliably give (the daily and distributed jobs exercise it).
     crash_points = ("streaming_after_snapshot", "streaming_after_stage", "streaming_after_commit", "after_publish")
@@ -340,7 +340,7 @@ class StreamingJob(JobAdapter):
                 "--output", str(self._output()), "--noise-key", self.key_path, "--previous-ledger", self._previous()]
 
     def main(self, argv: list[str]) -> int:
-        from pipelines.streaming.job import main
+        from renyi_stream.pipelines.streaming.job import main
 
         return main(argv)
 
@@ -357,7 +357,7 @@ class StreamingJob(JobAdapter):
                        for s in range(self.scenario.n_shards))}
 
     def outcome(self) -> Outcome:
-        from pipelines.streaming.job import SNAPSHOT_LEDGER_ID, books
+        from renyi_stream.pipelines.streaming.job import SNAPSHOT_LEDGER_ID, books
 
         runs, dead = [], []
         for run, out in enumerate(self.outputs):

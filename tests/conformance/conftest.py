@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stream.noise import NoiseKey
+from renyi_stream.stream.noise import NoiseKey
 
 from . import scenario as sc
 from .adapters import JOBS, JobAdapter, RunFailed
@@ -23,10 +23,10 @@ def write_inputs(folder: Path, scenario: sc.Scenario) -> dict[str, str]:
 def names_a_hash_would_order_the_other_way(folder: Path) -> tuple[str, str]:
     """Two input names in input order whose paths under ``folder`` a hash of the name orders the
     other way round (the streaming job numbers Pub/Sub and Kafka messages by such a hash,
-    ``pipelines.streaming.job._source_number``, and must number replayed files by their order): a
+    ``renyi_stream.pipelines.streaming.job._source_number``, and must number replayed files by their order): a
     job that breaks ties between inputs by it keeps the second input's row. Any pair once no such
     hash exists."""
-    from pipelines.streaming import job as streaming
+    from renyi_stream.pipelines.streaming import job as streaming
 
     number = getattr(streaming, "_source_number", None)
     for k in range(256):

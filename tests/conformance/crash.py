@@ -1,5 +1,5 @@
 """Running a job in a child process that kills itself at a named crash point (test-only fault
-injection, :mod:`stream.faults`): one helper for the conformance suite, ``test_crash_points``
+injection, :mod:`renyi_stream.stream.faults`): one helper for the conformance suite, ``test_crash_points``
 and ``test_deploy``."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from stream.faults import CRASH_ENV
+from renyi_stream.stream.faults import CRASH_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 

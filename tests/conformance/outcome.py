@@ -5,12 +5,12 @@ release rows (read from the ``--releases-parquet`` root every job writes), its l
 user's used budget and personal odometer), its ledger id (the noise is bound to it), the row
 books of every run and every dead letter.
 
-Noise: the release noise is keyed by the ledger's random id (:class:`stream.noise.NoiseBinding`,
+Noise: the release noise is keyed by the ledger's random id (:class:`renyi_stream.stream.noise.NoiseBinding`,
 docs/architecture.md, "Edges"), so two jobs' releases of the same data differ by their noises.
 :func:`without_noise` recomputes each release's noise from the key and the job's own ledger id
 and takes it off, leaving the exact sums the jobs noised; those must agree across jobs. For a
 running total the release is ``(B y)_t`` with ``y = C a + z``, so its noise part is ``(B z)_t``,
-recomputed through the query's own strategy (:class:`stream.continual.running.RunningQuery`).
+recomputed through the query's own strategy (:class:`renyi_stream.stream.continual.running.RunningQuery`).
 
 Tolerance of those sums (:data:`SUM_TOLERANCE`): the jobs add the same numbers in different
 orders (per-shard partial sums combined by the runner). A sum of ``n`` terms computed in any
@@ -34,9 +34,9 @@ from typing import Any, Iterable
 import numpy as np
 import pyarrow.parquet as pq
 
-from stream.continual.running import RunningQuery
-from stream.engine.shard_state import running_strategy
-from stream.noise import NoiseBinding, NoiseKey, gaussian_noise
+from renyi_stream.stream.continual.running import RunningQuery
+from renyi_stream.stream.engine.shard_state import running_strategy
+from renyi_stream.stream.noise import NoiseBinding, NoiseKey, gaussian_noise
 
 SUM_TOLERANCE = 1e-9
 #: What identifies a release row, and what must match across jobs besides the sum.
@@ -94,7 +94,7 @@ class Outcome:
 
 def read_release_files(root: str | Path) -> tuple[dict[str, Any], ...]:
     """Every row of every public release file under ``root`` (``window_id=<W>/releases.parquet``,
-    :mod:`queries.release_files`), with its ``window_id``, sorted by :data:`RELEASE_KEY`."""
+    :mod:`renyi_stream.queries.release_files`), with its ``window_id``, sorted by :data:`RELEASE_KEY`."""
     rows = []
     for path in sorted(Path(root).glob("window_id=*/*.parquet")):
         window = int(path.parent.name.split("=", 1)[1])
@@ -107,7 +107,7 @@ def window_noise(key: NoiseKey, ledger_id: str, *, query_id: str, window_id: int
                  noise_std: float) -> float:
     """The noise in coordinate ``coordinate`` of the window-sum release ``(query_id, window_id)``
     of ledger ``ledger_id`` under ``key``, released at ``noise_std``: what the job added to the
-    exact sum (:func:`stream.noise.gaussian_noise`; a draw's first coordinates do not depend on
+    exact sum (:func:`renyi_stream.stream.noise.gaussian_noise`; a draw's first coordinates do not depend on
     its dimension)."""
     return float(gaussian_noise(NoiseBinding(key, ledger_id), query_id=query_id, window_id=window_id,
                                 dim=coordinate + 1, noise_std=noise_std)[coordinate])
@@ -116,7 +116,7 @@ def window_noise(key: NoiseKey, ledger_id: str, *, query_id: str, window_id: int
 def without_noise(outcome: Outcome, key: NoiseKey,
                   plan: Iterable[tuple[Any, int, int | None]]) -> dict[tuple[str, int, int], float]:
     """``(query id, window, coordinate) -> the exact sum the job noised``: each public release
-    less the noise :func:`stream.noise.gaussian_noise` draws for it under ``key`` and the job's
+    less the noise :func:`renyi_stream.stream.noise.gaussian_noise` draws for it under ``key`` and the job's
     own ledger id. ``plan`` (``(query, first window, retired from)``, the public catalogue) gives
     each running total's strategy and first window; window sums need nothing from it."""
     binding = NoiseBinding(key, outcome.ledger_id)

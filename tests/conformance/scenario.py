@@ -2,8 +2,8 @@
 dead-lettered and why, which runs (steps) the jobs are given, and which queries change when.
 
 Every job gets exactly these bytes: each :class:`Message` is written once as an Arrow IPC stream
-file (``<name>.arrow``), which ``renyi-stream run`` and ``python -m pipelines.distributed`` read as
-an input file and ``python -m pipelines.streaming --replay`` replays as one message. So a message
+file (``<name>.arrow``), which ``renyi-stream run`` and ``python -m renyi_stream.pipelines.distributed`` read as
+an input file and ``python -m renyi_stream.pipelines.streaming --replay`` replays as one message. So a message
 is a file is a message, its row indexes are the same everywhere, and a job that answers
 differently answers the same input differently.
 
@@ -31,11 +31,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from stream.contract import DeclaredColumn, InputContract
-from stream.engine.dead_letters import DeadLetterReason
-from queries.linear import LinearQuery
-from queries.registration import contract_defaults
-from stream.schema import RejectReason
+from renyi_stream.stream.contract import DeclaredColumn, InputContract
+from renyi_stream.stream.engine.dead_letters import DeadLetterReason
+from renyi_stream.queries.linear import LinearQuery
+from renyi_stream.queries.registration import contract_defaults
+from renyi_stream.stream.schema import RejectReason
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -64,7 +64,7 @@ REGISTERED_QUERIES = "registered_queries"  # a query registered mid-way
 RETIRED_QUERIES = "retired_queries"  # a query retired mid-way
 RUNNING_TOTALS = "running_totals"
 # What a job does beyond a scenario's data:
-CRASH_RECOVERY = "crash_recovery"  # defines crash points (stream.faults) and recovers from each
+CRASH_RECOVERY = "crash_recovery"  # defines crash points (renyi_stream.stream.faults) and recovers from each
 REFUSES_UNKNOWN_OPTIONS = "refuses_unknown_options"  # an option it does not know is refused by name
 
 JOB_FEATURES = frozenset({CRASH_RECOVERY, REFUSES_UNKNOWN_OPTIONS})

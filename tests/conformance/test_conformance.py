@@ -2,7 +2,7 @@
 (issue 19, item 3; docs/architecture.md, "Where the code is going").
 
 Every scenario of :mod:`.scenario` runs through ``renyi-stream run``, ``python -m
-pipelines.distributed`` and ``python -m pipelines.streaming --replay``, step by step on one new
+renyi_stream.pipelines.distributed`` and ``python -m renyi_stream.pipelines.streaming --replay``, step by step on one new
 ledger each (:mod:`.adapters`), and is read back in one common form (:mod:`.outcome`). Per job:
 every run reads every row and dead-letters exactly the scenario's bad rows with their reasons
 (invariant 7 (rows-counted-not-lost, docs/architecture.md)), every window of the schedule is
@@ -22,7 +22,7 @@ import ast
 
 import pytest
 
-from stream.accounting import calibrate
+from renyi_stream.stream.accounting import calibrate
 
 from . import scenario as sc
 from .adapters import JOBS, REFERENCE
@@ -235,7 +235,7 @@ def test_a_streaming_job_killed_after_committing_a_running_totals_window_resumes
 
 
 def _crash_points_in_the_code() -> set[str]:
-    """Every name ``stream.faults.crash_point`` is called with in the project's packages."""
+    """Every name ``renyi_stream.stream.faults.crash_point`` is called with in the project's packages."""
     found = set()
     for package in ("stream", "pipelines", "queries"):
         for path in (ROOT / package).rglob("*.py"):

@@ -1,4 +1,4 @@
-"""The session's local cluster (:mod:`pipelines.engines.local_cluster`): started once for all the
+"""The session's local cluster (:mod:`renyi_stream.pipelines.engines.local_cluster`): started once for all the
 xdist workers of a test run, and stopped by the last worker done with it.
 
 Without ``java``, ``javac`` or ``mvn`` the tests that need the cluster are skipped naming what to
@@ -16,8 +16,8 @@ from typing import Iterator
 
 import pytest
 
-from pipelines.engines.local_cluster import ROOT, Config, LocalCluster, Ports
-from stream.private_files import process_alive
+from renyi_stream.pipelines.engines.local_cluster import ROOT, Config, LocalCluster, Ports
+from renyi_stream.stream.private_files import process_alive
 
 #: Off the command's own defaults, so a user's cluster and the tests' do not meet.
 TEST_PORTS = Ports(rest=28081, rpc=26123, pool=25000, kafka=29092, controller=29093)

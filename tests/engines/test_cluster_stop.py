@@ -9,7 +9,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from pipelines.engines.local_cluster import Config, LocalCluster, Service, _alive, _group_members, _stat
+from renyi_stream.pipelines.engines.local_cluster import Config, LocalCluster, Service, _alive, _group_members, _stat
 
 #: Ignores SIGTERM, starts a child in its process group that ignores it too, prints the child's id.
 STUBBORN = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "

@@ -41,10 +41,10 @@ def test_the_worker_pool_runs_this_projects_code_in_processes_of_its_own(cluster
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from pipelines.beam.local_runner import batch_runner
+    from renyi_stream.pipelines.beam.local_runner import batch_runner
 
     def where(_):
-        import stream
+        from renyi_stream import stream
 
         return json.dumps({"pid": os.getpid(), "stream": stream.__file__})
 

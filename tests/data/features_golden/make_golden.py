@@ -4,7 +4,7 @@ stage must write from them.
 ``python tests/data/features_golden/make_golden.py`` rewrites the inputs (deterministic: fixed
 seed) under ``inputs/``. The golden outputs (``int_ids.parquet``, ``string_ids.parquet`` and
 ``summary.json``) were made with ``--golden`` by the DuckDB implementation of
-``renyi-stream features`` (``pipelines.curator.features.materialise_features`` as of commit
+``renyi-stream features`` (``renyi_stream.pipelines.curator.features.materialise_features`` as of commit
 8b2d674, in commit 7821dfe), before the stage became a Beam job. That implementation is gone:
 ``--golden`` now runs the Beam job, so a regenerated golden proves nothing about the old code;
 keep the committed one. ``summary.json``'s ``rows_rejected`` is the old stage's count, which left
@@ -119,7 +119,7 @@ def write_inputs(folder: Path = INPUTS) -> None:
 
 def write_golden(folder: Path = HERE) -> None:
     """Run the stage on the inputs and write its outputs as the golden files (see the docstring)."""
-    from pipelines.features.job import materialise_features
+    from renyi_stream.pipelines.features.job import materialise_features
 
     summary = {}
     for name, inputs in (("int_ids", INT_INPUTS), ("string_ids", STRING_INPUTS)):
