@@ -10,7 +10,7 @@ comment on the line just before it, which GitHub does not show:
 folder), a bash block by ``bash -e`` with this checkout's ``renyi-stream`` first on the PATH, a
 python block by this checkout's Python; it must exit 0, and each ``expect`` TEXT must be in what
 it printed (stdout and stderr; runs of whitespace compare as one space, so a table row of the
-docs may be written with single spaces). ``after: LABEL`` runs the block named LABEL (on any
+docs may be written with single spaces; TEXT holds no ``;``). ``after: LABEL`` runs the block named LABEL (on any
 page) first, in the same folder; for a python block its code comes first in the same program,
 so the later block may use its names. ``slow`` marks the test ``slow``. ``skip``: the block is
 not run, and the directive says why (a benchmark, an install, elided options); a reason that
@@ -166,6 +166,11 @@ def test_every_directive_is_well_formed():
             wrong.append(f"{b.where}: after {b.after!r}, a block in another language")
         if b.after and b.fixture:
             wrong.append(f"{b.where}: a block run after another runs in its folder, so it takes no fixture")
+    for page in PAGES:
+        lines = page.read_text(encoding="utf-8").splitlines()
+        wrong += [f"{page.relative_to(ROOT)}:{i + 1}: a directive not on the line just before a fenced block"
+                  for i, line in enumerate(lines)
+                  if "<!-- docs-test" in line and (i + 1 == len(lines) or not _FENCE.match(lines[i + 1]))]
     for b in ALL_BLOCKS:
         for test_file in re.findall(r"\btests/[\w/]+\.py\b", b.reason):
             if not (ROOT / test_file).is_file():
