@@ -10,9 +10,9 @@ comment on the line just before it, which GitHub does not show:
 folder), a bash block by ``bash -e`` with this checkout's ``renyi-stream`` first on the PATH, a
 python block by this checkout's Python; it must exit 0, and each ``expect`` TEXT must be in what
 it printed (stdout and stderr; runs of whitespace compare as one space, so a table row of the
-docs may be written with single spaces; TEXT holds no ``;``). ``after: LABEL`` runs the block named LABEL (on any
-page) first, in the same folder; for a python block its code comes first in the same program,
-so the later block may use its names. ``slow`` marks the test ``slow``. ``skip``: the block is
+docs may be written with single spaces; TEXT holds no ``;``). ``after: LABEL`` runs the block
+named LABEL (on any page) first, in the same folder; for a python block its code comes first in
+the same program, so the later block may use its names. ``slow`` marks the test ``slow``. ``skip``: the block is
 not run, and the directive says why (a benchmark, an install, elided options); a reason that
 names a test file names one that exists. The options every documented ``renyi-stream`` command
 gives, run or not, are options of that command (or, for the Beam jobs, of Beam).
