@@ -3,7 +3,7 @@
 does and counts every explicit host transfer, and give NumPy's results bit for bit (one stated
 exception: the long square-root decode, by the device's FFT).
 
-What this cannot show (README, "GPU"): speed, and CUDA's own arithmetic (cuBLAS summation order,
+What this cannot show (docs/gpu.md, "Tested without a GPU"): speed, and CUDA's own arithmetic (cuBLAS summation order,
 atomic scatter-adds, fused multiply-adds).
 """
 

@@ -61,7 +61,7 @@ from renyi_stream.stream.private_files import private_scratch, public_file_mode,
 
 DEFAULT_STOP_FRACTION = 0.05
 # Share of the run's budget the default normaliser (a noisy count of the users) costs. At the
-# README's run (train_rho = 0.028) its noise std is 42 users: 0.06% of 72,864.
+# demo run of docs/training.md (train_rho = 0.028) its noise std is 42 users: 0.06% of 72,864.
 DEFAULT_COUNT_FRACTION = 0.01
 
 

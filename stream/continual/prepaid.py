@@ -516,7 +516,8 @@ def running_rule(strategy: str, horizon: int | str) -> PrepaidRule:
 # --------------------------------------------------------------------------- bounds on a running query
 
 #: Numbers a user, ``width x dim`` float64, that the running queries active together keep: 1024
-#: (8 KiB a user; 8 GiB for 1,000,000 users, README's running-totals scale, on a 24 GB machine).
+#: (8 KiB a user; 8 GiB for 1,000,000 users, the scale of docs/running_totals.md, "Measured: a flat daily
+#: cost", on a 24 GB machine).
 #: ``blt`` up to 256 coordinates, ``tree`` 113 at 365 windows, ``sqrt`` ``horizon x dim <= 1024``.
 MAX_USER_STATE = 1024
 #: The longest declared horizon a running query may name, per strategy (windows). ``sqrt`` keeps
