@@ -485,3 +485,51 @@ def test_the_distributed_jobs_dry_run_refuses_what_the_run_would_refuse(tmp_path
                       "--dry-run", *flags(*DECLARED)]) != 0
     assert "is a valid row of a window to release" in capsys.readouterr().err
     assert not (tmp_path / "run1").exists() and not (tmp_path / "public").exists()
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _distributed_day(tmp_path: Path, day: dt.date, previous: str, output: str) -> list[str]:
+    from renyi_stream.stream.noise import NoiseKey
+
+    path = tmp_path / f"{day}.parquet"
+    pq.write_table(_day(day), path)
+    key = tmp_path / "key" / "noise.key"
+    NoiseKey.load_or_create(key)
+    return ["--input", str(path), "--start", day.isoformat(), "--end", day.isoformat(), "--epsilon", "1",
+            "--delta", "1e-6", "--norm-budget", "4", "--previous-ledger", previous, "--output", str(tmp_path / output),
+            "--releases-parquet", str(tmp_path / "public"), "--noise-key", str(key), *flags(*DECLARED)]
+
+
+def test_the_distributed_jobs_dry_run_of_a_continuing_run_previews_it_and_writes_nothing_real(tmp_path, capsys):
+    """The ledger records the root it answers into; the preview answers into a scratch copy of it
+    and must still pass the check the real run passes."""
+    from renyi_stream.pipelines.distributed import job as dist
+
+    assert dist.main(_distributed_day(tmp_path, DAY1, "none", "run1")) == 0
+    before = {name: _tree(tmp_path / name) for name in ("public", "run1")}
+    capsys.readouterr()
+    day2 = _distributed_day(tmp_path, DAY2, str(tmp_path / "run1"), "run2")
+    assert dist.main([*day2, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "dry run: would release 1 window(s)" in out and "would read 3 rows = admitted 3" in out
+    assert {name: _tree(tmp_path / name) for name in ("public", "run1")} == before
+    assert not (tmp_path / "run2").exists()
+    assert dist.main(day2) == 0  # the real run after it, as if the preview had never been
+    assert (tmp_path / "run2" / dist.COMMITTED).exists()
+
+
+def test_the_distributed_jobs_dry_run_refuses_a_previous_ledger_of_another_root_as_the_run_does(tmp_path, capsys):
+    from renyi_stream.pipelines.distributed import job as dist
+
+    assert dist.main(_distributed_day(tmp_path, DAY1, "none", "run1")) == 0
+    day2 = _distributed_day(tmp_path, DAY2, str(tmp_path / "run1"), "run2")
+    elsewhere = [*day2, "--releases-parquet", str(tmp_path / "other-public")]
+    capsys.readouterr()
+    assert dist.main(elsewhere) == 2
+    real = capsys.readouterr().err
+    assert dist.main([*elsewhere, "--dry-run"]) == 2
+    assert "a ledger answers into the release root it was started with" in real
+    assert "a ledger answers into the release root it was started with" in capsys.readouterr().err

@@ -994,12 +994,34 @@ def pipeline_options(plan: RunPlan, args: argparse.Namespace, beam_args: Sequenc
     return PipelineOptions(flags)
 
 
+def _previewed_previous(args: argparse.Namespace, public: Any, folder: Any) -> str:
+    """The ``--previous-ledger`` a dry run continues: the previous run's manifest copied into the
+    scratch ``folder``, the release root it records replaced by ``public``, the scratch copy of
+    that root, when it records the root this run was given (a ledger answers into the root it was
+    started with: the real run's check, which the preview must pass where the real run passes).
+    Everything else the manifest names (ledger files, staged releases, running state) is read
+    where it is and never written. ``--previous-ledger`` as given when it has no manifest or
+    records another root: the run then refuses it as the real run would."""
+    previous = absolute(args.previous_ledger)
+    committed = join(previous, COMMITTED)
+    if not FileSystems.exists(committed):
+        return previous
+    manifest = read_json(committed)
+    recorded = manifest.get("releases")
+    if recorded is None or absolute(recorded) != absolute(args.releases_parquet):
+        return previous
+    private_dir(str(folder))
+    write_json(join(str(folder), COMMITTED), {**manifest, "releases": str(public)})
+    return str(folder)
+
+
 def dry_run(argv: list[str], args: argparse.Namespace, beam_args: list[str], prog: str) -> int:
     """``--dry-run``: the run itself, on the DirectRunner, into a ``0700`` scratch folder: a copy
     of the release root (its windows, catalogue and lineage) and a new ``--output``. Prints what
     it would release and (curator only, without ``--quiet``) the rows by outcome, from the
-    scratch manifest; the real root, ``--output`` and previous ledger are never written. Its
-    refusals are the real run's, made by the same code."""
+    scratch manifest; the real root, ``--output`` and previous ledger are never written. A run
+    continuing a ledger continues it from a scratch copy of its manifest that records the scratch
+    root (:func:`_previewed_previous`). Its refusals are the real run's, made by the same code."""
     runner = next((a.split("=", 1)[1] for a in beam_args if a.startswith("--runner=")), "DirectRunner")
     if "Direct" not in runner:
         print(f"{prog}: refused: argument --dry-run: a dry run runs here, on the DirectRunner, got --runner={runner}",
@@ -1013,6 +1035,8 @@ def dry_run(argv: list[str], args: argparse.Namespace, beam_args: list[str], pro
                             destination_filesystem=pafs.LocalFileSystem())
         inner = [a for a in argv if a != "--dry-run"] + ["--releases-parquet", str(public),
                                                           "--output", str(scratch / "output")]
+        if args.previous_ledger.lower() != "none":
+            inner += ["--previous-ledger", _previewed_previous(args, public, scratch / "previous")]
         captured = io.StringIO()
         with contextlib.redirect_stdout(captured):  # its "released ..." lines: this prints its own
             status = main(inner, prog=prog)
