@@ -829,3 +829,62 @@ def test_a_message_cut_between_two_record_batches_is_undecodable_not_its_first_b
     assert sj.decode_message(sink.getvalue()).num_rows == 6
     with pytest.raises(ValueError, match="end-of-stream"):
         sj.decode_message(sink.getvalue()[:cut])
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_a_dry_run_says_what_the_job_would_do_and_writes_nothing_real(tmp_path, days, capsys):
+    messages, _ = days
+    capsys.readouterr()
+    assert sj.main(_args(tmp_path, ["--replay", *messages], "--dry-run")) == 0
+    out = capsys.readouterr().out
+    assert "dry run: would release 3 window(s) for 2 queries: sum:bought, sum:opened" in out
+    assert "would read 360 rows = admitted " in out and "[balanced]" in out
+    assert "nothing was charged or published" in out
+    assert not (tmp_path / "public").exists() and not (tmp_path / "curator").exists()
+    assert sj.main(_args(tmp_path, ["--replay", *messages])) == 0  # as if the preview had never been
+    assert sorted(p.name for p in (tmp_path / "public").glob("window_id=*")) == [
+        f"window_id={W0 + k}" for k in range(3)]
+
+
+def test_a_dry_run_with_quiet_prints_no_exact_count(tmp_path, days, capsys):
+    messages, _ = days
+    capsys.readouterr()
+    assert sj.main(_args(tmp_path, ["--replay", *messages], "--dry-run", "--quiet")) == 0
+    out = capsys.readouterr().out
+    assert "dry run: would release 3 window(s)" in out and "rows" not in out
+
+
+def test_a_dry_run_of_a_job_continuing_a_ledger_previews_it_and_leaves_root_and_ledger_as_they_were(
+        tmp_path, days, capsys):
+    """The snapshots record the root the ledger answers into; the preview answers into a copy and
+    must pass the check the real job passes."""
+    messages, _ = days
+    first = _args(tmp_path, ["--replay", *messages[:2]], "--end", "2026-03-01")
+    assert sj.main(first) == 0
+    before = {name: _tree(tmp_path / name) for name in ("public", "curator")}
+    snapshots = str(tmp_path / "curator" / "ledger" / f"window_id={W0}" / "*" / "*.parquet")
+    second = [*_args(tmp_path, ["--replay", *messages[2:]], "--start", "2026-03-02", "--previous-ledger", snapshots),
+              "--output", str(tmp_path / "curator2")]
+    capsys.readouterr()
+    assert sj.main([*second, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "dry run: would release 2 window(s) for 2 queries" in out and "would read 240 rows" in out
+    assert {name: _tree(tmp_path / name) for name in ("public", "curator")} == before
+    assert not (tmp_path / "curator2").exists()
+    assert sj.main(second) == 0
+
+
+def test_a_dry_run_is_refused_for_a_stream_without_end_and_its_refusals_name_the_real_folders(tmp_path, days, capsys):
+    messages, _ = days
+    assert sj.main(_args(tmp_path, ["--subscription", "projects/p/subscriptions/s"], "--dry-run")) == 2
+    assert "a dry run replays files (--replay)" in capsys.readouterr().err
+    (tmp_path / "public").mkdir()  # a root that a curator made readable by others: the job refuses it
+    (tmp_path / "public").chmod(0o755)
+    (tmp_path / "curator").mkdir(mode=0o755)
+    (tmp_path / "curator" / sj.STATE_FILE).write_text("{}")
+    assert sj.main(_args(tmp_path, ["--replay", *messages], "--dry-run")) == 2
+    err = capsys.readouterr().err
+    assert "refused" in err and str(tmp_path / "curator") in err and "renyi-preview-" not in err

@@ -102,7 +102,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Sequence, Tuple
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 
 _root, _level = logging.getLogger(), logging.getLogger().level
 _root.setLevel(logging.ERROR)  # Beam's GCP extras warn at import when their optional clients are absent
@@ -125,6 +124,7 @@ from renyi_stream.stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from renyi_stream.stream.engine.readers import MalformedLines, check_declared_columns, declares_types, id_type_of, read_batches
 from renyi_stream.queries import release_lineage as lineage
 from renyi_stream.stream.engine.publication import publish_outbox
+from renyi_stream.pipelines.beam import preview
 from renyi_stream.pipelines.cli.errors import worded
 from renyi_stream.stream.engine.row_balance import IdleInputError, RowBalance, reason_counts, refuse_idle_run
 from renyi_stream.stream.faults import crash_point
@@ -138,7 +138,6 @@ from renyi_stream.stream.columns import default_columns
 from renyi_stream.stream.engine.ledger_config import LedgerConfig, LedgerConfigError
 from renyi_stream.stream.ledger import STATUS_NAMES, Policy
 from renyi_stream.stream.noise import check_ledger_id, new_ledger_id
-from renyi_stream.queries.release_files import filesystem
 from renyi_stream.stream.private_files import CURATOR_ONLY_NOTICE, private_dir, private_run_dir, tighten_tree
 from renyi_stream.stream.schema import WindowSpec
 
@@ -1029,10 +1028,7 @@ def dry_run(argv: list[str], args: argparse.Namespace, beam_args: list[str], pro
         return 2
     with private_run_dir("renyi-preview-") as scratch:
         public = scratch / "public"
-        source_fs, source = filesystem(args.releases_parquet)
-        if source_fs.get_file_info(source).type == pafs.FileType.Directory:
-            pafs.copy_files(source, str(public), source_filesystem=source_fs,
-                            destination_filesystem=pafs.LocalFileSystem())
+        preview.copy_folder(args.releases_parquet, public)
         inner = [a for a in argv if a != "--dry-run"] + ["--releases-parquet", str(public),
                                                           "--output", str(scratch / "output")]
         if args.previous_ledger.lower() != "none":
@@ -1044,16 +1040,10 @@ def dry_run(argv: list[str], args: argparse.Namespace, beam_args: list[str], pro
         if not manifest_path.exists():
             return status or 1
         manifest = json.loads(manifest_path.read_text())
-    queries = sorted({q["query_id"] for q in manifest.get("query_plan", [])})
-    t = manifest["totals"]
-    print(f"dry run: would release {len(manifest['schedule'])} window(s) for {len(queries)} quer"
-          f"{'y' if len(queries) == 1 else 'ies'}: {', '.join(queries) or 'none'}")
-    if not args.quiet:
-        print(CURATOR_ONLY_NOTICE)
-        print(f"would read {t['rows_read']:,} rows = admitted {t['admitted']:,} + clipped {t['clipped']:,} + dropped "
-              f"{t['dropped']:,} + rejected {t['rejected']:,} + late {t['late']:,}  "
-              f"[{'balanced' if manifest['balanced'] else 'MISMATCH'}]")
-    print(f"nothing was charged or published: {args.releases_parquet} and {args.output} are as they were")
+    preview.print_summary(windows=len(manifest["schedule"]),
+                          queries=sorted({q["query_id"] for q in manifest.get("query_plan", [])}),
+                          totals=manifest["totals"], balanced=manifest["balanced"], quiet=args.quiet,
+                          untouched=(args.releases_parquet, args.output))
     return status
 
 

@@ -184,6 +184,8 @@ the public chain.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import contextvars
 import datetime as dt
 import functools
 import hashlib
@@ -227,6 +229,7 @@ try:
                                               StreamingReleases, running_state_of)
 finally:
     _root.setLevel(_level)
+from renyi_stream.pipelines.beam import preview
 from renyi_stream.pipelines.cli.errors import worded
 from renyi_stream.pipelines.streaming import message_sizes
 from renyi_stream.stream.engine.dead_letters import DeadLetterReason, dead_letters, rejected_letters, with_input_position
@@ -245,7 +248,7 @@ from renyi_stream.queries.release_files import release_file_path, release_file_t
 from renyi_stream.stream.engine.ledger_config import SNAPSHOT_PREFIX, LedgerConfig, LedgerConfigError, snapshot_key
 from renyi_stream.stream.ledger import STATUS_NAMES, Ledger, Policy
 from renyi_stream.stream.noise import new_ledger_id
-from renyi_stream.stream.private_files import PrivateFileError, private_dir
+from renyi_stream.stream.private_files import PrivateFileError, private_dir, private_run_dir
 from renyi_stream.stream.schema import USER_ID, WINDOW_ID, SchemaError, WindowSpec, validate_batch
 
 #: The curator's record of a finished local run's row balance (:func:`books`), under ``--output``.
@@ -959,6 +962,11 @@ def _parser(prog: str = "python -m renyi_stream.pipelines.streaming") -> argpars
         default=FULL_SNAPSHOT_EVERY, metavar="K",
         help=f"a full ledger snapshot every K windows, deltas (the users charged) between (default "
              f"{FULL_SNAPSHOT_EVERY}; 1: every window whole)")
+    arg("--dry-run", action="store_true", help="with --replay, on the DirectRunner: run into a private scratch copy "
+        "of the release root and of --output, and print what the job would do (windows, queries, rows by outcome), "
+        "charging and publishing nothing; every refusal is the real job's")
+    arg("--quiet", action="store_true", help="print no exact counts (they stay in the curator's --output); the job "
+        "itself prints none, its --dry-run prints the rows by outcome without it")
     arg("--progress", action="store_true",
         help="print a line on stderr as each shard charges a window (the shard, the window and a monotonic clock: "
              "public, never a count); every committed window gets a line whether or not")
@@ -1131,6 +1139,20 @@ def _compared(name: str, text: str) -> str:
     return store.absolute(text) if name == "releases" else text
 
 
+#: During a dry run (:func:`dry_run`) only: ``(the real release root, its scratch copy)``. The
+#: ledger's snapshots record the root it answers into, which the real run checks; the preview
+#: answers into the copy and reads the recorded root as the copy, so it passes where the real run
+#: passes and is refused where the real run is refused.
+_PREVIEWED_ROOT: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("previewed_root",
+                                                                                       default=None)
+
+
+def _previewed(root: str) -> str:
+    """``root``, or its scratch copy during a dry run of the job releasing under it."""
+    previewed = _PREVIEWED_ROOT.get()
+    return previewed[1] if previewed is not None and root == previewed[0] else root
+
+
 def _recorded_config(pattern: str, files: dict[int, str], metadata: dict[int, dict[str, str]]) -> LedgerConfig:
     """The ledger configuration every shard's snapshot records
     (:meth:`LedgerConfig.from_snapshot_metadata`, the release root normalised as
@@ -1154,7 +1176,7 @@ def _recorded_config(pattern: str, files: dict[int, str], metadata: dict[int, di
                 f"renyi_stream.pipelines.streaming.job.record_snapshot_parameters(<this glob>, <a new ledger root>, <the earlier "
                 f"job's arguments>) (deploy/README.md, 'Streaming mode') and give the copy as --previous-ledger"
             ) from None
-        configs[shard] = replace(config, releases=store.absolute(config.releases))
+        configs[shard] = replace(config, releases=_previewed(store.absolute(config.releases)))
     for name in (f.name for f in fields(LedgerConfig)):
         values = {shard: getattr(config, name) for shard, config in configs.items()}
         if len(set(values.values())) > 1:
@@ -1913,9 +1935,54 @@ def _read_kafka(p: beam.Pipeline, args: argparse.Namespace) -> Any:
                               f"{first}") from exc
 
 
+def dry_run(argv: list[str], args: argparse.Namespace, beam_args: list[str], prog: str) -> int:
+    """``--dry-run``: the job itself, on the DirectRunner, into a ``0700`` scratch folder holding a
+    copy of the release root and of ``--output`` (a restart previews the restart), with the root
+    the ledger's snapshots record read as the copy (:data:`_PREVIEWED_ROOT`). Prints the windows
+    and queries it would release and (curator only, without ``--quiet``) the rows by outcome; the
+    real root, ``--output`` and ``--previous-ledger`` are never written. A replay only: a stream
+    from Kafka or Pub/Sub has no end to preview. Its refusals are the real job's, worded with the
+    real paths."""
+    runner = next((a.split("=", 1)[1] for a in beam_args if a.startswith("--runner=")), "DirectRunner")
+    refusal = ("a dry run runs here, on the DirectRunner, got --runner=" + runner if "Direct" not in runner else
+               "a dry run replays files (--replay): a stream from Kafka or Pub/Sub has no end to preview"
+               if not args.replay else "a dry run replays files to their end; leave --streaming out"
+               if "--streaming" in beam_args else None)
+    if refusal:
+        print(f"{prog}: refused: argument --dry-run: {refusal}", file=sys.stderr)
+        return 2
+    real_root, real_output = store.absolute(args.releases_parquet), store.absolute(args.output)
+    with private_run_dir("renyi-preview-") as scratch:
+        public, output = scratch / "public", scratch / "output"
+        preview.copy_folder(real_root, public)
+        preview.copy_folder(real_output, output)
+        before = store.release_windows_present(str(public))
+        inner = [a for a in argv if a != "--dry-run"] + ["--releases-parquet", str(public), "--output", str(output)]
+        said = io.StringIO()
+        token = _PREVIEWED_ROOT.set((real_root, str(public)))
+        try:
+            with contextlib.redirect_stderr(said):
+                status = main(inner, prog=prog)
+        finally:
+            _PREVIEWED_ROOT.reset(token)
+        text = said.getvalue().replace(str(public), real_root).replace(str(output), real_output)
+        if status != 0 or not (output / BOOKS_FILE).exists():
+            sys.stderr.write(text)
+            return status or 1
+        windows = sorted(store.release_windows_present(str(public)) - before)
+        queries = preview.released_queries(public, windows)
+        balance = json.loads((output / BOOKS_FILE).read_text())
+    preview.print_summary(windows=len(windows), queries=queries, totals=balance, balanced=balance["balanced"],
+                          quiet=args.quiet, untouched=(args.releases_parquet, args.output))
+    return status
+
+
 def main(argv: Sequence[str] | None = None, *, prog: str = "python -m renyi_stream.pipelines.streaming") -> int:
     parser = _parser(prog)
-    args, beam_args = parse_args(sys.argv[1:] if argv is None else argv, prog)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, beam_args = parse_args(argv, prog)
+    if args.dry_run:
+        return dry_run(argv, args, beam_args, prog)
     logging.getLogger().setLevel(logging.ERROR)
     flags = list(beam_args)
     if not any(a.startswith("--runner") for a in flags):
