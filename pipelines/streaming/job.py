@@ -62,14 +62,15 @@ The graph: decode and validate each message (:class:`DecodeAndValidate`; an unde
 is one dead letter, rows that fail validation are dead letters with reasons) ->
 :class:`pipelines.streaming.releases.StreamingReleases` (the individual filter per user shard in keyed
 state, a chained event-time timer per window end, a release once every shard has charged the
-window, keyed noise) -> in the curator's ``--output``, a ledger snapshot per (window, shard), dead
-letters, counts and each window's release file staged (:class:`StageWindowFile`), which goes to the
-public Parquet release root (first write wins) only once the window is committed: staged, every
-shard's snapshot and records of it written, its marker written after the previous window's
-(:class:`CommitWindows`: the outbox rule, docs/architecture.md, "The outbox rule"). The three
-sources differ only in the read step: everything from :class:`KafkaRecordToMessage` (Kafka) or
-:class:`DecodeAndValidate` (the others) on is the same code, and :func:`build` takes the read
-step's output as an argument for tests.
+window, keyed noise) -> in the curator's ``--output``, a ledger snapshot and a books record (the
+shard's row books and counts of the window) per (window, shard), dead letters, and each window's
+release file staged (:class:`StageWindowFile`), which goes to the public Parquet release root
+(first write wins) only once the window is committed: staged, every shard's snapshot and records
+of it written, its marker written after the previous window's (:class:`CommitWindows`: the
+outbox rule, docs/architecture.md, "The outbox rule"). The three sources differ only in the read
+step: everything from :class:`KafkaRecordToMessage` (Kafka) or :class:`DecodeAndValidate` (the
+others) on is the same code, and :func:`build` takes the read step's output as an argument for
+tests.
 
 The queries answered are those of the catalogue beside the public release root
 (``<--releases-parquet>/_queries/``, :mod:`queries.catalogue`), read at launch under the rules of
@@ -97,7 +98,7 @@ ledger's own, else the first replayed message's ``user_id`` type, else ``int64``
 **Crash recovery: run the same command again.** The ``--output`` is the job's state folder
 (:data:`STATE_FILE` records the command line that owns it). Each window is committed by one
 marker, ``<output>/commits/window_id=<W>.json``, written whole or not at all in window order,
-after every shard's ledger snapshot and records (books, counts, duplicates) of the window and its
+after every shard's ledger snapshot and records (books, duplicates) of the window and its
 staged release file, and before its publication (:class:`CommitWindows`). A job launched again
 with the same command line (:func:`restarting`) first brings the folder to its last marker
 (:func:`recover`): it publishes every committed window not yet public (first write wins), removes
@@ -652,15 +653,17 @@ COMMITS = "commits"
 #: without it was written by an earlier version and is refused (give a new ``--output``).
 STATE_FILE = "_STATE.json"
 #: The curator folders whose ``window_id=<W>`` sub-folders hold one window's committed state:
-#: the shards' ledger snapshots, the staged releases, the shards' books, counts and duplicate dead
-#: letters. Those of windows after the last commit marker are a crashed job's dead branch.
+#: the shards' ledger snapshots, the staged releases, the shards' books records and duplicate dead
+#: letters (and ``counts``, a record of its own before the books record held the counts, kept so that a
+#: folder an earlier version wrote loses its dead branch too). Those of windows after the last commit
+#: marker are a crashed job's dead branch.
 #: Running totals' state of a window: every shard's per-user prepaid rows (:data:`PREPAID`,
 #: ``prepaid/window_id=<W>/shard=<S>/``) and each running query's release state (:data:`RUNNING_STATE`,
 #: ``running/window_id=<W>/``), committed with the window like its ledger snapshots.
 PREPAID, RUNNING_STATE = "prepaid", "running"
 WINDOW_FOLDERS = ("ledger", STAGED_RELEASES, "books", "counts", "dead", PREPAID, RUNNING_STATE)
 #: What the commit step hears of a window: its release file is staged (shard ``-1``), one shard's
-#: ledger snapshot of it is written, one shard's records of it (books, counts, duplicates), or (with
+#: ledger snapshot of it is written, one shard's records of it (books, duplicates), or (with
 #: running queries) one shard's prepaid rows of it.
 STAGED, SNAPSHOT_WRITTEN, RECORDS_WRITTEN, PREPAID_WRITTEN = "staged", "snapshot", "records", "prepaid"
 
@@ -720,8 +723,9 @@ def _snapshot_written(path: str) -> tuple[int, tuple[str, int]]:
 class WriteWindowRecords(beam.DoFn):
     """One shard's records of one charged window, ``(window, books record, duplicates or None)``
     (:class:`pipelines.streaming.releases.StreamingReleases` with ``window_records``) -> its books
-    (``books/window_id=<W>/``), its counts when it charged rows (``counts/window_id=<W>/``) and its
-    duplicate dead letters (``dead/window_id=<W>/``), each named by its content; then outputs
+    record (``books/window_id=<W>/``: the shard's row books of the window and its counts by status,
+    :data:`BOOKS_COLUMNS`, one file) and, when it had any, its duplicate dead letters
+    (``dead/window_id=<W>/``), each named by its content; then outputs
     ``(window, (RECORDS_WRITTEN, shard))``, so the window's commit marker is written only once they
     are (invariant 7 (rows-counted-not-lost, docs/architecture.md): a committed window's rows keep
     their outcome after a crash)."""
@@ -732,8 +736,6 @@ class WriteWindowRecords(beam.DoFn):
     def process(self, element: tuple[int, dict, pa.Table | None]) -> Iterator[tuple[int, tuple[str, int]]]:
         window, record, duplicates = element
         _write_named(store.join(self._curator, "books"), *_books_file((window, record)))
-        if _charged_rows((window, record)):
-            _write_named(store.join(self._curator, "counts"), *_counts_file((window, record)))
         if duplicates is not None and duplicates.num_rows:
             _write_named(store.join(self._curator, "dead"), f"window_id={int(window)}", duplicates)
         yield int(window), (RECORDS_WRITTEN, int(record["shard"]))
@@ -893,23 +895,45 @@ def _ledger_file(item: tuple[int, int, pa.Table], *, recorded: dict[bytes, bytes
     return f"window_id={int(window)}/shard={int(shard)}", table.replace_schema_metadata(metadata)
 
 
+#: The columns of a shard's books record of a window (:func:`_books_file`): the window and shard, the
+#: shard's row books since its previous window (:class:`stream.engine.shard_state.ShardBooks`), the
+#: window's counts as the batch jobs record them (:data:`stream.engine.shard_state.WINDOW_COUNT_NAMES`:
+#: ``admitted``, ``clipped``, ``dropped`` by status, ``nonfinite``), the rows ``buffered`` for later
+#: windows and ``balanced`` (1 or 0). One record per shard and window holds both the books and the
+#: counts, so a window writes one file per shard for them, not two. Sensitive: curator only.
+BOOKS_COLUMNS = ("window_id", "shard", "received", "late", "out_of_range", "duplicate", *WINDOW_COUNT_NAMES,
+                 "buffered", "balanced")
+
+
 def _books_file(item: tuple[int, dict]) -> tuple[str, pa.Table]:
+    """A shard's books record of one window (:data:`BOOKS_COLUMNS`), in its window's folder."""
     window, record = item
     row = {"window_id": int(window), **{k: int(v) for k, v in dict(record).items()}}
+    missing = sorted(set(BOOKS_COLUMNS) - set(row))
+    if missing:
+        raise ValueError(f"a shard's books record of window {int(window)} must hold {list(BOOKS_COLUMNS)}, "
+                         f"missing {missing}")
     return f"window_id={int(window)}", pa.Table.from_pylist([row])
 
 
-def _charged_rows(item: tuple[int, dict]) -> bool:
-    _, record = item
-    return any(record[name] for name in STATUS_NAMES)
+def window_counts(curator: str) -> pa.Table:
+    """Every shard's counts of every window it charged rows in, from a streaming job's ``--output``
+    ``curator``: ``window_id``, ``shard`` and :data:`stream.engine.shard_state.WINDOW_COUNT_NAMES`,
+    as the batch jobs record them, one row per (window, shard) with a charged row, sorted. Read from
+    the books records (:data:`BOOKS_COLUMNS`), which hold them. Exact counts: curator only."""
+    names = ["window_id", "shard", *WINDOW_COUNT_NAMES]
+    parts = [t.select(names) for t in _curator_tables(curator, "books") if t.num_rows]
+    if not parts:
+        return pa.table({name: pa.array([], pa.int64()) for name in names})
+    table = pa.concat_tables(parts)
+    charged = pc.greater(pc.add(pc.add(table.column("admitted"), table.column("clipped")), table.column("dropped")), 0)
+    return table.filter(charged).sort_by([("window_id", "ascending"), ("shard", "ascending")])
 
 
-def _counts_file(item: tuple[int, dict]) -> tuple[str, pa.Table]:
-    """A shard's counts of one window, as the batch jobs record them, with the shard."""
-    window, record = item
-    row = {"window_id": int(window), "shard": int(record["shard"]),
-           **{name: int(record[name]) for name in WINDOW_COUNT_NAMES}}
-    return f"window_id={int(window)}", pa.Table.from_pylist([row])
+def _curator_tables(curator: str, folder: str) -> list[pa.Table]:
+    """Every Parquet file under ``<curator>/<folder>``, read, in path order."""
+    paths = [m.path for r in FileSystems.match([store.join(curator, folder, "**.parquet")]) for m in r.metadata_list]
+    return [store.read_parquet(path) for path in sorted(paths)]
 
 
 # --- launch ----------------------------------------------------------------------------------
@@ -952,7 +976,7 @@ def _parser(prog: str = "python -m pipelines.streaming") -> argparse.ArgumentPar
         "per-window sum (sum:<column>). The queries answered are those of the catalogue "
         "(renyi-stream query add --releases-parquet ROOT)")
     launch.add_promise_options(parser)
-    arg("--output", required=True, help="curator-only root: ledger snapshots per window, dead letters, counts; the "
+    arg("--output", required=True, help="curator-only root: ledger snapshots per window, dead letters, books; the "
         "job's state folder: run the same command again after a crash and it resumes from the last window it "
         "committed there")
     arg("--full-snapshot-every", "--full_snapshot_every", dest="full_snapshot_every", type=_positive_int,
@@ -1498,7 +1522,7 @@ def recover(curator: str, releases: str) -> tuple[int | None, list[int], int]:
     2. Every committed window not yet public under ``releases`` is published, in window order,
        first write wins (:func:`stream.engine.publication.publish_outbox`): each has its ledger
        snapshots, so its answer has a durable ledger that charged its users.
-    3. The files of windows after ``C`` (snapshots, staged releases, books, counts, duplicates)
+    3. The files of windows after ``C`` (snapshots, staged releases, books, duplicates)
        are the crashed job's dead branch: removed, never restored nor published (no marker names
        them, so none of them is public). Their windows are charged again from ``C``'s snapshots.
 
@@ -1804,7 +1828,8 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         store.join(curator, "ledger"), functools.partial(_ledger_file, recorded=config.to_snapshot_metadata(),
                                                         queries=first_answered, plan=recorded_plan(plan.entries),
                                                         runs=runs)))
-    # A shard's books, counts and duplicates of a window are written together (WriteWindowRecords).
+    # A shard's books record (its counts inside) and duplicates of a window are written together
+    # (WriteWindowRecords).
     record_files = graph["books"] | "WriteWindowRecords" >> beam.ParDo(WriteWindowRecords(curator))
     # A window goes public only once it is committed: staged, and every shard's snapshot and records of
     # it written; windows are committed in order, under one key (CommitWindows).
@@ -1878,22 +1903,21 @@ def books(curator: str) -> dict[str, Any]:
     """The row balance of a streaming job's curator output ``curator`` (its ``--output``), from the
     files it wrote, as every job records it (:meth:`stream.engine.row_balance.RowBalance.totals`):
     ``rows_read`` (every message's rows, ``read/``), ``admitted``, ``clipped`` and ``dropped``
-    (the shards' per-window ``counts/``), ``rejected`` and ``late`` (``dead/``, by reason), and
-    ``balanced``: whether the balance holds (:attr:`RowBalance.balanced`) and every shard's books
-    balanced at every window it charged (``books/``). Exact counts: curator only.
+    (the shards' per-window books records, ``books/``), ``rejected`` and ``late`` (``dead/``, by
+    reason), and ``balanced``: whether the balance holds (:attr:`RowBalance.balanced`) and every
+    shard's books balanced at every window it charged (the same records). Exact counts: curator only.
 
     Complete once the job has charged its last window and read its last message (a replay, or a
     drained stream); earlier, rows in flight or buffered for later windows are not yet counted."""
     def tables(folder: str) -> list[pa.Table]:
-        paths = [m.path for r in FileSystems.match([store.join(curator, folder, "**.parquet")]) for m in r.metadata_list]
-        return [store.read_parquet(path) for path in sorted(paths)]
+        return _curator_tables(curator, folder)
 
     def total(parts: list[pa.Table], column: str) -> int:
         return int(sum(pc.sum(t.column(column)).as_py() or 0 for t in parts if column in t.column_names))
 
-    read, counts, shard_books, dead = tables("read"), tables("counts"), tables("books"), tables("dead")
+    read, shard_books, dead = tables("read"), tables("books"), tables("dead")
     balance = RowBalance.of(rows_read=total(read, "rows_read"),
-                            statuses={name: total(counts, name) for name in STATUS_NAMES},
+                            statuses={name: total(shard_books, name) for name in STATUS_NAMES},
                             reasons=reason_counts(dead))
     shards_balanced = all(pc.all(pc.equal(t.column("balanced"), 1)).as_py() for t in shard_books if t.num_rows)
     return {**balance.totals(), "balanced": bool(balance.balanced and shards_balanced)}
@@ -1946,7 +1970,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipelines.
             print(f"[streaming] resuming from window {resumed}, the last committed in --output "
                   f"{store.absolute(args.output)}" + (f"; published {published[:5]}, committed before a crash"
                                                       if published else "")
-                  # Not how many files: which ones a shard wrote (counts, duplicates) depends on its rows.
+                  # Not how many files: which ones a shard wrote (duplicates) depends on its rows.
                   + ("; removed the files of uncommitted windows" if dropped else ""), file=sys.stderr)
         elif dropped:
             print(f"[streaming] no window was committed in --output {store.absolute(args.output)}: removed "
