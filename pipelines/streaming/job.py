@@ -82,7 +82,9 @@ registered into windows already released but never answered (it was registered w
 earlier job ran) starts at this job's first window. Running totals (docs/running_totals.md) go
 through the batch jobs' engine objects: each shard's per-user prepaid rows
 (:class:`stream.engine.running.PrepaidUsers`) live in its keyed state beside its ledger and are
-written whole every window, ``<output>/prepaid/window_id=<W>/shard=<S>/`` (:class:`WritePrepaid`);
+written every window as its ledger snapshot is, whole or a delta of the users charged in the
+window, ``<output>/prepaid/window_id=<W>/shard=<S>/`` (:class:`WritePrepaid`, read back by
+:func:`previous_running_state`);
 each running query's release state (:class:`stream.engine.running.RunningRelease`) lives in the
 keyed state of :class:`pipelines.streaming.releases.ReleaseRunningInOrder`, advanced in window
 order, and is staged with the window's releases, ``<output>/running/window_id=<W>/``
@@ -224,8 +226,8 @@ try:
     from pipelines.beam import worker_key
     from pipelines.beam.local_runner import batch_runner, is_direct
     from pipelines.beam.publication import PublicReleaseFiles, StagedReleases
-    from pipelines.streaming.releases import (PREPAID_USERS, RUNNING_QUERY_ID, SNAPSHOT_BASE, SNAPSHOT_KIND,
-                                              StreamingReleases, running_state_of)
+    from pipelines.streaming.releases import (PREPAID_ROWS, PREPAID_USERS, RUNNING_QUERY_ID, SNAPSHOT_BASE,
+                                              SNAPSHOT_KIND, StreamingReleases, running_state_of)
 finally:
     _root.setLevel(_level)
 from pipelines.cli.errors import worded
@@ -234,7 +236,7 @@ from stream.engine.dead_letters import DeadLetterReason, dead_letters, rejected_
 from stream.engine.publication import publish_outbox
 from stream.engine.readers import FORMATS, InputFileError, MalformedLines, read_batches
 from stream.engine.row_balance import RowBalance, reason_counts
-from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, merge_ledger_deltas
+from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, merge_deltas, running_base
 from stream.faults import crash_point
 from queries import release_lineage as lineage
 from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
@@ -743,11 +745,14 @@ class WriteWindowRecords(beam.DoFn):
 
 class WritePrepaid(beam.DoFn):
     """One shard's per-user prepaid rows after one window, ``(shard, window, [(query_id, table)])``
-    (:class:`pipelines.streaming.releases.StreamingReleases`' ``prepaid``) -> one file per running
+    (:class:`pipelines.streaming.releases.StreamingReleases`' ``prepaid``: whole with a full ledger
+    snapshot, else a delta, the rows of the users charged in the window) -> one file per running
     query, ``prepaid/window_id=<W>/shard=<S>/``, named by its content and recording the query id
-    (:data:`pipelines.streaming.releases.RUNNING_QUERY_ID`); then ``(window, (PREPAID_WRITTEN,
-    shard))``, so the window's commit marker is written only once they are: a lost prepaid row
-    would restart its user's prepaid charge from nothing."""
+    (:data:`pipelines.streaming.releases.RUNNING_QUERY_ID`); a delta without rows writes no file
+    (the window's ledger snapshot records the rows of each, :data:`PREPAID_ROWS`, so a file is
+    expected exactly when it has rows). Then ``(window, (PREPAID_WRITTEN, shard))``, so the
+    window's commit marker is written only once they are: a lost prepaid row would restart its
+    user's prepaid charge from nothing."""
 
     def __init__(self, curator: str) -> None:
         self._curator = curator
@@ -755,6 +760,8 @@ class WritePrepaid(beam.DoFn):
     def process(self, element: tuple[int, int, list[tuple[str, pa.Table]]]) -> Iterator[tuple[int, tuple[str, int]]]:
         shard, window, parts = element
         for query_id, table in parts:
+            if not table.num_rows and _metadata(table).get(SNAPSHOT_KIND) == "delta":
+                continue  # nobody's prepaid rows changed: nothing to write (PREPAID_ROWS records 0)
             marked = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                                     RUNNING_QUERY_ID.encode(): query_id.encode()})
             _write_named(store.join(self._curator, PREPAID), f"window_id={int(window)}/shard={int(shard)}", marked)
@@ -1226,7 +1233,7 @@ def _whole_snapshot(pattern: str, root: str, window: int, shard: int, table: pa.
     """Shard ``shard``'s whole ledger at ``window`` from its snapshot ``table`` there: the table
     itself when it is full; for a delta (:data:`pipelines.streaming.releases.SNAPSHOT_KIND`), the
     full snapshot of its base window with the deltas of the windows after it through ``window`` over
-    it (:func:`stream.engine.shard_state.merge_ledger_deltas`), with ``table``'s metadata.
+    it (:func:`stream.engine.shard_state.merge_deltas`), with ``table``'s metadata.
     RunRefused, naming the file missing or doubled, when that chain is not one file per window."""
     meta = _metadata(table)
     if meta.get(SNAPSHOT_KIND, "full") != "delta":
@@ -1244,7 +1251,7 @@ def _whole_snapshot(pattern: str, root: str, window: int, shard: int, table: pa.
     if _metadata(chain[0]).get(SNAPSHOT_KIND, "full") != "full":
         raise launch.RunRefused(f"--previous-ledger {pattern!r}: shard {shard}'s snapshot of window {base}, the base "
                                 f"of window {window}'s delta, is not a full snapshot")
-    merged = merge_ledger_deltas(chain[0], [(w, t) for w, t in zip(range(base + 1, int(window) + 1), [*chain[1:], table])])
+    merged = merge_deltas(chain[0], [(w, t) for w, t in zip(range(base + 1, int(window) + 1), [*chain[1:], table])])
     extra = {k: v for k, v in (table.schema.metadata or {}).items() if k.decode() not in (SNAPSHOT_KIND, SNAPSHOT_BASE)}
     return merged.replace_schema_metadata({**(merged.schema.metadata or {}), **extra, SNAPSHOT_KIND.encode(): b"full"})
 
@@ -1557,15 +1564,18 @@ def previous_running_state(pattern: str) -> tuple[dict[str, pa.Table], dict[str,
     """The running totals' state beside the ledger snapshots ``pattern`` (``--previous-ledger``, or
     a restarted job's own last committed window), as :class:`StreamingReleases` continues it:
     ``(per-user prepaid rows, release states, releases y)``, each by running query id. The
-    prepaid rows are every shard's files of that window (:class:`WritePrepaid`) concatenated per
-    query (re-split by this job's ``--shards``), the release states and releases ``y`` those staged
-    with the window (:class:`StageWindowFile`). Empty for ``none`` or snapshots outside a job's
-    ``--output`` (a copy made by :func:`record_snapshot_parameters`): a running query they should
-    have continued is then refused by the schedule rule (:func:`stream.engine.shard_state.refuse_running_gaps`).
-    RunRefused for a file without its query id, shards disagreeing on a query's metadata, prepaid
-    rows other than the users the shards' ledger snapshots record (:data:`PREPAID_USERS`: a lost
-    file would restart its users' prepaid charges from nothing), or two release states of one
-    query; the states themselves are checked when restored
+    prepaid rows are every shard's at that window (:class:`WritePrepaid`; a shard whose snapshot is
+    a delta rebuilt from the full prepaid file of its base window and the deltas after it,
+    :func:`_shard_prepaid`) concatenated per query (re-split by this job's ``--shards``), the
+    release states and releases ``y`` those staged with the window (:class:`StageWindowFile`).
+    Empty for ``none`` or snapshots outside a job's ``--output`` (a copy made by
+    :func:`record_snapshot_parameters`): a running query they should have continued is then
+    refused by the schedule rule (:func:`stream.engine.shard_state.refuse_running_gaps`).
+    RunRefused for a file without its query id, shards disagreeing on a query's metadata, a prepaid
+    file of a window missing, doubled or of other rows than its ledger snapshot records
+    (:data:`PREPAID_ROWS`), prepaid rows other than the users the shards' ledger snapshots record
+    (:data:`PREPAID_USERS`: a lost file would restart its users' prepaid charges from nothing), or
+    two release states of one query; the states themselves are checked when restored
     (:class:`stream.engine.running.PrepaidUsers`, :class:`stream.engine.running.RunningRelease`)."""
     if pattern.lower() == "none":
         return {}, {}, {}
@@ -1577,26 +1587,22 @@ def previous_running_state(pattern: str) -> tuple[dict[str, pa.Table], dict[str,
     root, window = windows.pop()
     base = root[: -len("/ledger")]
     parts: dict[str, list[pa.Table]] = {}
-    for path in _matched(store.join(base, PREPAID, f"window_id={window}", "*", "*.parquet")):
-        table = store.read_parquet(path)
-        meta = dict(table.schema.metadata or {})
-        query_id = meta.pop(RUNNING_QUERY_ID.encode(), None)
-        if query_id is None:
-            raise launch.RunRefused(f"{path} (the prepaid rows beside --previous-ledger {pattern!r}) records no "
-                                    f"{RUNNING_QUERY_ID}: it was not written by this job")
-        parts.setdefault(query_id.decode(), []).append(table.replace_schema_metadata(meta))
+    recorded: dict[str, int] = {}
+    for path in snapshots:
+        meta = _schema_metadata(path)
+        text = meta.get(PREPAID_USERS)
+        for query_id, rows in (json.loads(text) if text else {}).items():
+            recorded[query_id] = recorded.get(query_id, 0) + int(rows)
+        place = _snapshot_place(path)
+        if place is not None:
+            for query_id, table in _shard_prepaid(pattern, base, window, place[2], meta).items():
+                parts.setdefault(query_id, []).append(table)
     prepaid = {}
     for query_id, tables in sorted(parts.items()):
         if any(t.schema.metadata != tables[0].schema.metadata for t in tables):
             raise launch.RunRefused(f"the prepaid rows of running query {query_id!r} beside --previous-ledger "
                                     f"{pattern!r} disagree between shards on the query's strategy or schedule")
         prepaid[query_id] = pa.concat_tables(tables)
-    recorded: dict[str, int] = {}
-    for path in snapshots:
-        with FileSystems.open(path) as handle:
-            text = (pq.read_schema(handle).metadata or {}).get(PREPAID_USERS.encode())
-        for query_id, rows in (json.loads(text) if text else {}).items():
-            recorded[query_id] = recorded.get(query_id, 0) + int(rows)
     found = {q: t.num_rows for q, t in prepaid.items() if t.num_rows}
     if found != {q: n for q, n in recorded.items() if n}:
         raise launch.RunRefused(f"the prepaid rows beside --previous-ledger {pattern!r} hold {found} users per running "
@@ -1613,6 +1619,93 @@ def previous_running_state(pattern: str) -> tuple[dict[str, pa.Table], dict[str,
                                     f"states of running query {query_id!r}")
         releases[query_id], raw[query_id] = table, series
     return prepaid, releases, raw
+
+
+def _schema_metadata(path: str) -> dict[str, str]:
+    """A Parquet file's schema metadata, decoded, read from its footer only."""
+    with FileSystems.open(path) as handle:
+        return {k.decode(): v.decode() for k, v in (pq.read_schema(handle).metadata or {}).items()}
+
+
+def _prepaid_files(pattern: str, base: str, window: int, shard: int) -> dict[str, pa.Table]:
+    """Shard ``shard``'s prepaid files of ``window`` in the job folder ``base``, by query id, each
+    without its query id and base window in its metadata and with its kind (:data:`SNAPSHOT_KIND`:
+    ``full``, also for a file written before prepaid deltas, or ``delta``). RunRefused for a file
+    that records no query id, or two files of one query."""
+    found: dict[str, pa.Table] = {}
+    for path in _matched(store.join(base, PREPAID, f"window_id={int(window)}", f"shard={int(shard)}", "*.parquet")):
+        table = store.read_parquet(path)
+        meta = dict(table.schema.metadata or {})
+        query_id = meta.pop(RUNNING_QUERY_ID.encode(), None)
+        if query_id is None:
+            raise launch.RunRefused(f"{path} (the prepaid rows beside --previous-ledger {pattern!r}) records no "
+                                    f"{RUNNING_QUERY_ID}: it was not written by this job")
+        if query_id.decode() in found:
+            raise launch.RunRefused(f"shard {shard} has two prepaid files of running query {query_id.decode()!r} in "
+                                    f"window {window} beside --previous-ledger {pattern!r}: they are not one job's")
+        kind = meta.pop(SNAPSHOT_KIND.encode(), b"full").decode()
+        meta.pop(SNAPSHOT_BASE.encode(), None)
+        found[query_id.decode()] = table.replace_schema_metadata({**meta, SNAPSHOT_KIND.encode(): kind.encode()})
+    return found
+
+
+def _shard_prepaid(pattern: str, base: str, window: int, shard: int, meta: dict[str, str]) -> dict[str, pa.Table]:
+    """Shard ``shard``'s whole prepaid rows at ``window`` by running query, from its prepaid files in
+    the job folder ``base``: those of ``window`` when its ledger snapshot (metadata ``meta``) is full;
+    for a delta, the full files of its base window (:data:`SNAPSHOT_BASE`) with the deltas of every
+    window after it through ``window`` over them (:func:`stream.engine.shard_state.merge_deltas`),
+    as the shard's own state is rebuilt (:meth:`stream.engine.shard_state.ShardSnapshots.restore`).
+    Each window's files are checked against its ledger snapshot's :data:`PREPAID_ROWS` (one file per
+    query with rows, that many rows; recorded from this version on) and their kind against the chain:
+    RunRefused naming the window and shard otherwise, since a lost delta would restore its users'
+    prepaid rows of an earlier window, and their later charges would be too small."""
+    kind = meta.get(SNAPSHOT_KIND, "full")
+    chain = [(int(window), meta)]
+    if kind == "delta":
+        first = int(meta[SNAPSHOT_BASE])
+        ledger = store.join(base, "ledger")
+        chain = [(w, _schema_metadata(_one_snapshot(pattern, ledger, w, shard, window))) for w in range(first, window)]
+        chain.append((int(window), meta))
+    files = {}
+    for position, (w, recorded_meta) in enumerate(chain):
+        files[w] = _prepaid_files(pattern, base, w, shard)
+        expected_kind = "full" if position == 0 else "delta"
+        wrong = sorted(q for q, t in files[w].items() if _metadata(t).get(SNAPSHOT_KIND) != expected_kind)
+        if wrong:
+            raise launch.RunRefused(f"shard {shard}'s prepaid file(s) of running query {wrong[0]!r} in window {w} beside "
+                                    f"--previous-ledger {pattern!r} are not the {expected_kind} rows its ledger "
+                                    "snapshot's chain needs")
+        text = recorded_meta.get(PREPAID_ROWS)
+        if text is not None:
+            rows = {q: int(n) for q, n in json.loads(text).items() if int(n)}
+            held = {q: t.num_rows for q, t in files[w].items() if t.num_rows}
+            if held != rows:
+                raise launch.RunRefused(f"shard {shard}'s prepaid files of window {w} beside --previous-ledger "
+                                        f"{pattern!r} hold {held} rows per running query, its ledger snapshot records "
+                                        f"{rows}: a prepaid file is missing or extra, and a lost row would restore its "
+                                        "user's prepaid charge of an earlier window")
+    first_window, *later = [w for w, _ in chain]
+    out = {}
+    for query_id in sorted({q for tables in files.values() for q in tables}):
+        full = files[first_window].get(query_id)
+        deltas = [(w, files[w][query_id]) for w in later if query_id in files[w]]
+        table = merge_deltas(running_base(full, deltas, query_id), deltas) if deltas else full
+        meta_out = dict(table.schema.metadata or {})
+        meta_out.pop(SNAPSHOT_KIND.encode(), None)
+        out[query_id] = table.replace_schema_metadata(meta_out)
+    return out
+
+
+def _one_snapshot(pattern: str, ledger: str, window: int, shard: int, of_window: int) -> str:
+    """The path of shard ``shard``'s one ledger snapshot of ``window`` under ``ledger``, a window of
+    the delta chain of ``of_window``'s; RunRefused when there is not exactly one."""
+    (result,) = FileSystems.match([store.join(ledger, f"window_id={int(window)}", f"shard={int(shard)}", "*.parquet")])
+    if len(result.metadata_list) != 1:
+        raise launch.RunRefused(
+            f"--previous-ledger {pattern!r}: shard {shard}'s snapshot of window {of_window} is a delta, but window "
+            f"{window} of its chain has {len(result.metadata_list)} snapshot file(s) of that shard under {ledger}, "
+            "not one: the shard's prepaid rows cannot be rebuilt")
+    return result.metadata_list[0].path
 
 
 def _snapshot_queries(pattern: str, files: dict[int, str], metadata: dict[int, dict[str, str]]) -> dict[str, int] | None:

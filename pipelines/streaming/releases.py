@@ -59,8 +59,8 @@ from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateS
 from stream.engine.dead_letters import classify_windows, window_letters
 from stream.engine.running import RunningRelease
 from stream.engine.shard_cache import ShardCache, new_token
-from stream.engine.shard_state import (LEDGER_DELTA, LEDGER_PART, RUNNING_PART, QueryPlan, ShardBooks, ShardSnapshots,
-                                       ShardState, held_deltas)
+from stream.engine.shard_state import (LEDGER_DELTA, LEDGER_PART, RUNNING_DELTA, RUNNING_PART, QueryPlan, ShardBooks,
+                                       ShardSnapshots, ShardState, held_deltas)
 from pipelines.beam.transforms import (
     ReleaseRunning,
     ReleaseWindow,
@@ -91,9 +91,14 @@ SNAPSHOT_KIND, SNAPSHOT_BASE = "renyi_stream.snapshot", "renyi_stream.base_windo
 #: ``[[window, [y...]], ...]``), which the running-total estimates of later windows are computed from.
 RUNNING_QUERY_ID, RUNNING_RAW = "renyi_stream.query_id", "renyi_stream.running_raw"
 #: Schema metadata of a shard's ledger snapshot when it has running-query state: its prepaid users
-#: per running query (JSON ``{query_id: rows}``), so that a job restoring the prepaid rows beside it
-#: can tell a lost file (which would restart its users' prepaid charges from nothing) from none.
+#: per running query after the window (JSON ``{query_id: rows}``), so that a job restoring the prepaid
+#: rows beside it can tell a lost file (which would restart its users' prepaid charges from nothing)
+#: from none.
 PREPAID_USERS = "renyi_stream.prepaid_users"
+#: Schema metadata of the same snapshot: the rows of the shard's prepaid file of this window per
+#: running query (JSON ``{query_id: rows}``): every user's for a full snapshot, the users charged in
+#: the window for a delta (:func:`_prepaid_parts`), so that each file of a delta chain is checked.
+PREPAID_ROWS = "renyi_stream.prepaid_rows"
 
 
 def _snapshot_table(parts: list[tuple[str, Any]], window: int, deltas_before: int) -> pa.Table:
@@ -107,6 +112,23 @@ def _snapshot_table(parts: list[tuple[str, Any]], window: int, deltas_before: in
             base = int(window) - 1 - int(deltas_before)
             return _marked(payload[1], {SNAPSHOT_KIND: "delta", SNAPSHOT_BASE: str(base)})
     raise ValueError("a shard's parts after a window hold no ledger")
+
+
+def _prepaid_parts(parts: list[tuple[str, Any]], window: int, deltas_before: int) -> list[tuple[str, pa.Table]]:
+    """The prepaid rows a shard keeps after ``window`` per running query, ``[(query_id, table)]`` by
+    query id: its whole prepaid rows after a full snapshot, the rows of the users charged in the
+    window for a delta, each marked as its window's ledger snapshot is (:func:`_snapshot_table`:
+    :data:`SNAPSHOT_KIND`, and for a delta :data:`SNAPSHOT_BASE`)."""
+    out = []
+    for kind, payload in parts:
+        if kind == RUNNING_PART:
+            query_id, table = payload
+            out.append((query_id, _marked(table, {SNAPSHOT_KIND: "full"})))
+        elif kind == RUNNING_DELTA:
+            _, query_id, table = payload
+            base = int(window) - 1 - int(deltas_before)
+            out.append((query_id, _marked(table, {SNAPSHOT_KIND: "delta", SNAPSHOT_BASE: str(base)})))
+    return sorted(out, key=lambda item: item[0])
 
 
 def _marked(table: pa.Table, extra: dict[str, str]) -> pa.Table:
@@ -153,10 +175,10 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
 
     State (per shard, global window; never window-scoped, invariant 1):
       ROWS    -- bag of ``(window_id, table)``: buffered rows of windows not yet charged.
-      STATE   -- bag of the shard's snapshot parts (``("ledger", table)``, ``("running", ...)``
-                 and ``("ledger_delta", (window, rows))``): the persistent ledger, a full snapshot
-                 and the deltas after it (``compact_every``), never cleared but to be replaced by
-                 a full snapshot.
+      STATE   -- bag of the shard's snapshot parts (``("ledger", table)``, ``("running", ...)``,
+                 ``("ledger_delta", (window, rows))`` and ``("running_delta", (window, query_id,
+                 rows))``): the persistent ledger and prepaid rows, a full snapshot and the deltas
+                 after it (``compact_every``), never cleared but to be replaced by a full snapshot.
       CHARGED -- the last window this shard charged (``start_window - 1`` before the first).
       MARK    -- :class:`StateMark`: the state token written with STATE's last change and the
                  deltas STATE holds, so a firing that finds its shard in the cache reads neither.
@@ -195,9 +217,10 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
     window with ``snapshot_every_window``) and ``(query_id, snapshot)`` (tag ``running``,
     with the final ledger). With ``prepaid_every_window`` (a plan or a restored state with
     running queries), every charged window also ``(shard, window, [(query_id, prepaid rows)])``
-    (tag ``prepaid``): the shard's per-user prepaid rows after the window, whole (a shard with
-    running-query state snapshots whole every window,
-    :meth:`stream.engine.shard_state.ShardSnapshots.after_window`), ``[]`` while it has none.
+    (tag ``prepaid``, :func:`_prepaid_parts`): the shard's per-user prepaid rows after the window as
+    its ledger snapshot has them, whole with a full snapshot and otherwise the rows of the users
+    charged in the window (:meth:`stream.engine.shard_state.ShardSnapshots.after_window`), ``[]``
+    while it has none.
     """
 
     ROWS = BagStateSpec("rows", PickleCoder())
@@ -366,9 +389,12 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
                 rows.add((w, part))
         ledger = _snapshot_table(snapshot, window, deltas)
         if self._prepaid_every_window:
-            parts = [payload for kind, payload in snapshot if kind == RUNNING_PART]
+            # Like the ledger: whole with a full snapshot, else the rows of the users charged in the window.
+            parts = _prepaid_parts(snapshot, window, deltas)
             yield beam.pvalue.TaggedOutput("prepaid", (key, window, parts))
-            ledger = _marked(ledger, {PREPAID_USERS: json.dumps({q: t.num_rows for q, t in parts}, sort_keys=True)})
+            ledger = _marked(ledger, {
+                PREPAID_USERS: json.dumps({q: len(users) for q, users in shard.running.items()}, sort_keys=True),
+                PREPAID_ROWS: json.dumps({q: t.num_rows for q, t in parts}, sort_keys=True)})
         if self._snapshot_every_window or window == self._end:
             yield beam.pvalue.TaggedOutput("ledger", (key, window, ledger))
         if window == self._end:
