@@ -59,6 +59,7 @@ from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateS
 from stream.engine.dead_letters import classify_windows, window_letters
 from stream.engine.running import RunningRelease
 from stream.engine.shard_cache import ShardCache, new_token
+from stream.engine.window_buffer import WIDTH, WindowBuffer
 from stream.engine.shard_state import (LEDGER_DELTA, LEDGER_PART, RUNNING_DELTA, RUNNING_PART, QueryPlan, ShardBooks,
                                        ShardSnapshots, ShardState, held_deltas)
 from pipelines.beam.transforms import (
@@ -74,7 +75,6 @@ from pipelines.beam.transforms import (
     TICK,
     PackedRows,
     packed_by_shard,
-    row_count,
     unpacked,
 )
 from stream.schema import USER_ID, WINDOW_ID, WindowSpec
@@ -163,6 +163,18 @@ CACHED_SHARDS = 16
 #: bag (the bag read whole, every part unpickled and the ledger rebuilt) or taken from the cache.
 RESTORED_FROM_STATE = Metrics.counter("renyi_stream.streaming_filter", "shards_restored_from_state")
 TAKEN_FROM_CACHE = Metrics.counter("renyi_stream.streaming_filter", "shards_taken_from_cache")
+#: Beam counter of the parts of buffered rows the filter read from its row bags (a window's own, and
+#: those moved between the bags of its :class:`stream.engine.window_buffer.WindowBuffer`).
+BUFFERED_PARTS_READ = Metrics.counter("renyi_stream.streaming_filter", "buffered_parts_read")
+
+if WIDTH != 8:  # the filter's methods name one state parameter per bag
+    raise RuntimeError(f"StreamingIndividualFilterDoFn declares 8 ring and 8 block bags, the window buffer {WIDTH}")
+
+#: The names of the filter's row-bag parameters, as its ``process`` and ``on_window_end`` take them:
+#: the ring (``rows_0..``), the blocks (``block_0..``) and ``later`` of its
+#: :class:`stream.engine.window_buffer.WindowBuffer`, and ``buffered_rows`` (its counts per window).
+ROW_BAG_PARAMS = (*(f"rows_{i}" for i in range(WIDTH)), *(f"block_{i}" for i in range(WIDTH)), "later",
+                  "buffered_rows")
 
 
 class StreamingIndividualFilterDoFn(beam.DoFn):
@@ -174,7 +186,11 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
     release), and the previous state ``("ledger", table)`` / ``("running", (query_id, table))``.
 
     State (per shard, global window; never window-scoped, invariant 1):
-      ROWS    -- bag of ``(window_id, table)``: buffered rows of windows not yet charged.
+      ROWS_i, BLOCK_i, LATER, HELD -- the rows buffered for windows not yet charged, as
+                 ``(window_id, packed rows)`` in a two-level timing wheel of bags by window
+                 (:class:`stream.engine.window_buffer.WindowBuffer`: a ring bag per window of the
+                 current block of 8, a bag per later block of the current 64 windows, one for the
+                 rest) and their rows counted per window (HELD): a window reads its own bag only.
       STATE   -- bag of the shard's snapshot parts (``("ledger", table)``, ``("running", ...)``,
                  ``("ledger_delta", (window, rows))`` and ``("running_delta", (window, query_id,
                  rows))``): the persistent ledger and prepaid rows, a full snapshot and the deltas
@@ -223,7 +239,10 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
     while it has none.
     """
 
-    ROWS = BagStateSpec("rows", PickleCoder())
+    ROWS = tuple(BagStateSpec(f"rows_{i}", PickleCoder()) for i in range(WIDTH))
+    BLOCK = tuple(BagStateSpec(f"block_{i}", PickleCoder()) for i in range(WIDTH))
+    LATER = BagStateSpec("later", PickleCoder())
+    HELD = ReadModifyWriteStateSpec("held", PickleCoder())
     STATE = BagStateSpec("state", PickleCoder())
     CHARGED = ReadModifyWriteStateSpec("charged", PickleCoder())
     BOOKS = ReadModifyWriteStateSpec("books", PickleCoder())
@@ -287,14 +306,25 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         return self._resumed if value is None else int(value)
 
     def process(self, element: tuple[int, tuple[str, Any]],
-                rows: Any = beam.DoFn.StateParam(ROWS), state: Any = beam.DoFn.StateParam(STATE),
-                charged: Any = beam.DoFn.StateParam(CHARGED), books: Any = beam.DoFn.StateParam(BOOKS),
-                mark: Any = beam.DoFn.StateParam(MARK),
+                state: Any = beam.DoFn.StateParam(STATE), charged: Any = beam.DoFn.StateParam(CHARGED),
+                books: Any = beam.DoFn.StateParam(BOOKS), mark: Any = beam.DoFn.StateParam(MARK),
+                rows_0: Any = beam.DoFn.StateParam(ROWS[0]), rows_1: Any = beam.DoFn.StateParam(ROWS[1]),
+                rows_2: Any = beam.DoFn.StateParam(ROWS[2]), rows_3: Any = beam.DoFn.StateParam(ROWS[3]),
+                rows_4: Any = beam.DoFn.StateParam(ROWS[4]), rows_5: Any = beam.DoFn.StateParam(ROWS[5]),
+                rows_6: Any = beam.DoFn.StateParam(ROWS[6]), rows_7: Any = beam.DoFn.StateParam(ROWS[7]),
+                block_0: Any = beam.DoFn.StateParam(BLOCK[0]), block_1: Any = beam.DoFn.StateParam(BLOCK[1]),
+                block_2: Any = beam.DoFn.StateParam(BLOCK[2]), block_3: Any = beam.DoFn.StateParam(BLOCK[3]),
+                block_4: Any = beam.DoFn.StateParam(BLOCK[4]), block_5: Any = beam.DoFn.StateParam(BLOCK[5]),
+                block_6: Any = beam.DoFn.StateParam(BLOCK[6]), block_7: Any = beam.DoFn.StateParam(BLOCK[7]),
+                later: Any = beam.DoFn.StateParam(LATER), buffered_rows: Any = beam.DoFn.StateParam(HELD),
                 window_end: Any = beam.DoFn.TimerParam(WINDOW_END)) -> Iterator[Any]:
         _, (kind, payload) = element
         through = self._charged(charged)
         if kind == "rows":
-            yield from self._buffer(unpacked([payload])[0], through, rows, books,
+            buffer = WindowBuffer(ring=(rows_0, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6, rows_7),
+                                  blocks=(block_0, block_1, block_2, block_3, block_4, block_5, block_6, block_7),
+                                  later=later, held=buffered_rows)
+            yield from self._buffer(unpacked([payload])[0], through, buffer, books,
                                     packed=payload if isinstance(payload, PackedRows) else None)
         elif kind in (LEDGER_PART, RUNNING_PART):
             state.add((kind, payload))
@@ -307,7 +337,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             # Idempotent: the timer always points at the end of the next uncharged window.
             window_end.set(self._end_of(through + 1))
 
-    def _buffer(self, table: pa.Table, through: int, rows: Any, books: Any,
+    def _buffer(self, table: pa.Table, through: int, buffer: WindowBuffer, books: Any,
                 packed: PackedRows | None = None) -> Iterator[Any]:
         arrived = table
         if self._resumed >= self._start:
@@ -330,26 +360,38 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         if packed is not None and table is arrived and span is not None and span["min"] == span["max"]:
             # Every row kept, all of one window (a message per window, as producers send them): the
             # packed bytes that came in are kept as they are, never split, copied or recompressed.
-            rows.add((int(span["min"].as_py()), packed))
-        else:
-            for window, part in split_by_window(table):
-                rows.add((window, PackedRows(part)))  # compressed while it waits (as in batch)
+            buffer.add([(int(span["min"].as_py()), packed, table.num_rows)], next_window=through + 1)
+        elif table.num_rows:  # each window's rows in its own bag, compressed while they wait (as in batch)
+            buffer.add([(window, PackedRows(part), part.num_rows) for window, part in split_by_window(table)],
+                       next_window=through + 1)
         now, closed = books.read() or (ShardBooks(), ShardBooks())
         books.write((now.plus(received=received, late=np.count_nonzero(classes.late),
                               out_of_range=np.count_nonzero(classes.out_of_schedule)), closed))
 
     @on_timer(WINDOW_END)
     def on_window_end(self, key: Any = beam.DoFn.KeyParam, timestamp: Any = beam.DoFn.TimestampParam,
-                      rows: Any = beam.DoFn.StateParam(ROWS), state: Any = beam.DoFn.StateParam(STATE),
-                      charged: Any = beam.DoFn.StateParam(CHARGED), books: Any = beam.DoFn.StateParam(BOOKS),
-                      mark: Any = beam.DoFn.StateParam(MARK),
+                      state: Any = beam.DoFn.StateParam(STATE), charged: Any = beam.DoFn.StateParam(CHARGED),
+                      books: Any = beam.DoFn.StateParam(BOOKS), mark: Any = beam.DoFn.StateParam(MARK),
+                      rows_0: Any = beam.DoFn.StateParam(ROWS[0]), rows_1: Any = beam.DoFn.StateParam(ROWS[1]),
+                      rows_2: Any = beam.DoFn.StateParam(ROWS[2]), rows_3: Any = beam.DoFn.StateParam(ROWS[3]),
+                      rows_4: Any = beam.DoFn.StateParam(ROWS[4]), rows_5: Any = beam.DoFn.StateParam(ROWS[5]),
+                      rows_6: Any = beam.DoFn.StateParam(ROWS[6]), rows_7: Any = beam.DoFn.StateParam(ROWS[7]),
+                      block_0: Any = beam.DoFn.StateParam(BLOCK[0]), block_1: Any = beam.DoFn.StateParam(BLOCK[1]),
+                      block_2: Any = beam.DoFn.StateParam(BLOCK[2]), block_3: Any = beam.DoFn.StateParam(BLOCK[3]),
+                      block_4: Any = beam.DoFn.StateParam(BLOCK[4]), block_5: Any = beam.DoFn.StateParam(BLOCK[5]),
+                      block_6: Any = beam.DoFn.StateParam(BLOCK[6]), block_7: Any = beam.DoFn.StateParam(BLOCK[7]),
+                      later: Any = beam.DoFn.StateParam(LATER), buffered_rows: Any = beam.DoFn.StateParam(HELD),
                       window_end: Any = beam.DoFn.TimerParam(WINDOW_END)) -> Iterator[Any]:
         through = self._charged(charged)
         window = through + 1
         if window > self._end or timestamp < self._end_of(window):
             return  # an extra firing: this window's end is not reached, or everything is charged
-        buffered = list(rows.read())
-        mine = unpacked(part for w, part in buffered if w == window)
+        buffer = WindowBuffer(ring=(rows_0, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6, rows_7),
+                              blocks=(block_0, block_1, block_2, block_3, block_4, block_5, block_6, block_7),
+                              later=later, held=buffered_rows)
+        # This window's own bag only (stream.engine.window_buffer): never the rows of later windows.
+        parts, _ = buffer.take(window)
+        mine = unpacked(parts)
         # The cached shard only if it is exactly the committed state: its token is the one committed
         # with STATE's last change (stream.engine.shard_cache). Else restore from STATE, whole.
         committed = mark.read()
@@ -365,9 +407,9 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         if duplicates is not None and duplicates.num_rows and not self._window_records:
             yield beam.pvalue.TaggedOutput("dead", duplicates)
         counts = yield from self._charge(key, shard, window, data)
-        # The rows held for later windows are counted, never decoded (their count travels packed).
-        yield from self._close_books(key, window, books, counts, duplicates,
-                                     buffered=row_count(part for w, part in buffered if w != window))
+        # The rows held for later windows, as counted when they were buffered (no bag is read): a
+        # window whose bag held other rows than counted leaves the books unbalanced.
+        yield from self._close_books(key, window, books, counts, duplicates, buffered=buffer.held_rows())
         # Persist before anything else can observe the shard: the ledger is replaced (a full snapshot)
         # or added to (a delta of the users charged in this window), never cleared. The first window
         # a job charges and its last are full, so that each job's chain of deltas starts in its own
@@ -383,10 +425,8 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         token = new_token()
         mark.write(StateMark(token, 0 if whole else deltas + 1))
         charged.write(window)
-        rows.clear()
-        for w, part in buffered:
-            if w != window:
-                rows.add((w, part))
+        buffer.advance(window + 1)  # at a block's start, its rows move to their own bags
+        BUFFERED_PARTS_READ.inc(buffer.parts_read)
         ledger = _snapshot_table(snapshot, window, deltas)
         if self._prepaid_every_window:
             # Like the ledger: whole with a full snapshot, else the rows of the users charged in the window.
