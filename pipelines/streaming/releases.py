@@ -390,8 +390,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
                               blocks=(block_0, block_1, block_2, block_3, block_4, block_5, block_6, block_7),
                               later=later, held=buffered_rows)
         # This window's own bag only (stream.engine.window_buffer): never the rows of later windows.
-        parts, _ = buffer.take(window)
-        mine = unpacked(parts)
+        mine = unpacked(buffer.take(window)[0])
         # The cached shard only if it is exactly the committed state: its token is the one committed
         # with STATE's last change (stream.engine.shard_cache). Else restore from STATE, whole.
         committed = mark.read()
@@ -433,7 +432,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             parts = _prepaid_parts(snapshot, window, deltas)
             yield beam.pvalue.TaggedOutput("prepaid", (key, window, parts))
             ledger = _marked(ledger, {
-                PREPAID_USERS: json.dumps({q: len(users) for q, users in shard.running.items()}, sort_keys=True),
+                PREPAID_USERS: json.dumps({q: len(prepaid) for q, prepaid in shard.running.items()}, sort_keys=True),
                 PREPAID_ROWS: json.dumps({q: t.num_rows for q, t in parts}, sort_keys=True)})
         if self._snapshot_every_window or window == self._end:
             yield beam.pvalue.TaggedOutput("ledger", (key, window, ledger))
