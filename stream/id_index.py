@@ -231,7 +231,7 @@ def mix64(values: np.ndarray) -> np.ndarray:
 
 def string_hashes(ids: pa.Array) -> np.ndarray:
     """A 64-bit polynomial hash of each string id's UTF-8 bytes (uint64), computed in NumPy with no
-    loop over the ids: stable across processes and runs (:func:`stream.engine.sharding.shard_of`
+    loop over the ids: stable across processes and runs (:func:`renyi_stream.stream.engine.sharding.shard_of`
     assigns shards by it, so it must never change)."""
     ids = ids.cast(pa.large_string())
     n = len(ids)

@@ -15,8 +15,8 @@ another user's data, nor how many users are active (Theorem 4.5's proof needs ex
 The result is ``kappa``-zCDP for every user over any number of windows and adaptively chosen
 queries (Theorem 4.5, Remark 4.4), and ``sqrt(2 kappa)``-GDP (Smith & Thakurta 2022).
 
-Floating point: charges are rounded up (``stream.accounting.gaussian``), running sums are
-rounded up (``stream.rounding``), and the filter compares against ``kappa * (1 - 1e-9)``: the stored used
+Floating point: charges are rounded up (``renyi_stream.stream.accounting.gaussian``), running sums are
+rounded up (``renyi_stream.stream.rounding``), and the filter compares against ``kappa * (1 - 1e-9)``: the stored used
 budget is an upper bound on the exact sum of the stored charges, and summing those charges in
 any order, in float64, for up to a million windows, stays below ``kappa``.
 """
@@ -31,13 +31,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stream.accounting import _validate as check
-from stream.accounting.calibration import epsilon_for_budget
-from stream.accounting.gaussian import gaussian_charge
-from stream.accounting.odometers import tracker_step_for, tracker_update
-from stream.id_index import Int64Index, StringCodes
-from stream.rounding import round_down, round_up
-from stream.xp import array_module
+from renyi_stream.stream.accounting import _validate as check
+from renyi_stream.stream.accounting.calibration import epsilon_for_budget
+from renyi_stream.stream.accounting.gaussian import gaussian_charge
+from renyi_stream.stream.accounting.odometers import tracker_step_for, tracker_update
+from renyi_stream.stream.id_index import Int64Index, StringCodes
+from renyi_stream.stream.rounding import round_down, round_up
+from renyi_stream.stream.xp import array_module
 
 ADMITTED, CLIPPED, DROPPED = 0, 1, 2
 STATUS_NAMES: tuple[str, ...] = ("admitted", "clipped", "dropped")
@@ -128,7 +128,7 @@ TINY = float(np.finfo(np.float64).tiny)
 
 
 # --------------------------------------------------------------------------- prepaid charges
-# Running totals under prepaid admission (stream.continual.prepaid; docs/running_totals.md) charge
+# Running totals under prepaid admission (renyi_stream.stream.continual.prepaid; docs/running_totals.md) charge
 # each admitted contribution its whole future cost, ``lambda^2 quadratic + 2 lambda cross``. The
 # terms are computed by the strategy's rule; the charge, its rounding and the filter decision on
 # it are the ledger's, here, so that one decision covers a user's window vectors and prepaid
@@ -173,12 +173,12 @@ def prepaid_rho(terms: ChargeTerms, *, noise_std: float) -> Any:
 
 def prepaid_filter(used: Any, terms: ChargeTerms, *, cap: float, noise_std: float,
                    policy: Policy | str = Policy.DROP) -> FilterDecision:
-    """The individual filter on prepaid charges (zCDP), as :func:`stream.ledger.individual_filter`.
+    """The individual filter on prepaid charges (zCDP), as :func:`renyi_stream.stream.ledger.individual_filter`.
 
     ``used`` the users' used budgets, ``terms`` their rows' :class:`ChargeTerms`, ``cap`` the
     budget the sums may reach (the ledger's ``kappa * (1 - BUDGET_SAFETY)``), ``s = noise_std``.
 
-    * ``drop`` (Algorithm 3): :func:`stream.ledger.individual_filter` on :func:`prepaid_rho`.
+    * ``drop`` (Algorithm 3): :func:`renyi_stream.stream.ledger.individual_filter` on :func:`prepaid_rho`.
     * ``clip`` (Algorithm 7): a row that does not fit is scaled by the largest ``lambda`` in
       ``[0, 1)`` whose rounded-up charge ``lambda^2 A + 2 lambda B`` fits the remaining budget (a
       quadratic, not ``lambda^2`` times the charge as for a window sum: the cross term is linear
@@ -305,10 +305,10 @@ class Ledger:
     """Per-user used privacy budget (zCDP) and personal trackers, for int64 or string user ids.
 
     Args:
-        budget: ``kappa``, each user's zCDP budget (see ``stream.accounting.calibrate``).
+        budget: ``kappa``, each user's zCDP budget (see ``renyi_stream.stream.accounting.calibrate``).
         id_type: ``"int64"`` or ``"string"``: the kind of user id this ledger holds.
         tracker_step: ``Delta`` of the personal tracker (Algorithm 5), zCDP; default
-            :func:`stream.accounting.odometers.tracker_step_for` of ``budget``.
+            :func:`renyi_stream.stream.accounting.odometers.tracker_step_for` of ``budget``.
     """
 
     def __init__(self, *, budget: float, id_type: str = "int64", tracker_step: float | None = None) -> None:
@@ -429,7 +429,7 @@ class Ledger:
             noise_std: ``s``, the per-coordinate Gaussian noise std of the release.
             policy: ``drop`` (Algorithm 3) or ``clip`` (Algorithm 7).
             prepaid: the :class:`ChargeTerms` (``(n,)`` each) of the row's contribution to each
-                active running query under prepaid admission (``stream.continual.prepaid``), or
+                active running query under prepaid admission (``renyi_stream.stream.continual.prepaid``), or
                 ``None``.
 
         Without ``prepaid`` the charge is ``||v||^2 / (2 s^2)`` (``gaussian_charge``, bit for bit
@@ -473,7 +473,7 @@ class Ledger:
             bad = int(np.flatnonzero(~np.isfinite(x).all(axis=1))[0])
             raise ValueError(
                 f"contributions must be finite, got a NaN/inf in row {bad}; "
-                "validate batches with stream.schema.validate_batch first"
+                "validate batches with renyi_stream.stream.schema.validate_batch first"
             )
         terms = None if prepaid is None else _combined_terms(x, prepaid)
         if terms is None:
@@ -534,8 +534,8 @@ class Ledger:
         With ``users`` (ids as :meth:`admit` takes them), the rows of those users only: each id the
         ledger has seen, once, as in the whole table (same columns, types, order and metadata);
         ids it has never seen have no row. The cost grows with ``len(users)``, not with the ledger
-        (int64 and string ids alike, :mod:`stream.id_index`), so a snapshot of the users
-        one window charged (:meth:`stream.engine.shard_state.ShardSnapshots.after_window`) costs
+        (int64 and string ids alike, :mod:`renyi_stream.stream.id_index`), so a snapshot of the users
+        one window charged (:meth:`renyi_stream.stream.engine.shard_state.ShardSnapshots.after_window`) costs
         that window's users."""
         if users is None:
             if self.id_type == "int64":

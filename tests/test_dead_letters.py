@@ -1,6 +1,6 @@
 """Dead letters have one vocabulary and one builder (issue 19, item 1): every reason is spelled
-once, in :class:`stream.schema.DeadLetterReason`, and every job writes its dead letters through
-:func:`stream.engine.dead_letters.dead_letters`."""
+once, in :class:`renyi_stream.stream.schema.DeadLetterReason`, and every job writes its dead letters through
+:func:`renyi_stream.stream.engine.dead_letters.dead_letters`."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.beam.transforms import in_event_time_order
-from stream.engine.dead_letters import (DEAD_LETTER_SCHEMA, ROW, SOURCE, classify_windows, dead_letters, window_letters,
+from renyi_stream.pipelines.beam.transforms import in_event_time_order
+from renyi_stream.stream.engine.dead_letters import (DEAD_LETTER_SCHEMA, ROW, SOURCE, classify_windows, dead_letters, window_letters,
                                         with_input_position)
-from stream.engine.readers import read_batches
-from stream.noise import NoiseKey
-from stream.schema import DeadLetterReason, WindowSpec
+from renyi_stream.stream.engine.readers import read_batches
+from renyi_stream.stream.noise import NoiseKey
+from renyi_stream.stream.schema import DeadLetterReason, WindowSpec
 
 from declared import contract
 
@@ -59,7 +59,7 @@ def _reason_literals(path: Path, root: Path = ROOT) -> list[str]:
 def test_no_dead_letter_reason_is_spelled_outside_its_vocabulary():
     files = sorted(p for folder in ("pipelines", "stream") for p in (ROOT / folder).rglob("*.py"))
     found = [hit for path in files for hit in _reason_literals(path)]
-    assert found == [], "use stream.schema.DeadLetterReason instead of spelling a reason: " + "; ".join(found)
+    assert found == [], "use renyi_stream.stream.schema.DeadLetterReason instead of spelling a reason: " + "; ".join(found)
 
 
 def test_the_scan_finds_a_reason_spelled_in_code_and_in_sql(tmp_path):
@@ -72,7 +72,7 @@ def test_the_scan_finds_a_reason_spelled_in_code_and_in_sql(tmp_path):
 
 
 def test_every_reason_is_documented_with_its_meaning_and_where_it_comes_from():
-    import stream.engine.dead_letters as engine
+    import renyi_stream.stream.engine.dead_letters as engine
 
     for reason in DeadLetterReason:
         assert f"``{reason.value}``" in DeadLetterReason.__doc__, reason
@@ -229,7 +229,7 @@ EXPECTED = {str(user): [reason] for user, (reason, _) in SITUATIONS.items()}
 
 
 def test_the_daily_job_gives_each_situation_its_reason(tmp_path):
-    from pipelines.daily.job import JobConfig, run_job
+    from renyi_stream.pipelines.daily.job import JobConfig, run_job
 
     (tmp_path / "a.csv").write_text(_first_input(malformed=True))
     (tmp_path / "b.csv").write_text(SECOND_INPUT)
@@ -245,7 +245,7 @@ def test_the_daily_job_gives_each_situation_its_reason(tmp_path):
 
 
 def test_the_distributed_job_gives_each_situation_the_same_reason(tmp_path):
-    from pipelines.distributed import job as dist
+    from renyi_stream.pipelines.distributed import job as dist
 
     (tmp_path / "a.csv").write_text(_first_input(malformed=True))
     (tmp_path / "b.csv").write_text(SECOND_INPUT)
@@ -263,7 +263,7 @@ def test_the_distributed_job_gives_each_situation_the_same_reason(tmp_path):
 
 
 def test_the_streaming_job_gives_each_situation_the_same_reason(tmp_path):
-    from pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming import job as sj
 
     # The same rows as Arrow messages, as the batch jobs' reader reads them (a stream has no CSV
     # lines; a message that is not Arrow is its one undecodable_message letter).
@@ -289,10 +289,10 @@ def test_the_streaming_job_gives_each_situation_the_same_reason(tmp_path):
 def test_a_late_row_is_late_window_in_the_batch_reader_and_in_the_streaming_filter(tmp_path):
     # Lateness needs a window charged before: the batch jobs learn it from their earlier runs
     # (``released``), a streaming shard from earlier runs and from its own charges.
-    from pipelines.beam import transforms as tx
-    from pipelines.streaming.releases import StreamingIndividualFilterDoFn
-    from queries.linear import default_queries
-    from stream.engine.shard_state import QueryPlan
+    from renyi_stream.pipelines.beam import transforms as tx
+    from renyi_stream.pipelines.streaming.releases import StreamingIndividualFilterDoFn
+    from renyi_stream.queries.linear import default_queries
+    from renyi_stream.stream.engine.shard_state import QueryPlan
     from test_streaming import _Bag, _row_bags, _Timer, _Value
 
     path = tmp_path / "late.parquet"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream.id_index import Int64Index, StringCodes
+from renyi_stream.stream.id_index import Int64Index, StringCodes
 
 
 def test_positions_follow_insertion_order_and_survive_growth():
@@ -84,7 +84,7 @@ def test_string_codes_agree_with_a_dict(batches):
 def test_ids_whose_hashes_collide_keep_codes_of_their_own(monkeypatch, keys):
     """Unequal ids of one hash are never merged (two users sharing a ledger row would be a privacy
     failure): the index keeps the first id of a hash, the others are found in the side table."""
-    import stream.id_index as id_index
+    import renyi_stream.stream.id_index as id_index
 
     def colliding(ids):
         lengths = pa.compute.utf8_length(ids.cast(pa.large_string())).to_numpy(zero_copy_only=False)
@@ -104,7 +104,7 @@ def test_a_lookup_works_on_the_ids_it_is_given_never_on_the_whole_dictionary(mon
     indexes arrays of at most ten ids: ``pc.index_in`` over the whole dictionary (what each lookup
     did before) is never called. (Its stored buffers grow by doubling: an append copies them
     only when full, amortised over the ids added.)"""
-    import stream.id_index as id_index
+    import renyi_stream.stream.id_index as id_index
 
     codes = StringCodes()
     codes.codes(pa.array([f"user-{i}" for i in range(50_000)]), add_missing=True)

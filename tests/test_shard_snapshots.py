@@ -1,5 +1,5 @@
 """A shard is restored from its snapshot parts and written back to them by the engine
-(:class:`stream.engine.shard_state.ShardSnapshots`), the same for every job's filter (issue 19,
+(:class:`renyi_stream.stream.engine.shard_state.ShardSnapshots`), the same for every job's filter (issue 19,
 item 1): a restored shard is the shard that was snapshotted, and a shard's parts that would
 restart some of its users from zero budget are refused (invariant 1
 (ledger-never-window-scoped, docs/architecture.md))."""
@@ -12,11 +12,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines.beam.transforms import IndividualFilterDoFn
-from pipelines.streaming.releases import StreamingIndividualFilterDoFn
-from queries.linear import default_queries
-from stream.engine.shard_state import QueryPlan, ShardSnapshots
-from stream.schema import WindowSpec
+from renyi_stream.pipelines.beam.transforms import IndividualFilterDoFn
+from renyi_stream.pipelines.streaming.releases import StreamingIndividualFilterDoFn
+from renyi_stream.queries.linear import default_queries
+from renyi_stream.stream.engine.shard_state import QueryPlan, ShardSnapshots
+from renyi_stream.stream.schema import WindowSpec
 
 W0 = (dt.date(2026, 3, 1) - dt.date(1970, 1, 1)).days
 PLAN = QueryPlan.starting_at(default_queries(["opened"]) + default_queries(["opened"], kind="running"), W0)

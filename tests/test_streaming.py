@@ -1,6 +1,6 @@
-"""The streaming individual filter (pipelines.streaming.releases) under Beam's TestStream, on the
+"""The streaming individual filter (renyi_stream.pipelines.streaming.releases) under Beam's TestStream, on the
 DirectRunner in streaming mode, with explicit watermark advances: one test per behaviour, each
-checked against the batch path (pipelines.beam.transforms.DailyReleases) on the same files."""
+checked against the batch path (renyi_stream.pipelines.beam.transforms.DailyReleases) on the same files."""
 
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ from apache_beam.testing import test_stream as beam_test_stream
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import MAX_TIMESTAMP
 
-from pipelines.beam import transforms as tx
-from stream.engine.shard_state import QueryPlan
-from pipelines.streaming.releases import (ROW_BAG_PARAMS, ReleaseCompletedWindow, StreamingIndividualFilterDoFn,
+from renyi_stream.pipelines.beam import transforms as tx
+from renyi_stream.stream.engine.shard_state import QueryPlan
+from renyi_stream.pipelines.streaming.releases import (ROW_BAG_PARAMS, ReleaseCompletedWindow, StreamingIndividualFilterDoFn,
                                           StreamingReleases)
-from queries.linear import default_queries
-from stream.ledger import Ledger
-from stream.noise import NoiseBinding, NoiseKey, gaussian_noise
-from stream.schema import WindowSpec
+from renyi_stream.queries.linear import default_queries
+from renyi_stream.stream.ledger import Ledger
+from renyi_stream.stream.noise import NoiseBinding, NoiseKey, gaussian_noise
+from renyi_stream.stream.schema import WindowSpec
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days

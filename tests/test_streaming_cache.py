@@ -2,7 +2,7 @@
 its cached copy may not be the committed state (issue 19: "the streaming filter restores its whole
 shard every window").
 
-A firing takes its shard from the worker's cache (:class:`stream.engine.shard_cache.ShardCache`)
+A firing takes its shard from the worker's cache (:class:`renyi_stream.stream.engine.shard_cache.ShardCache`)
 only under the state token committed with the shard's last state change, so a window costs the
 users charged in it; a retried bundle, a cleared cache or another worker restores from the
 ``STATE`` bag as before. The ledgers and releases are those of a filter that restores every window
@@ -25,11 +25,11 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from test_streaming import (COLUMNS, SPEC, W0, _Bag, _collect, _collected, _end, _ledger_values, _params,
                             _random_days, _release_values, _row_bags, _Timer, _validated, _Value)
 
-from pipelines.streaming.releases import StateMark, StreamingIndividualFilterDoFn, StreamingReleases
-from stream.engine.shard_cache import ShardCache, new_token
-from stream.engine.shard_state import QueryPlan, ShardSnapshots
-from stream.ledger import Ledger
-from queries.linear import default_queries
+from renyi_stream.pipelines.streaming.releases import StateMark, StreamingIndividualFilterDoFn, StreamingReleases
+from renyi_stream.stream.engine.shard_cache import ShardCache, new_token
+from renyi_stream.stream.engine.shard_state import QueryPlan, ShardSnapshots
+from renyi_stream.stream.ledger import Ledger
+from renyi_stream.queries.linear import default_queries
 
 TEN = 10
 

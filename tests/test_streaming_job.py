@@ -27,13 +27,13 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners import pipeline_context
 
-from pipelines.beam import job_options as launch
-from pipelines.streaming import job as sj
-from pipelines.daily.job import JobConfig, run_job
-from stream.contract import DeclaredColumn, InputContract
-from stream.engine.ledger_config import DERIVED, FIXED, LedgerConfig, snapshot_key
-from stream.noise import NoiseKey
-from stream.schema import DeadLetterReason, WindowSpec
+from renyi_stream.pipelines.beam import job_options as launch
+from renyi_stream.pipelines.streaming import job as sj
+from renyi_stream.pipelines.daily.job import JobConfig, run_job
+from renyi_stream.stream.contract import DeclaredColumn, InputContract
+from renyi_stream.stream.engine.ledger_config import DERIVED, FIXED, LedgerConfig, snapshot_key
+from renyi_stream.stream.noise import NoiseKey
+from renyi_stream.stream.schema import DeadLetterReason, WindowSpec
 
 from conformance.outcome import window_noise
 
@@ -134,7 +134,7 @@ def test_a_replayed_files_rows_are_numbered_by_its_place_in_replay_and_a_message
     replay numbers its files in --replay order (the batch jobs' input order); a Pub/Sub or Kafka
     message by its name's hash, whatever order messages arrive in. Every row carries its input's
     name for its dead letters."""
-    from stream.engine.dead_letters import SOURCE, source_names
+    from renyi_stream.stream.engine.dead_letters import SOURCE, source_names
 
     payload = sj.encode_message(_rows(0, [3, 1], seed=1))
     decode = sj.DecodeAndValidate(window=WindowSpec.from_length("1d"), indicator_columns=["opened", "bought"],
@@ -238,7 +238,7 @@ def test_rows_read_that_reach_no_outcome_unbalance_the_books(tmp_path, days):
 
 
 def test_two_shards_with_equal_counts_in_a_window_both_have_their_counts_recorded(tmp_path):
-    from stream.engine.sharding import shard_of
+    from renyi_stream.stream.engine.sharding import shard_of
 
     # One row in each of two shards: their counts of the window are equal, and the curator's
     # files are named by their content, so the records must differ by their shard.
@@ -259,7 +259,7 @@ def test_two_shards_with_equal_counts_in_a_window_both_have_their_counts_recorde
 
 
 def test_shard_books_balance_only_when_the_buffer_holds_what_they_say():
-    from stream.engine.shard_state import ShardBooks
+    from renyi_stream.stream.engine.shard_state import ShardBooks
 
     books = ShardBooks().plus(received=10, late=1, out_of_range=2).plus(duplicate=1, admitted=3, dropped=1)
     assert books.held == 2
@@ -336,7 +336,7 @@ def test_every_option_of_the_dataflow_stream_command_is_known_to_the_job_or_to_b
     options = set(re.findall(r"(--[a-z][a-z0-9_-]+)", body))
     ours = set(launch.long_options(sj._parser()))
     # The job's own check (RunRefused naming the first option nobody reads).
-    launch.refuse_unknown_options(sorted(options - ours), ours, command="python -m pipelines.streaming")
+    launch.refuse_unknown_options(sorted(options - ours), ours, command="python -m renyi_stream.pipelines.streaming")
     assert {"--subscription", "--streaming", "--enable_streaming_engine", "--noise-key-secret"} <= options
 
 
@@ -527,7 +527,7 @@ def _recorded_as_another_version(ledger: Path, window: int, rho_factor: float) -
     """Rescale the budget recorded in ``window``'s snapshots (the job's parameters and the ledger's
     own) by ``rho_factor``, with the noise std and tracker step it gives: what a version whose
     root finder ends elsewhere writes."""
-    from stream.accounting.calibration import NOISE_HEADROOM
+    from renyi_stream.stream.accounting.calibration import NOISE_HEADROOM
 
     rho = None
     for path in sorted(ledger.glob(f"window_id={window}/shard=*/*.parquet")):

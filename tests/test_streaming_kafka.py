@@ -1,4 +1,4 @@
-"""The Kafka source of the streaming job (pipelines.streaming.job, ``--kafka-topic``).
+"""The Kafka source of the streaming job (renyi_stream.pipelines.streaming.job, ``--kafka-topic``).
 
 Everything but Java KafkaIO is tested here: the options and their refusals, the ``ReadFromKafka``
 the job builds and what it sends to an expansion service (a fake one in this process: the real
@@ -35,9 +35,9 @@ from apache_beam.transforms.window import TimestampedValue
 from apache_beam.typehints import schemas
 from apache_beam.utils.timestamp import Timestamp
 
-from pipelines.distributed import job as dist
-from pipelines.streaming import job as sj
-from stream.schema import DeadLetterReason, WindowSpec
+from renyi_stream.pipelines.distributed import job as dist
+from renyi_stream.pipelines.streaming import job as sj
+from renyi_stream.stream.schema import DeadLetterReason, WindowSpec
 from test_streaming_job import W0, _args, _key, _rows, _snapshot_ledger_ids, _without_noise
 
 TOPIC = "indicators"

@@ -1,12 +1,12 @@
 """The streaming job recovers from a crash by itself (issue 19): run its command again.
 
-A job's ``--output`` is its state folder. :class:`pipelines.streaming.job.CommitWindows` commits
+A job's ``--output`` is its state folder. :class:`renyi_stream.pipelines.streaming.job.CommitWindows` commits
 its windows in order, each with one marker (``commits/window_id=<W>.json``) written after every
 shard's snapshot and records of the window and its staged releases, and publishes a window only
 after its marker. Launched again with the same command line, the job publishes what it committed
 and did not publish, removes what a crash left of later windows (a dead branch: never restored,
 never published) and charges them again from the last committed window's snapshots
-(:func:`pipelines.streaming.job.recover`). The conformance suite kills the job at each of its
+(:func:`renyi_stream.pipelines.streaming.job.recover`). The conformance suite kills the job at each of its
 crash points (``tests/conformance/test_conformance.py``); these tests pin the recovery rule on
 states a crash can leave, built by hand from a finished job's files.
 
@@ -27,8 +27,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.streaming import job as sj
-from stream.noise import NoiseKey
+from renyi_stream.pipelines.streaming import job as sj
+from renyi_stream.stream.noise import NoiseKey
 
 DAY0 = dt.date(2026, 3, 1)
 W0 = (DAY0 - dt.date(1970, 1, 1)).days
@@ -249,8 +249,8 @@ def test_a_job_restarted_after_a_delta_window_resumes_from_the_ledger_its_chain_
 def _with_a_running_query(root: Path) -> None:
     """A catalogue under the release root ``root`` holding a window sum and a running total (the
     library registers one there; the command line refuses to)."""
-    from queries.catalogue import ReleaseCatalogue
-    from queries.linear import LinearQuery
+    from renyi_stream.queries.catalogue import ReleaseCatalogue
+    from renyi_stream.queries.linear import LinearQuery
 
     catalogue = ReleaseCatalogue(str(root))
     catalogue.add(LinearQuery.columns("sum:opened", ["opened"]), effective_from=W0)

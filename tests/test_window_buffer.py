@@ -2,7 +2,7 @@
 
 The streaming filter held every buffered window's rows in one bag, read whole and rewritten
 without the charged window's rows at every window: quadratic in the windows a replay buffers
-ahead. :class:`stream.engine.window_buffer.WindowBuffer` keeps them in bags by window, so a window
+ahead. :class:`renyi_stream.stream.engine.window_buffer.WindowBuffer` keeps them in bags by window, so a window
 reads its own bag only and a part is moved a bounded number of times. Counts, not time: bags that
 record what each read returned.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stream.engine.window_buffer import SUPER, WIDTH, WindowBuffer, place
+from renyi_stream.stream.engine.window_buffer import SUPER, WIDTH, WindowBuffer, place
 
 W0 = 20513  # 2026-03-01: inside a block and a superblock, as a real schedule starts
 

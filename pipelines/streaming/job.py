@@ -2,7 +2,7 @@
 
 ::
 
-    python -m pipelines.streaming \\
+    python -m renyi_stream.pipelines.streaming \\
         --subscription projects/acme/subscriptions/indicators --timestamp-attribute event_time \\
         --columns opened,bought --start 2026-03-01 --end 2026-12-31 \\
         --epsilon 1 --delta 1e-6 --norm-budget 30 \\
@@ -10,7 +10,7 @@
         --noise-key-secret projects/acme/secrets/renyi-noise-key/versions/1 --key-fingerprint 0123abcd... \\
         --runner DataflowRunner --streaming --enable_streaming_engine --project acme --region europe-west1 ...
 
-    python -m pipelines.streaming \\
+    python -m renyi_stream.pipelines.streaming \\
         --kafka-topic indicators --bootstrap-servers kafka-0:9092,kafka-1:9092 \\
         --kafka-consumer-config group.id=renyi-stream --kafka-consumer-config auto.offset.reset=earliest \\
         --kafka-expansion-service localhost:8097 \\
@@ -60,7 +60,7 @@ twice. Where the timestamp comes from:
 
 The graph: decode and validate each message (:class:`DecodeAndValidate`; an undecodable message
 is one dead letter, rows that fail validation are dead letters with reasons) ->
-:class:`pipelines.streaming.releases.StreamingReleases` (the individual filter per user shard in keyed
+:class:`renyi_stream.pipelines.streaming.releases.StreamingReleases` (the individual filter per user shard in keyed
 state, a chained event-time timer per window end, a release once every shard has charged the
 window, keyed noise) -> in the curator's ``--output``, a ledger snapshot and a books record (the
 shard's row books and counts of the window) per (window, shard), dead letters, and each window's
@@ -73,20 +73,20 @@ others) on is the same code, and :func:`build` takes the read step's output as a
 tests.
 
 The queries answered are those of the catalogue beside the public release root
-(``<--releases-parquet>/_queries/``, :mod:`queries.catalogue`), read at launch under the rules of
-the daily job's registry (:mod:`queries.registration`): every window query active in the
+(``<--releases-parquet>/_queries/``, :mod:`renyi_stream.queries.catalogue`), read at launch under the rules of
+the daily job's registry (:mod:`renyi_stream.queries.registration`): every window query active in the
 schedule, charged together per user through the same
-:class:`~stream.engine.shard_state.QueryPlan` as the batch jobs. On a root whose catalogue has
+:class:`~renyi_stream.stream.engine.shard_state.QueryPlan` as the batch jobs. On a root whose catalogue has
 no query, ``main`` registers the per-window sums of ``--columns`` from ``--start``; a query
 registered into windows already released but never answered (it was registered while an
 earlier job ran) starts at this job's first window. Running totals (docs/running_totals.md) go
 through the batch jobs' engine objects: each shard's per-user prepaid rows
-(:class:`stream.engine.running.PrepaidUsers`) live in its keyed state beside its ledger and are
+(:class:`renyi_stream.stream.engine.running.PrepaidUsers`) live in its keyed state beside its ledger and are
 written every window as its ledger snapshot is, whole or a delta of the users charged in the
 window, ``<output>/prepaid/window_id=<W>/shard=<S>/`` (:class:`WritePrepaid`, read back by
 :func:`previous_running_state`);
-each running query's release state (:class:`stream.engine.running.RunningRelease`) lives in the
-keyed state of :class:`pipelines.streaming.releases.ReleaseRunningInOrder`, advanced in window
+each running query's release state (:class:`renyi_stream.stream.engine.running.RunningRelease`) lives in the
+keyed state of :class:`renyi_stream.pipelines.streaming.releases.ReleaseRunningInOrder`, advanced in window
 order, and is staged with the window's releases, ``<output>/running/window_id=<W>/``
 (:class:`StageWindowFile`, with the releases ``y`` the estimates need); a window's commit marker
 waits for both. A restarted or continuing job restores them from the window it continues from
@@ -118,7 +118,7 @@ one job), and so is a folder of snapshots from before commit markers (no :data:`
 Snapshots are incremental: a shard's snapshot of a window is whole every ``--full-snapshot-every``
 windows (:data:`FULL_SNAPSHOT_EVERY`) and at the job's first and last window, and otherwise a
 delta, the ledger rows of the users charged in that window
-(:meth:`stream.engine.shard_state.ShardSnapshots.after_window`), marked so in its metadata
+(:meth:`renyi_stream.stream.engine.shard_state.ShardSnapshots.after_window`), marked so in its metadata
 (``renyi_stream.snapshot``, and ``renyi_stream.base_window``: the window of the full snapshot it
 goes over). A job continuing from a delta window rebuilds each shard from that full snapshot and
 the deltas after it (:func:`_whole_snapshot`); :func:`whole_ledger` does it for an audit.
@@ -127,7 +127,7 @@ The schedule is finite (``--start..--end``); to go on, start a new job after ``-
 ``--previous-ledger`` pointing at the last released window's snapshots, every shard's:
 ``<earlier --output>/ledger/window_id=<W>/*/*.parquet``. Each snapshot records its window, its
 shard and the job's ``--shards`` in its Parquet schema metadata. Before anything is built,
-:func:`_previous_ledger` refuses (:class:`pipelines.distributed.job.RunRefused`, naming
+:func:`_previous_ledger` refuses (:class:`renyi_stream.pipelines.distributed.job.RunRefused`, naming
 ``--previous-ledger``, the glob and what is wrong) a glob that matches a file not written as
 ``.../window_id=<W>/shard=<S>/...``, snapshots of more than one window (or of one window under
 two roots), two files of one shard, a window other than the last one released under
@@ -141,14 +141,14 @@ latest against: give the root the earlier job released to). This run's ``--shard
 from the earlier job's: the snapshot is read whole and split again by ``hash(user) % --shards``.
 
 A ledger keeps for life the configuration it was started with, as every job's does
-(:class:`stream.engine.ledger_config.LedgerConfig`): each snapshot records it in its schema
+(:class:`renyi_stream.stream.engine.ledger_config.LedgerConfig`): each snapshot records it in its schema
 metadata (``renyi_stream.<field>``, :meth:`LedgerConfig.to_snapshot_metadata`): the promise
 ``epsilon``, ``delta``, ``norm_budget``, ``accounting``; its calibration ``rho``, ``noise_std``,
 ``tracker_step``; ``id_type``, ``key_fingerprint``, ``window_seconds``, ``origin_seconds``,
 ``releases`` (the ``--releases-parquet`` root), the ledger's id and the job's ``--shards``, floats
 as their ``repr``. Before anything is built, :func:`_continued` reads them back and checks this
 run against them (:meth:`LedgerConfig.continued_from`; release roots normalised as
-:func:`pipelines.beam.object_store.absolute` does, so ``gs://b/r/`` is ``gs://b/r``), refusing
+:func:`renyi_stream.pipelines.beam.object_store.absolute` does, so ``gs://b/r/`` is ``gs://b/r``), refusing
 and naming every differing parameter with the ledger's value and this run's: another
 ``--epsilon``, ``--delta``, ``--norm-budget``, ``--accounting``, noise key or ``--window`` would
 change every user's promise mid-stream, their used budgets having been charged under the old
@@ -162,7 +162,7 @@ own arguments.
 
 The ledger's identity, ``renyi_stream.ledger_id`` (:data:`SNAPSHOT_LEDGER_ID`): a new job draws
 one, a continuing job keeps the snapshots' (refused when its shards record different ones), and
-the release noise is bound to it (:class:`stream.noise.NoiseBinding`), so another ledger given
+the release noise is bound to it (:class:`renyi_stream.stream.noise.NoiseBinding`), so another ledger given
 the same key draws independent noise. Snapshots written before ledger ids existed record none:
 the job continuing them draws a new one (their released windows keep their values).
 
@@ -172,9 +172,9 @@ has the recovery story. A job lost for good is run again with its command line (
 given an earlier job's snapshots of a window as ``--previous-ledger`` publishes that job's staged
 windows after the last public one through that window first (:func:`publish_staged`).
 
-**Lineage: a ledger cannot fork** (:mod:`queries.release_lineage`, as the distributed job's). Each
+**Lineage: a ledger cannot fork** (:mod:`renyi_stream.queries.release_lineage`, as the distributed job's). Each
 job is a run (:func:`job_lineage`): a random run id recorded in :data:`STATE_FILE` with its parent's
-(:data:`queries.release_lineage.ORIGIN` for a new ledger, else the run that wrote the
+(:data:`renyi_stream.queries.release_lineage.ORIGIN` for a new ledger, else the run that wrote the
 ``--previous-ledger`` snapshots), kept by the job's restarts, and written into every snapshot
 (:data:`SNAPSHOT_RUN`, :data:`SNAPSHOT_PREVIOUS_RUN`). Before its first public window the job claims
 the one successor of its parent (:func:`claim_lineage`, in :class:`CommitWindows` and
@@ -220,36 +220,36 @@ try:
     from apache_beam.transforms.window import TimestampedValue
     from apache_beam.utils.timestamp import Timestamp
 
-    from pipelines.beam import job_options as launch
-    from pipelines.beam import object_store as store
-    from pipelines.beam import transforms as tx
-    from pipelines.beam import worker_key
-    from pipelines.beam.local_runner import batch_runner, is_direct
-    from pipelines.beam.publication import PublicReleaseFiles, StagedReleases
-    from pipelines.streaming.releases import (PREPAID_ROWS, PREPAID_USERS, RUNNING_QUERY_ID, SNAPSHOT_BASE,
+    from renyi_stream.pipelines.beam import job_options as launch
+    from renyi_stream.pipelines.beam import object_store as store
+    from renyi_stream.pipelines.beam import transforms as tx
+    from renyi_stream.pipelines.beam import worker_key
+    from renyi_stream.pipelines.beam.local_runner import batch_runner, is_direct
+    from renyi_stream.pipelines.beam.publication import PublicReleaseFiles, StagedReleases
+    from renyi_stream.pipelines.streaming.releases import (PREPAID_ROWS, PREPAID_USERS, RUNNING_QUERY_ID, SNAPSHOT_BASE,
                                               SNAPSHOT_KIND, StreamingReleases, running_state_of)
 finally:
     _root.setLevel(_level)
-from pipelines.cli.errors import worded
-from pipelines.streaming import message_sizes
-from stream.engine.dead_letters import DeadLetterReason, dead_letters, rejected_letters, with_input_position
-from stream.engine.publication import publish_outbox
-from stream.engine.readers import FORMATS, InputFileError, MalformedLines, read_batches
-from stream.engine.row_balance import RowBalance, reason_counts
-from stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, merge_deltas, running_base
-from stream.faults import crash_point
-from queries import release_lineage as lineage
-from queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
-from queries.linear import default_queries
-from queries.registration import (category_reads, contract_defaults, declared_header, numeric_reads, plan_columns,
+from renyi_stream.pipelines.cli.errors import worded
+from renyi_stream.pipelines.streaming import message_sizes
+from renyi_stream.stream.engine.dead_letters import DeadLetterReason, dead_letters, rejected_letters, with_input_position
+from renyi_stream.stream.engine.publication import publish_outbox
+from renyi_stream.stream.engine.readers import FORMATS, InputFileError, MalformedLines, read_batches
+from renyi_stream.stream.engine.row_balance import RowBalance, reason_counts
+from renyi_stream.stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, merge_deltas, running_base
+from renyi_stream.stream.faults import crash_point
+from renyi_stream.queries import release_lineage as lineage
+from renyi_stream.queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
+from renyi_stream.queries.linear import default_queries
+from renyi_stream.queries.registration import (category_reads, contract_defaults, declared_header, numeric_reads, plan_columns,
                                   recorded_plan)
-from stream.contract import InputContract, declaration_hint
-from queries.release_files import release_file_path, release_file_table
-from stream.engine.ledger_config import SNAPSHOT_PREFIX, LedgerConfig, LedgerConfigError, snapshot_key
-from stream.ledger import STATUS_NAMES, Ledger, Policy
-from stream.noise import new_ledger_id
-from stream.private_files import PrivateFileError, private_dir
-from stream.schema import USER_ID, WINDOW_ID, SchemaError, WindowSpec, validate_batch
+from renyi_stream.stream.contract import InputContract, declaration_hint
+from renyi_stream.queries.release_files import release_file_path, release_file_table
+from renyi_stream.stream.engine.ledger_config import SNAPSHOT_PREFIX, LedgerConfig, LedgerConfigError, snapshot_key
+from renyi_stream.stream.ledger import STATUS_NAMES, Ledger, Policy
+from renyi_stream.stream.noise import new_ledger_id
+from renyi_stream.stream.private_files import PrivateFileError, private_dir
+from renyi_stream.stream.schema import USER_ID, WINDOW_ID, SchemaError, WindowSpec, validate_batch
 
 #: The curator's record of a finished local run's row balance (:func:`books`), under ``--output``.
 BOOKS_FILE = "_BOOKS.json"
@@ -278,10 +278,10 @@ def decode_message(payload: bytes) -> pa.Table:
     """The rows of one message: an Arrow IPC stream, ended by its end-of-stream marker. ValueError
     when it is not one, or when the marker is missing: a stream cut exactly between two record
     batches reads without error as its first batches, and its other rows would be lost uncounted
-    (the batch jobs refuse such a file the same way, :mod:`stream.engine.readers`). ValueError
+    (the batch jobs refuse such a file the same way, :mod:`renyi_stream.stream.engine.readers`). ValueError
     too when its rows take more than :data:`MAX_MESSAGE_DECODED_BYTES` decoded: refused on what
     its metadata declares before anything is decompressed, then batch by batch as decoded
-    (:mod:`pipelines.streaming.message_sizes`)."""
+    (:mod:`renyi_stream.pipelines.streaming.message_sizes`)."""
     try:
         ended, declared = _frame(payload)
         _refuse_past_the_cap(declared)
@@ -324,7 +324,7 @@ def _refuse_views(schema: pa.Schema) -> None:
 def _refuse_past_the_cap(size: int) -> None:
     if size > MAX_MESSAGE_DECODED_BYTES:
         raise ValueError(f"its rows take more than {MAX_MESSAGE_DECODED_BYTES:,} bytes decoded (at least {size:,}), "
-                         "the most one message may take (MAX_MESSAGE_DECODED_BYTES of pipelines.streaming.job)")
+                         "the most one message may take (MAX_MESSAGE_DECODED_BYTES of renyi_stream.pipelines.streaming.job)")
 
 
 _END_OF_STREAM = (b"\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\x00\x00")  # the marker; before Arrow 0.15
@@ -334,7 +334,7 @@ def _frame(payload: bytes) -> tuple[bool, int]:
     """Read ``payload``'s messages by their framing, decompressing nothing: whether the bytes
     after its last message (found by the framing, never by looking at the last bytes, which a
     batch's own data may spell) are exactly the end-of-stream marker, and the bytes its
-    messages declare decoded (:func:`pipelines.streaming.message_sizes.declared_bytes`)."""
+    messages declare decoded (:func:`renyi_stream.pipelines.streaming.message_sizes.declared_bytes`)."""
     reader = pa.BufferReader(payload)
     end, declared = 0, 0
     while True:
@@ -372,7 +372,7 @@ def _replayed_file(path: str) -> tuple[str, bytes]:
     A message file (an Arrow IPC stream, as :func:`encode_message` writes, by any other name) is
     replayed as it is. A file the daily job reads, named as such (``.parquet``, ``.csv``, an Arrow
     IPC *file* ``.arrow``/``.feather``/``.ipc``), is read by the batch jobs' reader
-    (:func:`stream.engine.readers.read_batches`, the same row-by-row rules) and replayed as one
+    (:func:`renyi_stream.stream.engine.readers.read_batches`, the same row-by-row rules) and replayed as one
     message of its rows, so the same day files feed every job. A CSV line the reader cannot read
     is refused at launch (:func:`refuse_unreplayable`), never dropped here."""
     with FileSystems.open(path) as handle:
@@ -565,7 +565,7 @@ class DecodeAndValidate(beam.DoFn):
 
     With ``stamp`` the output is timestamped at its earliest window's start (replayed files
     carry no event time of their own); otherwise it keeps the source's timestamp. A message's rows
-    are numbered (:data:`stream.engine.dead_letters.SOURCE`) by ``numbers`` (a replayed file: its
+    are numbered (:data:`renyi_stream.stream.engine.dead_letters.SOURCE`) by ``numbers`` (a replayed file: its
     index in ``--replay``, :func:`replay_numbers`), else by :func:`_source_number` of its name, and
     carry its name for their dead letters."""
 
@@ -645,7 +645,7 @@ def _write_named(root: str, sub: str, table: pa.Table) -> str:
 #: crash, :func:`recover` at the next launch).
 STAGED_RELEASES = "staged-releases"
 #: A window's commit marker, ``<output>/commits/window_id=<W>.json``: written (whole or not at all:
-#: a scratch name renamed into place, :func:`pipelines.beam.object_store.write_json`) once every
+#: a scratch name renamed into place, :func:`renyi_stream.pipelines.beam.object_store.write_json`) once every
 #: shard's ledger snapshot and records of the window are written and its releases staged, in window
 #: order, and before the window's release file is published. The last marker names the window a
 #: restarted job continues from (:func:`recover`).
@@ -676,11 +676,11 @@ class StageWindowFile(beam.DoFn):
     of each query active in it, and one running-query state per running query active in it);
     outputs ``(window, (STAGED, -1))``. Staged, not public: the file is the job's outbox
     (:data:`STAGED_RELEASES`), published by :class:`CommitWindows`. An element
-    ``(window_id, state table)`` (a table, not a row: :class:`pipelines.streaming.releases.ReleaseRunningInOrder`'s
+    ``(window_id, state table)`` (a table, not a row: :class:`renyi_stream.pipelines.streaming.releases.ReleaseRunningInOrder`'s
     ``release_state``) is a running query's state after the window, written under ``running_root``
     (``window_id=<W>/``, named by its content) before the release file, so a staged window always
     has the release states that continue it.
-    Written whole and ``0600`` (:func:`pipelines.beam.object_store.write_parquet`); a retried
+    Written whole and ``0600`` (:func:`renyi_stream.pipelines.beam.object_store.write_parquet`); a retried
     bundle rewrites the same content (keyed noise). Crash point ``streaming_after_stage``.
 
     A stateful step rather than a GroupByKey: a GroupByKey on an unbounded collection needs a
@@ -724,7 +724,7 @@ def _snapshot_written(path: str) -> tuple[int, tuple[str, int]]:
 
 class WriteWindowRecords(beam.DoFn):
     """One shard's records of one charged window, ``(window, books record, duplicates or None)``
-    (:class:`pipelines.streaming.releases.StreamingReleases` with ``window_records``) -> its books
+    (:class:`renyi_stream.pipelines.streaming.releases.StreamingReleases` with ``window_records``) -> its books
     record (``books/window_id=<W>/``: the shard's row books of the window and its counts by status,
     :data:`BOOKS_COLUMNS`, one file) and, when it had any, its duplicate dead letters
     (``dead/window_id=<W>/``), each named by its content; then outputs
@@ -745,10 +745,10 @@ class WriteWindowRecords(beam.DoFn):
 
 class WritePrepaid(beam.DoFn):
     """One shard's per-user prepaid rows after one window, ``(shard, window, [(query_id, table)])``
-    (:class:`pipelines.streaming.releases.StreamingReleases`' ``prepaid``: whole with a full ledger
+    (:class:`renyi_stream.pipelines.streaming.releases.StreamingReleases`' ``prepaid``: whole with a full ledger
     snapshot, else a delta, the rows of the users charged in the window) -> one file per running
     query, ``prepaid/window_id=<W>/shard=<S>/``, named by its content and recording the query id
-    (:data:`pipelines.streaming.releases.RUNNING_QUERY_ID`); a delta without rows writes no file
+    (:data:`renyi_stream.pipelines.streaming.releases.RUNNING_QUERY_ID`); a delta without rows writes no file
     (the window's ledger snapshot records the rows of each, :data:`PREPAID_ROWS`, so a file is
     expected exactly when it has rows). Then ``(window, (PREPAID_WRITTEN, shard))``, so the
     window's commit marker is written only once they are: a lost prepaid row would restart its
@@ -783,7 +783,7 @@ def committed_windows(curator: str) -> list[int]:
 
 class CommitWindows(beam.DoFn):
     """Under one key: commits the job's windows in window order, each once it is complete, and
-    publishes them by the one publication rule (:func:`stream.engine.publication.publish_outbox`,
+    publishes them by the one publication rule (:func:`renyi_stream.stream.engine.publication.publish_outbox`,
     first write wins); outputs the public files.
 
     Input ``(key, (window, event))``: ``(STAGED, -1)`` from :class:`StageWindowFile`,
@@ -862,7 +862,7 @@ class CommitWindows(beam.DoFn):
 
 
 #: Schema metadata of every ledger snapshot the job writes, beside the ledger's own and the
-#: ledger's configuration (:meth:`stream.engine.ledger_config.LedgerConfig.to_snapshot_metadata`,
+#: ledger's configuration (:meth:`renyi_stream.stream.engine.ledger_config.LedgerConfig.to_snapshot_metadata`,
 #: ``renyi_stream.<field>``): the window and shard it is of, so that a later job given it as
 #: ``--previous-ledger`` can tell whether it holds every shard of one window (:func:`_previous_ledger`).
 SNAPSHOT_WINDOW, SNAPSHOT_SHARD = snapshot_key("window_id"), snapshot_key("shard")
@@ -873,9 +873,9 @@ SNAPSHOT_SHARDS, SNAPSHOT_LEDGER_ID = snapshot_key("n_shards"), snapshot_key("le
 #: The queries a ledger has answered, ``{query_id: first window answered}`` (JSON), recorded in every
 #: snapshot (those answered through its window) and carried by a job that continues it: a query
 #: registered into windows already charged but never answered is moved past them at the next launch
-#: (:func:`queries.catalogue.queries_at_launch`).
+#: (:func:`renyi_stream.queries.catalogue.queries_at_launch`).
 SNAPSHOT_QUERIES = "renyi_stream.queries"
-#: The job's query plan (:func:`queries.registration.recorded_plan`: which queries from which window, their
+#: The job's query plan (:func:`renyi_stream.queries.registration.recorded_plan`: which queries from which window, their
 #: specs), recorded in every snapshot.
 SNAPSHOT_QUERY_PLAN = "renyi_stream.query_plan"
 
@@ -903,8 +903,8 @@ def _ledger_file(item: tuple[int, int, pa.Table], *, recorded: dict[bytes, bytes
 
 
 #: The columns of a shard's books record of a window (:func:`_books_file`): the window and shard, the
-#: shard's row books since its previous window (:class:`stream.engine.shard_state.ShardBooks`), the
-#: window's counts as the batch jobs record them (:data:`stream.engine.shard_state.WINDOW_COUNT_NAMES`:
+#: shard's row books since its previous window (:class:`renyi_stream.stream.engine.shard_state.ShardBooks`), the
+#: window's counts as the batch jobs record them (:data:`renyi_stream.stream.engine.shard_state.WINDOW_COUNT_NAMES`:
 #: ``admitted``, ``clipped``, ``dropped`` by status, ``nonfinite``), the rows ``buffered`` for later
 #: windows and ``balanced`` (1 or 0). One record per shard and window holds both the books and the
 #: counts, so a window writes one file per shard for them, not two. Sensitive: curator only.
@@ -925,7 +925,7 @@ def _books_file(item: tuple[int, dict]) -> tuple[str, pa.Table]:
 
 def window_counts(curator: str) -> pa.Table:
     """Every shard's counts of every window it charged rows in, from a streaming job's ``--output``
-    ``curator``: ``window_id``, ``shard`` and :data:`stream.engine.shard_state.WINDOW_COUNT_NAMES`,
+    ``curator``: ``window_id``, ``shard`` and :data:`renyi_stream.stream.engine.shard_state.WINDOW_COUNT_NAMES`,
     as the batch jobs record them, one row per (window, shard) with a charged row, sorted. Read from
     the books records (:data:`BOOKS_COLUMNS`), which hold them. Exact counts: curator only."""
     names = ["window_id", "shard", *WINDOW_COUNT_NAMES]
@@ -946,7 +946,7 @@ def _curator_tables(curator: str, folder: str) -> list[pa.Table]:
 # --- launch ----------------------------------------------------------------------------------
 
 
-def _parser(prog: str = "python -m pipelines.streaming") -> argparse.ArgumentParser:
+def _parser(prog: str = "python -m renyi_stream.pipelines.streaming") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, allow_abbrev=False,
         description="The individual filter on an unbounded stream: Pub/Sub messages or Kafka records (Arrow IPC "
@@ -1015,12 +1015,12 @@ def _check_source(args: argparse.Namespace) -> None:
         raise ValueError(f"{', '.join(given)} only go with --kafka-topic, which was not given")
 
 
-def parse_args(argv: Sequence[str], prog: str = "python -m pipelines.streaming") -> tuple[argparse.Namespace, list[str]]:
+def parse_args(argv: Sequence[str], prog: str = "python -m renyi_stream.pipelines.streaming") -> tuple[argparse.Namespace, list[str]]:
     """``(job arguments, Beam arguments)`` of ``argv``. Exits with status 2 and a message naming
     the options (argparse's ``error``) when the source options do not fit together: two sources
     (``--kafka-topic`` with ``--subscription`` or ``--replay``), ``--kafka-topic`` without
     ``--bootstrap-servers``, a malformed Kafka option, a Kafka option without ``--kafka-topic``, or
-    an option neither this job's nor Beam's (:func:`pipelines.beam.job_options.refuse_unknown_options`:
+    an option neither this job's nor Beam's (:func:`renyi_stream.pipelines.beam.job_options.refuse_unknown_options`:
     a typo would run the job without it)."""
     parser = _parser(prog)
     args, beam_args = parser.parse_known_args(list(argv))
@@ -1050,7 +1050,7 @@ def _snapshot_glob(root: str, window: int) -> str:
 def _check_snapshot_paths(pattern: str, paths: Sequence[str], *, releases: str,
                           released: Sequence[int]) -> tuple[str, int, dict[int, str]]:
     """``(ledger root, window, {shard: path})`` of the files ``--previous-ledger`` matched, refused
-    (:class:`pipelines.distributed.job.RunRefused`) unless they are this job's snapshots of one window,
+    (:class:`renyi_stream.pipelines.distributed.job.RunRefused`) unless they are this job's snapshots of one window,
     at most one file per shard, and that window is the last one released under ``releases``."""
     option = f"--previous-ledger {pattern!r}"
     last = max(released) if released else None
@@ -1157,7 +1157,7 @@ def _float_or_none(text: str) -> float | None:
 
 
 def _compared(name: str, text: str) -> str:
-    """A recorded value as compared: a release root normalised as :func:`pipelines.beam.object_store.absolute`
+    """A recorded value as compared: a release root normalised as :func:`renyi_stream.pipelines.beam.object_store.absolute`
     does (``gs://b/r/`` is ``gs://b/r``), anything else as it is."""
     return store.absolute(text) if name == "releases" else text
 
@@ -1165,7 +1165,7 @@ def _compared(name: str, text: str) -> str:
 def _recorded_config(pattern: str, files: dict[int, str], metadata: dict[int, dict[str, str]]) -> LedgerConfig:
     """The ledger configuration every shard's snapshot records
     (:meth:`LedgerConfig.from_snapshot_metadata`, the release root normalised as
-    :func:`pipelines.beam.object_store.absolute` does). RunRefused when a snapshot does not record
+    :func:`renyi_stream.pipelines.beam.object_store.absolute` does). RunRefused when a snapshot does not record
     it (written before the job recorded it: it cannot be checked; the message says how to go on),
     records a malformed value, or the shards record different values (not one ledger's)."""
     option = f"--previous-ledger {pattern!r}"
@@ -1182,7 +1182,7 @@ def _recorded_config(pattern: str, files: dict[int, str], metadata: dict[int, di
                 f"that it keeps the promise the earlier job made to every user (a larger epsilon or norm budget, "
                 f"another accounting, delta, key, window length or release root would silently break it). If this "
                 f"run's parameters are exactly the earlier job's, record them in a copy of the snapshots with "
-                f"pipelines.streaming.job.record_snapshot_parameters(<this glob>, <a new ledger root>, <the earlier "
+                f"renyi_stream.pipelines.streaming.job.record_snapshot_parameters(<this glob>, <a new ledger root>, <the earlier "
                 f"job's arguments>) (deploy/README.md, 'Streaming mode') and give the copy as --previous-ledger"
             ) from None
         configs[shard] = replace(config, releases=store.absolute(config.releases))
@@ -1231,9 +1231,9 @@ def _read_snapshots(pattern: str, *, releases: str,
 
 def _whole_snapshot(pattern: str, root: str, window: int, shard: int, table: pa.Table) -> pa.Table:
     """Shard ``shard``'s whole ledger at ``window`` from its snapshot ``table`` there: the table
-    itself when it is full; for a delta (:data:`pipelines.streaming.releases.SNAPSHOT_KIND`), the
+    itself when it is full; for a delta (:data:`renyi_stream.pipelines.streaming.releases.SNAPSHOT_KIND`), the
     full snapshot of its base window with the deltas of the windows after it through ``window`` over
-    it (:func:`stream.engine.shard_state.merge_deltas`), with ``table``'s metadata.
+    it (:func:`renyi_stream.stream.engine.shard_state.merge_deltas`), with ``table``'s metadata.
     RunRefused, naming the file missing or doubled, when that chain is not one file per window."""
     meta = _metadata(table)
     if meta.get(SNAPSHOT_KIND, "full") != "delta":
@@ -1275,7 +1275,7 @@ def _previous_ledger(pattern: str, wanted: LedgerConfig, *, released: Sequence[i
     count its snapshots record, or else the shard folders there); when the snapshots do not
     record the ledger's configuration or record values other than ``wanted``'s
     (:func:`_continued`); and when the ledger itself is inconsistent
-    (:meth:`stream.ledger.Ledger.from_arrow`)."""
+    (:meth:`renyi_stream.stream.ledger.Ledger.from_arrow`)."""
     releases = wanted.releases
     if pattern.lower() == "none":
         if released:
@@ -1320,7 +1320,7 @@ def publish_staged(pattern: str, releases: str) -> list[int]:
     windows staged under its ``--output`` (:data:`STAGED_RELEASES`). Given ``W``'s snapshots as
     ``pattern`` (``--previous-ledger``), publish every staged window after the last one public under
     ``releases`` through ``W``, in window order, first write wins
-    (:func:`stream.engine.publication.publish_outbox`): ``W``'s snapshots hold the charges of every
+    (:func:`renyi_stream.stream.engine.publication.publish_outbox`): ``W``'s snapshots hold the charges of every
     window through ``W``, so each of those answers has a durable ledger that charged its users.
     Returns the windows newly published (then ``W`` is the last released window, and the job
     continues from its snapshots as from any other's).
@@ -1399,7 +1399,7 @@ def restarting(curator: str, args: argparse.Namespace) -> bool:
 
 # --- the public lineage: which job may publish as the continuation of which ledger ------------
 #: Schema metadata of every ledger snapshot: the run id of the job that wrote it (:data:`STATE_FILE`
-#: records it) and of the job whose ledger that job continued (:data:`queries.release_lineage.ORIGIN`
+#: records it) and of the job whose ledger that job continued (:data:`renyi_stream.queries.release_lineage.ORIGIN`
 #: for a new ledger). A job continuing the snapshot is the successor of its ``SNAPSHOT_RUN``.
 SNAPSHOT_RUN, SNAPSHOT_PREVIOUS_RUN = snapshot_key("run"), snapshot_key("previous_run")
 
@@ -1430,7 +1430,7 @@ def job_lineage(curator: str, args: argparse.Namespace) -> tuple[str | None, str
     """``(run, previous run)`` of the job this launch is: a restart (:func:`restarting`) keeps the
     run id and parent its :data:`STATE_FILE` records (``(None, None)`` for a state folder from
     before lineage: unchecked, as snapshots without it); a new job draws a new run id
-    (:func:`new_run_id`) and continues :data:`queries.release_lineage.ORIGIN` (``--previous-ledger
+    (:func:`new_run_id`) and continues :data:`renyi_stream.queries.release_lineage.ORIGIN` (``--previous-ledger
     none``) or the run that wrote its ``--previous-ledger`` snapshots (None when they do not record
     it)."""
     state = _state(curator)
@@ -1444,9 +1444,9 @@ def job_lineage(curator: str, args: argparse.Namespace) -> tuple[str | None, str
 def check_lineage(releases: str, args: argparse.Namespace, run: str | None, previous_run: str | None, *,
                   restart: bool) -> None:
     """Refuse (RunRefused, naming both runs and the ledger to continue instead) a job that would
-    fork the public lineage under ``releases`` (:mod:`queries.release_lineage`): a new ledger on a
+    fork the public lineage under ``releases`` (:mod:`renyi_stream.queries.release_lineage`): a new ledger on a
     root whose lineage another run started; a ``--previous-ledger`` that is not the public chain's
-    (:func:`queries.release_lineage.check_continuation`: another run already continued its ledger,
+    (:func:`renyi_stream.queries.release_lineage.check_continuation`: another run already continued its ledger,
     or published as the successor of its parent, or published a window it charged); a restart
     whose parent another run continued publicly. Snapshots or state folders from before lineage
     are not checked."""
@@ -1479,7 +1479,7 @@ def check_lineage(releases: str, args: argparse.Namespace, run: str | None, prev
 
 def claim_lineage(public: str, run: str | None, previous_run: str | None) -> None:
     """Claim run ``run`` the one public successor of ``previous_run``'s ledger under ``public``
-    before any of its windows is published (:func:`queries.release_lineage.claim`; idempotent for
+    before any of its windows is published (:func:`renyi_stream.queries.release_lineage.claim`; idempotent for
     its holder, so a restarted job keeps its claim). LineageConflict, naming both runs, when
     another run holds it: then nothing of ``run`` may be published. Nothing to claim for a job or
     snapshots from before lineage (either id None)."""
@@ -1527,7 +1527,7 @@ def recover(curator: str, releases: str) -> tuple[int | None, list[int], int]:
        markers in window order, each after every shard's snapshot and records of its window and
        its staged releases).
     2. Every committed window not yet public under ``releases`` is published, in window order,
-       first write wins (:func:`stream.engine.publication.publish_outbox`): each has its ledger
+       first write wins (:func:`renyi_stream.stream.engine.publication.publish_outbox`): each has its ledger
        snapshots, so its answer has a durable ledger that charged its users.
     3. The files of windows after ``C`` (snapshots, staged releases, books, duplicates)
        are the crashed job's dead branch: removed, never restored nor published (no marker names
@@ -1570,13 +1570,13 @@ def previous_running_state(pattern: str) -> tuple[dict[str, pa.Table], dict[str,
     release states and releases ``y`` those staged with the window (:class:`StageWindowFile`).
     Empty for ``none`` or snapshots outside a job's ``--output`` (a copy made by
     :func:`record_snapshot_parameters`): a running query they should have continued is then
-    refused by the schedule rule (:func:`stream.engine.shard_state.refuse_running_gaps`).
+    refused by the schedule rule (:func:`renyi_stream.stream.engine.shard_state.refuse_running_gaps`).
     RunRefused for a file without its query id, shards disagreeing on a query's metadata, a prepaid
     file of a window missing, doubled or of other rows than its ledger snapshot records
     (:data:`PREPAID_ROWS`), prepaid rows other than the users the shards' ledger snapshots record
     (:data:`PREPAID_USERS`: a lost file would restart its users' prepaid charges from nothing), or
     two release states of one query; the states themselves are checked when restored
-    (:class:`stream.engine.running.PrepaidUsers`, :class:`stream.engine.running.RunningRelease`)."""
+    (:class:`renyi_stream.stream.engine.running.PrepaidUsers`, :class:`renyi_stream.stream.engine.running.RunningRelease`)."""
     if pattern.lower() == "none":
         return {}, {}, {}
     snapshots = _matched(store.absolute(pattern))
@@ -1653,8 +1653,8 @@ def _shard_prepaid(pattern: str, base: str, window: int, shard: int, meta: dict[
     """Shard ``shard``'s whole prepaid rows at ``window`` by running query, from its prepaid files in
     the job folder ``base``: those of ``window`` when its ledger snapshot (metadata ``meta``) is full;
     for a delta, the full files of its base window (:data:`SNAPSHOT_BASE`) with the deltas of every
-    window after it through ``window`` over them (:func:`stream.engine.shard_state.merge_deltas`),
-    as the shard's own state is rebuilt (:meth:`stream.engine.shard_state.ShardSnapshots.restore`).
+    window after it through ``window`` over them (:func:`renyi_stream.stream.engine.shard_state.merge_deltas`),
+    as the shard's own state is rebuilt (:meth:`renyi_stream.stream.engine.shard_state.ShardSnapshots.restore`).
     Each window's files are checked against its ledger snapshot's :data:`PREPAID_ROWS` (one file per
     query with rows, that many rows; recorded from this version on) and their kind against the chain:
     RunRefused naming the window and shard otherwise, since a lost delta would restore its users'
@@ -1732,7 +1732,7 @@ def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[st
     (``<destination>/window_id=<W>/*/*.parquet``) as the next job's ``--previous-ledger``.
 
     ``argv`` must be **the earlier job's arguments**, as it was launched (the options of
-    ``python -m pipelines.streaming``): what is recorded is what every later job is checked
+    ``python -m renyi_stream.pipelines.streaming``): what is recorded is what every later job is checked
     against, and the snapshots can confirm only part of it. Checked, RunRefused otherwise: the
     snapshots are every shard's of the last window released under ``argv``'s
     ``--releases-parquet`` (as :func:`_previous_ledger` checks them), ``destination`` is not
@@ -1784,7 +1784,7 @@ def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[st
 def build(p: beam.Pipeline, args: argparse.Namespace,
           messages: beam.pvalue.PCollection | None = None) -> dict[str, Any]:
     """Check the arguments and apply the streaming graph to ``p``; returns its PCollections.
-    Raises :class:`pipelines.distributed.job.RunRefused` (nothing built) when a check fails, and
+    Raises :class:`renyi_stream.pipelines.distributed.job.RunRefused` (nothing built) when a check fails, and
     ValueError naming the option when the source options do not fit together.
 
     ``messages``, when given, is a PCollection that replaces the source's read step, and only that
@@ -1946,10 +1946,10 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
 def _launch_queries(releases: str, *, columns: "Sequence[str] | InputContract", start: int,
                     released: Sequence[int], answered: dict[str, int] | None) -> LaunchQueries:
     """The query catalogue under ``releases`` as this job launches with it
-    (:func:`queries.catalogue.queries_at_launch`, nothing written): queries registered into
+    (:func:`renyi_stream.queries.catalogue.queries_at_launch`, nothing written): queries registered into
     windows already released (the ledger charged them) but never ``answered`` move to the first
     window after them, and on a catalogue with no query the per-window sums of ``columns`` are
-    registered from ``start`` (a declared contract's: :func:`queries.registration.contract_defaults`).
+    registered from ``start`` (a declared contract's: :func:`renyi_stream.queries.registration.contract_defaults`).
     RunRefused when there is nothing to answer, the catalogue cannot be read or a default cannot be
     registered."""
     catalogue = ReleaseCatalogue(releases)
@@ -1974,8 +1974,8 @@ def _launch_queries(releases: str, *, columns: "Sequence[str] | InputContract", 
 
 def _record_queries(releases: str, queries: LaunchQueries, contract: InputContract | None = None,
                     config: LedgerConfig | None = None) -> list[str]:
-    """Write the catalogue changes the job launches with (:meth:`queries.catalogue.ReleaseCatalogue.record_launch`)
-    and the ledger's input ``contract`` beside them, once (:meth:`~queries.catalogue.ReleaseCatalogue.record_input_contract`),
+    """Write the catalogue changes the job launches with (:meth:`renyi_stream.queries.catalogue.ReleaseCatalogue.record_launch`)
+    and the ledger's input ``contract`` beside them, once (:meth:`~renyi_stream.queries.catalogue.ReleaseCatalogue.record_input_contract`),
     and return them in words. CatalogueChanged when the catalogue changed since :func:`build` read
     it; ContractError, nothing written, when the root records another contract."""
     catalogue = ReleaseCatalogue(releases)
@@ -1994,7 +1994,7 @@ def _record_queries(releases: str, queries: LaunchQueries, contract: InputContra
 
 def books(curator: str) -> dict[str, Any]:
     """The row balance of a streaming job's curator output ``curator`` (its ``--output``), from the
-    files it wrote, as every job records it (:meth:`stream.engine.row_balance.RowBalance.totals`):
+    files it wrote, as every job records it (:meth:`renyi_stream.stream.engine.row_balance.RowBalance.totals`):
     ``rows_read`` (every message's rows, ``read/``), ``admitted``, ``clipped`` and ``dropped``
     (the shards' per-window books records, ``books/``), ``rejected`` and ``late`` (``dead/``, by
     reason), and ``balanced``: whether the balance holds (:attr:`RowBalance.balanced`) and every
@@ -2030,7 +2030,7 @@ def _read_kafka(p: beam.Pipeline, args: argparse.Namespace) -> Any:
                               f"{first}") from exc
 
 
-def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipelines.streaming") -> int:
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m renyi_stream.pipelines.streaming") -> int:
     parser = _parser(prog)
     args, beam_args = parse_args(sys.argv[1:] if argv is None else argv, prog)
     logging.getLogger().setLevel(logging.ERROR)
@@ -2039,13 +2039,13 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m pipelines.
         flags += ["--runner=DirectRunner"]
     try:
         key_path = launch.key_fingerprint(args)[0]
-        if args.noise_key_secret:  # each worker fetches the key at start-up (pipelines.beam.worker_key)
+        if args.noise_key_secret:  # each worker fetches the key at start-up (renyi_stream.pipelines.beam.worker_key)
             flags += [f"--{worker_key.SECRET_OPTION}={args.noise_key_secret}",
                       f"--{worker_key.PATH_OPTION}={key_path}", f"--beam_plugins={worker_key.PLUGIN}"]
         options = PipelineOptions(flags)
         direct = "Direct" in str(options.view_as(StandardOptions).runner or "DirectRunner")
         # A local replay runs on the FnApiRunner in this process, chosen up front as the batch jobs'
-        # (pipelines.beam.local_runner: no graph walks to choose, no SDK state cache to weigh); a
+        # (renyi_stream.pipelines.beam.local_runner: no graph walks to choose, no SDK state cache to weigh); a
         # local --streaming run keeps Beam's own choice (its streaming DirectRunner).
         runner = (batch_runner(options) if direct and not options.view_as(StandardOptions).streaming
                   and is_direct(options) else None)

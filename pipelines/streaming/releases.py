@@ -1,6 +1,6 @@
 """The individual filter and its releases on an unbounded stream, window by window on the watermark.
 
-The batch path (:class:`pipelines.beam.transforms.IndividualFilterDoFn`) charges a whole run on one
+The batch path (:class:`renyi_stream.pipelines.beam.transforms.IndividualFilterDoFn`) charges a whole run on one
 timer at the end of the global window. Here the same per-window work runs as the watermark
 passes each window's end, so a long-running pipeline releases every day as it closes:
 
@@ -10,17 +10,17 @@ passes each window's end, so a long-running pipeline releases every day as it cl
   window; on the event-time timer at the window's end the window's rows are charged in
   event-time order, ties by input position, with duplicates of a (user, window) dead-lettered by
   the batch rule (invariant 2), through the same
-  :meth:`stream.engine.shard_state.ShardState.charge_window`. A row for a window the shard has
+  :meth:`renyi_stream.stream.engine.shard_state.ShardState.charge_window`. A row for a window the shard has
   already charged is dead-lettered ``late_window`` and charges nobody (invariants 5-7).
 * :class:`ReleaseCompletedWindow`, keyed by window: every shard reports once per window of the
   public schedule, rows or not, with its partial sums inside; when all shards have reported, it
-  releases every active query through :class:`pipelines.beam.transforms.ReleaseWindow` (the same
+  releases every active query through :class:`renyi_stream.pipelines.beam.transforms.ReleaseWindow` (the same
   keyed noise: invariants 3, 5), once.
 * :class:`ReleaseRunningInOrder`, keyed by running query: the query's release state
-  (:class:`stream.engine.running.RunningRelease`, the batch jobs' object) advanced once per window
+  (:class:`renyi_stream.stream.engine.running.RunningRelease`, the batch jobs' object) advanced once per window
   of the schedule, in window order, rows or not, from each completed window's ``a_t``: ``y_t =
-  (C a)_t + z_t`` with the keyed noise (:meth:`pipelines.beam.transforms.ReleaseRunning.release_window`),
-  then the running-total estimates (:class:`pipelines.beam.transforms.RunningEstimates`), and the
+  (C a)_t + z_t`` with the keyed noise (:meth:`renyi_stream.pipelines.beam.transforms.ReleaseRunning.release_window`),
+  then the running-total estimates (:class:`renyi_stream.pipelines.beam.transforms.RunningEstimates`), and the
   state after the window (with the releases ``y`` so far), which the job commits with the window.
 * :class:`StreamingReleases` wires them together.
 
@@ -56,13 +56,13 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
-from stream.engine.dead_letters import classify_windows, window_letters
-from stream.engine.running import RunningRelease
-from stream.engine.shard_cache import ShardCache, new_token
-from stream.engine.window_buffer import WIDTH, WindowBuffer
-from stream.engine.shard_state import (LEDGER_DELTA, LEDGER_PART, RUNNING_DELTA, RUNNING_PART, QueryPlan, ShardBooks,
+from renyi_stream.stream.engine.dead_letters import classify_windows, window_letters
+from renyi_stream.stream.engine.running import RunningRelease
+from renyi_stream.stream.engine.shard_cache import ShardCache, new_token
+from renyi_stream.stream.engine.window_buffer import WIDTH, WindowBuffer
+from renyi_stream.stream.engine.shard_state import (LEDGER_DELTA, LEDGER_PART, RUNNING_DELTA, RUNNING_PART, QueryPlan, ShardBooks,
                                        ShardSnapshots, ShardState, held_deltas)
-from pipelines.beam.transforms import (
+from renyi_stream.pipelines.beam.transforms import (
     ReleaseRunning,
     ReleaseWindow,
     RunningEstimates,
@@ -77,12 +77,12 @@ from pipelines.beam.transforms import (
     packed_by_shard,
     unpacked,
 )
-from stream.schema import USER_ID, WINDOW_ID, WindowSpec
+from renyi_stream.stream.schema import USER_ID, WINDOW_ID, WindowSpec
 
 
 #: Schema metadata of a ledger snapshot the streaming filter emits (tag ``ledger``): ``full`` (the
 #: shard's whole ledger) or ``delta`` (the rows of the users charged in its window,
-#: :meth:`stream.engine.shard_state.ShardSnapshots.after_window`), and for a delta the window of the
+#: :meth:`renyi_stream.stream.engine.shard_state.ShardSnapshots.after_window`), and for a delta the window of the
 #: full snapshot it goes over (every window between them has a delta): the shard's ledger at a
 #: delta's window is that full snapshot with the deltas through it over it, in window order.
 SNAPSHOT_KIND, SNAPSHOT_BASE = "renyi_stream.snapshot", "renyi_stream.base_window"
@@ -148,9 +148,9 @@ def split_by_window(table: pa.Table) -> list[tuple[int, pa.Table]]:
 
 class StateMark(NamedTuple):
     """What a shard's keyed state says about its ``STATE`` bag without reading it: ``token``, the
-    state token (:func:`stream.engine.shard_cache.new_token`) written with the bag's last change,
+    state token (:func:`renyi_stream.stream.engine.shard_cache.new_token`) written with the bag's last change,
     and ``deltas``, how many ledger deltas the bag holds after its full snapshot (what
-    :meth:`stream.engine.shard_state.ShardSnapshots.after_window` compacts on)."""
+    :meth:`renyi_stream.stream.engine.shard_state.ShardSnapshots.after_window` compacts on)."""
 
     token: str
     deltas: int
@@ -164,7 +164,7 @@ CACHED_SHARDS = 16
 RESTORED_FROM_STATE = Metrics.counter("renyi_stream.streaming_filter", "shards_restored_from_state")
 TAKEN_FROM_CACHE = Metrics.counter("renyi_stream.streaming_filter", "shards_taken_from_cache")
 #: Beam counter of the parts of buffered rows the filter read from its row bags (a window's own, and
-#: those moved between the bags of its :class:`stream.engine.window_buffer.WindowBuffer`).
+#: those moved between the bags of its :class:`renyi_stream.stream.engine.window_buffer.WindowBuffer`).
 BUFFERED_PARTS_READ = Metrics.counter("renyi_stream.streaming_filter", "buffered_parts_read")
 
 if WIDTH != 8:  # the filter's methods name one state parameter per bag
@@ -172,7 +172,7 @@ if WIDTH != 8:  # the filter's methods name one state parameter per bag
 
 #: The names of the filter's row-bag parameters, as its ``process`` and ``on_window_end`` take them:
 #: the ring (``rows_0..``), the blocks (``block_0..``) and ``later`` of its
-#: :class:`stream.engine.window_buffer.WindowBuffer`, and ``buffered_rows`` (its counts per window).
+#: :class:`renyi_stream.stream.engine.window_buffer.WindowBuffer`, and ``buffered_rows`` (its counts per window).
 ROW_BAG_PARAMS = (*(f"rows_{i}" for i in range(WIDTH)), *(f"block_{i}" for i in range(WIDTH)), "later",
                   "buffered_rows")
 
@@ -188,7 +188,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
     State (per shard, global window; never window-scoped, invariant 1):
       ROWS_i, BLOCK_i, LATER, HELD -- the rows buffered for windows not yet charged, as
                  ``(window_id, packed rows)`` in a two-level timing wheel of bags by window
-                 (:class:`stream.engine.window_buffer.WindowBuffer`: a ring bag per window of the
+                 (:class:`renyi_stream.stream.engine.window_buffer.WindowBuffer`: a ring bag per window of the
                  current block of 8, a bag per later block of the current 64 windows, one for the
                  rest) and their rows counted per window (HELD): a window reads its own bag only.
       STATE   -- bag of the shard's snapshot parts (``("ledger", table)``, ``("running", ...)``,
@@ -199,19 +199,19 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
       MARK    -- :class:`StateMark`: the state token written with STATE's last change and the
                  deltas STATE holds, so a firing that finds its shard in the cache reads neither.
       BOOKS   -- ``(now, at the last charge)``: the shard's cumulative
-                 :class:`stream.engine.shard_state.ShardBooks` (rows received, dead, charged), checked
+                 :class:`renyi_stream.stream.engine.shard_state.ShardBooks` (rows received, dead, charged), checked
                  against the buffer at every charged window, and as they were at the last one.
     Timer:
       WINDOW_END -- event-time timer at the end of the next uncharged window. Its callback
                     :meth:`on_window_end` takes the shard from the worker's cache when the cached
                     copy is the committed state (its token is MARK's), else restores it from STATE
-                    (:class:`stream.engine.shard_state.ShardSnapshots`, as the batch filter),
+                    (:class:`renyi_stream.stream.engine.shard_state.ShardSnapshots`, as the batch filter),
                     charges exactly that window, writes the shard's snapshot back to STATE with a
                     fresh token in MARK, files the shard in the cache under that token, then
                     re-arms at the next window's end (through ``end_window``). A firing before
                     that end (an extra or repeated firing) does nothing, so each window is
                     charged at most once (invariant 6).
-    Cache (:class:`stream.engine.shard_cache.ShardCache`, this DoFn instance's, never pickled):
+    Cache (:class:`renyi_stream.stream.engine.shard_cache.ShardCache`, this DoFn instance's, never pickled):
       the shards this instance charged, each under the token its firing wrote, at most
       ``cached_shards`` of them (least recently charged evicted first). A shard's firings come
       once per window in turn, a cycle through the worker's shards on which a least-recently-used
@@ -235,7 +235,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
     running queries), every charged window also ``(shard, window, [(query_id, prepaid rows)])``
     (tag ``prepaid``, :func:`_prepaid_parts`): the shard's per-user prepaid rows after the window as
     its ledger snapshot has them, whole with a full snapshot and otherwise the rows of the users
-    charged in the window (:meth:`stream.engine.shard_state.ShardSnapshots.after_window`), ``[]``
+    charged in the window (:meth:`renyi_stream.stream.engine.shard_state.ShardSnapshots.after_window`), ``[]``
     while it has none.
     """
 
@@ -271,7 +271,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         self._policy = policy
         self._released = tuple(sorted(int(w) for w in released))
         self._snapshot_every_window = snapshot_every_window
-        # A job resumed after a crash (pipelines.streaming.job, "Crash recovery") charged this
+        # A job resumed after a crash (renyi_stream.pipelines.streaming.job, "Crash recovery") charged this
         # schedule's windows through ``resumed_through`` before: every shard starts there.
         self._resumed = self._start - 1 if resumed_through is None else int(resumed_through)
         self._window_records = window_records
@@ -389,10 +389,10 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         buffer = WindowBuffer(ring=(rows_0, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6, rows_7),
                               blocks=(block_0, block_1, block_2, block_3, block_4, block_5, block_6, block_7),
                               later=later, held=buffered_rows)
-        # This window's own bag only (stream.engine.window_buffer): never the rows of later windows.
+        # This window's own bag only (renyi_stream.stream.engine.window_buffer): never the rows of later windows.
         mine = unpacked(buffer.take(window)[0])
         # The cached shard only if it is exactly the committed state: its token is the one committed
-        # with STATE's last change (stream.engine.shard_cache). Else restore from STATE, whole.
+        # with STATE's last change (renyi_stream.stream.engine.shard_cache). Else restore from STATE, whole.
         committed = mark.read()
         shard = self.shard_cache().take(key, committed.token if committed is not None else None)
         if shard is not None:
@@ -500,7 +500,7 @@ class ReleaseCompletedWindow(beam.DoFn):
     Input ``(window_id, (shard, {query_id: partial sum}))``: every shard sends exactly one per
     window of the schedule, rows or not, when the watermark passes the window's end (its
     chained timer). When all ``n_shards`` have reported, the window is complete: release every
-    active query through :class:`pipelines.beam.transforms.ReleaseWindow` (sum of partials, 0 when
+    active query through :class:`renyi_stream.pipelines.beam.transforms.ReleaseWindow` (sum of partials, 0 when
     none, plus noise keyed by (query, window)), so every scheduled window is released
     (invariant 3), once (invariant 5: a RELEASED flag ignores any later or repeated report).
 
@@ -581,12 +581,12 @@ class ReleaseRunningInOrder(beam.DoFn):
 
     Input ``(query_id, (window, a_t))`` from :class:`ReleaseCompletedWindow` (tag
     ``running_sums``), one per window of the schedule the query is active in, in any order. The
-    query's :class:`stream.engine.running.RunningRelease` (restored from ``previous_release`` or
-    new at its first window, :func:`pipelines.beam.transforms.running_release_for`, which refuses
+    query's :class:`renyi_stream.stream.engine.running.RunningRelease` (restored from ``previous_release`` or
+    new at its first window, :func:`renyi_stream.pipelines.beam.transforms.running_release_for`, which refuses
     another strategy's state) releases its next window as soon as that window's ``a_t`` is in:
-    ``y_t = (C a)_t + z_t`` (:meth:`pipelines.beam.transforms.ReleaseRunning.release_window`, the
+    ``y_t = (C a)_t + z_t`` (:meth:`renyi_stream.pipelines.beam.transforms.ReleaseRunning.release_window`, the
     keyed noise), so windows are released once each, in order, rows or not (invariants 3 and 5).
-    Outputs the running-total release rows (main: :class:`pipelines.beam.transforms.RunningEstimates`
+    Outputs the running-total release rows (main: :class:`renyi_stream.pipelines.beam.transforms.RunningEstimates`
     over the releases ``y`` from the query's first window, ``previous_raw`` holding earlier
     jobs'), ``(query_id, window, y flat)`` (tag ``raw``) and ``(window, state table)`` (tag
     ``release_state``, :func:`running_state_table`: the state after the window, to be committed
@@ -647,7 +647,7 @@ class StreamingReleases(beam.PTransform):
     """Validated tables (unbounded) -> releases as the watermark passes each window's end.
 
     Input: Arrow tables of validated rows with their input position (as
-    :class:`pipelines.beam.transforms.ReadIndicators` emits them), timestamped at or before their
+    :class:`renyi_stream.pipelines.beam.transforms.ReadIndicators` emits them), timestamped at or before their
     rows' event times so that the watermark means "this window's rows are in". The schedule is
     ``start_window..end_window``; every window of it is released for every query active in it
     (invariant 3), running queries as running totals too. ``previous_ledger`` /
@@ -660,9 +660,9 @@ class StreamingReleases(beam.PTransform):
     ``(window, record, duplicates or None)``, rather than as dead letters, so that a job writes a
     window's records together. ``compact_every`` (K): a shard's state and its ``ledger`` snapshots are
     a full snapshot every K windows and, between, deltas of the users charged in each window
-    (:meth:`stream.engine.shard_state.ShardSnapshots.after_window`; the first and last windows are
+    (:meth:`renyi_stream.stream.engine.shard_state.ShardSnapshots.after_window`; the first and last windows are
     full); 1 (the default): whole every window. ``ledger_id`` is the ledger's identifier
-    (:func:`stream.noise.new_ledger_id`), which the keyed noise is bound to. ``cached_shards``: how
+    (:func:`renyi_stream.stream.noise.new_ledger_id`), which the keyed noise is bound to. ``cached_shards``: how
     many restored shards a filter instance keeps between windows (:class:`StreamingIndividualFilterDoFn`,
     "Cache"); default ``n_shards``, 0 restores every shard from its keyed state every window.
     ``progress``: each shard prints a line on stderr as it charges a window (the job's ``--progress``).

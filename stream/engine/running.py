@@ -1,16 +1,16 @@
 """Running totals in the engine: per-user prepaid state on a shard, and the query's one release state.
 
-The mechanism is :mod:`stream.continual.prepaid` (docs/running_totals.md): a running query
+The mechanism is :mod:`renyi_stream.stream.continual.prepaid` (docs/running_totals.md): a running query
 releases ``y_t = (C a)_t + z_t`` with ``a_t`` the sum of the contributions admitted at ``t``, and
 each admitted contribution is charged its whole future cost at admission. Two pieces of state:
 
-* :class:`PrepaidUsers`, per shard and running query: one :class:`~stream.continual.prepaid.UserState`
+* :class:`PrepaidUsers`, per shard and running query: one :class:`~renyi_stream.stream.continual.prepaid.UserState`
   row per user ever admitted (``width x d`` numbers and the window of the last admission), keyed
-  like the ledger (:mod:`stream.id_index`). A window reads and writes only the rows of its own
+  like the ledger (:mod:`renyi_stream.stream.id_index`). A window reads and writes only the rows of its own
   users (vectorised gathers and scatters, no loop per user): users without a row that window are
   not touched, the release state carries their past.
 * :class:`RunningRelease`, one per running query (not per shard): the
-  :class:`~stream.continual.prepaid.ReleaseState`, advanced once per window of the schedule, in
+  :class:`~renyi_stream.stream.continual.prepaid.ReleaseState`, advanced once per window of the schedule, in
   window order, with or without rows (invariant 3 (public-schedule, docs/architecture.md)). Given
   every shard's ``a_t`` summed it returns ``(C a)_t``; the caller adds the keyed noise
   (:func:`noisy_release`). Sensitive until noised (invariant 4 (nothing-pre-noise-leaves)).
@@ -18,10 +18,10 @@ each admitted contribution is charged its whole future cost at admission. Two pi
 Both persist as Arrow tables with versioned metadata (the strategy's spec, the declared horizon,
 ``dim``, the first window and, for the release, the next window), so any store can keep them: the
 DuckDB curator store today, a distributed manifest or a streaming snapshot part later
-(:data:`stream.engine.shard_state.RUNNING_PART` carries a shard's :class:`PrepaidUsers`). A
+(:data:`renyi_stream.stream.engine.shard_state.RUNNING_PART` carries a shard's :class:`PrepaidUsers`). A
 restored state that is inconsistent fails loudly: a lost or altered row would under-charge its
 user, a privacy failure. Snapshots of the pre-prepaid history format
-(``renyi_stream.running_version`` 1, :class:`stream.continual.running.RunningState`) are refused
+(``renyi_stream.running_version`` 1, :class:`renyi_stream.stream.continual.running.RunningState`) are refused
 with the way to migrate (:data:`MIGRATION`).
 """
 
@@ -34,9 +34,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from stream.continual.prepaid import TAIL, PrepaidRule, ReleaseState, UserState, parse_horizon, running_rule
-from stream.id_index import Int64Index, StringCodes
-from stream.noise import NoiseBinding, gaussian_noise
+from renyi_stream.stream.continual.prepaid import TAIL, PrepaidRule, ReleaseState, UserState, parse_horizon, running_rule
+from renyi_stream.stream.id_index import Int64Index, StringCodes
+from renyi_stream.stream.noise import NoiseBinding, gaussian_noise
 
 #: ``renyi_stream.running_version`` of the prepaid snapshots (1 was the per-window history format).
 RUNNING_VERSION = 2
@@ -103,7 +103,7 @@ class PrepaidUsers:
     """Per-user prepaid state of one running query on one shard (module docstring).
 
     Args:
-        rule: the query's prepaid rule (:func:`stream.continual.prepaid.running_rule`).
+        rule: the query's prepaid rule (:func:`renyi_stream.stream.continual.prepaid.running_rule`).
         strategy: its registered strategy name (recorded).
         dim: ``d``, numbers per user per window.
         start_window: the query's first window (offset 0).
@@ -201,7 +201,7 @@ class PrepaidUsers:
         id with a row, once, as in the whole table (same columns, order and metadata); ids
         without a row have none. Its cost grows with ``len(users)``, not with the shard, so the
         rows one window wrote (the users with a row in it,
-        :meth:`stream.engine.shard_state.ShardSnapshots.after_window`) cost that window's users."""
+        :meth:`renyi_stream.stream.engine.shard_state.ShardSnapshots.after_window`) cost that window's users."""
         if users is None:
             n = len(self)
             if self._index is not None:
@@ -355,7 +355,7 @@ class RunningRelease:
 def noisy_release(total: np.ndarray, *, binding: NoiseBinding, query_id: str, window_id: int,
                   noise_std: float) -> np.ndarray:
     """``y_t = (C a)_t + z_t``: the keyed noise of ``(query_id, window_id)`` at ``noise_std``
-    (:func:`stream.noise.gaussian_noise`, ``rows * d`` numbers, row-major), so a re-run releases
+    (:func:`renyi_stream.stream.noise.gaussian_noise`, ``rows * d`` numbers, row-major), so a re-run releases
     the identical bits (invariant 5 (release-once, docs/architecture.md))."""
     total = np.asarray(total, dtype=np.float64)
     if not np.isfinite(total).all():

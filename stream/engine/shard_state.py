@@ -3,20 +3,20 @@
 A shard is restored from snapshot parts and written back to them by :class:`ShardSnapshots`,
 the same for the batch filter, the distributed job's and the streaming filter.
 
-A shard holds the ledger of its users (:class:`stream.ledger.Ledger`) and, for every running
-query, the per-user prepaid state of its users (:class:`stream.engine.running.PrepaidUsers`:
+A shard holds the ledger of its users (:class:`renyi_stream.stream.ledger.Ledger`) and, for every running
+query, the per-user prepaid state of its users (:class:`renyi_stream.stream.engine.running.PrepaidUsers`:
 one bounded row per user ever admitted). Per window, :meth:`ShardState.charge_window` evaluates
 every query active in that window (the :class:`QueryPlan`) and charges the ledger **once** per
 user (Feldman & Zrnic, Algorithm 3, drop, or Algorithm 7's clip) for the squared norm of their
 window-query vectors plus the prepaid charge of their running-query contributions (each
-contribution's whole future cost, :mod:`stream.continual.prepaid`), and returns the per-query
+contribution's whole future cost, :mod:`renyi_stream.stream.continual.prepaid`), and returns the per-query
 partial sums of what it admitted. Charging everything together, not each query on its own, is
 what makes the filter see the whole adaptive interaction: a user's budget covers window sums,
 running totals and every registered query together.
 
 A running query reads only the users with a row in the window: a user who contributed earlier
 but not today is not touched (their past is in the query's release state,
-:class:`stream.engine.running.RunningRelease`), so a shard's work in a window is proportional to
+:class:`renyi_stream.stream.engine.running.RunningRelease`), so a shard's work in a window is proportional to
 that window's rows, whatever the day.
 
 One user's values never decide whether a window is released (docs/architecture.md, "Edges"): a
@@ -35,13 +35,13 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from stream.continual.prepaid import (DEFAULT_PREPAID_HORIZON, DEFAULT_RUNNING_STRATEGY, PrepaidRule,
+from renyi_stream.stream.continual.prepaid import (DEFAULT_PREPAID_HORIZON, DEFAULT_RUNNING_STRATEGY, PrepaidRule,
                                       refuse_running_too_big, running_rule)
-from stream.continual.running import RunningQuery
-from stream.continual.strategies import Strategy
-from stream.engine.running import PREPAID_META_KEYS, PrepaidUsers, rule_meta
-from stream.ledger import ADMITTED, DROPPED, STATUS_NAMES, ChargeTerms, Ledger
-from stream.schema import USER_ID
+from renyi_stream.stream.continual.running import RunningQuery
+from renyi_stream.stream.continual.strategies import Strategy
+from renyi_stream.stream.engine.running import PREPAID_META_KEYS, PrepaidUsers, rule_meta
+from renyi_stream.stream.ledger import ADMITTED, DROPPED, STATUS_NAMES, ChargeTerms, Ledger
+from renyi_stream.stream.schema import USER_ID
 
 KINDS = ("window", "running")
 #: What a window's counts hold per shard and window (sensitive: curator only). The first three
@@ -53,7 +53,7 @@ WINDOW_COUNT_NAMES = (*STATUS_NAMES, "nonfinite")
 class PlannedQuery:
     """A query and the windows it is answered in: ``[first_window, retired_from)``.
 
-    ``query`` is a :class:`queries.linear.LinearQuery` (anything with ``query_id``, ``kind``,
+    ``query`` is a :class:`renyi_stream.queries.linear.LinearQuery` (anything with ``query_id``, ``kind``,
     ``dim``, ``labels`` and ``evaluate(table) -> (n, dim)`` float64).
     """
 
@@ -96,7 +96,7 @@ class QueryPlan:
     @classmethod
     def starting_at(cls, queries: Sequence[Any], first_window: int) -> "QueryPlan":
         """Every query in ``queries`` active from ``first_window`` on (e.g.
-        ``queries.linear.default_queries(columns)``)."""
+        ``renyi_stream.queries.linear.default_queries(columns)``)."""
         return cls(tuple(PlannedQuery(query, int(first_window)) for query in queries))
 
     def active(self, window_id: int) -> tuple[PlannedQuery, ...]:
@@ -126,7 +126,7 @@ class WindowCharge:
 
     ``sums[query_id]`` is the shard's partial sum, flat ``float64``: ``dim`` numbers for a
     window query, and for a running query ``a_t``, the sum of the contributions it admitted
-    (scaled ones scaled), ``dim`` numbers, which :class:`stream.engine.running.RunningRelease`
+    (scaled ones scaled), ``dim`` numbers, which :class:`renyi_stream.stream.engine.running.RunningRelease`
     turns into ``(C a)_t`` once every shard's is summed. ``counts`` counts the window's rows by
     status, and ``counts["nonfinite"]`` the users dropped because a query vector was not finite
     (also in ``counts["dropped"]``). ``state_rows_read[query_id]``: the prepaid per-user rows the
@@ -164,7 +164,7 @@ class ShardState:
     def windows_to_step(self, data_windows: Sequence[int], last_window: int | None = None) -> list[int]:
         """The windows this shard must process: those with rows, in order. Under prepaid admission
         a running query reads only the users with a row in a window (their past is in the
-        query's release state, advanced by :class:`stream.engine.running.RunningRelease` for every
+        query's release state, advanced by :class:`renyi_stream.stream.engine.running.RunningRelease` for every
         window of the schedule), so a shard has nothing to do in a window without rows;
         ``last_window`` is kept for callers and ignored."""
         return sorted({int(w) for w in data_windows})
@@ -172,10 +172,10 @@ class ShardState:
     def charge_window(self, window_id: int, rows: pa.Table, *, noise_std: float, policy: str) -> WindowCharge:
         """Evaluate, filter and charge one window; ``rows`` has one row per distinct user.
 
-        One decision per user and window (:meth:`stream.ledger.Ledger.admit`): each user's
+        One decision per user and window (:meth:`renyi_stream.stream.ledger.Ledger.admit`): each user's
         window-query vectors ``v`` (charged ``||v||^2 / (2 s^2)``) and, for each active running
         query, the prepaid charge of their contribution ``x`` (its whole future cost,
-        :mod:`stream.continual.prepaid`), decided together; under ``clip`` one scale applies to
+        :mod:`renyi_stream.stream.continual.prepaid`), decided together; under ``clip`` one scale applies to
         ``v`` and every ``x``. Only this window's users' prepaid rows are read and written
         (vectorised gather and scatter); a dropped user's row is left as it was (they keep their
         past, only today's contribution is lost). Returns per running query the shard's ``a_t``
@@ -243,8 +243,8 @@ class ShardState:
 
 def running_rule_of(query: Any) -> tuple[str, PrepaidRule]:
     """``(strategy name, prepaid rule)`` of a running query: its registered ``strategy``
-    (:data:`stream.continual.prepaid.DEFAULT_RUNNING_STRATEGY` for a query object without one)
-    over its declared ``horizon`` (:data:`~stream.continual.prepaid.DEFAULT_PREPAID_HORIZON`
+    (:data:`renyi_stream.stream.continual.prepaid.DEFAULT_RUNNING_STRATEGY` for a query object without one)
+    over its declared ``horizon`` (:data:`~renyi_stream.stream.continual.prepaid.DEFAULT_PREPAID_HORIZON`
     without one, ``"tail"`` for the infinite tail)."""
     strategy = getattr(query, "strategy", None) or DEFAULT_RUNNING_STRATEGY
     horizon = getattr(query, "horizon", None) or DEFAULT_PREPAID_HORIZON
@@ -254,7 +254,7 @@ def running_rule_of(query: Any) -> tuple[str, PrepaidRule]:
 def refuse_oversized_running(plan: QueryPlan, to_release: Sequence[int]) -> None:
     """ValueError, before anything is built or charged, when a running query active in one of the
     windows ``to_release``, alone or with those active with it, is above the bounds on what a job
-    keeps (:func:`stream.continual.prepaid.refuse_running_too_big`): a catalogue written by an
+    keeps (:func:`renyi_stream.stream.continual.prepaid.refuse_running_too_big`): a catalogue written by an
     older version or by hand is refused at launch as a registration would have been."""
     seen: set[tuple[str, ...]] = set()
     for window in sorted({int(w) for w in to_release}):
@@ -321,19 +321,19 @@ def _take(ids: pa.Array, positions: np.ndarray) -> pa.Array:
     return ids.take(pa.array(positions, type=pa.int64()))
 
 
-#: The kinds of a shard's snapshot parts: ``("ledger", table)`` (:meth:`stream.ledger.Ledger.to_arrow`,
+#: The kinds of a shard's snapshot parts: ``("ledger", table)`` (:meth:`renyi_stream.stream.ledger.Ledger.to_arrow`,
 #: at most one per shard) and ``("running", (query_id, table))``
-#: (:meth:`stream.engine.running.PrepaidUsers.to_arrow`, one per running query: the per-user
+#: (:meth:`renyi_stream.stream.engine.running.PrepaidUsers.to_arrow`, one per running query: the per-user
 #: prepaid rows). The filters keep a shard's state in their keyed state in this form and receive a
 #: previous run's state in it. A query's release state is not per shard
-#: (:class:`stream.engine.running.RunningRelease`).
+#: (:class:`renyi_stream.stream.engine.running.RunningRelease`).
 LEDGER_PART, RUNNING_PART = "ledger", "running"
-#: A ledger delta part, ``("ledger_delta", (window, table))``: the :meth:`stream.ledger.Ledger.to_arrow`
+#: A ledger delta part, ``("ledger_delta", (window, table))``: the :meth:`renyi_stream.stream.ledger.Ledger.to_arrow`
 #: rows, whole, of the users charged in ``window`` (:meth:`ShardSnapshots.after_window`). A shard's
 #: ledger is its ``"ledger"`` part (the last full snapshot) with each delta's rows over it in window order.
 LEDGER_DELTA = "ledger_delta"
 #: A running query's delta part, ``("running_delta", (window, query_id, table))``: the
-#: :meth:`stream.engine.running.PrepaidUsers.to_arrow` rows, whole, of the users charged in ``window``
+#: :meth:`renyi_stream.stream.engine.running.PrepaidUsers.to_arrow` rows, whole, of the users charged in ``window``
 #: (those with a prepaid row), written beside that window's ledger delta. A running query's prepaid
 #: rows are its ``"running"`` part of the last full snapshot (none: no user yet) with each delta's
 #: rows over it in window order, as the ledger's.
@@ -347,7 +347,7 @@ class ShardSnapshots:
 
     ``budget``, ``id_type`` and ``tracker_step`` make the ledger of a shard that has no snapshot
     yet (a new ledger, or a shard none of whose users was seen); ``running_meta`` holds, per
-    running query, the metadata of its per-user snapshot (:func:`stream.engine.running.rule_meta`),
+    running query, the metadata of its per-user snapshot (:func:`renyi_stream.stream.engine.running.rule_meta`),
     so that a shard none of whose users has a row still checks the stored strategy and horizon
     against the registered query. Beam-free: the DoFns keep the parts in their state and call this.
 
@@ -374,7 +374,7 @@ class ShardSnapshots:
     def restore(self, parts: Iterable[tuple[str, Any]]) -> ShardState:
         """The shard's state from its snapshot parts (a fresh ledger when there is none).
 
-        The ledger snapshot is checked as :meth:`stream.ledger.Ledger.from_arrow` checks it.
+        The ledger snapshot is checked as :meth:`renyi_stream.stream.ledger.Ledger.from_arrow` checks it.
         ValueError naming the problem when the parts hold two ledgers (a shard's users split in
         two pieces would restart the second piece from zero budget: invariant 1
         (ledger-never-window-scoped, docs/architecture.md)), two histories of one running query,
@@ -469,7 +469,7 @@ def running_base(full: pa.Table | None, deltas: Sequence[tuple[int, pa.Table]], 
     """The table a running query's prepaid deltas go over: its full part ``full``, or, when the full
     snapshot held none (no user of the shard had a row yet), no row with the deltas' own metadata.
     ValueError, naming the query, when a delta's metadata (the query's strategy, schedule and id
-    type, :func:`stream.engine.running.rule_meta`) is not the full part's, or the deltas disagree:
+    type, :func:`renyi_stream.stream.engine.running.rule_meta`) is not the full part's, or the deltas disagree:
     prepaid rows of another ``C`` would charge its users for another schedule."""
     metas = {_running_meta(t) for _, t in deltas} | ({_running_meta(full)} if full is not None else set())
     if len(metas) > 1:
@@ -484,8 +484,8 @@ def _running_meta(table: pa.Table) -> tuple:
 
 
 def merge_deltas(base: pa.Table, deltas: Iterable[tuple[int, pa.Table]]) -> pa.Table:
-    """A snapshot table keyed by ``user_id`` (a ledger, :meth:`stream.ledger.Ledger.to_arrow`, or a
-    running query's prepaid rows, :meth:`stream.engine.running.PrepaidUsers.to_arrow`; sorted by
+    """A snapshot table keyed by ``user_id`` (a ledger, :meth:`renyi_stream.stream.ledger.Ledger.to_arrow`, or a
+    running query's prepaid rows, :meth:`renyi_stream.stream.engine.running.PrepaidUsers.to_arrow`; sorted by
     user id, ``base``'s metadata) from the full ``base`` and the ``(window, rows)`` deltas over it:
     per user, the row of the latest window that holds one, else ``base``'s. Vectorised: one
     concatenation and one hash aggregation, no loop over users. ValueError when two deltas are of

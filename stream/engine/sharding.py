@@ -15,7 +15,7 @@ import pyarrow as pa
 
 # One definition of the string hash (bytes -> uint64 polynomial) and the SplitMix64 finaliser, shared
 # with the id index that keys string ids by them.
-from stream.id_index import mix64, string_hashes
+from renyi_stream.stream.id_index import mix64, string_hashes
 
 
 def shard_of(user_ids: pa.Array | pa.ChunkedArray | np.ndarray, n_shards: int) -> np.ndarray:

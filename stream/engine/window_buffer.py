@@ -20,7 +20,7 @@ So a window's rows are read where they are charged once, and moved at most twice
 re-reading is of ``later`` every 64 windows. ``held`` (a small read/write value,
 ``{window: rows}``) counts the rows buffered per window, so that an empty bag is never read, and a
 shard's books count the rows held for later windows without reading them
-(:class:`stream.engine.shard_state.ShardBooks`: a window whose bag holds other rows than counted
+(:class:`renyi_stream.stream.engine.shard_state.ShardBooks`: a window whose bag holds other rows than counted
 does not balance).
 
 Beam-free: the bags are anything with ``add``, ``read`` and ``clear`` (Beam's bag state), ``held``
