@@ -534,7 +534,7 @@ class Ledger:
         With ``users`` (ids as :meth:`admit` takes them), the rows of those users only: each id the
         ledger has seen, once, as in the whole table (same columns, types, order and metadata);
         ids it has never seen have no row. The cost grows with ``len(users)``, not with the ledger
-        (for int64 ids; a string ledger's lookup hashes its dictionary), so a snapshot of the users
+        (int64 and string ids alike, :mod:`renyi_stream.stream.id_index`), so a snapshot of the users
         one window charged (:meth:`renyi_stream.stream.engine.shard_state.ShardSnapshots.after_window`) costs
         that window's users."""
         if users is None:

@@ -293,7 +293,7 @@ def test_a_late_row_is_late_window_in_the_batch_reader_and_in_the_streaming_filt
     from renyi_stream.pipelines.streaming.releases import StreamingIndividualFilterDoFn
     from renyi_stream.queries.linear import default_queries
     from renyi_stream.stream.engine.shard_state import QueryPlan
-    from test_streaming import _Bag, _Timer, _Value
+    from test_streaming import _Bag, _row_bags, _Timer, _Value
 
     path = tmp_path / "late.parquet"
     pq.write_table(pa.table({"user_id": pa.array([1, 2, 3], pa.int64()),
@@ -310,7 +310,7 @@ def test_a_late_row_is_late_window_in_the_batch_reader_and_in_the_streaming_filt
         plan=QueryPlan.starting_at(default_queries(["opened"]), W0 + 1), window=WindowSpec(), start_window=W0 + 1,
         end_window=W0 + 2, indicator_columns=["opened"], noise_std=2.0, policy="drop", budget=1.0, id_type="int64",
         tracker_step=1 / 32, released=[W0])
-    state = dict(rows=_Bag(), state=_Bag(), charged=_Value(), books=_Value(), window_end=_Timer())
+    state = dict(**_row_bags(), state=_Bag(), charged=_Value(), books=_Value(), window_end=_Timer())
     streamed = pa.concat_tables([o.value for o in fn.process((0, ("rows", valid)), **state)])
     expected = {"1": ["late_window"], "2": ["out_of_range_time"], "3": ["out_of_range_time"]}
     assert _by_situation(batch) == _by_situation(streamed) == expected

@@ -63,3 +63,68 @@ def test_string_codes_are_dense_and_stable():
     again = codes.codes(pa.array(["ü", "z", "a"]), add_missing=False)
     assert again.tolist() == [2, -1, 1]
     assert codes.values().to_pylist() == ["b", "a", "ü"]
+
+
+# --- string ids: a persistent index, so a lookup costs the ids looked up (issue 30, item 3) ----------
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.text(max_size=6), max_size=40), st.booleans()), max_size=8))
+def test_string_codes_agree_with_a_dict(batches):
+    codes, reference = StringCodes(), {}
+    for batch, add in batches:
+        got = codes.codes(pa.array(batch, type=pa.string()), add_missing=add)
+        if add:
+            for text in batch:
+                reference.setdefault(text, len(reference))
+        assert got.tolist() == [reference.get(text, -1) for text in batch]
+        assert codes.values().to_pylist() == list(reference) and len(codes) == len(reference)
+
+
+@pytest.mark.parametrize("keys", ["one key for every id", "a key per length"])
+def test_ids_whose_hashes_collide_keep_codes_of_their_own(monkeypatch, keys):
+    """Unequal ids of one hash are never merged (two users sharing a ledger row would be a privacy
+    failure): the index keeps the first id of a hash, the others are found in the side table."""
+    import renyi_stream.stream.id_index as id_index
+
+    def colliding(ids):
+        lengths = pa.compute.utf8_length(ids.cast(pa.large_string())).to_numpy(zero_copy_only=False)
+        return np.zeros(len(ids), dtype=np.int64) if keys == "one key for every id" else lengths.astype(np.int64)
+
+    monkeypatch.setattr(id_index, "_keys", colliding)
+    codes = StringCodes()
+    words = ["ab", "cd", "ab", "efg", "", "hij", "cd"]
+    assert codes.codes(pa.array(words), add_missing=True).tolist() == [0, 1, 0, 2, 3, 4, 1]
+    assert codes.codes(pa.array(["hij", "zz", "efg", "ab", ""]), add_missing=False).tolist() == [4, -1, 2, 0, 3]
+    assert codes.codes(pa.array(["zz", "cd", "kl"]), add_missing=True).tolist() == [5, 1, 6]
+    assert codes.values().to_pylist() == ["ab", "cd", "efg", "", "hij", "zz", "kl"]
+
+
+def test_a_lookup_works_on_the_ids_it_is_given_never_on_the_whole_dictionary(monkeypatch):
+    """The dictionary holds 50,000 ids; looking up ten, or adding ten new ones, hashes, compares and
+    indexes arrays of at most ten ids: ``pc.index_in`` over the whole dictionary (what each lookup
+    did before) is never called. (Its stored buffers grow by doubling: an append copies them
+    only when full, amortised over the ids added.)"""
+    import renyi_stream.stream.id_index as id_index
+
+    codes = StringCodes()
+    codes.codes(pa.array([f"user-{i}" for i in range(50_000)]), add_missing=True)
+    sizes: list[tuple[str, int]] = []
+
+    def spy(name, function):
+        def wrapped(*args, **kwargs):
+            sizes.append((name, max([len(a) for a in args if hasattr(a, "__len__")]
+                                    + [len(v) for v in kwargs.values() if hasattr(v, "__len__")], default=0)))
+            return function(*args, **kwargs)
+        return wrapped
+
+    for name in ("index_in", "equal", "unique", "filter"):
+        monkeypatch.setattr(id_index.pc, name, spy(name, getattr(id_index.pc, name)), raising=False)
+    monkeypatch.setattr(id_index, "_keys", spy("keys", id_index._keys))
+    looked_up = [f"user-{i}" for i in range(0, 50_000, 5_000)]
+    assert codes.codes(pa.array(looked_up), add_missing=False).tolist() == list(range(0, 50_000, 5_000))
+    fresh = [f"new-{i}" for i in range(10)]
+    assert codes.codes(pa.array(fresh + looked_up[:3]), add_missing=True).tolist() == \
+        list(range(50_000, 50_010)) + [0, 5_000, 10_000]
+    assert {name for name, _ in sizes} >= {"keys", "equal", "index_in"}
+    assert [(name, size) for name, size in sizes if size > 13] == []
+    assert codes.values().to_pylist()[-10:] == fresh and len(codes) == 50_010

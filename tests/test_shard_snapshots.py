@@ -173,9 +173,81 @@ def test_a_compaction_interval_that_is_not_a_positive_integer_is_refused_naming_
         ShardSnapshots(plan=WINDOW_PLAN, budget=1.0, id_type="int64", tracker_step=1 / 32, compact_every=k)
 
 
-def test_a_shard_with_running_histories_is_snapshotted_whole_every_window():
-    snapshots = ShardSnapshots(plan=PLAN, budget=1.0, id_type="int64", tracker_step=1 / 32, compact_every=5)
+# --- running queries: their prepaid rows are deltas beside the ledger's (issue 30, item 1) -----------
+
+
+def _as_text(table: pa.Table) -> pa.Table:
+    return table.set_column(0, "user_id", pa.compute.cast(table.column("user_id"), pa.string()))
+
+
+def _whole_parts(snapshots: ShardSnapshots, windows: list[pa.Table]) -> list[list]:
+    """After each window, the shard restored from the parts :meth:`ShardSnapshots.after_window` left,
+    snapshotted whole (:meth:`ShardSnapshots.snapshot`: the ledger, then each running query's rows)."""
+    held, out = [], []
+    for table in windows:
+        shard = snapshots.restore(held)
+        window = int(table.column("window_id")[0].as_py())
+        shard.charge_window(window, table, noise_std=1.0, policy="drop")
+        parts, whole = snapshots.after_window(shard, window=window, charged=table.column("user_id"), held=held)
+        held = parts if whole else held + parts
+        out.append(snapshots.snapshot(snapshots.restore(held)))
+    return out
+
+
+def _same_parts(a: list, b: list) -> bool:
+    if [kind for kind, _ in a] != [kind for kind, _ in b]:
+        return False
+    tables = [(x, y) if kind == "ledger" else (x[1], y[1]) for (kind, x), (_, y) in zip(a, b)]
+    return all(x.equals(y, check_metadata=True) for x, y in tables)
+
+
+@pytest.mark.parametrize("id_type", ["int64", "string"])
+@pytest.mark.parametrize("k", [3, 1000])
+def test_a_shard_with_a_running_query_restores_from_deltas_the_ledger_and_prepaid_rows_whole_snapshots_give(k, id_type):
+    windows = _windows(10) if id_type == "int64" else [_as_text(t) for t in _windows(10)]
+    make = lambda k: ShardSnapshots(plan=PLAN, budget=1.0, id_type=id_type, tracker_step=1 / 32,  # noqa: E731
+                                    compact_every=k)
+    whole, incremental = _whole_parts(make(1), windows), _whole_parts(make(k), windows)
+    assert [_same_parts(a, b) for a, b in zip(whole, incremental)] == [True] * 10
+    (_, ledger), (_, (query_id, prepaid)) = whole[-1]
+    assert query_id == "running:opened" and prepaid.num_rows > 50 and ledger.num_rows > 50
+
+
+def test_a_shard_with_a_running_query_keeps_deltas_of_the_users_charged_in_each_window_only():
+    windows = _windows(4)
+    snapshots = ShardSnapshots(plan=PLAN, budget=1.0, id_type="int64", tracker_step=1 / 32, compact_every=10)
+    held = []
+    for table in windows:
+        shard = snapshots.restore(held)
+        window = int(table.column("window_id")[0].as_py())
+        shard.charge_window(window, table, noise_std=1.0, policy="drop")
+        parts, whole = snapshots.after_window(shard, window=window, charged=table.column("user_id"), held=held,
+                                              full=window == W0)  # a job's first window is full
+        held = parts if whole else held + parts
+        if window == W0:
+            assert whole and [kind for kind, _ in parts] == ["ledger", "running"]
+            continue
+        assert not whole and [kind for kind, _ in parts] == ["ledger_delta", "running_delta"]
+        (_, (w, ledger_rows)), (_, (w2, query_id, rows)) = parts
+        assert (w, w2, query_id) == (window, window, "running:opened")
+        users = set(table.column("user_id").to_pylist())
+        # Every user with a prepaid row among the window's, none else: not the shard's.
+        assert set(rows.column("user_id").to_pylist()) <= users
+        assert set(rows.column("user_id").to_pylist()) == users & set(
+            shard.running["running:opened"].to_arrow().column("user_id").to_pylist())
+        assert rows.num_rows < len(shard.running["running:opened"])
+        assert set(rows.column("last_window").to_pylist()) <= set(range(W0, window + 1))
+
+
+def test_a_running_delta_of_another_strategy_than_its_full_part_is_refused_naming_the_query():
+    snapshots = ShardSnapshots(plan=PLAN, budget=1.0, id_type="int64", tracker_step=1 / 32, compact_every=10)
     shard = snapshots.restore([])
     shard.charge_window(W0, _rows(W0, [1, 2], [1.0, 0.5]), noise_std=2.0, policy="drop")
-    parts, whole = snapshots.after_window(shard, window=W0, charged=pa.array([1, 2]), held=[])
-    assert whole and [kind for kind, _ in parts] == ["ledger", "running"]
+    full, _ = snapshots.after_window(shard, window=W0, charged=pa.array([1, 2]), held=[])
+    shard.charge_window(W0 + 1, _rows(W0 + 1, [2, 3], [1.0, 0.5]), noise_std=2.0, policy="drop")
+    delta, _ = snapshots.after_window(shard, window=W0 + 1, charged=pa.array([2, 3]), deltas_held=0)
+    kind, (window, query_id, rows) = delta[1]
+    other = rows.replace_schema_metadata({**rows.schema.metadata, b"horizon": b"400"})
+    with pytest.raises(ValueError, match="'running:opened'.*disagree"):
+        snapshots.restore([*full, delta[0], (kind, (window, query_id, other))])
+    assert _same_parts(snapshots.snapshot(snapshots.restore([*full, *delta])), snapshots.snapshot(shard))

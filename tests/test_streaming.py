@@ -23,7 +23,8 @@ from apache_beam.utils.timestamp import MAX_TIMESTAMP
 
 from renyi_stream.pipelines.beam import transforms as tx
 from renyi_stream.stream.engine.shard_state import QueryPlan
-from renyi_stream.pipelines.streaming.releases import ReleaseCompletedWindow, StreamingIndividualFilterDoFn, StreamingReleases
+from renyi_stream.pipelines.streaming.releases import (ROW_BAG_PARAMS, ReleaseCompletedWindow, StreamingIndividualFilterDoFn,
+                                          StreamingReleases)
 from renyi_stream.queries.linear import default_queries
 from renyi_stream.stream.ledger import Ledger
 from renyi_stream.stream.noise import NoiseBinding, NoiseKey, gaussian_noise
@@ -327,6 +328,16 @@ class _Value:
         self.value = None
 
 
+def _row_bags() -> dict:
+    """The filter's row bags and its count of rows per window, as its methods take them, empty."""
+    return {name: _Value() if name == "buffered_rows" else _Bag() for name in ROW_BAG_PARAMS}
+
+
+def _rows_held(bags: dict) -> list:
+    """Every ``(window, part)`` the row bags hold."""
+    return [item for name, bag in bags.items() if name != "buffered_rows" for item in bag.read()]
+
+
 class _Timer:
     def __init__(self):
         self.times = []
@@ -343,14 +354,14 @@ def test_a_repeated_or_early_timer_firing_charges_a_window_once(tmp_path):
         plan=params["plan"], window=SPEC, start_window=W0, end_window=W0 + 1, indicator_columns=COLUMNS,
         noise_std=params["noise_std"], policy="drop", budget=1.0, id_type="int64", tracker_step=1 / 32)
     files = [_write_day(tmp_path / "d0.parquet", 0, [1, 2], [1.0, 1.0], [0.0, 1.0])]
-    rows, state, charged, books, mark, timer = _Bag(), _Bag(), _Value(), _Value(), _Value(), _Timer()
+    rows, state, charged, books, mark, timer = _row_bags(), _Bag(), _Value(), _Value(), _Value(), _Timer()
     for table in _validated(files):
-        list(fn.process((0, ("rows", table)), rows=rows, state=state, charged=charged, books=books, mark=mark,
+        list(fn.process((0, ("rows", table)), **rows, state=state, charged=charged, books=books, mark=mark,
                         window_end=timer))
     assert timer.times[-1] == _end(W0)
 
     def fire(at):
-        return list(fn.on_window_end(key=0, timestamp=at, rows=rows, state=state, charged=charged, books=books,
+        return list(fn.on_window_end(key=0, timestamp=at, **rows, state=state, charged=charged, books=books,
                                      mark=mark, window_end=timer))
 
     first = fire(_end(W0))
@@ -361,7 +372,7 @@ def test_a_repeated_or_early_timer_firing_charges_a_window_once(tmp_path):
     assert fire(_end(W0 + 1) - 1) == []  # before the next window's end: nothing
     assert charged.read() == W0 and timer.times[-1] == _end(W0 + 1)
     assert state.read()[0][1].column("used").to_pylist() == ledger
-    assert rows.read() == []  # the charged window's rows are dropped
+    assert _rows_held(rows) == [] and rows["buffered_rows"].read() == {}  # the charged window's rows are dropped
     last = fire(MAX_TIMESTAMP)  # a late firing charges the next window (no rows: a report), once
     assert charged.read() == W0 + 1
     assert [out for out in last if not isinstance(out, beam.pvalue.TaggedOutput)] == [(W0 + 1, (0, {}))]

@@ -23,7 +23,7 @@ import pytest
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from test_streaming import (COLUMNS, SPEC, W0, _Bag, _collect, _collected, _end, _ledger_values, _params,
-                            _random_days, _release_values, _Timer, _validated, _Value)
+                            _random_days, _release_values, _row_bags, _Timer, _validated, _Value)
 
 from renyi_stream.pipelines.streaming.releases import StateMark, StreamingIndividualFilterDoFn, StreamingReleases
 from renyi_stream.stream.engine.shard_cache import ShardCache, new_token
@@ -128,7 +128,7 @@ def _filter(*, compact_every: int = 1, cached_shards: int = 4, end: int = TEN - 
 
 
 def _keyed_state() -> dict:
-    return dict(rows=_Bag(), state=_CountingBag(), charged=_Value(), books=_Value(), mark=_Value(),
+    return dict(**_row_bags(), state=_CountingBag(), charged=_Value(), books=_Value(), mark=_Value(),
                 window_end=_Timer())
 
 
@@ -275,6 +275,75 @@ def test_a_ledger_part_that_reaches_a_shard_after_a_charge_makes_its_next_firing
         _fire(fn, W0 + 1, state)
 
 
+# --- a window reads its own rows: the row bags by window (issue 30, item 2) ------------------------------
+
+class _RecordingBag(_Bag):
+    """A row bag that records the windows of what each read returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = []
+
+    def read(self):
+        items = super().read()
+        self.reads.append([w for w, _ in items])
+        return items
+
+
+def _recording_state() -> dict:
+    state = _keyed_state()
+    return {**state, **{name: _RecordingBag() for name in state if name.startswith(("rows_", "block_", "later"))}}
+
+
+def _row_reads(state: dict) -> list[tuple[str, list]]:
+    out = [(name, read) for name, bag in state.items() if isinstance(bag, _RecordingBag) for read in bag.reads]
+    for bag in state.values():
+        if isinstance(bag, _RecordingBag):
+            bag.reads = []
+    return out
+
+
+def test_each_firing_reads_its_own_windows_rows_and_moves_a_block_only_where_it_begins(days):
+    """Ten windows buffered before the first firing (as a replay delivers them): each firing reads
+    its window's own ring bag, holding that window's rows only; the only other read is the block
+    bag of the block that begins after it (W0 + 6 charged: windows W0 + 7.. move to the ring). Every
+    part is read at most twice; one bag of every window, read whole each window, read 55 times the
+    parts of a window."""
+    fn, state = _filter(), _recording_state()
+    _buffered(fn, days, state)
+    _row_reads(state)
+    parts = len(state["buffered_rows"].read())  # one table per day: one part per window
+    assert parts == TEN
+    total = 0
+    for w in range(TEN):
+        _fire(fn, W0 + w, state)
+        reads = _row_reads(state)
+        rings = [windows for name, windows in reads if name.startswith("rows_")]
+        moves = [windows for name, windows in reads if not name.startswith("rows_")]
+        assert rings == [[W0 + w]], (w, reads)
+        assert moves == ([[W0 + v for v in range(w + 1, TEN)]] if (W0 + w + 1) % 8 == 0 else []), (w, reads)
+        total += sum(len(windows) for _, windows in reads)
+    assert total == TEN + sum(1 for v in range(TEN) if (W0 + v) // 8 > W0 // 8)  # a part is moved at most once here
+
+
+def test_a_row_lost_from_a_later_windows_bag_unbalances_that_windows_books(days):
+    """The books count what was buffered per window; a part missing from its bag when its window
+    is charged (a lost row) makes that window's books record unbalanced, and every later one (the
+    shard's books hold a row that no window charged). The bags of later windows are not read, so
+    the loss shows at its own window rather than at the first one charged after it."""
+    fn, state = _filter(), _keyed_state()
+    _buffered(fn, days, state)
+    lost = W0 + 4
+    bag = state[f"rows_{lost % 8}"]
+    bag.items = [item for item in bag.items if item[0] != lost]
+    balanced = {}
+    for w in range(TEN):
+        out = list(fn.on_window_end(key=0, timestamp=_end(W0 + w), **state))
+        (record,) = [o.value[1] for o in out if isinstance(o, beam.pvalue.TaggedOutput) and o.tag == "books"]
+        balanced[W0 + w] = record["balanced"]
+    assert balanced == {W0 + w: int(W0 + w < lost) for w in range(TEN)}
+
+
 # --- a real pipeline: DirectRunner, the filter's Beam counters ------------------------------------------
 
 def _pipeline(root, days: list[pa.Table], *, params: dict, k: int, cached_shards: int | None) -> dict:
@@ -289,7 +358,8 @@ def _pipeline(root, days: list[pa.Table], *, params: dict, k: int, cached_shards
     return {"releases": _release_values([r for r, _ in _collected(folders["releases"])]),
             "ledger": _ledger_values([t for (_, _, t), _ in _collected(folders["ledger"])]),
             "restored": counters.get("shards_restored_from_state", 0),
-            "taken": counters.get("shards_taken_from_cache", 0)}
+            "taken": counters.get("shards_taken_from_cache", 0),
+            "parts_read": counters.get("buffered_parts_read", 0)}
 
 
 @pytest.mark.parametrize("k", [1, 3, 1000])
@@ -302,5 +372,8 @@ def test_a_ten_window_stream_restores_each_shard_from_keyed_state_once_and_relea
     before = _pipeline(tmp_path / "uncached", days, params=params, k=k, cached_shards=0)
     assert (cached["restored"], cached["taken"]) == (2, 2 * (TEN - 1))
     assert (before["restored"], before["taken"]) == (2 * TEN, 0)
+    # Each shard's part of each day read where it is charged, and those of the block that begins at
+    # W0 + 7 once more, moved to their own bags (not 55 per shard: every buffered part every window).
+    assert cached["parts_read"] == before["parts_read"] == 2 * (TEN + 3)
     assert cached["releases"] == before["releases"] and len(cached["releases"]) == TEN * len(COLUMNS)
     assert cached["ledger"] == before["ledger"] and len(cached["ledger"]) > 30

@@ -205,6 +205,28 @@ def test_every_charged_window_records_each_shards_balanced_books(tmp_path, days)
     assert sum(per_window.column("received").to_pylist()) == _message_rows(messages)
 
 
+def test_a_window_writes_one_ledger_snapshot_and_one_books_record_per_shard(tmp_path, days):
+    """The files a window costs (issue 30, item 1): per shard a ledger snapshot and one books record
+    holding its row books and its counts (once two files, books and counts), and no duplicate dead
+    letters when there are none; the counts read back from the books records are the charged rows."""
+    messages, _ = days
+    assert sj.main(_args(tmp_path, ["--replay", *messages])) == 0
+    curator = tmp_path / "curator"
+    for window in (W0, W0 + 1, W0 + 2):
+        per_folder = {folder: len(list((curator / folder / f"window_id={window}").rglob("*.parquet")))
+                      for folder in sj.WINDOW_FOLDERS}
+        assert per_folder == {"ledger": 3, "books": 3, sj.STAGED_RELEASES: 1, "counts": 0, "dead": 0,
+                              sj.PREPAID: 0, sj.RUNNING_STATE: 0}, (window, per_folder)
+    assert not (curator / "counts").exists()
+    (record,) = pq.read_table(next((curator / "books" / f"window_id={W0}").glob("*.parquet"))).to_pylist()[:1]
+    assert tuple(record) == sj.BOOKS_COLUMNS
+    counts = sj.window_counts(str(curator))
+    assert counts.column_names == ["window_id", "shard", "admitted", "clipped", "dropped", "nonfinite"]
+    books = sj.books(str(curator))
+    assert sum(pa.compute.sum(counts.column(c)).as_py() for c in ("admitted", "clipped", "dropped")) == \
+        books["admitted"] + books["clipped"] + books["dropped"] == _message_rows(messages)
+
+
 def test_rows_read_that_reach_no_outcome_unbalance_the_books(tmp_path, days):
     messages, _ = days
     assert sj.main(_args(tmp_path, ["--replay", *messages])) == 0
@@ -229,8 +251,10 @@ def test_two_shards_with_equal_counts_in_a_window_both_have_their_counts_recorde
     args = _args(tmp_path, ["--replay", str(path)])
     args[args.index("--shards") + 1] = "2"
     assert sj.main(args) == 0
-    counts = pa.concat_tables([pq.read_table(f) for f in (tmp_path / "curator" / "counts").rglob("*.parquet")])
+    counts = sj.window_counts(str(tmp_path / "curator"))
     assert sorted(counts.column("shard").to_pylist()) == [0, 1]
+    # One books record per shard and window, each named by its content (the shard in it).
+    assert len(list((tmp_path / "curator" / "books" / f"window_id={W0}").glob("*.parquet"))) == 2
     assert sum(counts.column("admitted").to_pylist()) + sum(counts.column("dropped").to_pylist()) == 2
 
 
@@ -665,7 +689,7 @@ def test_the_streaming_jobs_snapshots_counts_and_dead_letters_are_0600_in_0700_f
     curator.chmod(0o755)
     assert sj.main(_args(tmp_path, ["--replay", *messages, str(garbage)])) == 0
     assert {p.relative_to(curator).parts[0] for p in curator.rglob("*.parquet")} == {
-        "ledger", "counts", "dead", "read", "books", "staged-releases"}
+        "ledger", "dead", "read", "books", "staged-releases"}
     assert not_private(curator) == {}
 
 

@@ -167,8 +167,8 @@ def _ledgers(root: Path) -> dict[str, list[tuple]]:
 
 
 def _counts(root: Path) -> list[tuple]:
-    files = sorted((root / "curator" / "counts").glob("*/*.parquet"))
-    rows = [r for f in files for r in pq.read_table(f).to_pylist()]
+    """Every shard's counts of every window it charged rows in (read from its books records)."""
+    rows = sj.window_counts(str(root / "curator")).to_pylist()
     return sorted(tuple(sorted(r.items())) for r in rows)
 
 

@@ -241,3 +241,135 @@ def test_a_job_restarted_after_a_delta_window_resumes_from_the_ledger_its_chain_
     assert sj.whole_ledger(str(curator / "ledger"), last).equals(ledger)
     assert _public(tmp_path).keys() == public.keys() and all(_public(tmp_path)[w].equals(public[w]) for w in public)
     assert _books(tmp_path) == books and books["balanced"]
+
+
+# --- running totals: each window's prepaid rows are a delta beside its ledger delta (issue 30) --------
+
+
+def _with_a_running_query(root: Path) -> None:
+    """A catalogue under the release root ``root`` holding a window sum and a running total (the
+    library registers one there; the command line refuses to)."""
+    from renyi_stream.queries.catalogue import ReleaseCatalogue
+    from renyi_stream.queries.linear import LinearQuery
+
+    catalogue = ReleaseCatalogue(str(root))
+    catalogue.add(LinearQuery.columns("sum:opened", ["opened"]), effective_from=W0)
+    catalogue.add(LinearQuery.columns("total_opened", ["opened"], kind="running"), effective_from=W0)
+
+
+def _running_job(folder: Path, messages: list[str], k: int) -> list[str]:
+    """The ten-day job with a running total and a full snapshot every ``k`` windows, its --output
+    ``<folder>/curator``; returns its arguments."""
+    _with_a_running_query(folder / "public")
+    args = [*_args(folder, messages, end=str(DAY0 + dt.timedelta(days=TEN - 1)), norm_budget="40"),
+            "--full-snapshot-every", str(k)]
+    assert sj.main(args) == 0
+    return args
+
+
+@pytest.fixture(scope="module")
+def ten_running_days(tmp_path_factory) -> dict[int, Path]:
+    """The ten-day job with a running total, whole every window (k = 1) and with a full snapshot
+    every 3 windows, each in a folder of its own (its --output is <folder>/curator)."""
+    root = tmp_path_factory.mktemp("ten-running-days")
+    messages = _ten_days(root / "messages")
+    folders = {}
+    for k in (1, 3):
+        folders[k] = root / f"k{k}"
+        _running_job(folders[k], messages, k)
+    return folders
+
+
+def _prepaid_at(folder: Path, window: int) -> dict[str, pa.Table]:
+    """Every shard's prepaid rows at ``window`` as a job continuing from that window restores them."""
+    prepaid, _, _ = sj.previous_running_state(f"{folder / 'curator' / 'ledger'}/window_id={window}/*/*.parquet")
+    return {q: t.sort_by("user_id") for q, t in prepaid.items()}
+
+
+def _prepaid_file_rows(folder: Path, window: int) -> int:
+    return sum(pq.read_metadata(f).num_rows
+               for f in (folder / "curator" / "prepaid" / f"window_id={window}").rglob("*.parquet"))
+
+
+def test_the_prepaid_rows_restored_at_every_window_are_those_whole_snapshots_give(ten_running_days):
+    """K = 3: between full snapshots a window writes the prepaid rows of the users charged in it;
+    rebuilt from its base window's full file and the deltas after it, every window's prepaid rows
+    (what a restart from that window continues) are the ones a job writing them whole gives, and so
+    are its ledger and its books (its answers are the same sums, each ledger with its own noise)."""
+    whole, incremental = ten_running_days[1], ten_running_days[3]
+    for w in range(W0, W0 + TEN):
+        a, b = _prepaid_at(whole, w), _prepaid_at(incremental, w)
+        assert list(a) == list(b) == ["total_opened"], w
+        assert a["total_opened"].num_rows and a["total_opened"].equals(b["total_opened"], check_metadata=True), w
+        assert sj.whole_ledger(str(whole / "curator" / "ledger"), w).equals(
+            sj.whole_ledger(str(incremental / "curator" / "ledger"), w)), w
+    assert [_prepaid_file_rows(incremental, W0 + w) < _prepaid_file_rows(whole, W0 + w) for w in range(TEN)] == \
+        [w % 3 != 0 and w != TEN - 1 for w in range(TEN)]
+    assert _public(whole).keys() == _public(incremental).keys() == set(range(W0, W0 + TEN))
+    assert _books(whole) == _books(incremental) and _books(whole)["balanced"]
+
+
+def test_a_delta_windows_prepaid_files_hold_the_rows_of_its_own_users_only(ten_running_days):
+    """A delta window's prepaid files (one per shard with a charged row, none without) hold exactly
+    the rows of the window's users that have one, marked as a delta over its ledger's base window;
+    its ledger snapshots record the rows of each file and the shard's prepaid users after it."""
+    folder = ten_running_days[3]
+    days = sorted((folder.parent / "messages").glob("day-*.arrows"), key=lambda p: int(p.stem.split("-")[1]))
+    for w in (1, 2, 4, 5, 7, 8):
+        window = W0 + w
+        users = set(sj.decode_message(days[w].read_bytes()).column("user_id").to_pylist())
+        files = sorted((folder / "curator" / "prepaid" / f"window_id={window}").rglob("*.parquet"))
+        assert 1 <= len(files) <= 2  # one per shard at most (--shards 2), one running query
+        rows = pa.concat_tables([pq.read_table(f) for f in files])
+        whole = set(_prepaid_at(folder, window)["total_opened"].column("user_id").to_pylist())
+        assert set(rows.column("user_id").to_pylist()) == users & whole, w
+        for f in files:
+            meta = pq.read_schema(f).metadata
+            assert meta[b"renyi_stream.snapshot"] == b"delta"
+            assert meta[b"renyi_stream.base_window"] == str(W0 + 3 * (w // 3)).encode()
+        ledgers = sorted((folder / "curator" / "ledger" / f"window_id={window}").glob("shard=*/*.parquet"))
+        recorded = [json.loads(pq.read_schema(f).metadata[b"renyi_stream.prepaid_rows"]) for f in ledgers]
+        assert sum(r.get("total_opened", 0) for r in recorded) == rows.num_rows
+        users_after = [json.loads(pq.read_schema(f).metadata[b"renyi_stream.prepaid_users"]) for f in ledgers]
+        assert sum(r["total_opened"] for r in users_after) == len(whole)
+
+
+def test_a_lost_prepaid_delta_is_refused_before_its_users_restart_from_an_earlier_window(ten_running_days,
+                                                                                          tmp_path):
+    """The delta of window W0 + 4 lost: restoring window W0 + 5 (a delta over W0 + 3) would give its
+    users their prepaid rows of W0 + 3, whose later charges are too small. Refused, naming the
+    window, the shard and what is missing; with the file back, restored as before."""
+    import shutil
+
+    folder = tmp_path / "copy"
+    shutil.copytree(ten_running_days[3] / "curator", folder / "curator")
+    lost = max((folder / "curator" / "prepaid" / f"window_id={W0 + 4}").rglob("*.parquet"),
+               key=lambda f: pq.read_metadata(f).num_rows)
+    kept = lost.read_bytes()
+    lost.unlink()
+    shard = lost.parent.name.split("=")[1]
+    with pytest.raises(sj.launch.RunRefused, match=f"shard {shard}'s prepaid files of window {W0 + 4}.*missing"):
+        _prepaid_at(folder, W0 + 5)
+    lost.write_bytes(kept)
+    lost.chmod(0o600)  # a curator file, as the job writes them
+    assert _prepaid_at(folder, W0 + 5)["total_opened"].equals(_prepaid_at(ten_running_days[1], W0 + 5)["total_opened"])
+
+
+def test_a_job_with_a_running_total_restarted_after_a_delta_window_resumes_from_its_prepaid_chain(tmp_path):
+    """K = 3, a running total: the job lost after window W0 + 5's marker (a delta over W0 + 3)
+    resumes from the prepaid rows and ledger its chain rebuilds, to the uninterrupted end: the same
+    ledger, prepaid rows, answers and books."""
+    messages = _ten_days(tmp_path / "messages")
+    args = _running_job(tmp_path, messages, 3)
+    curator, last = tmp_path / "curator", W0 + TEN - 1
+    public, books, ledger = _public(tmp_path), _books(tmp_path), sj.whole_ledger(str(curator / "ledger"), last)
+    prepaid = _prepaid_at(tmp_path, last)
+    for w in range(W0 + 6, W0 + TEN):
+        Path(sj.commit_marker_path(str(curator), w)).unlink()
+        (tmp_path / "public" / f"window_id={w}" / "releases.parquet").unlink()
+    assert sj.main(args) == 0
+    assert sj.whole_ledger(str(curator / "ledger"), last).equals(ledger)
+    assert _prepaid_at(tmp_path, last)["total_opened"].equals(prepaid["total_opened"])
+    assert _public(tmp_path).keys() == public.keys() and all(_public(tmp_path)[w].equals(public[w]) for w in public)
+    assert {q for t in public.values() for q in t.column("query_id").to_pylist()} == {"sum:opened", "total_opened"}
+    assert _books(tmp_path) == books and books["balanced"]

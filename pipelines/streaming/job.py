@@ -62,14 +62,15 @@ The graph: decode and validate each message (:class:`DecodeAndValidate`; an unde
 is one dead letter, rows that fail validation are dead letters with reasons) ->
 :class:`renyi_stream.pipelines.streaming.releases.StreamingReleases` (the individual filter per user shard in keyed
 state, a chained event-time timer per window end, a release once every shard has charged the
-window, keyed noise) -> in the curator's ``--output``, a ledger snapshot per (window, shard), dead
-letters, counts and each window's release file staged (:class:`StageWindowFile`), which goes to the
-public Parquet release root (first write wins) only once the window is committed: staged, every
-shard's snapshot and records of it written, its marker written after the previous window's
-(:class:`CommitWindows`: the outbox rule, docs/architecture.md, "The outbox rule"). The three
-sources differ only in the read step: everything from :class:`KafkaRecordToMessage` (Kafka) or
-:class:`DecodeAndValidate` (the others) on is the same code, and :func:`build` takes the read
-step's output as an argument for tests.
+window, keyed noise) -> in the curator's ``--output``, a ledger snapshot and a books record (the
+shard's row books and counts of the window) per (window, shard), dead letters, and each window's
+release file staged (:class:`StageWindowFile`), which goes to the public Parquet release root
+(first write wins) only once the window is committed: staged, every shard's snapshot and records
+of it written, its marker written after the previous window's (:class:`CommitWindows`: the
+outbox rule, docs/architecture.md, "The outbox rule"). The three sources differ only in the read
+step: everything from :class:`KafkaRecordToMessage` (Kafka) or :class:`DecodeAndValidate` (the
+others) on is the same code, and :func:`build` takes the read step's output as an argument for
+tests.
 
 The queries answered are those of the catalogue beside the public release root
 (``<--releases-parquet>/_queries/``, :mod:`renyi_stream.queries.catalogue`), read at launch under the rules of
@@ -81,7 +82,9 @@ registered into windows already released but never answered (it was registered w
 earlier job ran) starts at this job's first window. Running totals (docs/running_totals.md) go
 through the batch jobs' engine objects: each shard's per-user prepaid rows
 (:class:`renyi_stream.stream.engine.running.PrepaidUsers`) live in its keyed state beside its ledger and are
-written whole every window, ``<output>/prepaid/window_id=<W>/shard=<S>/`` (:class:`WritePrepaid`);
+written every window as its ledger snapshot is, whole or a delta of the users charged in the
+window, ``<output>/prepaid/window_id=<W>/shard=<S>/`` (:class:`WritePrepaid`, read back by
+:func:`previous_running_state`);
 each running query's release state (:class:`renyi_stream.stream.engine.running.RunningRelease`) lives in the
 keyed state of :class:`renyi_stream.pipelines.streaming.releases.ReleaseRunningInOrder`, advanced in window
 order, and is staged with the window's releases, ``<output>/running/window_id=<W>/``
@@ -97,7 +100,7 @@ ledger's own, else the first replayed message's ``user_id`` type, else ``int64``
 **Crash recovery: run the same command again.** The ``--output`` is the job's state folder
 (:data:`STATE_FILE` records the command line that owns it). Each window is committed by one
 marker, ``<output>/commits/window_id=<W>.json``, written whole or not at all in window order,
-after every shard's ledger snapshot and records (books, counts, duplicates) of the window and its
+after every shard's ledger snapshot and records (books, duplicates) of the window and its
 staged release file, and before its publication (:class:`CommitWindows`). A job launched again
 with the same command line (:func:`restarting`) first brings the folder to its last marker
 (:func:`recover`): it publishes every committed window not yet public (first write wins), removes
@@ -225,8 +228,8 @@ try:
     from renyi_stream.pipelines.beam import worker_key
     from renyi_stream.pipelines.beam.local_runner import batch_runner, is_direct
     from renyi_stream.pipelines.beam.publication import PublicReleaseFiles, StagedReleases
-    from renyi_stream.pipelines.streaming.releases import (PREPAID_USERS, RUNNING_QUERY_ID, SNAPSHOT_BASE, SNAPSHOT_KIND,
-                                              StreamingReleases, running_state_of)
+    from renyi_stream.pipelines.streaming.releases import (PREPAID_ROWS, PREPAID_USERS, RUNNING_QUERY_ID, SNAPSHOT_BASE,
+                                              SNAPSHOT_KIND, StreamingReleases, running_state_of)
 finally:
     _root.setLevel(_level)
 from renyi_stream.pipelines.beam import preview
@@ -236,7 +239,7 @@ from renyi_stream.stream.engine.dead_letters import DeadLetterReason, dead_lette
 from renyi_stream.stream.engine.publication import publish_outbox
 from renyi_stream.stream.engine.readers import FORMATS, InputFileError, MalformedLines, read_batches
 from renyi_stream.stream.engine.row_balance import RowBalance, reason_counts
-from renyi_stream.stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, merge_ledger_deltas
+from renyi_stream.stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, merge_deltas, running_base
 from renyi_stream.stream.faults import crash_point
 from renyi_stream.queries import release_lineage as lineage
 from renyi_stream.queries.catalogue import CatalogueChanged, LaunchQueries, ReleaseCatalogue, queries_at_launch
@@ -655,15 +658,17 @@ COMMITS = "commits"
 #: without it was written by an earlier version and is refused (give a new ``--output``).
 STATE_FILE = "_STATE.json"
 #: The curator folders whose ``window_id=<W>`` sub-folders hold one window's committed state:
-#: the shards' ledger snapshots, the staged releases, the shards' books, counts and duplicate dead
-#: letters. Those of windows after the last commit marker are a crashed job's dead branch.
+#: the shards' ledger snapshots, the staged releases, the shards' books records and duplicate dead
+#: letters (and ``counts``, a record of its own before the books record held the counts, kept so that a
+#: folder an earlier version wrote loses its dead branch too). Those of windows after the last commit
+#: marker are a crashed job's dead branch.
 #: Running totals' state of a window: every shard's per-user prepaid rows (:data:`PREPAID`,
 #: ``prepaid/window_id=<W>/shard=<S>/``) and each running query's release state (:data:`RUNNING_STATE`,
 #: ``running/window_id=<W>/``), committed with the window like its ledger snapshots.
 PREPAID, RUNNING_STATE = "prepaid", "running"
 WINDOW_FOLDERS = ("ledger", STAGED_RELEASES, "books", "counts", "dead", PREPAID, RUNNING_STATE)
 #: What the commit step hears of a window: its release file is staged (shard ``-1``), one shard's
-#: ledger snapshot of it is written, one shard's records of it (books, counts, duplicates), or (with
+#: ledger snapshot of it is written, one shard's records of it (books, duplicates), or (with
 #: running queries) one shard's prepaid rows of it.
 STAGED, SNAPSHOT_WRITTEN, RECORDS_WRITTEN, PREPAID_WRITTEN = "staged", "snapshot", "records", "prepaid"
 
@@ -723,8 +728,9 @@ def _snapshot_written(path: str) -> tuple[int, tuple[str, int]]:
 class WriteWindowRecords(beam.DoFn):
     """One shard's records of one charged window, ``(window, books record, duplicates or None)``
     (:class:`renyi_stream.pipelines.streaming.releases.StreamingReleases` with ``window_records``) -> its books
-    (``books/window_id=<W>/``), its counts when it charged rows (``counts/window_id=<W>/``) and its
-    duplicate dead letters (``dead/window_id=<W>/``), each named by its content; then outputs
+    record (``books/window_id=<W>/``: the shard's row books of the window and its counts by status,
+    :data:`BOOKS_COLUMNS`, one file) and, when it had any, its duplicate dead letters
+    (``dead/window_id=<W>/``), each named by its content; then outputs
     ``(window, (RECORDS_WRITTEN, shard))``, so the window's commit marker is written only once they
     are (invariant 7 (rows-counted-not-lost, docs/architecture.md): a committed window's rows keep
     their outcome after a crash)."""
@@ -735,8 +741,6 @@ class WriteWindowRecords(beam.DoFn):
     def process(self, element: tuple[int, dict, pa.Table | None]) -> Iterator[tuple[int, tuple[str, int]]]:
         window, record, duplicates = element
         _write_named(store.join(self._curator, "books"), *_books_file((window, record)))
-        if _charged_rows((window, record)):
-            _write_named(store.join(self._curator, "counts"), *_counts_file((window, record)))
         if duplicates is not None and duplicates.num_rows:
             _write_named(store.join(self._curator, "dead"), f"window_id={int(window)}", duplicates)
         yield int(window), (RECORDS_WRITTEN, int(record["shard"]))
@@ -744,11 +748,14 @@ class WriteWindowRecords(beam.DoFn):
 
 class WritePrepaid(beam.DoFn):
     """One shard's per-user prepaid rows after one window, ``(shard, window, [(query_id, table)])``
-    (:class:`renyi_stream.pipelines.streaming.releases.StreamingReleases`' ``prepaid``) -> one file per running
+    (:class:`renyi_stream.pipelines.streaming.releases.StreamingReleases`' ``prepaid``: whole with a full ledger
+    snapshot, else a delta, the rows of the users charged in the window) -> one file per running
     query, ``prepaid/window_id=<W>/shard=<S>/``, named by its content and recording the query id
-    (:data:`renyi_stream.pipelines.streaming.releases.RUNNING_QUERY_ID`); then ``(window, (PREPAID_WRITTEN,
-    shard))``, so the window's commit marker is written only once they are: a lost prepaid row
-    would restart its user's prepaid charge from nothing."""
+    (:data:`renyi_stream.pipelines.streaming.releases.RUNNING_QUERY_ID`); a delta without rows writes no file
+    (the window's ledger snapshot records the rows of each, :data:`PREPAID_ROWS`, so a file is
+    expected exactly when it has rows). Then ``(window, (PREPAID_WRITTEN, shard))``, so the
+    window's commit marker is written only once they are: a lost prepaid row would restart its
+    user's prepaid charge from nothing."""
 
     def __init__(self, curator: str) -> None:
         self._curator = curator
@@ -756,6 +763,8 @@ class WritePrepaid(beam.DoFn):
     def process(self, element: tuple[int, int, list[tuple[str, pa.Table]]]) -> Iterator[tuple[int, tuple[str, int]]]:
         shard, window, parts = element
         for query_id, table in parts:
+            if not table.num_rows and _metadata(table).get(SNAPSHOT_KIND) == "delta":
+                continue  # nobody's prepaid rows changed: nothing to write (PREPAID_ROWS records 0)
             marked = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                                     RUNNING_QUERY_ID.encode(): query_id.encode()})
             _write_named(store.join(self._curator, PREPAID), f"window_id={int(window)}/shard={int(shard)}", marked)
@@ -896,23 +905,45 @@ def _ledger_file(item: tuple[int, int, pa.Table], *, recorded: dict[bytes, bytes
     return f"window_id={int(window)}/shard={int(shard)}", table.replace_schema_metadata(metadata)
 
 
+#: The columns of a shard's books record of a window (:func:`_books_file`): the window and shard, the
+#: shard's row books since its previous window (:class:`renyi_stream.stream.engine.shard_state.ShardBooks`), the
+#: window's counts as the batch jobs record them (:data:`renyi_stream.stream.engine.shard_state.WINDOW_COUNT_NAMES`:
+#: ``admitted``, ``clipped``, ``dropped`` by status, ``nonfinite``), the rows ``buffered`` for later
+#: windows and ``balanced`` (1 or 0). One record per shard and window holds both the books and the
+#: counts, so a window writes one file per shard for them, not two. Sensitive: curator only.
+BOOKS_COLUMNS = ("window_id", "shard", "received", "late", "out_of_range", "duplicate", *WINDOW_COUNT_NAMES,
+                 "buffered", "balanced")
+
+
 def _books_file(item: tuple[int, dict]) -> tuple[str, pa.Table]:
+    """A shard's books record of one window (:data:`BOOKS_COLUMNS`), in its window's folder."""
     window, record = item
     row = {"window_id": int(window), **{k: int(v) for k, v in dict(record).items()}}
+    missing = sorted(set(BOOKS_COLUMNS) - set(row))
+    if missing:
+        raise ValueError(f"a shard's books record of window {int(window)} must hold {list(BOOKS_COLUMNS)}, "
+                         f"missing {missing}")
     return f"window_id={int(window)}", pa.Table.from_pylist([row])
 
 
-def _charged_rows(item: tuple[int, dict]) -> bool:
-    _, record = item
-    return any(record[name] for name in STATUS_NAMES)
+def window_counts(curator: str) -> pa.Table:
+    """Every shard's counts of every window it charged rows in, from a streaming job's ``--output``
+    ``curator``: ``window_id``, ``shard`` and :data:`renyi_stream.stream.engine.shard_state.WINDOW_COUNT_NAMES`,
+    as the batch jobs record them, one row per (window, shard) with a charged row, sorted. Read from
+    the books records (:data:`BOOKS_COLUMNS`), which hold them. Exact counts: curator only."""
+    names = ["window_id", "shard", *WINDOW_COUNT_NAMES]
+    parts = [t.select(names) for t in _curator_tables(curator, "books") if t.num_rows]
+    if not parts:
+        return pa.table({name: pa.array([], pa.int64()) for name in names})
+    table = pa.concat_tables(parts)
+    charged = pc.greater(pc.add(pc.add(table.column("admitted"), table.column("clipped")), table.column("dropped")), 0)
+    return table.filter(charged).sort_by([("window_id", "ascending"), ("shard", "ascending")])
 
 
-def _counts_file(item: tuple[int, dict]) -> tuple[str, pa.Table]:
-    """A shard's counts of one window, as the batch jobs record them, with the shard."""
-    window, record = item
-    row = {"window_id": int(window), "shard": int(record["shard"]),
-           **{name: int(record[name]) for name in WINDOW_COUNT_NAMES}}
-    return f"window_id={int(window)}", pa.Table.from_pylist([row])
+def _curator_tables(curator: str, folder: str) -> list[pa.Table]:
+    """Every Parquet file under ``<curator>/<folder>``, read, in path order."""
+    paths = [m.path for r in FileSystems.match([store.join(curator, folder, "**.parquet")]) for m in r.metadata_list]
+    return [store.read_parquet(path) for path in sorted(paths)]
 
 
 # --- launch ----------------------------------------------------------------------------------
@@ -955,7 +986,7 @@ def _parser(prog: str = "python -m renyi_stream.pipelines.streaming") -> argpars
         "per-window sum (sum:<column>). The queries answered are those of the catalogue "
         "(renyi-stream query add --releases-parquet ROOT)")
     launch.add_promise_options(parser)
-    arg("--output", required=True, help="curator-only root: ledger snapshots per window, dead letters, counts; the "
+    arg("--output", required=True, help="curator-only root: ledger snapshots per window, dead letters, books; the "
         "job's state folder: run the same command again after a crash and it resumes from the last window it "
         "committed there")
     arg("--full-snapshot-every", "--full_snapshot_every", dest="full_snapshot_every", type=_positive_int,
@@ -1224,7 +1255,7 @@ def _whole_snapshot(pattern: str, root: str, window: int, shard: int, table: pa.
     """Shard ``shard``'s whole ledger at ``window`` from its snapshot ``table`` there: the table
     itself when it is full; for a delta (:data:`renyi_stream.pipelines.streaming.releases.SNAPSHOT_KIND`), the
     full snapshot of its base window with the deltas of the windows after it through ``window`` over
-    it (:func:`renyi_stream.stream.engine.shard_state.merge_ledger_deltas`), with ``table``'s metadata.
+    it (:func:`renyi_stream.stream.engine.shard_state.merge_deltas`), with ``table``'s metadata.
     RunRefused, naming the file missing or doubled, when that chain is not one file per window."""
     meta = _metadata(table)
     if meta.get(SNAPSHOT_KIND, "full") != "delta":
@@ -1242,7 +1273,7 @@ def _whole_snapshot(pattern: str, root: str, window: int, shard: int, table: pa.
     if _metadata(chain[0]).get(SNAPSHOT_KIND, "full") != "full":
         raise launch.RunRefused(f"--previous-ledger {pattern!r}: shard {shard}'s snapshot of window {base}, the base "
                                 f"of window {window}'s delta, is not a full snapshot")
-    merged = merge_ledger_deltas(chain[0], [(w, t) for w, t in zip(range(base + 1, int(window) + 1), [*chain[1:], table])])
+    merged = merge_deltas(chain[0], [(w, t) for w, t in zip(range(base + 1, int(window) + 1), [*chain[1:], table])])
     extra = {k: v for k, v in (table.schema.metadata or {}).items() if k.decode() not in (SNAPSHOT_KIND, SNAPSHOT_BASE)}
     return merged.replace_schema_metadata({**(merged.schema.metadata or {}), **extra, SNAPSHOT_KIND.encode(): b"full"})
 
@@ -1520,7 +1551,7 @@ def recover(curator: str, releases: str) -> tuple[int | None, list[int], int]:
     2. Every committed window not yet public under ``releases`` is published, in window order,
        first write wins (:func:`renyi_stream.stream.engine.publication.publish_outbox`): each has its ledger
        snapshots, so its answer has a durable ledger that charged its users.
-    3. The files of windows after ``C`` (snapshots, staged releases, books, counts, duplicates)
+    3. The files of windows after ``C`` (snapshots, staged releases, books, duplicates)
        are the crashed job's dead branch: removed, never restored nor published (no marker names
        them, so none of them is public). Their windows are charged again from ``C``'s snapshots.
 
@@ -1555,15 +1586,18 @@ def previous_running_state(pattern: str) -> tuple[dict[str, pa.Table], dict[str,
     """The running totals' state beside the ledger snapshots ``pattern`` (``--previous-ledger``, or
     a restarted job's own last committed window), as :class:`StreamingReleases` continues it:
     ``(per-user prepaid rows, release states, releases y)``, each by running query id. The
-    prepaid rows are every shard's files of that window (:class:`WritePrepaid`) concatenated per
-    query (re-split by this job's ``--shards``), the release states and releases ``y`` those staged
-    with the window (:class:`StageWindowFile`). Empty for ``none`` or snapshots outside a job's
-    ``--output`` (a copy made by :func:`record_snapshot_parameters`): a running query they should
-    have continued is then refused by the schedule rule (:func:`renyi_stream.stream.engine.shard_state.refuse_running_gaps`).
-    RunRefused for a file without its query id, shards disagreeing on a query's metadata, prepaid
-    rows other than the users the shards' ledger snapshots record (:data:`PREPAID_USERS`: a lost
-    file would restart its users' prepaid charges from nothing), or two release states of one
-    query; the states themselves are checked when restored
+    prepaid rows are every shard's at that window (:class:`WritePrepaid`; a shard whose snapshot is
+    a delta rebuilt from the full prepaid file of its base window and the deltas after it,
+    :func:`_shard_prepaid`) concatenated per query (re-split by this job's ``--shards``), the
+    release states and releases ``y`` those staged with the window (:class:`StageWindowFile`).
+    Empty for ``none`` or snapshots outside a job's ``--output`` (a copy made by
+    :func:`record_snapshot_parameters`): a running query they should have continued is then
+    refused by the schedule rule (:func:`renyi_stream.stream.engine.shard_state.refuse_running_gaps`).
+    RunRefused for a file without its query id, shards disagreeing on a query's metadata, a prepaid
+    file of a window missing, doubled or of other rows than its ledger snapshot records
+    (:data:`PREPAID_ROWS`), prepaid rows other than the users the shards' ledger snapshots record
+    (:data:`PREPAID_USERS`: a lost file would restart its users' prepaid charges from nothing), or
+    two release states of one query; the states themselves are checked when restored
     (:class:`renyi_stream.stream.engine.running.PrepaidUsers`, :class:`renyi_stream.stream.engine.running.RunningRelease`)."""
     if pattern.lower() == "none":
         return {}, {}, {}
@@ -1575,26 +1609,22 @@ def previous_running_state(pattern: str) -> tuple[dict[str, pa.Table], dict[str,
     root, window = windows.pop()
     base = root[: -len("/ledger")]
     parts: dict[str, list[pa.Table]] = {}
-    for path in _matched(store.join(base, PREPAID, f"window_id={window}", "*", "*.parquet")):
-        table = store.read_parquet(path)
-        meta = dict(table.schema.metadata or {})
-        query_id = meta.pop(RUNNING_QUERY_ID.encode(), None)
-        if query_id is None:
-            raise launch.RunRefused(f"{path} (the prepaid rows beside --previous-ledger {pattern!r}) records no "
-                                    f"{RUNNING_QUERY_ID}: it was not written by this job")
-        parts.setdefault(query_id.decode(), []).append(table.replace_schema_metadata(meta))
+    recorded: dict[str, int] = {}
+    for path in snapshots:
+        meta = _schema_metadata(path)
+        text = meta.get(PREPAID_USERS)
+        for query_id, rows in (json.loads(text) if text else {}).items():
+            recorded[query_id] = recorded.get(query_id, 0) + int(rows)
+        place = _snapshot_place(path)
+        if place is not None:
+            for query_id, table in _shard_prepaid(pattern, base, window, place[2], meta).items():
+                parts.setdefault(query_id, []).append(table)
     prepaid = {}
     for query_id, tables in sorted(parts.items()):
         if any(t.schema.metadata != tables[0].schema.metadata for t in tables):
             raise launch.RunRefused(f"the prepaid rows of running query {query_id!r} beside --previous-ledger "
                                     f"{pattern!r} disagree between shards on the query's strategy or schedule")
         prepaid[query_id] = pa.concat_tables(tables)
-    recorded: dict[str, int] = {}
-    for path in snapshots:
-        with FileSystems.open(path) as handle:
-            text = (pq.read_schema(handle).metadata or {}).get(PREPAID_USERS.encode())
-        for query_id, rows in (json.loads(text) if text else {}).items():
-            recorded[query_id] = recorded.get(query_id, 0) + int(rows)
     found = {q: t.num_rows for q, t in prepaid.items() if t.num_rows}
     if found != {q: n for q, n in recorded.items() if n}:
         raise launch.RunRefused(f"the prepaid rows beside --previous-ledger {pattern!r} hold {found} users per running "
@@ -1611,6 +1641,93 @@ def previous_running_state(pattern: str) -> tuple[dict[str, pa.Table], dict[str,
                                     f"states of running query {query_id!r}")
         releases[query_id], raw[query_id] = table, series
     return prepaid, releases, raw
+
+
+def _schema_metadata(path: str) -> dict[str, str]:
+    """A Parquet file's schema metadata, decoded, read from its footer only."""
+    with FileSystems.open(path) as handle:
+        return {k.decode(): v.decode() for k, v in (pq.read_schema(handle).metadata or {}).items()}
+
+
+def _prepaid_files(pattern: str, base: str, window: int, shard: int) -> dict[str, pa.Table]:
+    """Shard ``shard``'s prepaid files of ``window`` in the job folder ``base``, by query id, each
+    without its query id and base window in its metadata and with its kind (:data:`SNAPSHOT_KIND`:
+    ``full``, also for a file written before prepaid deltas, or ``delta``). RunRefused for a file
+    that records no query id, or two files of one query."""
+    found: dict[str, pa.Table] = {}
+    for path in _matched(store.join(base, PREPAID, f"window_id={int(window)}", f"shard={int(shard)}", "*.parquet")):
+        table = store.read_parquet(path)
+        meta = dict(table.schema.metadata or {})
+        query_id = meta.pop(RUNNING_QUERY_ID.encode(), None)
+        if query_id is None:
+            raise launch.RunRefused(f"{path} (the prepaid rows beside --previous-ledger {pattern!r}) records no "
+                                    f"{RUNNING_QUERY_ID}: it was not written by this job")
+        if query_id.decode() in found:
+            raise launch.RunRefused(f"shard {shard} has two prepaid files of running query {query_id.decode()!r} in "
+                                    f"window {window} beside --previous-ledger {pattern!r}: they are not one job's")
+        kind = meta.pop(SNAPSHOT_KIND.encode(), b"full").decode()
+        meta.pop(SNAPSHOT_BASE.encode(), None)
+        found[query_id.decode()] = table.replace_schema_metadata({**meta, SNAPSHOT_KIND.encode(): kind.encode()})
+    return found
+
+
+def _shard_prepaid(pattern: str, base: str, window: int, shard: int, meta: dict[str, str]) -> dict[str, pa.Table]:
+    """Shard ``shard``'s whole prepaid rows at ``window`` by running query, from its prepaid files in
+    the job folder ``base``: those of ``window`` when its ledger snapshot (metadata ``meta``) is full;
+    for a delta, the full files of its base window (:data:`SNAPSHOT_BASE`) with the deltas of every
+    window after it through ``window`` over them (:func:`renyi_stream.stream.engine.shard_state.merge_deltas`),
+    as the shard's own state is rebuilt (:meth:`renyi_stream.stream.engine.shard_state.ShardSnapshots.restore`).
+    Each window's files are checked against its ledger snapshot's :data:`PREPAID_ROWS` (one file per
+    query with rows, that many rows; recorded from this version on) and their kind against the chain:
+    RunRefused naming the window and shard otherwise, since a lost delta would restore its users'
+    prepaid rows of an earlier window, and their later charges would be too small."""
+    kind = meta.get(SNAPSHOT_KIND, "full")
+    chain = [(int(window), meta)]
+    if kind == "delta":
+        first = int(meta[SNAPSHOT_BASE])
+        ledger = store.join(base, "ledger")
+        chain = [(w, _schema_metadata(_one_snapshot(pattern, ledger, w, shard, window))) for w in range(first, window)]
+        chain.append((int(window), meta))
+    files = {}
+    for position, (w, recorded_meta) in enumerate(chain):
+        files[w] = _prepaid_files(pattern, base, w, shard)
+        expected_kind = "full" if position == 0 else "delta"
+        wrong = sorted(q for q, t in files[w].items() if _metadata(t).get(SNAPSHOT_KIND) != expected_kind)
+        if wrong:
+            raise launch.RunRefused(f"shard {shard}'s prepaid file(s) of running query {wrong[0]!r} in window {w} beside "
+                                    f"--previous-ledger {pattern!r} are not the {expected_kind} rows its ledger "
+                                    "snapshot's chain needs")
+        text = recorded_meta.get(PREPAID_ROWS)
+        if text is not None:
+            rows = {q: int(n) for q, n in json.loads(text).items() if int(n)}
+            held = {q: t.num_rows for q, t in files[w].items() if t.num_rows}
+            if held != rows:
+                raise launch.RunRefused(f"shard {shard}'s prepaid files of window {w} beside --previous-ledger "
+                                        f"{pattern!r} hold {held} rows per running query, its ledger snapshot records "
+                                        f"{rows}: a prepaid file is missing or extra, and a lost row would restore its "
+                                        "user's prepaid charge of an earlier window")
+    first_window, *later = [w for w, _ in chain]
+    out = {}
+    for query_id in sorted({q for tables in files.values() for q in tables}):
+        full = files[first_window].get(query_id)
+        deltas = [(w, files[w][query_id]) for w in later if query_id in files[w]]
+        table = merge_deltas(running_base(full, deltas, query_id), deltas) if deltas else full
+        meta_out = dict(table.schema.metadata or {})
+        meta_out.pop(SNAPSHOT_KIND.encode(), None)
+        out[query_id] = table.replace_schema_metadata(meta_out)
+    return out
+
+
+def _one_snapshot(pattern: str, ledger: str, window: int, shard: int, of_window: int) -> str:
+    """The path of shard ``shard``'s one ledger snapshot of ``window`` under ``ledger``, a window of
+    the delta chain of ``of_window``'s; RunRefused when there is not exactly one."""
+    (result,) = FileSystems.match([store.join(ledger, f"window_id={int(window)}", f"shard={int(shard)}", "*.parquet")])
+    if len(result.metadata_list) != 1:
+        raise launch.RunRefused(
+            f"--previous-ledger {pattern!r}: shard {shard}'s snapshot of window {of_window} is a delta, but window "
+            f"{window} of its chain has {len(result.metadata_list)} snapshot file(s) of that shard under {ledger}, "
+            "not one: the shard's prepaid rows cannot be rebuilt")
+    return result.metadata_list[0].path
 
 
 def _snapshot_queries(pattern: str, files: dict[int, str], metadata: dict[int, dict[str, str]]) -> dict[str, int] | None:
@@ -1826,7 +1943,8 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         store.join(curator, "ledger"), functools.partial(_ledger_file, recorded=config.to_snapshot_metadata(),
                                                         queries=first_answered, plan=recorded_plan(plan.entries),
                                                         runs=runs)))
-    # A shard's books, counts and duplicates of a window are written together (WriteWindowRecords).
+    # A shard's books record (its counts inside) and duplicates of a window are written together
+    # (WriteWindowRecords).
     record_files = graph["books"] | "WriteWindowRecords" >> beam.ParDo(WriteWindowRecords(curator))
     # A window goes public only once it is committed: staged, and every shard's snapshot and records of
     # it written; windows are committed in order, under one key (CommitWindows).
@@ -1900,22 +2018,21 @@ def books(curator: str) -> dict[str, Any]:
     """The row balance of a streaming job's curator output ``curator`` (its ``--output``), from the
     files it wrote, as every job records it (:meth:`renyi_stream.stream.engine.row_balance.RowBalance.totals`):
     ``rows_read`` (every message's rows, ``read/``), ``admitted``, ``clipped`` and ``dropped``
-    (the shards' per-window ``counts/``), ``rejected`` and ``late`` (``dead/``, by reason), and
-    ``balanced``: whether the balance holds (:attr:`RowBalance.balanced`) and every shard's books
-    balanced at every window it charged (``books/``). Exact counts: curator only.
+    (the shards' per-window books records, ``books/``), ``rejected`` and ``late`` (``dead/``, by
+    reason), and ``balanced``: whether the balance holds (:attr:`RowBalance.balanced`) and every
+    shard's books balanced at every window it charged (the same records). Exact counts: curator only.
 
     Complete once the job has charged its last window and read its last message (a replay, or a
     drained stream); earlier, rows in flight or buffered for later windows are not yet counted."""
     def tables(folder: str) -> list[pa.Table]:
-        paths = [m.path for r in FileSystems.match([store.join(curator, folder, "**.parquet")]) for m in r.metadata_list]
-        return [store.read_parquet(path) for path in sorted(paths)]
+        return _curator_tables(curator, folder)
 
     def total(parts: list[pa.Table], column: str) -> int:
         return int(sum(pc.sum(t.column(column)).as_py() or 0 for t in parts if column in t.column_names))
 
-    read, counts, shard_books, dead = tables("read"), tables("counts"), tables("books"), tables("dead")
+    read, shard_books, dead = tables("read"), tables("books"), tables("dead")
     balance = RowBalance.of(rows_read=total(read, "rows_read"),
-                            statuses={name: total(counts, name) for name in STATUS_NAMES},
+                            statuses={name: total(shard_books, name) for name in STATUS_NAMES},
                             reasons=reason_counts(dead))
     shards_balanced = all(pc.all(pc.equal(t.column("balanced"), 1)).as_py() for t in shard_books if t.num_rows)
     return {**balance.totals(), "balanced": bool(balance.balanced and shards_balanced)}
@@ -2013,7 +2130,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m renyi_stre
             print(f"[streaming] resuming from window {resumed}, the last committed in --output "
                   f"{store.absolute(args.output)}" + (f"; published {published[:5]}, committed before a crash"
                                                       if published else "")
-                  # Not how many files: which ones a shard wrote (counts, duplicates) depends on its rows.
+                  # Not how many files: which ones a shard wrote (duplicates) depends on its rows.
                   + ("; removed the files of uncommitted windows" if dropped else ""), file=sys.stderr)
         elif dropped:
             print(f"[streaming] no window was committed in --output {store.absolute(args.output)}: removed "

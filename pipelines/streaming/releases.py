@@ -59,8 +59,9 @@ from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateS
 from renyi_stream.stream.engine.dead_letters import classify_windows, window_letters
 from renyi_stream.stream.engine.running import RunningRelease
 from renyi_stream.stream.engine.shard_cache import ShardCache, new_token
-from renyi_stream.stream.engine.shard_state import (LEDGER_DELTA, LEDGER_PART, RUNNING_PART, QueryPlan, ShardBooks, ShardSnapshots,
-                                       ShardState, held_deltas)
+from renyi_stream.stream.engine.window_buffer import WIDTH, WindowBuffer
+from renyi_stream.stream.engine.shard_state import (LEDGER_DELTA, LEDGER_PART, RUNNING_DELTA, RUNNING_PART, QueryPlan, ShardBooks,
+                                       ShardSnapshots, ShardState, held_deltas)
 from renyi_stream.pipelines.beam.transforms import (
     ReleaseRunning,
     ReleaseWindow,
@@ -74,7 +75,6 @@ from renyi_stream.pipelines.beam.transforms import (
     TICK,
     PackedRows,
     packed_by_shard,
-    row_count,
     unpacked,
 )
 from renyi_stream.stream.schema import USER_ID, WINDOW_ID, WindowSpec
@@ -91,9 +91,14 @@ SNAPSHOT_KIND, SNAPSHOT_BASE = "renyi_stream.snapshot", "renyi_stream.base_windo
 #: ``[[window, [y...]], ...]``), which the running-total estimates of later windows are computed from.
 RUNNING_QUERY_ID, RUNNING_RAW = "renyi_stream.query_id", "renyi_stream.running_raw"
 #: Schema metadata of a shard's ledger snapshot when it has running-query state: its prepaid users
-#: per running query (JSON ``{query_id: rows}``), so that a job restoring the prepaid rows beside it
-#: can tell a lost file (which would restart its users' prepaid charges from nothing) from none.
+#: per running query after the window (JSON ``{query_id: rows}``), so that a job restoring the prepaid
+#: rows beside it can tell a lost file (which would restart its users' prepaid charges from nothing)
+#: from none.
 PREPAID_USERS = "renyi_stream.prepaid_users"
+#: Schema metadata of the same snapshot: the rows of the shard's prepaid file of this window per
+#: running query (JSON ``{query_id: rows}``): every user's for a full snapshot, the users charged in
+#: the window for a delta (:func:`_prepaid_parts`), so that each file of a delta chain is checked.
+PREPAID_ROWS = "renyi_stream.prepaid_rows"
 
 
 def _snapshot_table(parts: list[tuple[str, Any]], window: int, deltas_before: int) -> pa.Table:
@@ -107,6 +112,23 @@ def _snapshot_table(parts: list[tuple[str, Any]], window: int, deltas_before: in
             base = int(window) - 1 - int(deltas_before)
             return _marked(payload[1], {SNAPSHOT_KIND: "delta", SNAPSHOT_BASE: str(base)})
     raise ValueError("a shard's parts after a window hold no ledger")
+
+
+def _prepaid_parts(parts: list[tuple[str, Any]], window: int, deltas_before: int) -> list[tuple[str, pa.Table]]:
+    """The prepaid rows a shard keeps after ``window`` per running query, ``[(query_id, table)]`` by
+    query id: its whole prepaid rows after a full snapshot, the rows of the users charged in the
+    window for a delta, each marked as its window's ledger snapshot is (:func:`_snapshot_table`:
+    :data:`SNAPSHOT_KIND`, and for a delta :data:`SNAPSHOT_BASE`)."""
+    out = []
+    for kind, payload in parts:
+        if kind == RUNNING_PART:
+            query_id, table = payload
+            out.append((query_id, _marked(table, {SNAPSHOT_KIND: "full"})))
+        elif kind == RUNNING_DELTA:
+            _, query_id, table = payload
+            base = int(window) - 1 - int(deltas_before)
+            out.append((query_id, _marked(table, {SNAPSHOT_KIND: "delta", SNAPSHOT_BASE: str(base)})))
+    return sorted(out, key=lambda item: item[0])
 
 
 def _marked(table: pa.Table, extra: dict[str, str]) -> pa.Table:
@@ -141,6 +163,18 @@ CACHED_SHARDS = 16
 #: bag (the bag read whole, every part unpickled and the ledger rebuilt) or taken from the cache.
 RESTORED_FROM_STATE = Metrics.counter("renyi_stream.streaming_filter", "shards_restored_from_state")
 TAKEN_FROM_CACHE = Metrics.counter("renyi_stream.streaming_filter", "shards_taken_from_cache")
+#: Beam counter of the parts of buffered rows the filter read from its row bags (a window's own, and
+#: those moved between the bags of its :class:`renyi_stream.stream.engine.window_buffer.WindowBuffer`).
+BUFFERED_PARTS_READ = Metrics.counter("renyi_stream.streaming_filter", "buffered_parts_read")
+
+if WIDTH != 8:  # the filter's methods name one state parameter per bag
+    raise RuntimeError(f"StreamingIndividualFilterDoFn declares 8 ring and 8 block bags, the window buffer {WIDTH}")
+
+#: The names of the filter's row-bag parameters, as its ``process`` and ``on_window_end`` take them:
+#: the ring (``rows_0..``), the blocks (``block_0..``) and ``later`` of its
+#: :class:`renyi_stream.stream.engine.window_buffer.WindowBuffer`, and ``buffered_rows`` (its counts per window).
+ROW_BAG_PARAMS = (*(f"rows_{i}" for i in range(WIDTH)), *(f"block_{i}" for i in range(WIDTH)), "later",
+                  "buffered_rows")
 
 
 class StreamingIndividualFilterDoFn(beam.DoFn):
@@ -152,11 +186,15 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
     release), and the previous state ``("ledger", table)`` / ``("running", (query_id, table))``.
 
     State (per shard, global window; never window-scoped, invariant 1):
-      ROWS    -- bag of ``(window_id, table)``: buffered rows of windows not yet charged.
-      STATE   -- bag of the shard's snapshot parts (``("ledger", table)``, ``("running", ...)``
-                 and ``("ledger_delta", (window, rows))``): the persistent ledger, a full snapshot
-                 and the deltas after it (``compact_every``), never cleared but to be replaced by
-                 a full snapshot.
+      ROWS_i, BLOCK_i, LATER, HELD -- the rows buffered for windows not yet charged, as
+                 ``(window_id, packed rows)`` in a two-level timing wheel of bags by window
+                 (:class:`renyi_stream.stream.engine.window_buffer.WindowBuffer`: a ring bag per window of the
+                 current block of 8, a bag per later block of the current 64 windows, one for the
+                 rest) and their rows counted per window (HELD): a window reads its own bag only.
+      STATE   -- bag of the shard's snapshot parts (``("ledger", table)``, ``("running", ...)``,
+                 ``("ledger_delta", (window, rows))`` and ``("running_delta", (window, query_id,
+                 rows))``): the persistent ledger and prepaid rows, a full snapshot and the deltas
+                 after it (``compact_every``), never cleared but to be replaced by a full snapshot.
       CHARGED -- the last window this shard charged (``start_window - 1`` before the first).
       MARK    -- :class:`StateMark`: the state token written with STATE's last change and the
                  deltas STATE holds, so a firing that finds its shard in the cache reads neither.
@@ -195,12 +233,16 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
     window with ``snapshot_every_window``) and ``(query_id, snapshot)`` (tag ``running``,
     with the final ledger). With ``prepaid_every_window`` (a plan or a restored state with
     running queries), every charged window also ``(shard, window, [(query_id, prepaid rows)])``
-    (tag ``prepaid``): the shard's per-user prepaid rows after the window, whole (a shard with
-    running-query state snapshots whole every window,
-    :meth:`renyi_stream.stream.engine.shard_state.ShardSnapshots.after_window`), ``[]`` while it has none.
+    (tag ``prepaid``, :func:`_prepaid_parts`): the shard's per-user prepaid rows after the window as
+    its ledger snapshot has them, whole with a full snapshot and otherwise the rows of the users
+    charged in the window (:meth:`renyi_stream.stream.engine.shard_state.ShardSnapshots.after_window`), ``[]``
+    while it has none.
     """
 
-    ROWS = BagStateSpec("rows", PickleCoder())
+    ROWS = tuple(BagStateSpec(f"rows_{i}", PickleCoder()) for i in range(WIDTH))
+    BLOCK = tuple(BagStateSpec(f"block_{i}", PickleCoder()) for i in range(WIDTH))
+    LATER = BagStateSpec("later", PickleCoder())
+    HELD = ReadModifyWriteStateSpec("held", PickleCoder())
     STATE = BagStateSpec("state", PickleCoder())
     CHARGED = ReadModifyWriteStateSpec("charged", PickleCoder())
     BOOKS = ReadModifyWriteStateSpec("books", PickleCoder())
@@ -264,14 +306,25 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         return self._resumed if value is None else int(value)
 
     def process(self, element: tuple[int, tuple[str, Any]],
-                rows: Any = beam.DoFn.StateParam(ROWS), state: Any = beam.DoFn.StateParam(STATE),
-                charged: Any = beam.DoFn.StateParam(CHARGED), books: Any = beam.DoFn.StateParam(BOOKS),
-                mark: Any = beam.DoFn.StateParam(MARK),
+                state: Any = beam.DoFn.StateParam(STATE), charged: Any = beam.DoFn.StateParam(CHARGED),
+                books: Any = beam.DoFn.StateParam(BOOKS), mark: Any = beam.DoFn.StateParam(MARK),
+                rows_0: Any = beam.DoFn.StateParam(ROWS[0]), rows_1: Any = beam.DoFn.StateParam(ROWS[1]),
+                rows_2: Any = beam.DoFn.StateParam(ROWS[2]), rows_3: Any = beam.DoFn.StateParam(ROWS[3]),
+                rows_4: Any = beam.DoFn.StateParam(ROWS[4]), rows_5: Any = beam.DoFn.StateParam(ROWS[5]),
+                rows_6: Any = beam.DoFn.StateParam(ROWS[6]), rows_7: Any = beam.DoFn.StateParam(ROWS[7]),
+                block_0: Any = beam.DoFn.StateParam(BLOCK[0]), block_1: Any = beam.DoFn.StateParam(BLOCK[1]),
+                block_2: Any = beam.DoFn.StateParam(BLOCK[2]), block_3: Any = beam.DoFn.StateParam(BLOCK[3]),
+                block_4: Any = beam.DoFn.StateParam(BLOCK[4]), block_5: Any = beam.DoFn.StateParam(BLOCK[5]),
+                block_6: Any = beam.DoFn.StateParam(BLOCK[6]), block_7: Any = beam.DoFn.StateParam(BLOCK[7]),
+                later: Any = beam.DoFn.StateParam(LATER), buffered_rows: Any = beam.DoFn.StateParam(HELD),
                 window_end: Any = beam.DoFn.TimerParam(WINDOW_END)) -> Iterator[Any]:
         _, (kind, payload) = element
         through = self._charged(charged)
         if kind == "rows":
-            yield from self._buffer(unpacked([payload])[0], through, rows, books,
+            buffer = WindowBuffer(ring=(rows_0, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6, rows_7),
+                                  blocks=(block_0, block_1, block_2, block_3, block_4, block_5, block_6, block_7),
+                                  later=later, held=buffered_rows)
+            yield from self._buffer(unpacked([payload])[0], through, buffer, books,
                                     packed=payload if isinstance(payload, PackedRows) else None)
         elif kind in (LEDGER_PART, RUNNING_PART):
             state.add((kind, payload))
@@ -284,7 +337,7 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             # Idempotent: the timer always points at the end of the next uncharged window.
             window_end.set(self._end_of(through + 1))
 
-    def _buffer(self, table: pa.Table, through: int, rows: Any, books: Any,
+    def _buffer(self, table: pa.Table, through: int, buffer: WindowBuffer, books: Any,
                 packed: PackedRows | None = None) -> Iterator[Any]:
         arrived = table
         if self._resumed >= self._start:
@@ -307,26 +360,37 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         if packed is not None and table is arrived and span is not None and span["min"] == span["max"]:
             # Every row kept, all of one window (a message per window, as producers send them): the
             # packed bytes that came in are kept as they are, never split, copied or recompressed.
-            rows.add((int(span["min"].as_py()), packed))
-        else:
-            for window, part in split_by_window(table):
-                rows.add((window, PackedRows(part)))  # compressed while it waits (as in batch)
+            buffer.add([(int(span["min"].as_py()), packed, table.num_rows)], next_window=through + 1)
+        elif table.num_rows:  # each window's rows in its own bag, compressed while they wait (as in batch)
+            buffer.add([(window, PackedRows(part), part.num_rows) for window, part in split_by_window(table)],
+                       next_window=through + 1)
         now, closed = books.read() or (ShardBooks(), ShardBooks())
         books.write((now.plus(received=received, late=np.count_nonzero(classes.late),
                               out_of_range=np.count_nonzero(classes.out_of_schedule)), closed))
 
     @on_timer(WINDOW_END)
     def on_window_end(self, key: Any = beam.DoFn.KeyParam, timestamp: Any = beam.DoFn.TimestampParam,
-                      rows: Any = beam.DoFn.StateParam(ROWS), state: Any = beam.DoFn.StateParam(STATE),
-                      charged: Any = beam.DoFn.StateParam(CHARGED), books: Any = beam.DoFn.StateParam(BOOKS),
-                      mark: Any = beam.DoFn.StateParam(MARK),
+                      state: Any = beam.DoFn.StateParam(STATE), charged: Any = beam.DoFn.StateParam(CHARGED),
+                      books: Any = beam.DoFn.StateParam(BOOKS), mark: Any = beam.DoFn.StateParam(MARK),
+                      rows_0: Any = beam.DoFn.StateParam(ROWS[0]), rows_1: Any = beam.DoFn.StateParam(ROWS[1]),
+                      rows_2: Any = beam.DoFn.StateParam(ROWS[2]), rows_3: Any = beam.DoFn.StateParam(ROWS[3]),
+                      rows_4: Any = beam.DoFn.StateParam(ROWS[4]), rows_5: Any = beam.DoFn.StateParam(ROWS[5]),
+                      rows_6: Any = beam.DoFn.StateParam(ROWS[6]), rows_7: Any = beam.DoFn.StateParam(ROWS[7]),
+                      block_0: Any = beam.DoFn.StateParam(BLOCK[0]), block_1: Any = beam.DoFn.StateParam(BLOCK[1]),
+                      block_2: Any = beam.DoFn.StateParam(BLOCK[2]), block_3: Any = beam.DoFn.StateParam(BLOCK[3]),
+                      block_4: Any = beam.DoFn.StateParam(BLOCK[4]), block_5: Any = beam.DoFn.StateParam(BLOCK[5]),
+                      block_6: Any = beam.DoFn.StateParam(BLOCK[6]), block_7: Any = beam.DoFn.StateParam(BLOCK[7]),
+                      later: Any = beam.DoFn.StateParam(LATER), buffered_rows: Any = beam.DoFn.StateParam(HELD),
                       window_end: Any = beam.DoFn.TimerParam(WINDOW_END)) -> Iterator[Any]:
         through = self._charged(charged)
         window = through + 1
         if window > self._end or timestamp < self._end_of(window):
             return  # an extra firing: this window's end is not reached, or everything is charged
-        buffered = list(rows.read())
-        mine = unpacked(part for w, part in buffered if w == window)
+        buffer = WindowBuffer(ring=(rows_0, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6, rows_7),
+                              blocks=(block_0, block_1, block_2, block_3, block_4, block_5, block_6, block_7),
+                              later=later, held=buffered_rows)
+        # This window's own bag only (renyi_stream.stream.engine.window_buffer): never the rows of later windows.
+        mine = unpacked(buffer.take(window)[0])
         # The cached shard only if it is exactly the committed state: its token is the one committed
         # with STATE's last change (renyi_stream.stream.engine.shard_cache). Else restore from STATE, whole.
         committed = mark.read()
@@ -342,9 +406,9 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         if duplicates is not None and duplicates.num_rows and not self._window_records:
             yield beam.pvalue.TaggedOutput("dead", duplicates)
         counts = yield from self._charge(key, shard, window, data)
-        # The rows held for later windows are counted, never decoded (their count travels packed).
-        yield from self._close_books(key, window, books, counts, duplicates,
-                                     buffered=row_count(part for w, part in buffered if w != window))
+        # The rows held for later windows, as counted when they were buffered (no bag is read): a
+        # window whose bag held other rows than counted leaves the books unbalanced.
+        yield from self._close_books(key, window, books, counts, duplicates, buffered=buffer.held_rows())
         # Persist before anything else can observe the shard: the ledger is replaced (a full snapshot)
         # or added to (a delta of the users charged in this window), never cleared. The first window
         # a job charges and its last are full, so that each job's chain of deltas starts in its own
@@ -360,15 +424,16 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         token = new_token()
         mark.write(StateMark(token, 0 if whole else deltas + 1))
         charged.write(window)
-        rows.clear()
-        for w, part in buffered:
-            if w != window:
-                rows.add((w, part))
+        buffer.advance(window + 1)  # at a block's start, its rows move to their own bags
+        BUFFERED_PARTS_READ.inc(buffer.parts_read)
         ledger = _snapshot_table(snapshot, window, deltas)
         if self._prepaid_every_window:
-            parts = [payload for kind, payload in snapshot if kind == RUNNING_PART]
+            # Like the ledger: whole with a full snapshot, else the rows of the users charged in the window.
+            parts = _prepaid_parts(snapshot, window, deltas)
             yield beam.pvalue.TaggedOutput("prepaid", (key, window, parts))
-            ledger = _marked(ledger, {PREPAID_USERS: json.dumps({q: t.num_rows for q, t in parts}, sort_keys=True)})
+            ledger = _marked(ledger, {
+                PREPAID_USERS: json.dumps({q: len(prepaid) for q, prepaid in shard.running.items()}, sort_keys=True),
+                PREPAID_ROWS: json.dumps({q: t.num_rows for q, t in parts}, sort_keys=True)})
         if self._snapshot_every_window or window == self._end:
             yield beam.pvalue.TaggedOutput("ledger", (key, window, ledger))
         if window == self._end:

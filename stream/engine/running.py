@@ -75,6 +75,12 @@ def rule_meta(rule: PrepaidRule, *, strategy: str, dim: int, start_window: int) 
             "dim": str(int(dim)), "start_window": str(int(start_window))}
 
 
+#: The schema metadata keys that say which query a prepaid table is of (:func:`rule_meta`'s and the
+#: id type): two tables of one running query agree on them.
+PREPAID_META_KEYS = (VERSION_KEY, "rule", "strategy_name", "strategy", "horizon", "width", "dim", "start_window",
+                     "id_type")
+
+
 def _rule_from_meta(meta: Mapping[str, str], what: str) -> tuple[PrepaidRule, str, int, int]:
     try:
         name, horizon = meta["strategy_name"], parse_horizon(meta["horizon"])
@@ -186,23 +192,45 @@ class PrepaidUsers:
 
     # -- snapshots ------------------------------------------------------------------------------
 
-    def to_arrow(self) -> pa.Table:
+    def to_arrow(self, users: Any = None) -> pa.Table:
         """One row per user, sorted by id: ``user_id``, ``last_window`` (absolute window of the
         last admission), ``values`` (``width x d`` float64, row-major); :meth:`meta` in the
-        schema metadata. Split it by ``user_id`` shard like the ledger."""
-        n = len(self)
-        if self._index is not None:
-            keys = self._index.keys_in_order()
-            order = np.argsort(keys, kind="stable")
-            ids: Any = pa.array(keys[order], type=pa.int64())
+        schema metadata. Split it by ``user_id`` shard like the ledger.
+
+        With ``users`` (ids as :meth:`positions` takes them), the rows of those users only: each
+        id with a row, once, as in the whole table (same columns, order and metadata); ids
+        without a row have none. Its cost grows with ``len(users)``, not with the shard, so the
+        rows one window wrote (the users with a row in it,
+        :meth:`renyi_stream.stream.engine.shard_state.ShardSnapshots.after_window`) cost that window's users."""
+        if users is None:
+            n = len(self)
+            if self._index is not None:
+                keys = self._index.keys_in_order()
+                order = np.argsort(keys, kind="stable")
+                ids: Any = pa.array(keys[order], type=pa.int64())
+            else:
+                values = self._codes.values()
+                order = np.asarray(pc.sort_indices(values)) if n else np.zeros(0, dtype=np.int64)
+                ids = values.take(pa.array(order, type=pa.int64()))
+            rows = order
         else:
-            values = self._codes.values()
-            order = np.asarray(pc.sort_indices(values)) if n else np.zeros(0, dtype=np.int64)
-            ids = values.take(pa.array(order, type=pa.int64()))
+            wanted = self._ids(users)
+            positions = self.positions(wanted)
+            known = positions >= 0
+            if self._index is not None:
+                keys = np.unique(np.asarray(wanted)[known])  # sorted and distinct, as the whole table
+                rows = self._index.lookup(keys)
+                ids = pa.array(keys, type=pa.int64())
+            else:
+                codes = np.unique(positions[known])
+                values = self._codes.values().take(pa.array(codes, type=pa.int64()))
+                order = np.asarray(pc.sort_indices(values)) if len(codes) else np.zeros(0, dtype=np.int64)
+                rows = codes[order]
+                ids = values.take(pa.array(order, type=pa.int64()))
         width = self.rule.width * self.dim
-        flat = pa.array(self._values[:n][order].reshape(-1), type=pa.float64())
+        flat = pa.array(self._values[rows].reshape(-1), type=pa.float64())
         table = pa.table({"user_id": ids,
-                          "last_window": pa.array(self._last[:n][order] + self.start_window, type=pa.int64()),
+                          "last_window": pa.array(self._last[rows] + self.start_window, type=pa.int64()),
                           "values": pa.FixedSizeListArray.from_arrays(flat, width)})
         return table.replace_schema_metadata({**self.meta, "id_type": self.id_type})
 
@@ -336,5 +364,5 @@ def noisy_release(total: np.ndarray, *, binding: NoiseBinding, query_id: str, wi
     return total + noise.reshape(total.shape)
 
 
-__all__ = ["MIGRATION", "OldRunningFormatError", "PrepaidUsers", "RUNNING_VERSION", "RunningRelease",
-           "noisy_release", "rule_meta"]
+__all__ = ["MIGRATION", "OldRunningFormatError", "PREPAID_META_KEYS", "PrepaidUsers", "RUNNING_VERSION",
+           "RunningRelease", "noisy_release", "rule_meta"]

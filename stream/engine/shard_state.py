@@ -39,7 +39,7 @@ from renyi_stream.stream.continual.prepaid import (DEFAULT_PREPAID_HORIZON, DEFA
                                       refuse_running_too_big, running_rule)
 from renyi_stream.stream.continual.running import RunningQuery
 from renyi_stream.stream.continual.strategies import Strategy
-from renyi_stream.stream.engine.running import PrepaidUsers, rule_meta
+from renyi_stream.stream.engine.running import PREPAID_META_KEYS, PrepaidUsers, rule_meta
 from renyi_stream.stream.ledger import ADMITTED, DROPPED, STATUS_NAMES, ChargeTerms, Ledger
 from renyi_stream.stream.schema import USER_ID
 
@@ -332,6 +332,12 @@ LEDGER_PART, RUNNING_PART = "ledger", "running"
 #: rows, whole, of the users charged in ``window`` (:meth:`ShardSnapshots.after_window`). A shard's
 #: ledger is its ``"ledger"`` part (the last full snapshot) with each delta's rows over it in window order.
 LEDGER_DELTA = "ledger_delta"
+#: A running query's delta part, ``("running_delta", (window, query_id, table))``: the
+#: :meth:`renyi_stream.stream.engine.running.PrepaidUsers.to_arrow` rows, whole, of the users charged in ``window``
+#: (those with a prepaid row), written beside that window's ledger delta. A running query's prepaid
+#: rows are its ``"running"`` part of the last full snapshot (none: no user yet) with each delta's
+#: rows over it in window order, as the ledger's.
+RUNNING_DELTA = "running_delta"
 
 
 @dataclass(frozen=True)
@@ -346,10 +352,11 @@ class ShardSnapshots:
     against the registered query. Beam-free: the DoFns keep the parts in their state and call this.
 
     Incremental snapshots (:meth:`after_window`): with ``compact_every`` ``K > 1`` a window's parts
-    are a delta, the ledger rows of the users charged in it only, and every ``K``-th window (or
-    when the caller asks) a full snapshot that replaces the full one and the deltas before it, so
-    a shard is at most one full snapshot and ``K - 1`` deltas. ``K = 1`` (the default) snapshots
-    whole every window. :meth:`restore` gives the same shard either way.
+    are a delta, the ledger rows and each running query's prepaid rows of the users charged in it
+    only, and every ``K``-th window (or when the caller asks) a full snapshot that replaces the full
+    one and the deltas before it, so a shard is at most one full snapshot and ``K - 1`` windows of
+    deltas. ``K = 1`` (the default) snapshots whole every window. :meth:`restore` gives the same
+    shard either way.
     """
 
     plan: QueryPlan
@@ -371,11 +378,14 @@ class ShardSnapshots:
         ValueError naming the problem when the parts hold two ledgers (a shard's users split in
         two pieces would restart the second piece from zero budget: invariant 1
         (ledger-never-window-scoped, docs/architecture.md)), two histories of one running query,
-        or a part of another kind. Delta parts (:data:`LEDGER_DELTA`) go over the ledger part in
-        window order, whatever order the parts come in (:func:`merge_ledger_deltas`)."""
+        or a part of another kind. Delta parts (:data:`LEDGER_DELTA`, :data:`RUNNING_DELTA`) go over
+        the ledger part and the query's running part in window order, whatever order the parts come
+        in (:func:`merge_deltas`); a running delta of another strategy or schedule than its query's
+        full part is refused."""
         ledgers: list[pa.Table] = []
         deltas: list[tuple[int, pa.Table]] = []
-        running: dict[str, PrepaidUsers] = {}
+        full_running: dict[str, pa.Table] = {}
+        running_deltas: dict[str, list[tuple[int, pa.Table]]] = {}
         for kind, payload in parts:
             if kind == LEDGER_PART:
                 ledgers.append(payload)
@@ -384,19 +394,29 @@ class ShardSnapshots:
                 deltas.append((int(window), table))
             elif kind == RUNNING_PART:
                 query_id, table = payload
-                if query_id in running:
+                if query_id in full_running:
                     raise ValueError(f"a shard's snapshot parts hold two histories of running query {query_id!r}")
-                running[query_id] = PrepaidUsers.from_arrow(table)
+                full_running[query_id] = table
+            elif kind == RUNNING_DELTA:
+                window, query_id, table = payload
+                running_deltas.setdefault(query_id, []).append((int(window), table))
             else:
-                raise ValueError(f"snapshot part kind must be {LEDGER_PART!r}, {LEDGER_DELTA!r} or {RUNNING_PART!r}, "
-                                 f"got kind={kind!r}")
+                raise ValueError(f"snapshot part kind must be {LEDGER_PART!r}, {LEDGER_DELTA!r}, {RUNNING_PART!r} or "
+                                 f"{RUNNING_DELTA!r}, got kind={kind!r}")
+        running: dict[str, PrepaidUsers] = {}
+        for query_id in sorted(set(full_running) | set(running_deltas)):
+            table = full_running.get(query_id)
+            if query_id in running_deltas:
+                table = merge_deltas(running_base(table, running_deltas[query_id], query_id),
+                                     running_deltas[query_id])
+            running[query_id] = PrepaidUsers.from_arrow(table)
         if len(ledgers) > 1:
             raise ValueError(f"a shard's snapshot parts must hold at most one ledger, got {len(ledgers)}: its users "
                              "would be split across ledgers and some restarted from zero budget")
         if deltas:
             base = ledgers[0] if ledgers else Ledger(budget=self.budget, id_type=self.id_type,
                                                      tracker_step=self.tracker_step).to_arrow()
-            ledgers = [merge_ledger_deltas(base, deltas)]
+            ledgers = [merge_deltas(base, deltas)]
         ledger = (Ledger.from_arrow(ledgers[0]) if ledgers
                   else Ledger(budget=self.budget, id_type=self.id_type, tracker_step=self.tracker_step))
         for query_id, meta in self.running_meta.items():
@@ -415,25 +435,28 @@ class ShardSnapshots:
                      held: Iterable[tuple[str, Any]] | None = None, deltas_held: int | None = None,
                      full: bool = False) -> tuple[list[tuple[str, Any]], bool]:
         """The parts to keep after ``state`` charged window ``window``, and whether they replace
-        the parts held (those it was restored from, ``held``, of which ``deltas_held`` are deltas:
-        give one of the two, the count when the caller keeps it rather than the parts):
-        ``(snapshot(state), True)``, a full snapshot, when ``full`` is asked, when ``compact_every - 1``
-        deltas are already held, or when the shard has running-query histories (those are written
-        whole); otherwise ``([(LEDGER_DELTA, (window, rows))], False)``, to be kept beside the parts
-        held: the ledger rows of the users ``charged`` (their ids, e.g. the window's ``user_id``
-        column), so the parts written per window grow with the users charged in it, not with the
-        shard. ``restore(held + delta)`` is the shard ``restore(snapshot(state))`` is, provided
-        ``charged`` holds every user whose ledger row the window changed (for a window without
-        running queries, the users of its rows: :meth:`ShardState.charge_window` admits no one else)."""
+        the parts held (those it was restored from, ``held``, of which ``deltas_held`` are ledger
+        deltas, one per window since the full snapshot: give one of the two, the count when the
+        caller keeps it rather than the parts): ``(snapshot(state), True)``, a full snapshot, when
+        ``full`` is asked or ``compact_every - 1`` windows of deltas are already held; otherwise
+        ``([(LEDGER_DELTA, (window, rows)), (RUNNING_DELTA, (window, query_id, rows)), ...], False)``,
+        to be kept beside the parts held: the ledger rows and each running query's prepaid rows
+        (by query id) of the users ``charged`` (their ids, e.g. the window's ``user_id`` column),
+        so the parts written per window grow with the users charged in it, not with the shard.
+        ``restore(held + delta)`` is the shard ``restore(snapshot(state))`` is, provided ``charged``
+        holds every user whose ledger or prepaid row the window changed (the users of its rows:
+        :meth:`ShardState.charge_window` reads and writes no one else's)."""
         if (held is None) == (deltas_held is None):
             raise ValueError("after_window takes exactly one of held (the parts) and deltas_held (their count of "
                              f"deltas), got held={'None' if held is None else 'parts'}, deltas_held={deltas_held!r}")
         deltas = held_deltas(held) if held is not None else int(deltas_held)
         if deltas < 0:
             raise ValueError(f"deltas_held must be >= 0, got deltas_held={deltas_held!r}")
-        if full or state.running or deltas + 1 >= self.compact_every:
+        if full or deltas + 1 >= self.compact_every:
             return self.snapshot(state), True
-        return [(LEDGER_DELTA, (int(window), state.ledger.to_arrow(users=charged)))], False
+        return [(LEDGER_DELTA, (int(window), state.ledger.to_arrow(users=charged))),
+                *((RUNNING_DELTA, (int(window), query_id, running.to_arrow(users=charged)))
+                  for query_id, running in sorted(state.running.items()))], False
 
 
 def held_deltas(parts: Iterable[tuple[str, Any]]) -> int:
@@ -442,12 +465,31 @@ def held_deltas(parts: Iterable[tuple[str, Any]]) -> int:
     return sum(1 for kind, _ in parts if kind == LEDGER_DELTA)
 
 
-def merge_ledger_deltas(base: pa.Table, deltas: Iterable[tuple[int, pa.Table]]) -> pa.Table:
-    """A ledger table (:meth:`renyi_stream.stream.ledger.Ledger.to_arrow`, sorted by user id, ``base``'s
-    metadata) from the full ``base`` and the ``(window, rows)`` deltas over it: per user, the row
-    of the latest window that holds one, else ``base``'s. Vectorised: one concatenation and one
-    hash aggregation, no loop over users. ValueError when two deltas are of one window with
-    different rows (two branches of one shard)."""
+def running_base(full: pa.Table | None, deltas: Sequence[tuple[int, pa.Table]], query_id: str) -> pa.Table:
+    """The table a running query's prepaid deltas go over: its full part ``full``, or, when the full
+    snapshot held none (no user of the shard had a row yet), no row with the deltas' own metadata.
+    ValueError, naming the query, when a delta's metadata (the query's strategy, schedule and id
+    type, :func:`renyi_stream.stream.engine.running.rule_meta`) is not the full part's, or the deltas disagree:
+    prepaid rows of another ``C`` would charge its users for another schedule."""
+    metas = {_running_meta(t) for _, t in deltas} | ({_running_meta(full)} if full is not None else set())
+    if len(metas) > 1:
+        raise ValueError(f"a shard's prepaid parts of running query {query_id!r} disagree on its strategy or schedule: "
+                         "they are not one query's")
+    return full if full is not None else deltas[0][1].slice(0, 0)
+
+
+def _running_meta(table: pa.Table) -> tuple:
+    meta = table.schema.metadata or {}
+    return tuple((key, meta.get(key.encode())) for key in PREPAID_META_KEYS)
+
+
+def merge_deltas(base: pa.Table, deltas: Iterable[tuple[int, pa.Table]]) -> pa.Table:
+    """A snapshot table keyed by ``user_id`` (a ledger, :meth:`renyi_stream.stream.ledger.Ledger.to_arrow`, or a
+    running query's prepaid rows, :meth:`renyi_stream.stream.engine.running.PrepaidUsers.to_arrow`; sorted by
+    user id, ``base``'s metadata) from the full ``base`` and the ``(window, rows)`` deltas over it:
+    per user, the row of the latest window that holds one, else ``base``'s. Vectorised: one
+    concatenation and one hash aggregation, no loop over users. ValueError when two deltas are of
+    one window with different rows (two branches of one shard)."""
     ordered = sorted(((int(w), t) for w, t in deltas), key=lambda item: item[0])
     windows = [w for w, _ in ordered]
     if len(set(windows)) != len(windows):
