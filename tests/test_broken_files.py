@@ -533,3 +533,17 @@ def test_the_distributed_jobs_dry_run_refuses_a_previous_ledger_of_another_root_
     assert dist.main([*elsewhere, "--dry-run"]) == 2
     assert "a ledger answers into the release root it was started with" in real
     assert "a ledger answers into the release root it was started with" in capsys.readouterr().err
+
+
+def test_a_dry_run_on_another_runner_than_the_direct_runner_is_refused_before_anything_runs(tmp_path, capsys):
+    from renyi_stream.pipelines.distributed import job as dist
+    from renyi_stream.pipelines.streaming import job as sj
+
+    day1 = _distributed_day(tmp_path, DAY1, "none", "run1")
+    assert dist.main([*day1, "--dry-run", "--runner=FlinkRunner"]) == 2
+    assert "a dry run runs here, on the DirectRunner, got --runner=FlinkRunner" in capsys.readouterr().err
+    replay = ["--replay", str(tmp_path / f"{DAY1}.parquet"), *day1[2:]]
+    replay = [a for a in replay if a not in ("--previous-ledger", "none")]
+    assert sj.main([*replay, "--output", str(tmp_path / "s"), "--dry-run", "--runner=FlinkRunner"]) == 2
+    assert "a dry run runs here, on the DirectRunner, got --runner=FlinkRunner" in capsys.readouterr().err
+    assert not (tmp_path / "run1").exists() and not (tmp_path / "s").exists() and not (tmp_path / "public").exists()

@@ -19,6 +19,13 @@ from renyi_stream.queries.release_files import filesystem, release_file_path
 from renyi_stream.stream.private_files import CURATOR_ONLY_NOTICE
 
 
+def runner_refusal(beam_args: Iterable[str]) -> str | None:
+    """Why a dry run cannot run with these Beam options, or None: it runs here, on the
+    DirectRunner, so that its scratch folders are this machine's."""
+    runner = next((a.split("=", 1)[1] for a in beam_args if a.startswith("--runner=")), "DirectRunner")
+    return None if "Direct" in runner else f"a dry run runs here, on the DirectRunner, got --runner={runner}"
+
+
 def copy_folder(source: str, destination: Path) -> bool:
     """Copy the folder ``source`` (a local path or a URI pyarrow reaches) to the local
     ``destination``; False, nothing copied, when there is no such folder."""

@@ -1021,10 +1021,9 @@ def dry_run(argv: list[str], args: argparse.Namespace, beam_args: list[str], pro
     scratch manifest; the real root, ``--output`` and previous ledger are never written. A run
     continuing a ledger continues it from a scratch copy of its manifest that records the scratch
     root (:func:`_previewed_previous`). Its refusals are the real run's, made by the same code."""
-    runner = next((a.split("=", 1)[1] for a in beam_args if a.startswith("--runner=")), "DirectRunner")
-    if "Direct" not in runner:
-        print(f"{prog}: refused: argument --dry-run: a dry run runs here, on the DirectRunner, got --runner={runner}",
-              file=sys.stderr)
+    refusal = preview.runner_refusal(beam_args)
+    if refusal:
+        print(f"{prog}: refused: argument --dry-run: {refusal}", file=sys.stderr)
         return 2
     with private_run_dir("renyi-preview-") as scratch:
         public = scratch / "public"

@@ -2060,11 +2060,9 @@ def dry_run(argv: list[str], args: argparse.Namespace, beam_args: list[str], pro
     real root, ``--output`` and ``--previous-ledger`` are never written. A replay only: a stream
     from Kafka or Pub/Sub has no end to preview. Its refusals are the real job's, worded with the
     real paths."""
-    runner = next((a.split("=", 1)[1] for a in beam_args if a.startswith("--runner=")), "DirectRunner")
-    refusal = ("a dry run runs here, on the DirectRunner, got --runner=" + runner if "Direct" not in runner else
-               "a dry run replays files (--replay): a stream from Kafka or Pub/Sub has no end to preview"
-               if not args.replay else "a dry run replays files to their end; leave --streaming out"
-               if "--streaming" in beam_args else None)
+    refusal = preview.runner_refusal(beam_args) or (
+        "a dry run replays files (--replay): a stream from Kafka or Pub/Sub has no end to preview" if not args.replay
+        else "a dry run replays files to their end; leave --streaming out" if "--streaming" in beam_args else None)
     if refusal:
         print(f"{prog}: refused: argument --dry-run: {refusal}", file=sys.stderr)
         return 2
