@@ -1263,13 +1263,7 @@ def _whole_snapshot(pattern: str, root: str, window: int, shard: int, table: pa.
     base = int(meta[SNAPSHOT_BASE])
     chain = []
     for w in range(base, int(window)):
-        (result,) = FileSystems.match([store.join(root, f"window_id={w}", f"shard={int(shard)}", "*.parquet")])
-        if len(result.metadata_list) != 1:
-            raise launch.RunRefused(
-                f"--previous-ledger {pattern!r}: shard {shard}'s snapshot of window {window} is a delta over window "
-                f"{base}, but window {w} has {len(result.metadata_list)} snapshot file(s) of that shard under {root}, "
-                "not one: the shard's ledger cannot be rebuilt")
-        chain.append(store.read_parquet(result.metadata_list[0].path))
+        chain.append(store.read_parquet(_one_snapshot(pattern, root, w, shard, int(window), rebuilt="ledger")))
     if _metadata(chain[0]).get(SNAPSHOT_KIND, "full") != "full":
         raise launch.RunRefused(f"--previous-ledger {pattern!r}: shard {shard}'s snapshot of window {base}, the base "
                                 f"of window {window}'s delta, is not a full snapshot")
@@ -1718,15 +1712,17 @@ def _shard_prepaid(pattern: str, base: str, window: int, shard: int, meta: dict[
     return out
 
 
-def _one_snapshot(pattern: str, ledger: str, window: int, shard: int, of_window: int) -> str:
+def _one_snapshot(pattern: str, ledger: str, window: int, shard: int, of_window: int,
+                  rebuilt: str = "prepaid rows") -> str:
     """The path of shard ``shard``'s one ledger snapshot of ``window`` under ``ledger``, a window of
-    the delta chain of ``of_window``'s; RunRefused when there is not exactly one."""
+    the delta chain of ``of_window``'s; RunRefused when there is not exactly one, saying that the
+    shard's ``rebuilt`` (its ledger, its prepaid rows) cannot be rebuilt."""
     (result,) = FileSystems.match([store.join(ledger, f"window_id={int(window)}", f"shard={int(shard)}", "*.parquet")])
     if len(result.metadata_list) != 1:
         raise launch.RunRefused(
             f"--previous-ledger {pattern!r}: shard {shard}'s snapshot of window {of_window} is a delta, but window "
             f"{window} of its chain has {len(result.metadata_list)} snapshot file(s) of that shard under {ledger}, "
-            "not one: the shard's prepaid rows cannot be rebuilt")
+            f"not one: the shard's {rebuilt} cannot be rebuilt")
     return result.metadata_list[0].path
 
 
