@@ -177,6 +177,20 @@ def test_every_jobs_outbox_and_public_side_have_the_protocols_methods(tmp_path):
     assert isinstance(MemoryOutbox({}, ()), Outbox) and isinstance(MemoryPublic(), PublicReleases)
 
 
+def test_staged_releases_list_the_committed_windows_given_that_are_staged_and_no_others(tmp_path):
+    """Given the committed windows, the outbox lists those staged (looking for their files only);
+    given none, every staged window."""
+    from renyi_stream.pipelines.beam.object_store import write_parquet
+    from renyi_stream.pipelines.beam.publication import StagedReleases
+    from renyi_stream.queries.release_files import release_file_path, release_file_table
+
+    for w in (W0, W0 + 2):
+        write_parquet(release_file_path(str(tmp_path), w), release_file_table(_release_rows([w], 1.0, "ab" * 8)))
+    assert StagedReleases(str(tmp_path), [W0 + 1, W0]).committed_windows() == [W0]
+    assert StagedReleases(str(tmp_path), []).committed_windows() == []
+    assert StagedReleases(str(tmp_path)).committed_windows() == [W0, W0 + 2]
+
+
 # --- the daily job's sides: the curator's outbox table and the DuckDB release store ---------------
 
 
@@ -290,8 +304,8 @@ def test_a_streaming_window_goes_public_only_once_committed_after_every_earlier_
     for w in (W0, W0 + 1, W0 + 2):
         write_parquet(release_file_path(str(tmp_path / "curator" / sj.STAGED_RELEASES), w),
                       release_file_table(_release_rows([w], 1.0, "ab" * 8)))
-    every = lambda w: [(w, (sj.STAGED, -1))] + [(w, (kind, s)) for kind in (sj.SNAPSHOT_WRITTEN, sj.RECORDS_WRITTEN)  # noqa: E731
-                                                 for s in (0, 1)]
+    every = lambda w: ([(w, (sj.STAGED, -1))] + [(w, (sj.SNAPSHOT_WRITTEN, s)) for s in (0, 1)]  # noqa: E731
+                       + [(w, (sj.RECORDS_WRITTEN, s, _books_record(w, s))) for s in (0, 1)])
     events = (every(W0 + 1) + [(W0 + 1, (sj.SNAPSHOT_WRITTEN, 0))]  # complete, and a repeated event
               + [e for e in every(W0 + 2) if e[1] != (sj.SNAPSHOT_WRITTEN, 1)] + every(W0))
     with beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"])) as p:
@@ -300,6 +314,29 @@ def test_a_streaming_window_goes_public_only_once_committed_after_every_earlier_
         assert_that(written, equal_to([release_file_path(public, W0), release_file_path(public, W0 + 1)]))
     assert sorted(f.name for f in Path(public).iterdir()) == [f"window_id={W0}", f"window_id={W0 + 1}"]
     assert sj.committed_windows(curator) == [W0, W0 + 1]
+    # Each marker holds its window's books records, one per shard, as the shards reported them.
+    assert sj.books_records(curator).to_pylist() == [json.loads(_books_record(w, s)) for w in (W0, W0 + 1)
+                                                     for s in (0, 1)]
+
+
+def _books_record(window: int, shard: int, received: int = 0) -> str:
+    """A shard's books record of a window, as :class:`WriteWindowRecords` reports it (JSON)."""
+    from renyi_stream.pipelines.streaming import job as sj
+
+    record = {name: 0 for name in sj.BOOKS_COLUMNS if name != "window_id"}
+    return json.dumps(sj.books_record(window, {**record, "shard": shard, "received": received, "balanced": 1}),
+                      sort_keys=True)
+
+
+def test_two_different_books_records_of_one_shard_and_window_commit_nothing():
+    """A retried bundle repeats a shard's record unchanged; a second, different record is an engine
+    bug, and the window's marker is not written with either."""
+    from renyi_stream.pipelines.streaming import job as sj
+
+    heard = {(sj.RECORDS_WRITTEN, 0, _books_record(W0, 0)), (sj.RECORDS_WRITTEN, 0, _books_record(W0, 0, received=3))}
+    with pytest.raises(RuntimeError, match=r"shard\(s\) \[0\] reported two different books records"):
+        sj.CommitWindows._books(W0, heard)
+    assert sj.CommitWindows._books(W0, {(sj.RECORDS_WRITTEN, 0, _books_record(W0, 0))})[0]["shard"] == 0
 
 
 def test_a_window_a_lost_streaming_job_left_staged_is_published_by_the_next_job_before_it_goes_on(tmp_path, capsys):

@@ -198,33 +198,68 @@ def test_a_replay_records_its_rows_read_and_a_balanced_book(tmp_path, days):
 def test_every_charged_window_records_each_shards_balanced_books(tmp_path, days):
     messages, _ = days
     assert sj.main(_args(tmp_path, ["--replay", *messages])) == 0
-    per_window = pa.concat_tables([pq.read_table(f) for f in (tmp_path / "curator" / "books").rglob("*.parquet")])
+    per_window = sj.books_records(str(tmp_path / "curator"))
     # 3 shards x 3 windows, rows or not, each one balanced.
     assert per_window.num_rows == 9
     assert set(per_window.column("balanced").to_pylist()) == {1}
     assert sum(per_window.column("received").to_pylist()) == _message_rows(messages)
 
 
-def test_a_window_writes_one_ledger_snapshot_and_one_books_record_per_shard(tmp_path, days):
-    """The files a window costs (issue 30, item 1): per shard a ledger snapshot and one books record
-    holding its row books and its counts (once two files, books and counts), and no duplicate dead
-    letters when there are none; the counts read back from the books records are the charged rows."""
+def test_a_window_writes_one_ledger_snapshot_per_shard_and_its_books_records_in_its_commit_marker(tmp_path, days):
+    """The files a window costs (issue 30, item 1): per shard a ledger snapshot, and no other file
+    per shard when there are no duplicates; every shard's books record (its row books and its
+    counts) is in the window's commit marker, and the counts read back are the charged rows."""
+    import json
+
     messages, _ = days
     assert sj.main(_args(tmp_path, ["--replay", *messages])) == 0
     curator = tmp_path / "curator"
     for window in (W0, W0 + 1, W0 + 2):
         per_folder = {folder: len(list((curator / folder / f"window_id={window}").rglob("*.parquet")))
                       for folder in sj.WINDOW_FOLDERS}
-        assert per_folder == {"ledger": 3, "books": 3, sj.STAGED_RELEASES: 1, "counts": 0, "dead": 0,
+        assert per_folder == {"ledger": 3, "books": 0, sj.STAGED_RELEASES: 1, "counts": 0, "dead": 0,
                               sj.PREPAID: 0, sj.RUNNING_STATE: 0}, (window, per_folder)
-    assert not (curator / "counts").exists()
-    (record,) = pq.read_table(next((curator / "books" / f"window_id={W0}").glob("*.parquet"))).to_pylist()[:1]
-    assert tuple(record) == sj.BOOKS_COLUMNS
+        marker = json.loads(Path(sj.commit_marker_path(str(curator), window)).read_text())
+        assert [tuple(record) for record in marker[sj.MARKER_BOOKS]] == [tuple(sorted(sj.BOOKS_COLUMNS))] * 3
+        assert [record["shard"] for record in marker[sj.MARKER_BOOKS]] == [0, 1, 2]
+    assert not (curator / "counts").exists() and not (curator / "books").exists()
     counts = sj.window_counts(str(curator))
     assert counts.column_names == ["window_id", "shard", "admitted", "clipped", "dropped", "nonfinite"]
     books = sj.books(str(curator))
     assert sum(pa.compute.sum(counts.column(c)).as_py() for c in ("admitted", "clipped", "dropped")) == \
         books["admitted"] + books["clipped"] + books["dropped"] == _message_rows(messages)
+
+
+def test_books_records_of_an_output_whose_markers_predate_them_are_read_from_its_books_folder(tmp_path, days):
+    """An --output an earlier version wrote: its markers hold no books records, its books/ folder
+    one Parquet file per shard and window. Both are read, and read alike."""
+    import json
+
+    messages, _ = days
+    assert sj.main(_args(tmp_path, ["--replay", *messages])) == 0
+    curator = tmp_path / "curator"
+    before = sj.books_records(str(curator))
+    marker_path = Path(sj.commit_marker_path(str(curator), W0 + 1))
+    marker = json.loads(marker_path.read_text())
+    for record in marker.pop(sj.MARKER_BOOKS):
+        folder = curator / "books" / f"window_id={W0 + 1}"
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        pq.write_table(pa.Table.from_pylist([{c: record[c] for c in sj.BOOKS_COLUMNS}]),
+                       folder / f"{record['shard']}.parquet")
+        (folder / f"{record['shard']}.parquet").chmod(0o600)
+    marker_path.write_text(json.dumps(marker))
+    assert sj.books_records(str(curator)).equals(before)
+    assert before.num_rows == 9 and before.column_names == list(sj.BOOKS_COLUMNS)
+
+
+def test_books_records_of_a_window_not_committed_are_not_counted(tmp_path, days):
+    """Only committed windows' records count: a window whose marker is gone (a crash before its
+    commit) is a dead branch, its rows charged again by the next run."""
+    messages, _ = days
+    assert sj.main(_args(tmp_path, ["--replay", *messages])) == 0
+    curator = tmp_path / "curator"
+    Path(sj.commit_marker_path(str(curator), W0 + 2)).unlink()
+    assert sorted(set(sj.books_records(str(curator)).column("window_id").to_pylist())) == [W0, W0 + 1]
 
 
 def test_rows_read_that_reach_no_outcome_unbalance_the_books(tmp_path, days):
@@ -253,8 +288,9 @@ def test_two_shards_with_equal_counts_in_a_window_both_have_their_counts_recorde
     assert sj.main(args) == 0
     counts = sj.window_counts(str(tmp_path / "curator"))
     assert sorted(counts.column("shard").to_pylist()) == [0, 1]
-    # One books record per shard and window, each named by its content (the shard in it).
-    assert len(list((tmp_path / "curator" / "books" / f"window_id={W0}").glob("*.parquet"))) == 2
+    # One books record per shard and window, each naming its shard.
+    records = sj.books_records(str(tmp_path / "curator"))
+    assert records.filter(pa.compute.equal(records.column("window_id"), W0)).column("shard").to_pylist() == [0, 1]
     assert sum(counts.column("admitted").to_pylist()) + sum(counts.column("dropped").to_pylist()) == 2
 
 
@@ -689,7 +725,7 @@ def test_the_streaming_jobs_snapshots_counts_and_dead_letters_are_0600_in_0700_f
     curator.chmod(0o755)
     assert sj.main(_args(tmp_path, ["--replay", *messages, str(garbage)])) == 0
     assert {p.relative_to(curator).parts[0] for p in curator.rglob("*.parquet")} == {
-        "ledger", "dead", "read", "books", "staged-releases"}
+        "ledger", "dead", "read", "staged-releases"}
     assert not_private(curator) == {}
 
 

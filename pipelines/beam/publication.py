@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 import pyarrow as pa
+from apache_beam.io.filesystems import FileSystems
 
 from renyi_stream.pipelines.beam.object_store import read_parquet, release_windows_present
 from renyi_stream.queries import release_lineage as lineage
@@ -39,8 +40,11 @@ class StagedReleases:
         self._windows = None if windows is None else {int(w) for w in windows}
 
     def committed_windows(self) -> list[int]:
-        staged = release_windows_present(self._root)
-        return sorted(staged if self._windows is None else staged & self._windows)
+        if self._windows is None:
+            return sorted(release_windows_present(self._root))
+        # Only the given windows' files are looked for: the streaming job publishes each window as it
+        # commits, and listing the whole staging folder each time would cost every window so far.
+        return sorted(w for w in self._windows if FileSystems.exists(release_file_path(self._root, w)))
 
     def rows(self, window: int) -> pa.Table:
         table = read_parquet(release_file_path(self._root, window))

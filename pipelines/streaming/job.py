@@ -727,23 +727,24 @@ def _snapshot_written(path: str) -> tuple[int, tuple[str, int]]:
 
 class WriteWindowRecords(beam.DoFn):
     """One shard's records of one charged window, ``(window, books record, duplicates or None)``
-    (:class:`renyi_stream.pipelines.streaming.releases.StreamingReleases` with ``window_records``) -> its books
-    record (``books/window_id=<W>/``: the shard's row books of the window and its counts by status,
-    :data:`BOOKS_COLUMNS`, one file) and, when it had any, its duplicate dead letters
-    (``dead/window_id=<W>/``), each named by its content; then outputs
-    ``(window, (RECORDS_WRITTEN, shard))``, so the window's commit marker is written only once they
-    are (invariant 7 (rows-counted-not-lost, docs/architecture.md): a committed window's rows keep
-    their outcome after a crash)."""
+    (:class:`renyi_stream.pipelines.streaming.releases.StreamingReleases` with ``window_records``) -> its
+    duplicate dead letters, when it had any (``dead/window_id=<W>/``, named by their content), then
+    ``(window, (RECORDS_WRITTEN, shard, books record))``: the shard's row books of the window and its
+    counts by status (:data:`BOOKS_COLUMNS`, :func:`books_record`, as JSON). The books record travels
+    to the commit step, which writes every shard's record of a window into the window's commit
+    marker (:class:`CommitWindows`): one file per window holds them, never one per shard, and they
+    are committed with the window or not at all (invariant 7 (rows-counted-not-lost,
+    docs/architecture.md): a committed window's rows keep their outcome after a crash)."""
 
     def __init__(self, curator: str) -> None:
         self._curator = curator
 
-    def process(self, element: tuple[int, dict, pa.Table | None]) -> Iterator[tuple[int, tuple[str, int]]]:
+    def process(self, element: tuple[int, dict, pa.Table | None]) -> Iterator[tuple[int, tuple[str, int, str]]]:
         window, record, duplicates = element
-        _write_named(store.join(self._curator, "books"), *_books_file((window, record)))
+        row = books_record(window, record)
         if duplicates is not None and duplicates.num_rows:
             _write_named(store.join(self._curator, "dead"), f"window_id={int(window)}", duplicates)
-        yield int(window), (RECORDS_WRITTEN, int(record["shard"]))
+        yield int(window), (RECORDS_WRITTEN, row["shard"], json.dumps(row, sort_keys=True))
 
 
 class WritePrepaid(beam.DoFn):
@@ -790,11 +791,12 @@ class CommitWindows(beam.DoFn):
     first write wins); outputs the public files.
 
     Input ``(key, (window, event))``: ``(STAGED, -1)`` from :class:`StageWindowFile`,
-    ``(SNAPSHOT_WRITTEN, shard)`` from the ledger snapshot writer and ``(RECORDS_WRITTEN, shard)``
-    from :class:`WriteWindowRecords`. Window ``W`` is complete when it is staged and all
-    ``n_shards`` snapshots and records of it are written; it is committed when ``W - 1`` is (or
+    ``(SNAPSHOT_WRITTEN, shard)`` from the ledger snapshot writer and ``(RECORDS_WRITTEN, shard,
+    books record)`` from :class:`WriteWindowRecords`. Window ``W`` is complete when it is staged and
+    all ``n_shards`` snapshots and records of it are written; it is committed when ``W - 1`` is (or
     ``W`` is the first window this job charges, ``first_window``) by writing its marker
-    (:func:`commit_marker_path`, whole or not at all), and only then published. So a crash between
+    (:func:`commit_marker_path`, whole or not at all; it holds every shard's books record of the
+    window, :data:`MARKER_BOOKS`), and only then published. So a crash between
     any two writes leaves the last marker on a complete window, whose snapshots hold every
     earlier window's charges, and no public answer without its window's marker and ledger
     snapshots (invariant 4 (nothing-pre-noise-leaves), invariant 5 (release-once), invariant 6
@@ -819,12 +821,26 @@ class CommitWindows(beam.DoFn):
         self._ledger_id = ledger_id
         self._run, self._previous_run = run, previous_run  # the job's place in the public lineage
 
-    def _complete(self, heard: set[tuple[str, int]]) -> bool:
-        snapshots = {shard for kind, shard in heard if kind == SNAPSHOT_WRITTEN}
-        records = {shard for kind, shard in heard if kind == RECORDS_WRITTEN}
-        prepaid = {shard for kind, shard in heard if kind == PREPAID_WRITTEN}
+    def _complete(self, heard: set[tuple]) -> bool:
+        snapshots = {event[1] for event in heard if event[0] == SNAPSHOT_WRITTEN}
+        records = {event[1] for event in heard if event[0] == RECORDS_WRITTEN}
+        prepaid = {event[1] for event in heard if event[0] == PREPAID_WRITTEN}
         return ((STAGED, -1) in heard and len(snapshots) == self._n_shards and len(records) == self._n_shards
                 and (not self._prepaid or len(prepaid) == self._n_shards))
+
+    @staticmethod
+    def _books(window: int, heard: set[tuple]) -> list[dict]:
+        """The shards' books records of ``window`` from its RECORDS events, in shard order. A retried
+        bundle repeats its shard's record unchanged; two different records of one shard are an
+        engine bug (RuntimeError, nothing committed)."""
+        by_shard: dict[int, set[str]] = {}
+        for event in heard:
+            if event[0] == RECORDS_WRITTEN:
+                by_shard.setdefault(int(event[1]), set()).add(event[2])
+        twice = sorted(shard for shard, records in by_shard.items() if len(records) > 1)
+        if twice:
+            raise RuntimeError(f"window {window}: shard(s) {twice} reported two different books records")
+        return [json.loads(next(iter(by_shard[shard]))) for shard in sorted(by_shard)]
 
     def process(self, element: tuple[Any, tuple[int, tuple[str, int]]], events: Any = beam.DoFn.StateParam(EVENTS),
                 upcoming: Any = beam.DoFn.StateParam(NEXT)) -> Iterator[str]:
@@ -842,7 +858,8 @@ class CommitWindows(beam.DoFn):
             store.write_json(commit_marker_path(self._curator, following), {
                 "window_id": following, "n_shards": self._n_shards, "ledger_id": self._ledger_id,
                 "snapshots": store.join(self._curator, "ledger", f"window_id={following}"),
-                "staged": release_file_path(store.join(self._curator, STAGED_RELEASES), following)})
+                "staged": release_file_path(store.join(self._curator, STAGED_RELEASES), following),
+                MARKER_BOOKS: self._books(following, heard[following])})
             crash_point("streaming_after_commit")  # test-only: committed, not yet public
             # Progress for the operator (and benchmarks/bench_streaming.py's per-window time): the
             # window id and a monotonic clock only, both public (invariant 4: no count, no sum).
@@ -905,39 +922,60 @@ def _ledger_file(item: tuple[int, int, pa.Table], *, recorded: dict[bytes, bytes
     return f"window_id={int(window)}/shard={int(shard)}", table.replace_schema_metadata(metadata)
 
 
-#: The columns of a shard's books record of a window (:func:`_books_file`): the window and shard, the
+#: The columns of a shard's books record of a window (:func:`books_record`): the window and shard, the
 #: shard's row books since its previous window (:class:`renyi_stream.stream.engine.shard_state.ShardBooks`), the
 #: window's counts as the batch jobs record them (:data:`renyi_stream.stream.engine.shard_state.WINDOW_COUNT_NAMES`:
 #: ``admitted``, ``clipped``, ``dropped`` by status, ``nonfinite``), the rows ``buffered`` for later
 #: windows and ``balanced`` (1 or 0). One record per shard and window holds both the books and the
-#: counts, so a window writes one file per shard for them, not two. Sensitive: curator only.
+#: counts, and the window's commit marker holds every shard's record (:data:`MARKER_BOOKS`): a window
+#: writes no file per shard for them. Sensitive: curator only.
 BOOKS_COLUMNS = ("window_id", "shard", "received", "late", "out_of_range", "duplicate", *WINDOW_COUNT_NAMES,
                  "buffered", "balanced")
 
 
-def _books_file(item: tuple[int, dict]) -> tuple[str, pa.Table]:
-    """A shard's books record of one window (:data:`BOOKS_COLUMNS`), in its window's folder."""
-    window, record = item
+def books_record(window: int, record: dict) -> dict[str, int]:
+    """A shard's books record of window ``window`` (:data:`BOOKS_COLUMNS`, integers): ValueError
+    naming the columns missing from ``record``."""
     row = {"window_id": int(window), **{k: int(v) for k, v in dict(record).items()}}
     missing = sorted(set(BOOKS_COLUMNS) - set(row))
     if missing:
         raise ValueError(f"a shard's books record of window {int(window)} must hold {list(BOOKS_COLUMNS)}, "
                          f"missing {missing}")
-    return f"window_id={int(window)}", pa.Table.from_pylist([row])
+    return row
+
+
+#: The commit marker's list of the window's books records, one per shard (:data:`BOOKS_COLUMNS`).
+MARKER_BOOKS = "books"
+
+
+def books_records(curator: str) -> pa.Table:
+    """Every shard's books record of every window committed in the state folder ``curator`` (a
+    streaming job's ``--output``): :data:`BOOKS_COLUMNS`, one row per (window, shard), in window
+    order. Read from the commit markers, which hold them (:data:`MARKER_BOOKS`); a marker an
+    earlier version wrote without them has its records in ``books/window_id=<W>/``, one Parquet file
+    per shard. Records of windows not committed are never read (a dead branch's, or in flight).
+    Exact counts: curator only."""
+    rows: list[dict] = []
+    parts: list[pa.Table] = []
+    for window in committed_windows(curator):
+        marker = store.read_json(commit_marker_path(curator, window))
+        if MARKER_BOOKS in marker:
+            rows.extend(marker[MARKER_BOOKS])
+        else:
+            parts.extend(_curator_tables(curator, f"books/window_id={window}"))
+    schema = pa.schema([(name, pa.int64()) for name in BOOKS_COLUMNS])
+    tables = [pa.Table.from_pylist(rows, schema=schema)] + [t.select(BOOKS_COLUMNS).cast(schema) for t in parts]
+    return pa.concat_tables(tables).sort_by([("window_id", "ascending"), ("shard", "ascending")])
 
 
 def window_counts(curator: str) -> pa.Table:
     """Every shard's counts of every window it charged rows in, from a streaming job's ``--output``
     ``curator``: ``window_id``, ``shard`` and :data:`renyi_stream.stream.engine.shard_state.WINDOW_COUNT_NAMES`,
     as the batch jobs record them, one row per (window, shard) with a charged row, sorted. Read from
-    the books records (:data:`BOOKS_COLUMNS`), which hold them. Exact counts: curator only."""
-    names = ["window_id", "shard", *WINDOW_COUNT_NAMES]
-    parts = [t.select(names) for t in _curator_tables(curator, "books") if t.num_rows]
-    if not parts:
-        return pa.table({name: pa.array([], pa.int64()) for name in names})
-    table = pa.concat_tables(parts)
+    the books records (:func:`books_records`), which hold them. Exact counts: curator only."""
+    table = books_records(curator).select(["window_id", "shard", *WINDOW_COUNT_NAMES])
     charged = pc.greater(pc.add(pc.add(table.column("admitted"), table.column("clipped")), table.column("dropped")), 0)
-    return table.filter(charged).sort_by([("window_id", "ascending"), ("shard", "ascending")])
+    return table.filter(charged)
 
 
 def _curator_tables(curator: str, folder: str) -> list[pa.Table]:
@@ -2014,7 +2052,7 @@ def books(curator: str) -> dict[str, Any]:
     """The row balance of a streaming job's curator output ``curator`` (its ``--output``), from the
     files it wrote, as every job records it (:meth:`renyi_stream.stream.engine.row_balance.RowBalance.totals`):
     ``rows_read`` (every message's rows, ``read/``), ``admitted``, ``clipped`` and ``dropped``
-    (the shards' per-window books records, ``books/``), ``rejected`` and ``late`` (``dead/``, by
+    (the shards' per-window books records in the commit markers, :func:`books_records`), ``rejected`` and ``late`` (``dead/``, by
     reason), and ``balanced``: whether the balance holds (:attr:`RowBalance.balanced`) and every
     shard's books balanced at every window it charged (the same records). Exact counts: curator only.
 
@@ -2026,11 +2064,11 @@ def books(curator: str) -> dict[str, Any]:
     def total(parts: list[pa.Table], column: str) -> int:
         return int(sum(pc.sum(t.column(column)).as_py() or 0 for t in parts if column in t.column_names))
 
-    read, shard_books, dead = tables("read"), tables("books"), tables("dead")
+    read, dead, shard_books = tables("read"), tables("dead"), books_records(curator)
     balance = RowBalance.of(rows_read=total(read, "rows_read"),
-                            statuses={name: total(shard_books, name) for name in STATUS_NAMES},
+                            statuses={name: total([shard_books], name) for name in STATUS_NAMES},
                             reasons=reason_counts(dead))
-    shards_balanced = all(pc.all(pc.equal(t.column("balanced"), 1)).as_py() for t in shard_books if t.num_rows)
+    shards_balanced = pc.all(pc.equal(shard_books.column("balanced"), 1)).as_py() is not False
     return {**balance.totals(), "balanced": bool(balance.balanced and shards_balanced)}
 
 
