@@ -128,3 +128,20 @@ def test_the_in_process_runner_keeps_no_sdk_state_cache_and_an_external_pool_kee
     assert worker_handlers.STATE_CACHE_SIZE_MB == 100
     batch_runner(PipelineOptions(["--runner=DirectRunner"]))
     assert worker_handlers.STATE_CACHE_SIZE_MB == 0
+
+
+def test_the_in_process_runner_samples_step_timings_every_10_ms_and_an_external_pool_keeps_its_own(monkeypatch):
+    """Each bundle ends by joining Beam's state-sampling thread, which sleeps up to its period
+    (200 ms): 6% of a streaming replay spent waiting (issue 30). In process the period is
+    STATE_SAMPLING_PERIOD_MS, for every sampler the worker makes from then on."""
+    from apache_beam.runners.worker import statesampler
+    from apache_beam.utils.counters import CounterFactory
+
+    from renyi_stream.pipelines.beam.local_runner import STATE_SAMPLING_PERIOD_MS
+
+    monkeypatch.setattr(statesampler.StateSampler.__init__, "__defaults__", (200,))
+    batch_runner(PipelineOptions(["--environment_type=EXTERNAL", "--environment_config=localhost:50000"]))
+    assert statesampler.StateSampler("step", CounterFactory()).sampling_period_ms == 200
+    batch_runner(PipelineOptions(["--runner=DirectRunner"]))
+    assert STATE_SAMPLING_PERIOD_MS == 10
+    assert statesampler.StateSampler("step", CounterFactory()).sampling_period_ms == STATE_SAMPLING_PERIOD_MS

@@ -230,6 +230,20 @@ def test_a_window_writes_one_ledger_snapshot_per_shard_and_its_books_records_in_
         books["admitted"] + books["clipped"] + books["dropped"] == _message_rows(messages)
 
 
+def test_ledger_snapshots_are_written_without_dictionary_pages(tmp_path, days):
+    """A snapshot holds one row per user, every id distinct: a dictionary page only costs time and
+    bytes on every shard's every window (object_store.PARQUET_WRITE_OPTIONS)."""
+    messages, _ = days
+    assert sj.main(_args(tmp_path, ["--replay", *messages])) == 0
+    snapshots = list((tmp_path / "curator" / "ledger").rglob("*.parquet"))
+    assert snapshots
+    for path in snapshots:
+        meta = pq.ParquetFile(path).metadata
+        encodings = {e for g in range(meta.num_row_groups) for c in range(meta.num_columns)
+                     for e in meta.row_group(g).column(c).encodings}
+        assert not encodings & {"PLAIN_DICTIONARY", "RLE_DICTIONARY"}, (path, encodings)
+
+
 def test_books_records_of_an_output_whose_markers_predate_them_are_read_from_its_books_folder(tmp_path, days):
     """An --output an earlier version wrote: its markers hold no books records, its books/ folder
     one Parquet file per shard and window. Both are read, and read alike."""
