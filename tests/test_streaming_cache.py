@@ -326,6 +326,42 @@ def test_each_firing_reads_its_own_windows_rows_and_moves_a_block_only_where_it_
     assert total == TEN + sum(1 for v in range(TEN) if (W0 + v) // 8 > W0 // 8)  # a part is moved at most once here
 
 
+def test_a_shards_rows_of_one_window_are_buffered_as_they_came_without_decoding_and_charged_as_decoded(days):
+    """Packed rows of one window the shard keeps go into that window's bag as they arrived, never
+    decoded on arrival (PackedRows.window); charged, they give the reports, snapshots and books of
+    the same rows delivered as tables."""
+    import pickle
+
+    from renyi_stream.pipelines.beam.transforms import PackedRows
+
+    packed = [pickle.loads(pickle.dumps(PackedRows(table))) for table in days]
+    fn, state = _filter(), _keyed_state()
+    for part in packed:
+        list(fn.process((0, ("rows", part)), **state))
+    assert all(part._table is None for part in packed)
+    out = [_fire(fn, W0 + w, state) for w in range(TEN)]
+    assert _same(out, _run(_filter(), days)[0])
+
+
+def test_packed_rows_of_a_window_already_charged_are_dead_lettered_as_late_not_buffered(days):
+    """The decode-free path takes only rows the shard keeps: a late part goes the sorting way and
+    becomes dead letters with their reason."""
+    import pickle
+
+    from renyi_stream.pipelines.beam.transforms import PackedRows
+
+    fn, state = _filter(), _keyed_state()
+    _buffered(fn, days[:1], state)
+    _fire(fn, W0, state)
+    late = pickle.loads(pickle.dumps(PackedRows(days[0])))
+    out = list(fn.process((0, ("rows", late)), **state))
+    dead = [o.value for o in out if isinstance(o, beam.pvalue.TaggedOutput) and o.tag == "dead"]
+    assert len(dead) == 1 and dead[0].num_rows == days[0].num_rows
+    assert set(dead[0].column("reason").to_pylist()) == {"late_window"}
+    now, _ = state["books"].read()
+    assert now.late == days[0].num_rows
+
+
 def test_a_row_lost_from_a_later_windows_bag_unbalances_that_windows_books(days):
     """The books count what was buffered per window; a part missing from its bag when its window
     is charged (a lost row) makes that window's books record unbalanced, and every later one (the

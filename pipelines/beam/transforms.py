@@ -29,6 +29,7 @@ from typing import Any, Iterable, Iterator, Sequence, Tuple
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.coders import PickleCoder
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, TimerSpec, on_timer
@@ -146,15 +147,18 @@ class PackedRows:
     never decompressed and recompressed on the way (that round trip was a sixth of a run).
     """
 
-    __slots__ = ("_table", "_packed", "_rows")
+    __slots__ = ("_table", "_packed", "_rows", "_window")
 
     def __init__(self, table: pa.Table | None = None, *, packed: bytes | None = None,
-                 rows: int | None = None) -> None:
+                 rows: int | None = None, window: int | None = None) -> None:
         if (table is None) == (packed is None):
             raise ValueError("PackedRows needs exactly one of table or packed")
         self._table = table
         self._packed = packed
         self._rows = table.num_rows if table is not None else (None if rows is None else int(rows))
+        if table is not None and window is None:
+            window = one_window(table)
+        self._window = None if window is None else int(window)
 
     @property
     def table(self) -> pa.Table:
@@ -169,19 +173,37 @@ class PackedRows:
         streaming filter counts the rows it holds for later windows at every window)."""
         return self._rows if self._rows is not None else self.table.num_rows
 
-    def __reduce__(self) -> tuple[Any, tuple[bytes, int]]:
+    @property
+    def window(self) -> int | None:
+        """The window every row is of (:func:`one_window`), known without decoding them; None when
+        they span several, have no window column, or none: the streaming filter then decodes them
+        to sort them by window."""
+        return self._window
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes, int | None, int | None]]:
         if self._packed is None:
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, self._table.schema,
                                    options=pa.ipc.IpcWriteOptions(compression="lz4")) as writer:
                 writer.write_table(self._table)
             self._packed = sink.getvalue().to_pybytes()
-        return _unpack_rows, (self._packed, self.num_rows)
+        return _unpack_rows, (self._packed, self.num_rows, self._window)
 
 
-def _unpack_rows(data: bytes, rows: int | None = None) -> PackedRows:
-    # ``rows`` is absent from a pickle made before it travelled (state written by an older version).
-    return PackedRows(packed=data, rows=rows)
+def one_window(table: pa.Table) -> int | None:
+    """The window id every row of ``table`` has (its ``window_id`` column), or None: no rows, no
+    such column, or more than one window."""
+    if not table.num_rows or WINDOW_ID not in table.column_names:
+        return None
+    span = pc.min_max(table.column(WINDOW_ID))
+    low, high = span["min"].as_py(), span["max"].as_py()
+    return int(low) if low is not None and low == high else None
+
+
+def _unpack_rows(data: bytes, rows: int | None = None, window: int | None = None) -> PackedRows:
+    # ``rows`` and ``window`` are absent from a pickle made before they travelled (state an older
+    # version wrote): then counting or sorting the rows decodes them.
+    return PackedRows(packed=data, rows=rows, window=window)
 
 
 def unpacked(parts: Iterable[Any]) -> list[pa.Table]:

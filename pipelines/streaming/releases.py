@@ -324,8 +324,9 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
             buffer = WindowBuffer(ring=(rows_0, rows_1, rows_2, rows_3, rows_4, rows_5, rows_6, rows_7),
                                   blocks=(block_0, block_1, block_2, block_3, block_4, block_5, block_6, block_7),
                                   later=later, held=buffered_rows)
-            yield from self._buffer(unpacked([payload])[0], through, buffer, books,
-                                    packed=payload if isinstance(payload, PackedRows) else None)
+            if not (isinstance(payload, PackedRows) and self._buffer_whole(payload, through, buffer, books)):
+                yield from self._buffer(unpacked([payload])[0], through, buffer, books,
+                                        packed=payload if isinstance(payload, PackedRows) else None)
         elif kind in (LEDGER_PART, RUNNING_PART):
             state.add((kind, payload))
             # STATE changed without a charge: no cached shard is this state any more, and the
@@ -336,6 +337,24 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         if through < self._end:
             # Idempotent: the timer always points at the end of the next uncharged window.
             window_end.set(self._end_of(through + 1))
+
+    def _buffer_whole(self, packed: PackedRows, through: int, buffer: WindowBuffer, books: Any) -> bool:
+        """Buffer ``packed`` as it came, without decoding it, when its rows are all of one window
+        (:attr:`PackedRows.window`, as a producer's message per window gives them) and that window
+        keeps them all: the rule of :meth:`_buffer` for a single window id, which it applies to
+        every row alike. Returns whether it did; otherwise (several windows, or rows that are late,
+        out of the schedule or re-delivered to a resumed job) :meth:`_buffer` sorts the rows."""
+        window = packed.window
+        if window is None or (self._resumed >= self._start and self._start <= window <= self._resumed):
+            return False
+        classes = classify_windows(np.array([window], dtype=np.int64), start_window=self._start,
+                                   end_window=self._end, charged=self._released, charged_through=through)
+        if not classes.all_kept:
+            return False
+        buffer.add([(window, packed, packed.num_rows)], next_window=through + 1)
+        now, closed = books.read() or (ShardBooks(), ShardBooks())
+        books.write((now.plus(received=packed.num_rows), closed))
+        return True
 
     def _buffer(self, table: pa.Table, through: int, buffer: WindowBuffer, books: Any,
                 packed: PackedRows | None = None) -> Iterator[Any]:
