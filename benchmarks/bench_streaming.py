@@ -28,7 +28,8 @@ Printed: rows/s and peak RSS of each, the ratio daily/streaming of both (issue 3
 100k x 60: throughput within 2x, memory within 1.5x), and, from the streaming job's progress
 lines (``--progress``: ``[streaming] shard S charged window W at T``, a monotonic clock), the
 mean time per window of windows 5-15 against that of the last ten (target at 365 windows: within
-1.2x). Never assert on timing: on a shared machine only ratios taken in the same run mean much.
+1.2x), and the streaming job's highest resident memory (sampled every quarter second from
+``/proc``) while windows 5-15 ran against that while the last ten ran (flat: at most 1x). Never assert on timing: on a shared machine only ratios taken in the same run mean much.
 """
 
 from __future__ import annotations
@@ -134,14 +135,40 @@ def streaming_argv(folder: Path, messages: list[str], args: argparse.Namespace) 
             "--shards", str(args.shards), "--id-type", args.id_type, *DECLARED, "--progress"]
 
 
+def window_stamps(text: str) -> list[tuple[int, float]]:
+    """``(window, monotonic time the last shard charged it)`` from the streaming job's progress
+    lines, in window order."""
+    done: dict[int, float] = {}
+    for _, w, t in PROGRESS.findall(text):
+        done[int(w)] = max(done.get(int(w), 0.0), float(t))
+    return sorted(done.items())
+
+
+def per_window_memory_line(text: str, samples: list[tuple[float, float]]) -> str:
+    """The streaming child's highest resident memory while windows 5-15 were charged against
+    that while the last ten were (sampled, :func:`child_run.run_child`): flat memory is a last/early
+    ratio at or below 1."""
+    stamps = window_stamps(text)
+    if len(stamps) < EARLY[1] + LAST or not samples:
+        return "streaming memory per window: too few windows or no samples (Linux /proc) to compare"
+
+    def peak(a: float, b: float) -> float | None:
+        inside = [mb for t, mb in samples if a <= t <= b]
+        return max(inside) if inside else None
+
+    early = peak(stamps[EARLY[0] - 2][1], stamps[EARLY[1] - 1][1])
+    last = peak(stamps[-LAST - 1][1], stamps[-1][1])
+    if early is None or last is None:
+        return "streaming memory per window: windows too short to sample, no comparison"
+    return (f"streaming memory per window: peak RSS while windows {EARLY[0]}-{EARLY[1]} ran {early:.0f} MB, "
+            f"while the last {LAST} ran {last:.0f} MB, last/early {last / early:.2f}x")
+
+
 def window_times(text: str) -> list[float]:
     """Seconds each window took, from the streaming job's progress lines, in window order: from the
     time the last shard charged the previous window to the time the last shard charged this one
     (the first window's is left out: there is nothing before it on the same clock)."""
-    done: dict[int, float] = {}
-    for _, w, t in PROGRESS.findall(text):
-        done[int(w)] = max(done.get(int(w), 0.0), float(t))
-    stamps = sorted(done.items())
+    stamps = window_stamps(text)
     return [b[1] - a[1] for a, b in zip(stamps, stamps[1:])]
 
 
@@ -191,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{args.id_type} ids, {args.shards} shards{', BLT running total' if args.running else ''}; "
               f"{platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}", flush=True)
         results: dict[str, tuple[float, float, str, float]] = {}
+        samples: list[tuple[float, float]] = []
         for system in systems:
             folder = work / system
             folder.mkdir()
@@ -203,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 NoiseKey.load_or_create(folder / "noise.key")
             argv_ = daily_argv(folder, files, args) if system == "daily" else streaming_argv(folder, messages, args)
-            results[system] = run_child(argv_)
+            results[system] = run_child(argv_, rss_samples=samples if system == "streaming" else None)
             seconds, rss, text, cpu = results[system]
             print(f"{system:>10}: {seconds:8.2f} s  {rows / seconds:>12,.0f} rows/s  peak RSS {rss:8.0f} MB  "
                   f"(CPU {cpu:.1f} s)", flush=True)
@@ -215,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
               f"peak memory streaming/daily {s[1] / d[1]:.2f}x")
     if "streaming" in results:
         print(per_window_line(window_times(results["streaming"][2])))
+        print(per_window_memory_line(results["streaming"][2], samples))
     return 0
 
 

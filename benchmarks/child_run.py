@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Sequence
 
@@ -27,18 +28,28 @@ def day_number(day: dt.date) -> int:
     return (day - _EPOCH).days
 
 
-def run_child(argv: Sequence[str]) -> tuple[float, float, str, float]:
+def run_child(argv: Sequence[str], rss_samples: list[tuple[float, float]] | None = None) -> tuple[float, float, str, float]:
     """Run ``argv`` to completion; ``(wall seconds, peak RSS in MB, stdout+stderr, CPU seconds)``.
 
     Peak RSS and CPU time are that child's own (``os.wait4`` returns the rusage of the one
     process it reaps, with the children it reaped in turn), not the caller's: the caller may
-    hold generated data in memory without inflating the figure. RuntimeError with the tail of the
-    output when the child exits non-zero.
+    hold generated data in memory without inflating the figure. With ``rss_samples``, the child's
+    resident memory is also appended there every :data:`RSS_PERIOD` seconds as ``(time.monotonic(),
+    MB)`` (Linux ``/proc``; nothing elsewhere), on the clock the streaming job's progress lines
+    use. RuntimeError with the tail of the output when the child exits non-zero.
     """
     start = time.perf_counter()
     with tempfile.TemporaryFile(mode="w+") as log:
         child = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT)
+        done = threading.Event()
+        sampler = None
+        if rss_samples is not None:
+            sampler = threading.Thread(target=_sample_rss, args=(child.pid, rss_samples, done), daemon=True)
+            sampler.start()
         _, status, usage = os.wait4(child.pid, 0)
+        done.set()
+        if sampler is not None:
+            sampler.join()
         seconds = time.perf_counter() - start
         child.returncode = os.waitstatus_to_exitcode(status)
         log.seek(0)
@@ -46,6 +57,22 @@ def run_child(argv: Sequence[str]) -> tuple[float, float, str, float]:
     if child.returncode != 0:
         raise RuntimeError(f"{list(argv)[:3]} failed ({child.returncode}):\n{text[-3000:]}")
     return seconds, usage.ru_maxrss / 1024.0, text, usage.ru_utime + usage.ru_stime  # ru_maxrss: KiB
+
+
+#: Seconds between two samples of a child's resident memory (:func:`run_child`).
+RSS_PERIOD = 0.25
+
+
+def _sample_rss(pid: int, samples: list[tuple[float, float]], done: threading.Event) -> None:
+    status = f"/proc/{pid}/status"
+    while not done.wait(RSS_PERIOD):
+        try:
+            with open(status) as handle:
+                kib = next((int(line.split()[1]) for line in handle if line.startswith("VmRSS:")), None)
+        except OSError:  # exited (or no /proc): nothing more to sample
+            return
+        if kib is not None:
+            samples.append((time.monotonic(), kib / 1024.0))
 
 
 def cli_run_args(inputs: Sequence[str], folder: str, first: dt.date, last: dt.date, *, norm_budget: float,
