@@ -533,3 +533,74 @@ def test_snapshots_are_sorted_and_round_trip():
 def test_corrupt_snapshots_are_refused(corrupt, message):
     with pytest.raises(ValueError, match=message):
         RunningState.from_arrow(corrupt(_snapshot()))
+
+
+# --- online decoding: the estimate window by window, keeping only what later windows need --------
+
+def _online(strategy, releases):
+    state, out = None, []
+    for t, y in enumerate(releases):
+        estimate, state = strategy.decode_online(t, state, y)
+        out.append(estimate)
+    return np.array(out), state
+
+
+def _all_strategies():
+    from renyi_stream.stream.continual.blt import BufferedLinearToeplitz
+
+    return [*STRATEGIES, BufferedLinearToeplitz.shipped()]
+
+
+@pytest.mark.parametrize("strategy", _all_strategies(), ids=lambda s: f"{s.name}-{getattr(s, 'height', '')}")
+def test_decoding_window_by_window_gives_the_batch_estimates_bit_for_bit(strategy):
+    """A streaming job decodes each window as it is released; the estimates equal the batch
+    decode of the whole series exactly, so continuing from a decoder state changes no answer."""
+    rng = np.random.default_rng(11)
+    releases = [rng.normal(size=(strategy.rows_at(t), 3)) * 10 for t in range(70)]
+    online, _ = _online(strategy, releases)
+    assert np.array_equal(online, strategy.post_process(releases))
+
+
+def test_the_blt_and_window_sums_decoders_keep_a_fixed_number_of_rows_whatever_the_window():
+    """Issue 30: a running query's release state is O(buffers x d) numbers, never the series so far
+    (square root and tree keep the series: their estimate has no finite recurrence)."""
+    from renyi_stream.stream.continual.blt import BufferedLinearToeplitz
+
+    rng = np.random.default_rng(2)
+    blt = BufferedLinearToeplitz.shipped()
+    for strategy, rows in ((blt, 1 + blt.buffers), (WindowSums(), 1)):
+        shapes = set()
+        state = None
+        for t in range(365):
+            _, state = strategy.decode_online(t, state, rng.normal(size=(1, 2)))
+            shapes.add(state.shape)
+        assert shapes == {(rows, 2)} and strategy.decoder_rows(365) == rows
+    _, state = _online(SquareRootFactorization(), [rng.normal(size=(1, 2)) for _ in range(30)])
+    assert state.shape == (30, 2)
+
+
+@pytest.mark.parametrize("strategy", _all_strategies(), ids=lambda s: f"{s.name}-{getattr(s, 'height', '')}")
+def test_a_decoder_state_folded_from_a_recorded_series_continues_as_the_online_one(strategy):
+    """An earlier version recorded the releases y whole: folded (decoder_state), they continue the
+    estimates exactly as the state decoded online does."""
+    rng = np.random.default_rng(5)
+    releases = [rng.normal(size=(strategy.rows_at(t), 2)) for t in range(20)]
+    _, online = _online(strategy, releases[:12])
+    folded = strategy.decoder_state(releases[:12])
+    assert np.array_equal(folded, online)
+    assert np.array_equal(strategy.decode_online(12, folded, releases[12])[0], strategy.post_process(releases[:13])[12])
+    assert strategy.decoder_state([]) is None
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda s: s.decode_online(3, np.zeros((2, 2)), np.zeros((1, 2))), r"state must be the .* after 3 window\(s\)"),
+    (lambda s: s.decode_online(0, None, np.zeros((2, 2))), r"release must have 1 row\(s\)"),
+    (lambda s: s.decode_online(0, None, np.array([[np.nan, 1.0]])), "release must be finite"),
+    (lambda s: s.decode_online(-1, None, np.zeros((1, 2))), "t must be"),
+])
+def test_a_decoder_state_or_release_of_another_shape_is_refused_naming_it(call, message):
+    from renyi_stream.stream.continual.blt import BufferedLinearToeplitz
+
+    for strategy in (WindowSums(), SquareRootFactorization(), BufferedLinearToeplitz.shipped()):
+        with pytest.raises(ValueError, match=message):
+            call(strategy)

@@ -423,15 +423,17 @@ def _streaming_days(tmp_path: Path, messages: list[str], days: tuple[str, str], 
 
 
 def test_the_streaming_job_commits_a_running_querys_state_with_each_window(tmp_path):
-    """Every shard's per-user prepaid rows and the query's release state (with its releases y)
-    are written per window beside the ledger snapshots; a window without rows still advances the
-    release state (public-schedule)."""
+    """Every shard's per-user prepaid rows and the query's release state (with its estimates'
+    decoder: 1 + buffers rows whatever the window, never the series so far) are written per window
+    beside the ledger snapshots; a window without rows still advances the release state
+    (public-schedule)."""
     _, messages = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3]), _rows(1, [])])
     public = tmp_path / "public"
     _with_a_running_query(public)
     assert _streaming_days(tmp_path, messages[0] + messages[1], ("2026-03-01", "2026-03-02"), "curator", "none",
                            public) == 0
     curator = tmp_path / "curator"
+    shapes = {}
     for window in (W0, W0 + 1):
         prepaid = pa.concat_tables([pq.read_table(f) for f in (curator / "prepaid" / f"window_id={window}").rglob(
             "*.parquet")])
@@ -439,7 +441,10 @@ def test_the_streaming_job_commits_a_running_querys_state_with_each_window(tmp_p
         (state,) = (curator / "running" / f"window_id={window}").glob("*.parquet")
         meta = pq.read_schema(state).metadata
         assert meta[b"next_window"] == str(window + 1).encode() and meta[b"strategy_name"] == b"blt"
-        assert [w for w, _ in json.loads(meta[b"renyi_stream.running_raw"])] == list(range(W0, window + 1))
+        decoder = json.loads(meta[b"renyi_stream.running_decoder"])
+        shapes[window] = decoder["shape"]
+        assert len(decoder["values"]) == decoder["shape"][0] * decoder["shape"][1] and b"renyi_stream.running_raw" not in meta
+    assert shapes[W0] == shapes[W0 + 1] and shapes[W0][1] == 1 and 2 <= shapes[W0][0] <= 9  # (1 + buffers, dim)
     assert {(q, w) for q, w, *_ in _parquet(public)} == {(q, w) for q in ("sum:opened", "total_opened")
                                                           for w in (W0, W0 + 1)}
 

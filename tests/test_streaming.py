@@ -412,3 +412,35 @@ def test_a_window_is_released_once_when_every_shard_has_reported(tmp_path):
     noise = gaussian_noise(key, query_id="sum:opened", window_id=W0, dim=1, noise_std=params["noise_std"])
     assert [r["value"] for r in rows if r["query_id"] == "sum:opened"] == [pytest.approx(2.0 + noise[0], rel=1e-12)]
     assert report(1, {}) == [] and report(0, {}) == []  # released once, never again
+
+
+def test_a_release_state_recording_the_releases_whole_continues_the_estimates_as_its_decoder_state():
+    """This version commits a running query's decoder state with each window (RUNNING_DECODER); a
+    state file an earlier version wrote holds the releases y from the first window instead
+    (RUNNING_RAW). Both continue the estimates identically; a recorded series with a window
+    missing is refused, naming the query."""
+    import json
+
+    from renyi_stream.pipelines.streaming.releases import (RUNNING_QUERY_ID, RUNNING_RAW, running_state_of,
+                                                           running_state_table)
+    from renyi_stream.queries.linear import LinearQuery
+
+    plan = QueryPlan.starting_at([LinearQuery.columns("total", ["opened"], kind="running")], W0)
+    running = plan.running_query("total", 2.0)
+    release = tx.running_release_for(plan.get("total"), None)
+    ys = np.random.default_rng(4).normal(size=(6, 1)) * 5
+    decoder = None
+    for t, y in enumerate(ys):
+        _, decoder = running.estimate_online(W0 + t, decoder, y)
+    query_id, _, written = running_state_of(running_state_table(release, decoder))
+    assert query_id == "total" and np.array_equal(written.state(running, W0 + 6), decoder)
+    old = release.to_arrow()
+    old = old.replace_schema_metadata({**old.schema.metadata, RUNNING_QUERY_ID.encode(): b"total",
+                                       RUNNING_RAW.encode(): json.dumps([[W0 + t, [float(y[0])]]
+                                                                         for t, y in enumerate(ys)]).encode()})
+    _, _, recorded = running_state_of(old)
+    assert np.array_equal(recorded.state(running, W0 + 6), decoder)
+    with pytest.raises(ValueError, match=r"running query 'total' has releases for windows .* not every window"):
+        recorded.state(running, W0 + 7)
+    with pytest.raises(ValueError, match="metadata is incomplete or malformed"):
+        running_state_of(release.to_arrow())

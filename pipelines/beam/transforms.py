@@ -35,6 +35,7 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, TimerSpec, on_timer
 from apache_beam.transforms.window import GlobalWindow
 
+from renyi_stream.stream.continual.running import RunningQuery
 from renyi_stream.stream.engine.dead_letters import (
     DEAD_LETTER_SCHEMA,
     ROW,
@@ -573,12 +574,21 @@ class RunningEstimates(beam.DoFn):
         ys = [np.asarray(y, dtype=np.float64).reshape(running.rows_at(w), entry.query.dim) for w, y in series]
         estimates = running.estimates(ys)
         for w, _ in fresh:
-            t = w - entry.first_window
-            std = running.estimate_std(w)
-            for j, label in enumerate(entry.query.labels):
-                yield release_row(self._window, w, query_id=query_id, label=label, coordinate=j,
-                                  value=float(estimates[t, j]), noise_std=std, kind="running",
-                                  accounting=self._accounting, key_fingerprint=self._fingerprint)
+            yield from self.rows(query_id, w, estimates[w - entry.first_window])
+
+    def running_query(self, query_id: str) -> RunningQuery:
+        """The mechanism of running query ``query_id`` at this job's noise."""
+        return self._plan.running_query(query_id, self._noise_std)
+
+    def rows(self, query_id: str, window: int, estimate: Any) -> Iterator[dict]:
+        """The running-total release rows of ``query_id`` at ``window``: one per coordinate of the
+        estimate ``(B y)_t`` (``d`` numbers), with the estimate's standard deviation."""
+        entry = self._plan.get(query_id)
+        std = self.running_query(query_id).estimate_std(window)
+        for j, label in enumerate(entry.query.labels):
+            yield release_row(self._window, window, query_id=query_id, label=label, coordinate=j,
+                              value=float(estimate[j]), noise_std=std, kind="running",
+                              accounting=self._accounting, key_fingerprint=self._fingerprint)
 
 
 def _schema_of(table_or_path: pa.Table | str) -> pa.Schema:

@@ -88,7 +88,7 @@ window, ``<output>/prepaid/window_id=<W>/shard=<S>/`` (:class:`WritePrepaid`, re
 each running query's release state (:class:`renyi_stream.stream.engine.running.RunningRelease`) lives in the
 keyed state of :class:`renyi_stream.pipelines.streaming.releases.ReleaseRunningInOrder`, advanced in window
 order, and is staged with the window's releases, ``<output>/running/window_id=<W>/``
-(:class:`StageWindowFile`, with the releases ``y`` the estimates need); a window's commit marker
+(:class:`StageWindowFile`, with the state of the estimates' decoder: ``1 + buffers`` rows for BLT); a window's commit marker
 waits for both. A restarted or continuing job restores them from the window it continues from
 (:func:`previous_running_state`), refusing a stored state of another strategy, horizon or first
 window, and a schedule that would skip one of a running query's windows, by name. ``--columns`` names the
@@ -229,7 +229,8 @@ try:
     from renyi_stream.pipelines.beam.local_runner import batch_runner, is_direct
     from renyi_stream.pipelines.beam.publication import PublicReleaseFiles, StagedReleases
     from renyi_stream.pipelines.streaming.releases import (PREPAID_ROWS, PREPAID_USERS, RUNNING_QUERY_ID, SNAPSHOT_BASE,
-                                              SNAPSHOT_KIND, StreamingReleases, running_state_of)
+                                                           SNAPSHOT_KIND, EstimateContinuation, StreamingReleases,
+                                                           running_state_of)
 finally:
     _root.setLevel(_level)
 from renyi_stream.pipelines.beam import preview
@@ -1614,14 +1615,15 @@ def _matched(pattern: str) -> list[str]:
 
 
 def previous_running_state(pattern: str) -> tuple[dict[str, pa.Table], dict[str, pa.Table],
-                                                   dict[str, list[tuple[int, list[float]]]]]:
+                                                   dict[str, EstimateContinuation]]:
     """The running totals' state beside the ledger snapshots ``pattern`` (``--previous-ledger``, or
     a restarted job's own last committed window), as :class:`StreamingReleases` continues it:
-    ``(per-user prepaid rows, release states, releases y)``, each by running query id. The
+    ``(per-user prepaid rows, release states, where the estimates continue from)``, each by running
+    query id. The
     prepaid rows are every shard's at that window (:class:`WritePrepaid`; a shard whose snapshot is
     a delta rebuilt from the full prepaid file of its base window and the deltas after it,
     :func:`_shard_prepaid`) concatenated per query (re-split by this job's ``--shards``), the
-    release states and releases ``y`` those staged with the window (:class:`StageWindowFile`).
+    release states and estimate decoders those staged with the window (:class:`StageWindowFile`).
     Empty for ``none`` or snapshots outside a job's ``--output`` (a copy made by
     :func:`record_snapshot_parameters`): a running query they should have continued is then
     refused by the schedule rule (:func:`renyi_stream.stream.engine.shard_state.refuse_running_gaps`).
@@ -1662,17 +1664,17 @@ def previous_running_state(pattern: str) -> tuple[dict[str, pa.Table], dict[str,
         raise launch.RunRefused(f"the prepaid rows beside --previous-ledger {pattern!r} hold {found} users per running "
                                 f"query, its ledger snapshots record {recorded}: a prepaid file is missing or extra, "
                                 "and a lost row would restart its user's prepaid charge from nothing")
-    releases, raw = {}, {}
+    releases, estimates = {}, {}
     for path in _matched(store.join(base, RUNNING_STATE, f"window_id={window}", "*.parquet")):
         try:
-            query_id, table, series = running_state_of(store.read_parquet(path))
+            query_id, table, continuation = running_state_of(store.read_parquet(path))
         except ValueError as exc:
             raise launch.RunRefused(f"{path}: {exc}") from None
         if query_id in releases:
             raise launch.RunRefused(f"window {window} beside --previous-ledger {pattern!r} holds two release "
                                     f"states of running query {query_id!r}")
-        releases[query_id], raw[query_id] = table, series
-    return prepaid, releases, raw
+        releases[query_id], estimates[query_id] = table, continuation
+    return prepaid, releases, estimates
 
 
 def _schema_metadata(path: str) -> dict[str, str]:
@@ -1893,7 +1895,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
                                                   id_type_declared=id_type is not None)
     # Only the public chain's ledger may be continued (a fork's windows could never be published).
     check_lineage(releases, args, *runs, restart=restarting(curator, args))
-    prepaid, release_states, raw = previous_running_state(previous_ledger)
+    prepaid, release_states, estimates = previous_running_state(previous_ledger)
     id_type = config.id_type
     _refuse_another_jobs_output(curator, args)
     if released and max(released) > own:
@@ -1961,7 +1963,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         released=[w for w in released if w < start], snapshot_every_window=True,
         resumed_through=own if own >= start else None, window_records=True,
         compact_every=args.full_snapshot_every, previous_running=prepaid, previous_release=release_states,
-        previous_raw=raw, progress=bool(getattr(args, "progress", False)))
+        previous_estimates=estimates, progress=bool(getattr(args, "progress", False)))
     graph = decoded.valid | "StreamingReleases" >> out
     # One release row per coordinate of each active query, and one state per active running query.
     expected = {w: sum(e.query.dim + (e.kind == "running") for e in plan.active(w)) for w in range(start, end + 1)}

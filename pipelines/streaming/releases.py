@@ -45,6 +45,7 @@ import json
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple, Sequence, Tuple
 
 import apache_beam as beam
@@ -56,6 +57,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
+from renyi_stream.stream.continual.running import RunningQuery
 from renyi_stream.stream.engine.dead_letters import classify_windows, window_letters
 from renyi_stream.stream.engine.running import RunningRelease
 from renyi_stream.stream.engine.shard_cache import ShardCache, new_token
@@ -90,6 +92,12 @@ SNAPSHOT_KIND, SNAPSHOT_BASE = "renyi_stream.snapshot", "renyi_stream.base_windo
 #: and of a release state, its releases ``y`` from its first window through the state's (JSON
 #: ``[[window, [y...]], ...]``), which the running-total estimates of later windows are computed from.
 RUNNING_QUERY_ID, RUNNING_RAW = "renyi_stream.query_id", "renyi_stream.running_raw"
+#: Schema metadata of a release state this version writes instead of :data:`RUNNING_RAW`: the state
+#: of the query's estimates' decoder after the state's window (JSON ``{"shape": [...], "values":
+#: [...]}``, :meth:`renyi_stream.stream.continual.strategies.Strategy.decode_online`): ``1 + buffers``
+#: rows of ``d`` numbers for BLT whatever the window, one row for window sums, every release so far
+#: only for strategies whose estimate has no finite recurrence (square root, tree).
+RUNNING_DECODER = "renyi_stream.running_decoder"
 #: Schema metadata of a shard's ledger snapshot when it has running-query state: its prepaid users
 #: per running query after the window (JSON ``{query_id: rows}``), so that a job restoring the prepaid
 #: rows beside it can tell a lost file (which would restart its users' prepaid charges from nothing)
@@ -572,27 +580,60 @@ class ReleaseCompletedWindow(beam.DoFn):
                 yield beam.pvalue.TaggedOutput("running_sums", (entry.query_id, (int(window), a)))
 
 
-def running_state_table(release: RunningRelease, raw: Sequence[tuple[int, list[float]]]) -> pa.Table:
+def running_state_table(release: RunningRelease, decoder: np.ndarray) -> pa.Table:
     """A running query's state after a window, as the streaming job commits it with the window:
-    :meth:`RunningRelease.to_arrow` with the query's id (:data:`RUNNING_QUERY_ID`) and its releases
-    ``y`` from its first window (:data:`RUNNING_RAW`) in the schema metadata."""
+    :meth:`RunningRelease.to_arrow` with the query's id (:data:`RUNNING_QUERY_ID`) and the state of
+    its estimates' decoder after the window (:data:`RUNNING_DECODER`) in the schema metadata."""
     table = release.to_arrow()
+    decoder = np.asarray(decoder, dtype=np.float64)
     extra = {RUNNING_QUERY_ID: release.query_id,
-             RUNNING_RAW: json.dumps([[int(w), [float(v) for v in y]] for w, y in raw])}
+             RUNNING_DECODER: json.dumps({"shape": list(decoder.shape), "values": decoder.ravel().tolist()})}
     return table.replace_schema_metadata({**(table.schema.metadata or {}),
                                           **{k.encode(): v.encode() for k, v in extra.items()}})
 
 
-def running_state_of(table: pa.Table) -> tuple[str, pa.Table, list[tuple[int, list[float]]]]:
-    """:func:`running_state_table` back: ``(query_id, release state table, releases y)``. The
-    release state is checked when it is restored (:meth:`RunningRelease.from_arrow`)."""
+@dataclass(frozen=True, eq=False)
+class EstimateContinuation:
+    """Where a running query's estimates continue from after a committed window: the decoder's
+    state then (:meth:`renyi_stream.stream.continual.strategies.Strategy.decode_online`; what this
+    version commits), or, in a state file an earlier version wrote, the releases ``y`` from the
+    query's first window through that window, folded into it when first used."""
+
+    decoder: np.ndarray | None = None
+    releases: tuple[tuple[int, tuple[float, ...]], ...] = ()
+
+    def state(self, running: RunningQuery, next_window: int) -> np.ndarray | None:
+        """The decoder's state for ``running`` before ``next_window`` (its release state's next
+        window). ValueError when the recorded releases are not those of every window from the
+        query's first through ``next_window - 1``."""
+        if self.decoder is not None:
+            return self.decoder
+        windows = [w for w, _ in self.releases]
+        if windows != list(range(running.start_window, int(next_window))):
+            raise ValueError(f"running query {running.query_id!r} has releases for windows {windows[:5]}..., not "
+                             f"every window from its first window {running.start_window} to {int(next_window) - 1}")
+        series = [np.asarray(y, dtype=np.float64).reshape(running.rows_at(w), running.dim) for w, y in self.releases]
+        return running.strategy.decoder_state(series)
+
+
+def running_state_of(table: pa.Table) -> tuple[str, pa.Table, EstimateContinuation]:
+    """:func:`running_state_table` back: ``(query_id, release state table, where its estimates
+    continue from)``; a file an earlier version wrote records the releases ``y`` instead
+    (:data:`RUNNING_RAW`). The release state is checked when it is restored
+    (:meth:`RunningRelease.from_arrow`), the decoder's state when it is used."""
     meta = dict(table.schema.metadata or {})
     try:
         query_id = meta.pop(RUNNING_QUERY_ID.encode()).decode()
-        raw = [(int(w), [float(v) for v in y]) for w, y in json.loads(meta.pop(RUNNING_RAW.encode()))]
+        if RUNNING_DECODER.encode() in meta:
+            recorded = json.loads(meta.pop(RUNNING_DECODER.encode()))
+            decoder = np.asarray(recorded["values"], dtype=np.float64).reshape([int(n) for n in recorded["shape"]])
+            continuation = EstimateContinuation(decoder=decoder)
+        else:
+            raw = json.loads(meta.pop(RUNNING_RAW.encode()))
+            continuation = EstimateContinuation(releases=tuple((int(w), tuple(float(v) for v in y)) for w, y in raw))
     except (KeyError, ValueError, TypeError) as exc:
         raise ValueError(f"a running-state file's metadata is incomplete or malformed: {exc!r}") from None
-    return query_id, table.replace_schema_metadata(meta), raw
+    return query_id, table.replace_schema_metadata(meta), continuation
 
 
 class ReleaseRunningInOrder(beam.DoFn):
@@ -605,26 +646,27 @@ class ReleaseRunningInOrder(beam.DoFn):
     another strategy's state) releases its next window as soon as that window's ``a_t`` is in:
     ``y_t = (C a)_t + z_t`` (:meth:`renyi_stream.pipelines.beam.transforms.ReleaseRunning.release_window`, the
     keyed noise), so windows are released once each, in order, rows or not (invariants 3 and 5).
-    Outputs the running-total release rows (main: :class:`renyi_stream.pipelines.beam.transforms.RunningEstimates`
-    over the releases ``y`` from the query's first window, ``previous_raw`` holding earlier
-    jobs'), ``(query_id, window, y flat)`` (tag ``raw``) and ``(window, state table)`` (tag
-    ``release_state``, :func:`running_state_table`: the state after the window, to be committed
-    with it). State: RELEASE (``(release state table, releases y)`` after the last released
-    window), PENDING (``(window, a_t)`` that came before their turn). A repeated window does
-    nothing."""
+    Outputs the running-total release rows (main: the estimate ``(B y)_t`` decoded online,
+    :meth:`renyi_stream.stream.continual.running.RunningQuery.estimate_online`, from the decoder's
+    state after the window before, which ``previous_estimates`` gives for a query earlier jobs
+    released: bit for bit the batch decode of the whole series), ``(query_id, window, y flat)`` (tag
+    ``raw``) and ``(window, state table)`` (tag ``release_state``, :func:`running_state_table`: the
+    release and decoder states after the window, to be committed with it). State: RELEASE
+    (``(release state table, decoder state)`` after the last released window: ``O(buffers x d)``
+    numbers for BLT, never the series so far), PENDING (``(window, a_t)`` that came before their
+    turn). A repeated window does nothing."""
 
     RELEASE = ReadModifyWriteStateSpec("release", PickleCoder())
     PENDING = BagStateSpec("pending", PickleCoder())
 
     def __init__(self, release: ReleaseRunning, estimates: RunningEstimates, plan: QueryPlan, *,
                  previous_release: dict[str, pa.Table] | None = None,
-                 previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None) -> None:
+                 previous_estimates: dict[str, EstimateContinuation] | None = None) -> None:
         self._release = release
         self._estimates = estimates
         self._plan = plan
         self._previous_release = dict(previous_release or {})
-        self._previous_raw = {q: sorted((int(w), list(y)) for w, y in items)
-                              for q, items in (previous_raw or {}).items()}
+        self._previous_estimates = dict(previous_estimates or {})
 
     def setup(self) -> None:
         self._release.setup()
@@ -633,29 +675,31 @@ class ReleaseRunningInOrder(beam.DoFn):
                 pending: Any = beam.DoFn.StateParam(PENDING)) -> Iterator[Any]:
         query_id, (window, a) = element
         held = kept.read()
+        running = self._estimates.running_query(query_id)
         if held is None:
             release = running_release_for(self._plan.get(query_id), self._previous_release.get(query_id))
-            raw = list(self._previous_raw.get(query_id, []))
+            continued = self._previous_estimates.get(query_id)
+            decoder = continued.state(running, release.next_window) if continued is not None else None
         else:
-            release, raw = RunningRelease.from_arrow(held[0]), list(held[1])
+            release, decoder = RunningRelease.from_arrow(held[0]), held[1]
         waiting = {int(w): value for w, value in pending.read()}
         if int(window) < release.next_window or int(window) in waiting:
             return  # released already, or waiting already: a repeated report (invariant 5)
         waiting[int(window)] = a
-        fresh = []
+        released = False
         while release.next_window in waiting:
             w = release.next_window
-            y = self._release.release_window(release, w, waiting.pop(w)).ravel().tolist()
-            fresh.append((w, y))
-            raw.append((w, y))
-            yield beam.pvalue.TaggedOutput("raw", (query_id, w, y))
-            yield beam.pvalue.TaggedOutput("release_state", (w, running_state_table(release, raw)))
+            y = self._release.release_window(release, w, waiting.pop(w))
+            estimate, decoder = running.estimate_online(w, decoder, y)
+            released = True
+            yield beam.pvalue.TaggedOutput("raw", (query_id, w, y.ravel().tolist()))
+            yield beam.pvalue.TaggedOutput("release_state", (w, running_state_table(release, decoder)))
+            yield from self._estimates.rows(query_id, w, estimate)
         pending.clear()
         for w, value in sorted(waiting.items()):
             pending.add((w, value))
-        if fresh:
-            kept.write((release.to_arrow(), raw))
-            yield from self._estimates.process((query_id, fresh), {query_id: raw[:-len(fresh)]})
+        if released:
+            kept.write((release.to_arrow(), decoder))
 
 
 def _same(item: Any) -> Any:
@@ -671,7 +715,8 @@ class StreamingReleases(beam.PTransform):
     ``start_window..end_window``; every window of it is released for every query active in it
     (invariant 3), running queries as running totals too. ``previous_ledger`` /
     ``previous_running`` (per-user prepaid rows) / ``previous_release`` (release states) /
-    ``previous_raw`` (releases ``y``) are the state to continue from, ``released`` the
+    ``previous_estimates`` (where each running query's estimates continue from,
+    :class:`EstimateContinuation`) are the state to continue from, ``released`` the
     windows released before (their rows are late). ``resumed_through``: this schedule's windows
     through it were charged by the job this one resumes (its state is then that window's), so its
     shards start after it and rows of those windows, re-delivered, are neither charged nor counted
@@ -702,7 +747,7 @@ class StreamingReleases(beam.PTransform):
                  ledger_id: str, previous_ledger: pa.Table | None = None,
                  previous_running: dict[str, pa.Table] | None = None,
                  released: Sequence[int] = (), snapshot_every_window: bool = False,
-                 previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None,
+                 previous_estimates: dict[str, EstimateContinuation] | None = None,
                  resumed_through: int | None = None, window_records: bool = False, compact_every: int = 1,
                  cached_shards: int | None = None, previous_release: dict[str, pa.Table] | None = None,
                  progress: bool = False) -> None:
@@ -727,7 +772,7 @@ class StreamingReleases(beam.PTransform):
                            key_fingerprint=key_fingerprint, ledger_id=ledger_id),
             RunningEstimates(plan=plan, noise_std=noise_std, window=window, accounting=accounting,
                              key_fingerprint=key_fingerprint), plan,
-            previous_release=previous_release, previous_raw=previous_raw)
+            previous_release=previous_release, previous_estimates=previous_estimates)
 
     def expand(self, valid: Any) -> dict[str, Any]:
         keyed = valid | "ByShard" >> beam.FlatMap(packed_by_shard, self._n_shards)

@@ -91,7 +91,8 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from renyi_stream.stream.continual.strategies import Strategy, _count, register_strategy, sqrt_coefficients
+from renyi_stream.stream.continual.strategies import (Strategy, _count, _one_release, register_strategy,
+                                                      sqrt_coefficients)
 from renyi_stream.stream.xp import array_module
 
 SHIPPED_HORIZONS: tuple[int, ...] = (90, 365, 730, 1095, 4096)
@@ -508,6 +509,24 @@ class BufferedLinearToeplitz(Strategy):
         theta, omega = self._device_parameters(xp, buffers.ndim - 1)
         u = y - (omega * buffers).sum(axis=0)
         return estimate + u, theta * buffers + u
+
+    def decode_online(self, t: int, state: np.ndarray | None, release: Any) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`Strategy.decode_online` keeping ``1 + buffers`` rows whatever ``t``: the estimate
+        (row 0) and the decoder's buffers ``U_j(t)`` (:meth:`decode_step`, the recurrence
+        :meth:`post_process` runs)."""
+        t = _count("t", t, minimum=0)
+        y = _one_release(self, t, release)
+        tail = y.shape[1:]
+        if state is None:
+            buffers, estimate = np.zeros((self.buffers, *tail)), np.zeros(tail)
+        else:
+            held = self._decoder_state(t, state, tail)
+            estimate, buffers = held[0], held[1:]
+        estimate, buffers = self.decode_step(buffers, estimate, y[0])
+        return estimate, np.concatenate([estimate[None], buffers], axis=0)
+
+    def decoder_rows(self, windows: int) -> int:
+        return 0 if _count("windows", windows, minimum=0) == 0 else 1 + self.buffers
 
     def _post_process(self, releases: list[Any]) -> Any:
         xp = array_module(*releases)

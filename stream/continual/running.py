@@ -155,6 +155,17 @@ class RunningQuery:
         of released values: free of privacy cost."""
         return self.strategy.post_process(releases)
 
+    def estimate_online(self, window_id: int, state: np.ndarray | None, release: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The running-total estimate at ``window_id`` (``d`` numbers) and the decoder's state after
+        it, from its state after the window before (``None`` at :attr:`start_window`) and the
+        window's release ``y`` (``rows_at * d`` numbers, row-major): :meth:`Strategy.decode_online`,
+        equal to :meth:`estimates` of the whole series at that window, bit for bit. Post-processing
+        of released values: free of privacy cost."""
+        rows = self.rows_at(window_id)
+        y = np.asarray(release, dtype=np.float64).reshape(rows, self.dim)
+        estimate, state = self.strategy.decode_online(self.offset(window_id), state, y)
+        return np.asarray(estimate).reshape(self.dim), state
+
     def estimate_std(self, window_id: int) -> float:
         """Std (per coordinate) of the running-total estimate at ``window_id``: the
         ``noise_std`` of a ``running`` release row."""

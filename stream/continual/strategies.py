@@ -123,6 +123,18 @@ def _stack_releases(strategy: "Strategy", releases: Sequence[Any]) -> tuple[list
     return out, tail
 
 
+def _one_release(strategy: "Strategy", t: int, release: Any) -> np.ndarray:
+    """``release`` checked as window ``t``'s (``(rows_at(t), *tail)``, finite), as host float64."""
+    y = np.asarray(release, dtype=np.float64)
+    rows = strategy.rows_at(t)
+    if y.ndim == 0 or y.shape[0] != rows:
+        raise ValueError(f"release must have {rows} row(s) (rows_at({t}) of {strategy.name}) on axis 0, "
+                         f"got shape={y.shape}")
+    if not np.isfinite(y).all():
+        raise ValueError(f"release must be finite, got a NaN/inf at window {t}")
+    return y
+
+
 class Strategy(abc.ABC):
     """A causal factorisation ``A = B C`` of the prefix-sum matrix (see the module docstring).
 
@@ -205,6 +217,54 @@ class Strategy(abc.ABC):
         checked, _ = _stack_releases(self, releases)
         return self._post_process(checked)
 
+    # -- online decoding: one window at a time, keeping only what the next windows need -----------
+
+    def decode_online(self, t: int, state: np.ndarray | None, release: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The running-total estimate at window offset ``t`` from the decoder's ``state`` after
+        window ``t - 1`` (``None`` at ``t = 0``) and that window's release ``y_t`` (shape
+        ``(rows_at(t), *tail)``, host NumPy): ``(estimate_t (tail), state after t)``. The estimate
+        equals ``post_process(y_0 .. y_t)[t]`` bit for bit, so a job decoding window by window
+        releases what a batch decode of the whole series gives (post-processing: no privacy cost).
+
+        The state is a float64 array ``(decoder_rows(t + 1), *tail)`` holding only what later
+        windows need: here, for a strategy whose estimate has no finite recurrence (every earlier
+        release enters it: :class:`SquareRootFactorization`, :class:`BinaryTree`), every release so
+        far; :class:`WindowSums` keeps the running sum (one row) and
+        :class:`renyi_stream.stream.continual.blt.BufferedLinearToeplitz` the estimate and its
+        buffers (``1 + buffers`` rows), whatever ``t``. ValueError for a state or release of
+        another shape, or a release that is not finite."""
+        t = _count("t", t, minimum=0)
+        y = _one_release(self, t, release)
+        history = y if state is None else np.concatenate([self._decoder_state(t, state, y.shape[1:]), y], axis=0)
+        releases, start = [], 0
+        for s in range(t + 1):
+            releases.append(history[start:start + self.rows_at(s)])
+            start += self.rows_at(s)
+        return np.asarray(self._post_process(releases)[t]), history
+
+    def decoder_rows(self, windows: int) -> int:
+        """Rows of the decoder's state after ``windows`` windows (:meth:`decode_online`)."""
+        return int(sum(self.rows_at(s) for s in range(_count("windows", windows, minimum=0))))
+
+    def decoder_state(self, releases: Sequence[Any]) -> np.ndarray | None:
+        """The decoder's state after the releases ``releases[0..T-1]`` (each ``(rows_at(t), *tail)``):
+        :meth:`decode_online` folded over them (``None`` for none). How a job continues the
+        estimates of a series recorded whole (an earlier version's files)."""
+        state = None
+        for t, release in enumerate(releases):
+            _, state = self.decode_online(t, state, release)
+        return state
+
+    def _decoder_state(self, t: int, state: Any, tail: tuple[int, ...]) -> np.ndarray:
+        """``state`` checked as the decoder's state after ``t`` windows for releases of trailing
+        shape ``tail``."""
+        state = np.asarray(state, dtype=np.float64)
+        shape = (self.decoder_rows(t), *tail)
+        if state.shape != shape:
+            raise ValueError(f"state must be the {self.name} decoder's state after {t} window(s), shape {shape}, "
+                             f"got shape={state.shape}")
+        return state
+
     def reconstruction_matrix(self, horizon: int) -> np.ndarray:
         """Dense ``B``: ``(horizon, n_rows)`` with ``B C = A`` (for tests and planning)."""
         horizon = _horizon(horizon)
@@ -269,6 +329,17 @@ class WindowSums(Strategy):
     def _post_process(self, releases: list[Any]) -> Any:
         xp = array_module(*releases)
         return xp.cumsum(xp.concatenate(releases, axis=0), axis=0)
+
+    def decode_online(self, t: int, state: np.ndarray | None, release: Any) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`Strategy.decode_online` keeping the running sum only (one row): ``y_t`` added to
+        it, as ``cumsum`` adds, left to right."""
+        t = _count("t", t, minimum=0)
+        y = _one_release(self, t, release)
+        estimate = y[0] if state is None else self._decoder_state(t, state, y.shape[1:])[0] + y[0]
+        return estimate, estimate[None]
+
+    def decoder_rows(self, windows: int) -> int:
+        return 0 if _count("windows", windows, minimum=0) == 0 else 1
 
     def estimate_variance(self, horizon: int) -> np.ndarray:
         return np.arange(1, _horizon(horizon) + 1, dtype=np.float64)
