@@ -444,3 +444,17 @@ def test_a_release_state_recording_the_releases_whole_continues_the_estimates_as
         recorded.state(running, W0 + 7)
     with pytest.raises(ValueError, match="metadata is incomplete or malformed"):
         running_state_of(release.to_arrow())
+
+
+def test_running_release_rows_carry_each_windows_estimate_std_from_a_table_kept_across_windows():
+    """The std of a running estimate at a window does not depend on the horizon it is computed
+    over: kept in a table doubled as windows pass it, each row's std is RunningQuery.estimate_std's,
+    exactly, across the doublings (no window recomputes every variance so far)."""
+    from renyi_stream.queries.linear import LinearQuery
+
+    plan = QueryPlan.starting_at([LinearQuery.columns("total", ["opened"], kind="running")], W0)
+    estimates = tx.RunningEstimates(plan=plan, noise_std=2.5, window=SPEC, accounting="gdp", key_fingerprint="ab" * 8)
+    running = plan.running_query("total", 2.5)
+    for w in [W0, W0 + 1, W0 + 63, W0 + 64, W0 + 200, W0 + 129]:
+        (row,) = estimates.rows("total", w, np.array([1.0]))
+        assert row["noise_std"] == running.estimate_std(w) and row["window_id"] == w

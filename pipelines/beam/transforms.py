@@ -559,6 +559,7 @@ class RunningEstimates(beam.DoFn):
         self._window = window
         self._accounting = accounting
         self._fingerprint = key_fingerprint
+        self._stds: dict[str, np.ndarray] = {}  # per running query: its estimates' std by window offset
 
     def process(self, element: tuple[str, Iterable[tuple[int, list[float]]]], previous: dict) -> Iterator[dict]:
         query_id, fresh = element
@@ -580,11 +581,24 @@ class RunningEstimates(beam.DoFn):
         """The mechanism of running query ``query_id`` at this job's noise."""
         return self._plan.running_query(query_id, self._noise_std)
 
+    def _estimate_std(self, query_id: str, window: int) -> float:
+        """:meth:`RunningQuery.estimate_std` at ``window``, from a table of the query's stds kept
+        and doubled as windows pass it (the std at a window does not depend on the horizon it is
+        computed over): a streaming job asks at every window, and each ask computed every window's
+        variance so far."""
+        running = self.running_query(query_id)
+        t = running.offset(window)
+        stds = self._stds.get(query_id)
+        if stds is None or t >= stds.size:
+            horizon = max(t + 1, 2 * (0 if stds is None else stds.size), 64)
+            stds = self._stds[query_id] = running.strategy.estimate_std(horizon, noise_std=running.noise_std)
+        return float(stds[t])
+
     def rows(self, query_id: str, window: int, estimate: Any) -> Iterator[dict]:
         """The running-total release rows of ``query_id`` at ``window``: one per coordinate of the
         estimate ``(B y)_t`` (``d`` numbers), with the estimate's standard deviation."""
         entry = self._plan.get(query_id)
-        std = self.running_query(query_id).estimate_std(window)
+        std = self._estimate_std(query_id, window)
         for j, label in enumerate(entry.query.labels):
             yield release_row(self._window, window, query_id=query_id, label=label, coordinate=j,
                               value=float(estimate[j]), noise_std=std, kind="running",
