@@ -551,14 +551,23 @@ def _all_strategies():
     return [*STRATEGIES, BufferedLinearToeplitz.shipped()]
 
 
+@pytest.mark.parametrize("dim", [1, 3])
 @pytest.mark.parametrize("strategy", _all_strategies(), ids=lambda s: f"{s.name}-{getattr(s, 'height', '')}")
-def test_decoding_window_by_window_gives_the_batch_estimates_bit_for_bit(strategy):
-    """A streaming job decodes each window as it is released; the estimates equal the batch
-    decode of the whole series exactly, so continuing from a decoder state changes no answer."""
+def test_decoding_window_by_window_gives_the_batch_decode_through_each_window_bit_for_bit(strategy, dim):
+    """A streaming job decodes each window as it is released; each estimate equals the batch
+    decode of the series through that window exactly, so continuing from a decoder state changes
+    no answer. With a recurrence (window sums, BLT) or the tree's causal least squares it is also
+    the decode of the whole series at that window; the square root's whole-series decode is one
+    larger matrix product, equal to the last bits only."""
     rng = np.random.default_rng(11)
-    releases = [rng.normal(size=(strategy.rows_at(t), 3)) * 10 for t in range(70)]
+    releases = [rng.normal(size=(strategy.rows_at(t), dim)) * 10 for t in range(70)]
     online, _ = _online(strategy, releases)
-    assert np.array_equal(online, strategy.post_process(releases))
+    assert np.array_equal(online, np.array([strategy.post_process(releases[:t + 1])[t] for t in range(70)]))
+    whole = strategy.post_process(releases)
+    if strategy.name == "sqrt":
+        np.testing.assert_allclose(online, whole, rtol=1e-12, atol=1e-12)
+    else:
+        assert np.array_equal(online, whole)
 
 
 def test_the_blt_and_window_sums_decoders_keep_a_fixed_number_of_rows_whatever_the_window():
@@ -594,6 +603,8 @@ def test_a_decoder_state_folded_from_a_recorded_series_continues_as_the_online_o
 
 @pytest.mark.parametrize("call, message", [
     (lambda s: s.decode_online(3, np.zeros((2, 2)), np.zeros((1, 2))), r"state must be the .* after 3 window\(s\)"),
+    (lambda s: s.decode_online(5, None, np.zeros((1, 2))), r"after 5 window\(s\), got None: only the first window"),
+    (lambda s: s.decode_online(1, np.full((s.decoder_rows(1), 2), np.inf), np.zeros((1, 2))), "state must be finite"),
     (lambda s: s.decode_online(0, None, np.zeros((2, 2))), r"release must have 1 row\(s\)"),
     (lambda s: s.decode_online(0, None, np.array([[np.nan, 1.0]])), "release must be finite"),
     (lambda s: s.decode_online(-1, None, np.zeros((1, 2))), "t must be"),

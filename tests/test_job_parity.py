@@ -449,6 +449,30 @@ def test_the_streaming_job_commits_a_running_querys_state_with_each_window(tmp_p
                                                           for w in (W0, W0 + 1)}
 
 
+def test_the_streaming_job_refuses_to_continue_a_running_query_from_a_decoder_state_of_another_window(
+        tmp_path, capsys):
+    """A running-state file whose estimates' decoder does not match its release state (copied from
+    another window, or corrupted) is refused at launch, naming the file and the query: continuing
+    from it would change every later running total silently."""
+    _, messages = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3]), _rows(1, [1, 2])])
+    public = tmp_path / "public"
+    _with_a_running_query(public)
+    assert _streaming_days(tmp_path, messages[0], ("2026-03-01", "2026-03-01"), "job1", "none", public) == 0
+    (state,) = (tmp_path / "job1" / "running" / f"window_id={W0}").glob("*.parquet")
+    table = pq.read_table(state)
+    meta = dict(table.schema.metadata)
+    decoder = json.loads(meta[b"renyi_stream.running_decoder"])
+    meta[b"renyi_stream.running_decoder"] = json.dumps({**decoder, "windows": 3}).encode()
+    pq.write_table(table.replace_schema_metadata(meta), state)
+    state.chmod(0o600)
+    capsys.readouterr()
+    snapshots = f"{tmp_path}/job1/ledger/window_id={W0}/*/*.parquet"
+    assert _streaming_days(tmp_path, messages[1], ("2026-03-02", "2026-03-02"), "job2", snapshots, public) == 2
+    err = capsys.readouterr().err
+    assert "running query 'total_opened'" in err and "has decoded 3 window(s), its release state 1" in err
+    assert not (public / f"window_id={W0 + 1}").exists()
+
+
 def test_the_streaming_job_refuses_a_continuation_that_would_skip_a_window_of_a_running_query(tmp_path, capsys):
     _, messages = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3]), _rows(2, [1, 2])])
     public = tmp_path / "public"

@@ -432,15 +432,17 @@ def test_a_release_state_recording_the_releases_whole_continues_the_estimates_as
     decoder = None
     for t, y in enumerate(ys):
         _, decoder = running.estimate_online(W0 + t, decoder, y)
+    for t in range(6):  # the release state after the sixth window, as the job commits it with the decoder
+        release.release(W0 + t, np.array([0.0]))
     query_id, _, written = running_state_of(running_state_table(release, decoder))
-    assert query_id == "total" and np.array_equal(written.state(running, W0 + 6), decoder)
+    assert query_id == "total" and written.windows == 6 and np.array_equal(written.state(running, W0 + 6), decoder)
     old = release.to_arrow()
     old = old.replace_schema_metadata({**old.schema.metadata, RUNNING_QUERY_ID.encode(): b"total",
                                        RUNNING_RAW.encode(): json.dumps([[W0 + t, [float(y[0])]]
                                                                          for t, y in enumerate(ys)]).encode()})
     _, _, recorded = running_state_of(old)
     assert np.array_equal(recorded.state(running, W0 + 6), decoder)
-    with pytest.raises(ValueError, match=r"running query 'total' has releases for windows .* not every window"):
+    with pytest.raises(ValueError, match=r"running query 'total': the recorded releases are for windows .* not every"):
         recorded.state(running, W0 + 7)
     with pytest.raises(ValueError, match="metadata is incomplete or malformed"):
         running_state_of(release.to_arrow())
@@ -458,3 +460,17 @@ def test_running_release_rows_carry_each_windows_estimate_std_from_a_table_kept_
     for w in [W0, W0 + 1, W0 + 63, W0 + 64, W0 + 200, W0 + 129]:
         (row,) = estimates.rows("total", w, np.array([1.0]))
         assert row["noise_std"] == running.estimate_std(w) and row["window_id"] == w
+
+
+def test_a_decoder_state_of_another_window_count_or_not_finite_is_refused_naming_it():
+    """The decoder state of BLT has the same shape at every window: the number of windows it has
+    decoded is recorded and checked against the release state's, and its values must be finite,
+    so a state from another window, or corrupted, never continues the estimates silently."""
+    from renyi_stream.pipelines.streaming.releases import EstimateContinuation
+
+    good = EstimateContinuation(decoder=np.zeros((5, 1)), windows=6)
+    good.check(W0, W0 + 6)
+    with pytest.raises(ValueError, match=r"has decoded 6 window\(s\), its release state 7"):
+        good.check(W0, W0 + 7)
+    with pytest.raises(ValueError, match="non-finite values"):
+        EstimateContinuation(decoder=np.full((5, 1), np.nan), windows=6).check(W0, W0 + 6)

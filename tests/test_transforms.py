@@ -155,3 +155,11 @@ def test_a_release_step_refuses_a_noise_key_other_than_the_ledgers(tmp_path):
     assert tx.ledger_binding(str(tmp_path / "started.key"), started.fingerprint, ledger_id) is not None
     with pytest.raises(RuntimeError, match="not the one this ledger was started with"):
         tx.ledger_binding(str(swapped_path), started.fingerprint, ledger_id)
+
+
+def test_packed_rows_given_their_table_take_the_window_from_the_rows_never_from_the_caller():
+    from renyi_stream.pipelines.beam.transforms import PackedRows
+
+    rows = pa.table({"user_id": pa.array(np.arange(10)), "window_id": pa.array(np.full(10, 20513))})
+    assert PackedRows(rows, window=20600).window == 20513
+    assert PackedRows(rows.slice(0, 0), window=20600).window is None

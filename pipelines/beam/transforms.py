@@ -157,8 +157,8 @@ class PackedRows:
         self._table = table
         self._packed = packed
         self._rows = table.num_rows if table is not None else (None if rows is None else int(rows))
-        if table is not None and window is None:
-            window = one_window(table)
+        # From the rows themselves when they are given: a window said otherwise is never believed.
+        window = one_window(table) if table is not None else window
         self._window = None if window is None else int(window)
 
     @property

@@ -240,6 +240,7 @@ from renyi_stream.stream.engine.dead_letters import DeadLetterReason, dead_lette
 from renyi_stream.stream.engine.publication import publish_outbox
 from renyi_stream.stream.engine.readers import FORMATS, InputFileError, MalformedLines, read_batches
 from renyi_stream.stream.engine.row_balance import RowBalance, reason_counts
+from renyi_stream.stream.engine.running import RunningRelease
 from renyi_stream.stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, merge_deltas, running_base
 from renyi_stream.stream.faults import crash_point
 from renyi_stream.queries import release_lineage as lineage
@@ -970,10 +971,12 @@ def books_records(curator: str) -> pa.Table:
 
 
 def window_counts(curator: str) -> pa.Table:
-    """Every shard's counts of every window it charged rows in, from a streaming job's ``--output``
-    ``curator``: ``window_id``, ``shard`` and :data:`renyi_stream.stream.engine.shard_state.WINDOW_COUNT_NAMES`,
-    as the batch jobs record them, one row per (window, shard) with a charged row, sorted. Read from
-    the books records (:func:`books_records`), which hold them. Exact counts: curator only."""
+    """Every shard's counts of every committed window it charged rows in, from a streaming job's
+    ``--output`` ``curator``: ``window_id``, ``shard`` and
+    :data:`renyi_stream.stream.engine.shard_state.WINDOW_COUNT_NAMES`, as the batch jobs record them,
+    one row per (window, shard) with a charged row, sorted. Read from the books records of the
+    committed windows (:func:`books_records`), which hold them: a window charged but not yet
+    committed (in flight, or a crashed job's dead branch) has none. Exact counts: curator only."""
     table = books_records(curator).select(["window_id", "shard", *WINDOW_COUNT_NAMES])
     charged = pc.greater(pc.add(pc.add(table.column("admitted"), table.column("clipped")), table.column("dropped")), 0)
     return table.filter(charged)
@@ -1673,6 +1676,11 @@ def previous_running_state(pattern: str) -> tuple[dict[str, pa.Table], dict[str,
         if query_id in releases:
             raise launch.RunRefused(f"window {window} beside --previous-ledger {pattern!r} holds two release "
                                     f"states of running query {query_id!r}")
+        try:  # the estimates continue exactly where the release state does, or the job does not start
+            restored = RunningRelease.from_arrow(table)
+            continuation.check(restored.start_window, restored.next_window)
+        except ValueError as exc:
+            raise launch.RunRefused(f"{path}: running query {query_id!r}: {exc}") from None
         releases[query_id], estimates[query_id] = table, continuation
     return prepaid, releases, estimates
 

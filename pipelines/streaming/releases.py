@@ -20,8 +20,10 @@ passes each window's end, so a long-running pipeline releases every day as it cl
   (:class:`renyi_stream.stream.engine.running.RunningRelease`, the batch jobs' object) advanced once per window
   of the schedule, in window order, rows or not, from each completed window's ``a_t``: ``y_t =
   (C a)_t + z_t`` with the keyed noise (:meth:`renyi_stream.pipelines.beam.transforms.ReleaseRunning.release_window`),
-  then the running-total estimates (:class:`renyi_stream.pipelines.beam.transforms.RunningEstimates`), and the
-  state after the window (with the releases ``y`` so far), which the job commits with the window.
+  then the window's running-total estimate decoded online
+  (:meth:`renyi_stream.stream.continual.running.RunningQuery.estimate_online`, rows by
+  :class:`renyi_stream.pipelines.beam.transforms.RunningEstimates`), and the state after the window (the
+  release state and the decoder's), which the job commits with the window.
 * :class:`StreamingReleases` wires them together.
 
 Why a window is never released without a shard's rows: every shard (rows or not, started by a
@@ -93,8 +95,8 @@ SNAPSHOT_KIND, SNAPSHOT_BASE = "renyi_stream.snapshot", "renyi_stream.base_windo
 #: ``[[window, [y...]], ...]``), which the running-total estimates of later windows are computed from.
 RUNNING_QUERY_ID, RUNNING_RAW = "renyi_stream.query_id", "renyi_stream.running_raw"
 #: Schema metadata of a release state this version writes instead of :data:`RUNNING_RAW`: the state
-#: of the query's estimates' decoder after the state's window (JSON ``{"shape": [...], "values":
-#: [...]}``, :meth:`renyi_stream.stream.continual.strategies.Strategy.decode_online`): ``1 + buffers``
+#: of the query's estimates' decoder after the state's window (JSON ``{"windows": decoded,
+#: "shape": [...], "values": [...]}``, :meth:`renyi_stream.stream.continual.strategies.Strategy.decode_online`): ``1 + buffers``
 #: rows of ``d`` numbers for BLT whatever the window, one row for window sums, every release so far
 #: only for strategies whose estimate has no finite recurrence (square root, tree).
 RUNNING_DECODER = "renyi_stream.running_decoder"
@@ -583,11 +585,13 @@ class ReleaseCompletedWindow(beam.DoFn):
 def running_state_table(release: RunningRelease, decoder: np.ndarray) -> pa.Table:
     """A running query's state after a window, as the streaming job commits it with the window:
     :meth:`RunningRelease.to_arrow` with the query's id (:data:`RUNNING_QUERY_ID`) and the state of
-    its estimates' decoder after the window (:data:`RUNNING_DECODER`) in the schema metadata."""
+    its estimates' decoder after the window, with the number of windows it has decoded
+    (:data:`RUNNING_DECODER`), in the schema metadata."""
     table = release.to_arrow()
     decoder = np.asarray(decoder, dtype=np.float64)
     extra = {RUNNING_QUERY_ID: release.query_id,
-             RUNNING_DECODER: json.dumps({"shape": list(decoder.shape), "values": decoder.ravel().tolist()})}
+             RUNNING_DECODER: json.dumps({"windows": release.next_window - release.start_window,
+                                          "shape": list(decoder.shape), "values": decoder.ravel().tolist()})}
     return table.replace_schema_metadata({**(table.schema.metadata or {}),
                                           **{k.encode(): v.encode() for k, v in extra.items()}})
 
@@ -595,23 +599,42 @@ def running_state_table(release: RunningRelease, decoder: np.ndarray) -> pa.Tabl
 @dataclass(frozen=True, eq=False)
 class EstimateContinuation:
     """Where a running query's estimates continue from after a committed window: the decoder's
-    state then (:meth:`renyi_stream.stream.continual.strategies.Strategy.decode_online`; what this
-    version commits), or, in a state file an earlier version wrote, the releases ``y`` from the
-    query's first window through that window, folded into it when first used."""
+    state then and the number of windows it has decoded
+    (:meth:`renyi_stream.stream.continual.strategies.Strategy.decode_online`; what this version
+    commits), or, in a state file an earlier version wrote, the releases ``y`` from the query's
+    first window through that window, folded into it when first used."""
 
     decoder: np.ndarray | None = None
+    windows: int | None = None
     releases: tuple[tuple[int, tuple[float, ...]], ...] = ()
+
+    def check(self, start_window: int, next_window: int) -> None:
+        """ValueError unless this continues a query first released at ``start_window`` whose next
+        window is ``next_window`` (its release state's): a decoder of as many windows, finite, or
+        recorded releases of exactly those windows. The decoder's shape is checked against the
+        query's strategy when it is used."""
+        expected = int(next_window) - int(start_window)
+        if self.decoder is not None:
+            if self.windows != expected:
+                raise ValueError(f"the estimates' decoder state has decoded {self.windows} window(s), its release "
+                                 f"state {expected} (windows {int(start_window)} to {int(next_window) - 1})")
+            if not np.isfinite(self.decoder).all():
+                raise ValueError("the estimates' decoder state has non-finite values")
+            return
+        windows = [w for w, _ in self.releases]
+        if windows != list(range(int(start_window), int(next_window))):
+            raise ValueError(f"the recorded releases are for windows {windows[:5]}..., not every window from the "
+                             f"query's first window {int(start_window)} to {int(next_window) - 1}")
 
     def state(self, running: RunningQuery, next_window: int) -> np.ndarray | None:
         """The decoder's state for ``running`` before ``next_window`` (its release state's next
-        window). ValueError when the recorded releases are not those of every window from the
-        query's first through ``next_window - 1``."""
+        window), checked (:meth:`check`; ValueError naming the query)."""
+        try:
+            self.check(running.start_window, next_window)
+        except ValueError as exc:
+            raise ValueError(f"running query {running.query_id!r}: {exc}") from None
         if self.decoder is not None:
             return self.decoder
-        windows = [w for w, _ in self.releases]
-        if windows != list(range(running.start_window, int(next_window))):
-            raise ValueError(f"running query {running.query_id!r} has releases for windows {windows[:5]}..., not "
-                             f"every window from its first window {running.start_window} to {int(next_window) - 1}")
         series = [np.asarray(y, dtype=np.float64).reshape(running.rows_at(w), running.dim) for w, y in self.releases]
         return running.strategy.decoder_state(series)
 
@@ -620,18 +643,19 @@ def running_state_of(table: pa.Table) -> tuple[str, pa.Table, EstimateContinuati
     """:func:`running_state_table` back: ``(query_id, release state table, where its estimates
     continue from)``; a file an earlier version wrote records the releases ``y`` instead
     (:data:`RUNNING_RAW`). The release state is checked when it is restored
-    (:meth:`RunningRelease.from_arrow`), the decoder's state when it is used."""
+    (:meth:`RunningRelease.from_arrow`), the continuation against it by
+    :meth:`EstimateContinuation.check`."""
     meta = dict(table.schema.metadata or {})
     try:
         query_id = meta.pop(RUNNING_QUERY_ID.encode()).decode()
         if RUNNING_DECODER.encode() in meta:
             recorded = json.loads(meta.pop(RUNNING_DECODER.encode()))
             decoder = np.asarray(recorded["values"], dtype=np.float64).reshape([int(n) for n in recorded["shape"]])
-            continuation = EstimateContinuation(decoder=decoder)
+            continuation = EstimateContinuation(decoder=decoder, windows=int(recorded["windows"]))
         else:
             raw = json.loads(meta.pop(RUNNING_RAW.encode()))
             continuation = EstimateContinuation(releases=tuple((int(w), tuple(float(v) for v in y)) for w, y in raw))
-    except (KeyError, ValueError, TypeError) as exc:
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
         raise ValueError(f"a running-state file's metadata is incomplete or malformed: {exc!r}") from None
     return query_id, table.replace_schema_metadata(meta), continuation
 

@@ -517,13 +517,15 @@ class BufferedLinearToeplitz(Strategy):
         t = _count("t", t, minimum=0)
         y = _one_release(self, t, release)
         tail = y.shape[1:]
-        if state is None:
+        if t == 0 and state is None:
             buffers, estimate = np.zeros((self.buffers, *tail)), np.zeros(tail)
         else:
             held = self._decoder_state(t, state, tail)
             estimate, buffers = held[0], held[1:]
         estimate, buffers = self.decode_step(buffers, estimate, y[0])
         return estimate, np.concatenate([estimate[None], buffers], axis=0)
+
+    decodes_by_recurrence: ClassVar[bool] = True
 
     def decoder_rows(self, windows: int) -> int:
         return 0 if _count("windows", windows, minimum=0) == 0 else 1 + self.buffers

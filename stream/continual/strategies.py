@@ -221,48 +221,69 @@ class Strategy(abc.ABC):
 
     def decode_online(self, t: int, state: np.ndarray | None, release: Any) -> tuple[np.ndarray, np.ndarray]:
         """The running-total estimate at window offset ``t`` from the decoder's ``state`` after
-        window ``t - 1`` (``None`` at ``t = 0``) and that window's release ``y_t`` (shape
+        window ``t - 1`` (``None`` at ``t = 0`` only) and that window's release ``y_t`` (shape
         ``(rows_at(t), *tail)``, host NumPy): ``(estimate_t (tail), state after t)``. The estimate
-        equals ``post_process(y_0 .. y_t)[t]`` bit for bit, so a job decoding window by window
-        releases what a batch decode of the whole series gives (post-processing: no privacy cost).
+        equals ``post_process(y_0 .. y_t)[t]`` bit for bit: what decoding the series through the
+        window gives, as the streaming job always did (for :class:`WindowSums`, :class:`BinaryTree`
+        and :class:`renyi_stream.stream.continual.blt.BufferedLinearToeplitz` also what decoding any
+        longer series gives at ``t``; for :class:`SquareRootFactorization` a longer series is one
+        larger matrix product, equal to the last bits only, ``1e-15`` relative). Post-processing:
+        no privacy cost.
 
         The state is a float64 array ``(decoder_rows(t + 1), *tail)`` holding only what later
         windows need: here, for a strategy whose estimate has no finite recurrence (every earlier
         release enters it: :class:`SquareRootFactorization`, :class:`BinaryTree`), every release so
         far; :class:`WindowSums` keeps the running sum (one row) and
         :class:`renyi_stream.stream.continual.blt.BufferedLinearToeplitz` the estimate and its
-        buffers (``1 + buffers`` rows), whatever ``t``. ValueError for a state or release of
-        another shape, or a release that is not finite."""
+        buffers (``1 + buffers`` rows), whatever ``t``. ValueError for a state missing after window
+        0, a state or release of another shape, or one that is not finite."""
         t = _count("t", t, minimum=0)
         y = _one_release(self, t, release)
-        history = y if state is None else np.concatenate([self._decoder_state(t, state, y.shape[1:]), y], axis=0)
+        history = y if t == 0 and state is None else np.concatenate(
+            [self._decoder_state(t, state, y.shape[1:]), y], axis=0)
         releases, start = [], 0
         for s in range(t + 1):
             releases.append(history[start:start + self.rows_at(s)])
             start += self.rows_at(s)
         return np.asarray(self._post_process(releases)[t]), history
 
+    #: Whether :meth:`decode_online` keeps a fixed-size state by a recurrence (overridden) rather
+    #: than every release so far.
+    decodes_by_recurrence: ClassVar[bool] = False
+
     def decoder_rows(self, windows: int) -> int:
         """Rows of the decoder's state after ``windows`` windows (:meth:`decode_online`)."""
         return int(sum(self.rows_at(s) for s in range(_count("windows", windows, minimum=0))))
 
     def decoder_state(self, releases: Sequence[Any]) -> np.ndarray | None:
-        """The decoder's state after the releases ``releases[0..T-1]`` (each ``(rows_at(t), *tail)``):
-        :meth:`decode_online` folded over them (``None`` for none). How a job continues the
-        estimates of a series recorded whole (an earlier version's files)."""
-        state = None
-        for t, release in enumerate(releases):
-            _, state = self.decode_online(t, state, release)
-        return state
+        """The decoder's state after the releases ``releases[0..T-1]`` (each ``(rows_at(t), *tail)``),
+        as :meth:`decode_online` leaves it (``None`` for none): :meth:`decode_online` folded over
+        them for a strategy with a recurrence (:attr:`decodes_by_recurrence`), else every release
+        stacked, in one pass (folding would decode every prefix: cubic in windows for
+        :class:`SquareRootFactorization`). How a job continues the estimates of a series recorded
+        whole (an earlier version's files)."""
+        if self.decodes_by_recurrence:
+            state = None
+            for t, release in enumerate(releases):
+                _, state = self.decode_online(t, state, release)
+            return state
+        checked = [_one_release(self, t, y) for t, y in enumerate(releases)]
+        return np.concatenate(checked, axis=0) if checked else None
 
     def _decoder_state(self, t: int, state: Any, tail: tuple[int, ...]) -> np.ndarray:
         """``state`` checked as the decoder's state after ``t`` windows for releases of trailing
-        shape ``tail``."""
+        shape ``tail``: present (``t > 0``), of its shape, finite."""
+        if state is None:
+            raise ValueError(f"state must be the {self.name} decoder's state after {t} window(s), got None: only the "
+                             f"first window (t=0) starts without one")
         state = np.asarray(state, dtype=np.float64)
         shape = (self.decoder_rows(t), *tail)
         if state.shape != shape:
             raise ValueError(f"state must be the {self.name} decoder's state after {t} window(s), shape {shape}, "
                              f"got shape={state.shape}")
+        if not np.isfinite(state).all():
+            raise ValueError(f"state must be finite, got a NaN/inf in the {self.name} decoder's state after {t} "
+                             f"window(s)")
         return state
 
     def reconstruction_matrix(self, horizon: int) -> np.ndarray:
@@ -335,8 +356,10 @@ class WindowSums(Strategy):
         it, as ``cumsum`` adds, left to right."""
         t = _count("t", t, minimum=0)
         y = _one_release(self, t, release)
-        estimate = y[0] if state is None else self._decoder_state(t, state, y.shape[1:])[0] + y[0]
+        estimate = y[0] if t == 0 and state is None else self._decoder_state(t, state, y.shape[1:])[0] + y[0]
         return estimate, estimate[None]
+
+    decodes_by_recurrence: ClassVar[bool] = True
 
     def decoder_rows(self, windows: int) -> int:
         return 0 if _count("windows", windows, minimum=0) == 0 else 1
