@@ -673,7 +673,7 @@ class ReleaseRunningInOrder(beam.DoFn):
     Outputs the running-total release rows (main: the estimate ``(B y)_t`` decoded online,
     :meth:`renyi_stream.stream.continual.running.RunningQuery.estimate_online`, from the decoder's
     state after the window before, which ``previous_estimates`` gives for a query earlier jobs
-    released: bit for bit the batch decode of the whole series), ``(query_id, window, y flat)`` (tag
+    released: bit for bit the batch decode of the series through the window), ``(query_id, window, y flat)`` (tag
     ``raw``) and ``(window, state table)`` (tag ``release_state``, :func:`running_state_table`: the
     release and decoder states after the window, to be committed with it). State: RELEASE
     (``(release state table, decoder state)`` after the last released window: ``O(buffers x d)``

@@ -159,7 +159,7 @@ class RunningQuery:
         """The running-total estimate at ``window_id`` (``d`` numbers) and the decoder's state after
         it, from its state after the window before (``None`` at :attr:`start_window`) and the
         window's release ``y`` (``rows_at * d`` numbers, row-major): :meth:`Strategy.decode_online`,
-        equal to :meth:`estimates` of the whole series at that window, bit for bit. Post-processing
+        equal to :meth:`estimates` of the series through that window, bit for bit. Post-processing
         of released values: free of privacy cost."""
         rows = self.rows_at(window_id)
         y = np.asarray(release, dtype=np.float64).reshape(rows, self.dim)
