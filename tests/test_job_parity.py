@@ -449,22 +449,30 @@ def test_the_streaming_job_commits_a_running_querys_state_with_each_window(tmp_p
                                                           for w in (W0, W0 + 1)}
 
 
-def test_the_streaming_job_refuses_to_continue_a_running_query_from_a_decoder_state_of_another_window(
-        tmp_path, capsys):
-    """A running-state file whose estimates' decoder does not match its release state (copied from
-    another window, or corrupted) is refused at launch, naming the file and the query: continuing
-    from it would change every later running total silently."""
+def _a_first_day_with_its_running_state_changed(tmp_path: Path, change) -> tuple[list[list[str]], Path]:
+    """The streaming job over day 0 with a running query (--output ``job1``), then its running-state
+    file's metadata replaced by ``change(metadata)``; returns the two days' messages and the release root."""
     _, messages = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3]), _rows(1, [1, 2])])
     public = tmp_path / "public"
     _with_a_running_query(public)
     assert _streaming_days(tmp_path, messages[0], ("2026-03-01", "2026-03-01"), "job1", "none", public) == 0
     (state,) = (tmp_path / "job1" / "running" / f"window_id={W0}").glob("*.parquet")
     table = pq.read_table(state)
-    meta = dict(table.schema.metadata)
-    decoder = json.loads(meta[b"renyi_stream.running_decoder"])
-    meta[b"renyi_stream.running_decoder"] = json.dumps({**decoder, "windows": 3}).encode()
-    pq.write_table(table.replace_schema_metadata(meta), state)
+    pq.write_table(table.replace_schema_metadata(change(dict(table.schema.metadata))), state)
     state.chmod(0o600)
+    return messages, public
+
+
+def test_the_streaming_job_refuses_to_continue_a_running_query_from_a_decoder_state_of_another_window(
+        tmp_path, capsys):
+    """A running-state file whose estimates' decoder does not match its release state (copied from
+    another window, or corrupted) is refused at launch, naming the file and the query: continuing
+    from it would change every later running total silently."""
+    def another_window_count(meta: dict) -> dict:
+        decoder = json.loads(meta[b"renyi_stream.running_decoder"])
+        return {**meta, b"renyi_stream.running_decoder": json.dumps({**decoder, "windows": 3}).encode()}
+
+    messages, public = _a_first_day_with_its_running_state_changed(tmp_path, another_window_count)
     capsys.readouterr()
     snapshots = f"{tmp_path}/job1/ledger/window_id={W0}/*/*.parquet"
     assert _streaming_days(tmp_path, messages[1], ("2026-03-02", "2026-03-02"), "job2", snapshots, public) == 2
@@ -487,14 +495,7 @@ def test_the_streaming_job_refuses_a_continuation_that_would_skip_a_window_of_a_
 
 
 def test_the_streaming_job_refuses_a_stored_running_state_of_another_strategy_at_launch(tmp_path, capsys):
-    _, messages = _files(tmp_path, [_rows(0, [5, 1, 4, 2, 3]), _rows(1, [1, 2])])
-    public = tmp_path / "public"
-    _with_a_running_query(public)
-    assert _streaming_days(tmp_path, messages[0], ("2026-03-01", "2026-03-01"), "job1", "none", public) == 0
-    (state,) = (tmp_path / "job1" / "running" / f"window_id={W0}").glob("*.parquet")
-    table = pq.read_table(state)
-    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"horizon": b"400"}), state)
-    state.chmod(0o600)
+    messages, public = _a_first_day_with_its_running_state_changed(tmp_path, lambda meta: {**meta, b"horizon": b"400"})
     capsys.readouterr()
     snapshots = f"{tmp_path}/job1/ledger/window_id={W0}/*/*.parquet"
     assert _streaming_days(tmp_path, messages[1], ("2026-03-02", "2026-03-02"), "job2", snapshots, public) == 2
