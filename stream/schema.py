@@ -655,21 +655,23 @@ def _user_ids(arr: pa.Array, rej: _Rejections) -> pa.Array:
     return ids
 
 
-#: The largest float id read as an int64 id: every integer up to 2**53 is exactly a float64, so no
-#: two ids a float column holds are one person, nor one id two.
+#: The bound a float id read as an int64 id must stay strictly below in magnitude. Every integer up
+#: to 2**53 is exactly a float64, but 2**53 is also what 2**53 + 1 rounds to, so a float equal to
+#: 2**53 may be either person: only ``|x| < 2**53`` names one id, and one id one person.
 MAX_FLOAT_ID = 2**53
 
 
 def _float_ids(arr: pa.Array, rej: _Rejections) -> pa.Array:
     """A float column's ids for an int64 ledger (pandas writes integer ids as float64 when one is
-    missing), row by row: an integral value within ``MAX_FLOAT_ID`` is that id; NaN, inf, a
-    fraction or a larger value (which the float may already have rounded onto another user's id)
-    is that row's ``wrong_type``."""
+    missing), row by row: an integral value of magnitude strictly below ``MAX_FLOAT_ID`` is that
+    id; NaN, inf, a fraction or a value of magnitude ``2**53`` or more (which the float may
+    already have rounded onto another user's id: ``2**53 + 1`` is stored as ``2**53``) is that
+    row's ``wrong_type``."""
     values = np.asarray(arr.cast(pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
     with np.errstate(invalid="ignore"):
-        ok = np.isfinite(values) & (values == np.trunc(values)) & (np.abs(values) <= MAX_FLOAT_ID)
+        ok = np.isfinite(values) & (values == np.trunc(values)) & (np.abs(values) < MAX_FLOAT_ID)
     rej.add(_mask(arr.is_valid()) & ~ok, DeadLetterReason.WRONG_TYPE,
-            lambda: _join(f"{USER_ID} ", arr.cast(pa.string()), f" is not an integer id within 2**53 (a float "
+            lambda: _join(f"{USER_ID} ", arr.cast(pa.string()), f" is not an integer id of magnitude below 2**53 (a float "
                           "column's ids are read only when exact)"))
     return pa.array(np.where(ok, values, 0.0).astype(np.int64), pa.int64())
 

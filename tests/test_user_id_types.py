@@ -145,12 +145,23 @@ def test_a_streamed_message_with_text_ids_costs_its_bad_rows_never_the_window(tm
 def test_a_float_id_column_is_read_row_by_row_for_an_int64_ledger():
     # pandas writes integer ids as float64 when one is missing: that refused the whole day. Each
     # row is now its own: an exact integer is the id, anything else that row's dead letter.
-    ids = pa.array([7.0, None, 2.5, float("nan"), float(2**53), float(2**53 + 2)], pa.float64())
+    ids = pa.array([7.0, None, 2.5, float("nan"), float(2**53 - 1), float(2**53 + 2)], pa.float64())
     checked = validate_batch(_batch(ids), indicator_columns=["opened"], id_type="int64")
-    assert checked.valid.column("user_id").to_pylist() == [7, 2**53]
+    assert checked.valid.column("user_id").to_pylist() == [7, 2**53 - 1]
     assert [(r["row_index"], r["reason"]) for r in checked.rejected.to_pylist()] == [
         (1, RejectReason.NULL_USER_ID.value), (2, RejectReason.WRONG_TYPE.value), (3, RejectReason.WRONG_TYPE.value),
         (5, RejectReason.WRONG_TYPE.value)]
+
+
+def test_a_float_id_of_magnitude_2_to_the_53_is_a_wrong_type_since_two_people_round_onto_it():
+    # 2**53 and 2**53 + 1 are the same float64: accepting it would charge one person for both and
+    # dead-letter the other as a duplicate. Both signs, and the last exact integers stay ids.
+    assert float(2**53) == float(2**53 + 1)
+    ids = pa.array([float(2**53), float(-(2**53)), float(2**53 - 1), float(-(2**53 - 1))], pa.float64())
+    checked = validate_batch(_batch(ids), indicator_columns=["opened"], id_type="int64")
+    assert checked.valid.column("user_id").to_pylist() == [2**53 - 1, -(2**53 - 1)]
+    assert [(r["row_index"], r["reason"]) for r in checked.rejected.to_pylist()] == [
+        (0, RejectReason.WRONG_TYPE.value), (1, RejectReason.WRONG_TYPE.value)]
 
 
 def test_a_float_id_column_is_no_string_ledgers_id():
