@@ -166,6 +166,9 @@ class DeadLetterReason(str, enum.Enum):
       from the others, as ``late``, in every job's row balance.
     * ``undecodable_message``: a streaming message that is not an Arrow IPC stream of indicator
       rows, or whose columns fail the schema as a whole: one dead letter for the message.
+    * ``outside_file_days``: the row's window is not of the days its input file holds (the day
+      its path names, or ``--input-days``): a file's name is believed over its rows
+      (:mod:`renyi_stream.stream.engine.input_days`).
     """
 
     NULL_USER_ID = "null_user_id"
@@ -180,6 +183,7 @@ class DeadLetterReason(str, enum.Enum):
     MALFORMED_ROW = "malformed_row"
     LATE_WINDOW = "late_window"
     UNDECODABLE_MESSAGE = "undecodable_message"
+    OUTSIDE_FILE_DAYS = "outside_file_days"
 
     def __str__(self) -> str:
         return self.value

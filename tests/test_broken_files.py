@@ -28,6 +28,9 @@ from renyi_stream.stream.engine.readers import InputFileError, MalformedLines, r
 from declared import contract, flags
 
 DAY1, DAY2 = dt.date(2026, 3, 1), dt.date(2026, 3, 2)
+# Files named for their day (renyi_stream.stream.engine.input_days): a run is refused when a
+# window it would release has no file of its day, whatever the rows hold.
+DAY1_FILE, DAY2_FILE = "day-2026-03-01.parquet", "day-2026-03-02.parquet"
 # The ledgers' declared input (issue 28): int64 ids and a 0/1 indicator.
 DECLARED = ("int64", "opened=0:1")
 
@@ -167,8 +170,8 @@ def _snapshot(root: Path) -> dict:
 def released_day(tmp_path_factory) -> Path:
     """A store and ledger after one good run that released DAY1."""
     root = tmp_path_factory.mktemp("released")
-    pq.write_table(_day(DAY1), root / "day1.parquet")
-    assert main(_run_args(root, [str(root / "day1.parquet")], DAY1, DAY1)) == 0
+    pq.write_table(_day(DAY1), root / DAY1_FILE)
+    assert main(_run_args(root, [str(root / DAY1_FILE)], DAY1, DAY1)) == 0
     return root
 
 
@@ -284,51 +287,160 @@ def test_the_distributed_job_dead_letters_a_csv_line_that_does_not_split(tmp_pat
     assert manifest["dead_reasons"] == {"malformed_row": 2}
 
 
-# --------------------------------------------------------------------------- a file that feeds no window
+# --------------------------------------------------------------------------- a window no file covers
+# The structural rule (issue 37): whether a run is refused depends on its arguments and its files'
+# names, never on whether one user's row is there or valid. It replaced a rule that refused a run
+# none of whose rows a window could use, which made the release of a day one user's bit.
 
 
 def test_the_file_of_another_day_is_refused_before_anyone_is_charged(released_day, tmp_path, capsys):
-    # Day 1's file run with day 2's schedule: every row was dead-lettered, nobody admitted, and day 2
-    # was published as pure noise, for good, with exit 0 (issue 31).
+    # Day 1's file run with day 2's schedule published day 2 as pure noise, for good (issue 31).
     root = tmp_path / "store"
     shutil.copytree(released_day, root)
     before = _snapshot(root)
     capsys.readouterr()
-    assert main(_run_args(root, [str(root / "day1.parquet")], DAY2, DAY2)) == 1
+    assert main(_run_args(root, [str(root / DAY1_FILE)], DAY2, DAY2)) == 1
     err = capsys.readouterr().err
-    assert f"no row of {root / 'day1.parquet'} is a valid row of a window to release" in err
-    assert "(dead letters: late_window)" in err and "--start/--end" in err
-    assert "3 rows" not in err and "curator only" not in err  # --quiet: no exact count, refusal or not
+    assert "no input holds window 20514 (2026-03-02), which this run would release" in err
+    assert "the inputs hold 2026-03-01" in err and "--start/--end" in err and "--no-data-days" in err
     assert _snapshot(root) == before
 
 
-def test_an_idle_runs_exact_counts_are_printed_only_without_quiet(released_day, tmp_path, capsys):
-    root = tmp_path / "store"
-    shutil.copytree(released_day, root)
-    argv = [a for a in _run_args(root, [str(root / "day1.parquet")], DAY2, DAY2) if a != "--quiet"]
-    assert main(argv) == 1
-    assert "[curator only: 3 rows read: 3 late_window]" in capsys.readouterr().err
-
-
-def test_a_file_whose_declared_number_column_holds_text_is_refused(released_day, tmp_path, capsys):
+def test_a_too_wide_end_is_refused_instead_of_publishing_a_noise_only_day_for_good(released_day, tmp_path, capsys):
+    # Day 2's file with --end one day later released day 3 as noise; day 3's real file then came
+    # back all late (issue 37, finding 6).
     root = tmp_path / "store"
     shutil.copytree(released_day, root)
     before = _snapshot(root)
-    text = tmp_path / "day2.csv"
-    text.write_text("user_id,day,opened\n1,2026-03-02,yes\n2,2026-03-02,no\n")
-    assert main(_run_args(root, [str(text)], DAY2, DAY2)) == 1
-    assert "is a valid row of a window to release (dead letters: wrong_type)" in capsys.readouterr().err
+    good = tmp_path / DAY2_FILE
+    pq.write_table(_day(DAY2), good)
+    capsys.readouterr()
+    assert main(_run_args(root, [str(good)], DAY2, DAY2 + dt.timedelta(days=1))) == 1
+    assert "no input holds window 20515 (2026-03-03)" in capsys.readouterr().err
     assert _snapshot(root) == before
+
+
+def test_a_day_declared_to_have_no_file_is_released_as_noise_only(released_day, tmp_path, capsys):
+    root = tmp_path / "store"
+    shutil.copytree(released_day, root)
+    good = tmp_path / DAY2_FILE
+    pq.write_table(_day(DAY2), good)
+    capsys.readouterr()
+    assert main([*_run_args(root, [str(good)], DAY2, DAY2 + dt.timedelta(days=1)),
+                 "--no-data-days", "2026-03-03"]) == 0
+    assert "released 2 window(s)" in capsys.readouterr().out
 
 
 def test_a_range_rerun_given_only_the_charged_days_file_is_refused(released_day, tmp_path, capsys):
-    # Days 1..2 with day 1's file alone: its rows are late, day 2 gets none, and day 2 went out
-    # as noise (the attacker's second review, finding 4b).
+    # Days 1..2 with day 1's file alone: day 2 went out as noise (the attacker's second review, 4b).
     root = tmp_path / "store"
     shutil.copytree(released_day, root)
     before = _snapshot(root)
-    assert main(_run_args(root, [str(root / "day1.parquet")], DAY1, DAY2)) == 1
+    assert main(_run_args(root, [str(root / DAY1_FILE)], DAY1, DAY2)) == 1
+    assert "no input holds window 20514 (2026-03-02)" in capsys.readouterr().err
     assert _snapshot(root) == before
+
+
+def _one_row_apart(tmp_path: Path, day: dt.date, name: str) -> tuple[Path, Path]:
+    """Two files of ``day`` under one ``name`` (in two folders) that differ by one user's row."""
+    empty, one = tmp_path / "without" / name, tmp_path / "with" / name
+    for path, users in ((empty, ()), (one, (4,))):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(_day(day, users=users), path)
+    return empty, one
+
+
+def _outcome(root: Path, argv: list[str], capsys) -> tuple[int, str, str, list]:
+    """A run's exit code, its console (paths made relative to ``root``'s parent) and the public
+    store's windows: what anyone who sees the job sees."""
+    capsys.readouterr()
+    status = main(argv)
+    out, err = capsys.readouterr()
+    db = duckdb.connect(str(root / "releases.duckdb"), read_only=True)
+    try:
+        windows = db.execute("SELECT DISTINCT window_id FROM releases ORDER BY 1").fetchall()
+    finally:
+        db.close()
+    strip = lambda text: text.replace(str(root.parent), "ROOT").replace("/with/", "/X/").replace("/without/", "/X/")
+    return status, strip(out), strip(err), windows
+
+
+@pytest.mark.parametrize("right_day", [True, False], ids=["todays-file", "another-days-file"])
+def test_whether_a_run_is_refused_never_depends_on_one_users_row(released_day, tmp_path, capsys, right_day):
+    # With yesterday's file beside today's, an empty today was refused and a today with one
+    # user's row released: whether the day went out was that user's bit (issue 37, finding 2).
+    day = DAY2 if right_day else DAY1 + dt.timedelta(days=5)
+    outcomes = []
+    for variant, path in zip(("without", "with"), _one_row_apart(tmp_path, day, f"day-{day}.parquet")):
+        root = tmp_path / f"store-{variant}"
+        shutil.copytree(released_day, root)
+        argv = [a for a in _run_args(root, [str(root / DAY1_FILE), str(path)], DAY2, DAY2) if a != "--quiet"]
+        status, out, err, windows = _outcome(root, argv, capsys)
+        # what follows the curator-only heading (exact counts, on either stream) differs, by design;
+        # everything before it, the exit code and the released windows must not
+        public = [text.replace(f"store-{variant}", "store").split("curator only")[0] for text in (out, err)]
+        outcomes.append((status, public, windows))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][0] == (0 if right_day else 1)
+
+
+def test_a_first_run_whose_declared_column_is_all_null_is_treated_as_one_with_a_value(tmp_path, capsys):
+    # A first run whose rows all had a null in a declared column was refused, and released when
+    # one user had a value (issue 37, finding 2): now both are released, the nulls dead-lettered.
+    outcomes = []
+    for users in ((), (9,)):
+        root = tmp_path / f"first-{len(users)}"
+        root.mkdir()
+        path = root / DAY1_FILE
+        table = pa.table({"user_id": pa.array([1, 2, *users], pa.int64()), "day": pa.array([DAY1] * (2 + len(users)),
+                          pa.date32()), "opened": pa.array([None, None, *([1.0] * len(users))], pa.float64())})
+        pq.write_table(table, path)
+        status, out, err, windows = _outcome(root, _run_args(root, [str(path)], DAY1, DAY1), capsys)
+        outcomes.append((status, out, err.replace(root.name, "first"), windows))
+    assert outcomes[0] == outcomes[1] and outcomes[0][0] == 0
+
+
+def test_a_row_of_another_day_than_its_files_is_a_dead_letter(released_day, tmp_path, capsys):
+    # A file is believed over its rows: a stray row of day 3 in day 2's file charges nobody for
+    # day 3, though day 3 is in the schedule.
+    root = tmp_path / "store"
+    shutil.copytree(released_day, root)
+    day2 = tmp_path / DAY2_FILE
+    stray = _day(DAY2).to_pylist()
+    stray[0]["day"] = DAY2 + dt.timedelta(days=1)
+    pq.write_table(pa.Table.from_pylist(stray, schema=_day(DAY2).schema), day2)
+    argv = [*_run_args(root, [str(day2)], DAY2, DAY2 + dt.timedelta(days=1)), "--no-data-days", "2026-03-03"]
+    assert main(argv) == 0
+    db = duckdb.connect(str(root / "ledger.duckdb"), read_only=True)
+    try:
+        letters = db.execute("SELECT reason, detail FROM dead_letters WHERE source LIKE '%2026-03-02%'").fetchall()
+    finally:
+        db.close()
+    assert letters == [("outside_file_days", "window 20515 is outside its file's windows 20514..20514")]
+
+
+def test_files_naming_no_day_hold_the_declared_input_days_and_are_said_to(released_day, tmp_path, capsys):
+    root = tmp_path / "store"
+    shutil.copytree(released_day, root)
+    export = tmp_path / "export.parquet"
+    pq.write_table(_day(DAY2), export)
+    argv = [a for a in _run_args(root, [str(export)], DAY2, DAY2 + dt.timedelta(days=1)) if a != "--quiet"]
+    capsys.readouterr()
+    assert main([*argv, "--input-days", "2026-03-02"]) == 1  # day 3: no input holds it
+    assert "no input holds window 20515 (2026-03-03)" in capsys.readouterr().err
+    assert main(argv) == 0  # without --input-days the file is taken as holding the schedule, and the run says so
+    assert (f"1 input file(s) name no day ({export}): taken as holding 2026-03-02..2026-03-03 (the schedule, "
+            "--start..--end)") in capsys.readouterr().err
+
+
+def test_a_file_naming_two_days_is_refused(released_day, tmp_path, capsys):
+    root = tmp_path / "store"
+    shutil.copytree(released_day, root)
+    path = tmp_path / "day=2026-03-02" / "events-2026-03-03.parquet"
+    path.parent.mkdir()
+    pq.write_table(_day(DAY2), path)
+    assert main(_run_args(root, [str(path)], DAY2, DAY2)) == 1
+    assert "names the days 2026-03-02, 2026-03-03" in capsys.readouterr().err
 
 
 def test_one_users_bad_row_in_a_file_of_their_own_refuses_nobodys_day(released_day, tmp_path, capsys):
@@ -336,9 +448,9 @@ def test_one_users_bad_row_in_a_file_of_their_own_refuses_nobodys_day(released_d
     # late release told analysts their row was bad (the attacker's second review, finding 4a).
     root = tmp_path / "store"
     shutil.copytree(released_day, root)
-    good = tmp_path / "client-a.parquet"
+    good = tmp_path / "client-a-2026-03-02.parquet"
     pq.write_table(_day(DAY2), good)
-    lone = tmp_path / "client-b.csv"
+    lone = tmp_path / "client-b-2026-03-02.csv"
     lone.write_text("user_id,day,opened\n4,2026-03-02,1.0x\n")
     assert main(_run_args(root, [str(good), str(lone)], DAY2, DAY2)) == 0
 
@@ -347,40 +459,62 @@ def test_older_days_files_beside_the_new_days_file_are_not_refused(released_day,
     # A glob over every day's files with a one-day schedule: the older files' rows are late.
     root = tmp_path / "store"
     shutil.copytree(released_day, root)
-    good = tmp_path / "day2.parquet"
+    good = tmp_path / DAY2_FILE
     pq.write_table(_day(DAY2), good)
-    assert main(_run_args(root, [str(root / "day1.parquet"), str(good)], DAY2, DAY2)) == 0
+    assert main(_run_args(root, [str(root / DAY1_FILE), str(good)], DAY2, DAY2)) == 0
 
 
-def test_a_rerun_of_a_charged_day_and_an_empty_day_are_not_idle_runs(released_day, tmp_path, capsys):
+def test_a_rerun_of_a_charged_day_and_an_empty_day_are_released_as_usual(released_day, tmp_path, capsys):
     root = tmp_path / "store"
     shutil.copytree(released_day, root)
-    assert main(_run_args(root, [str(root / "day1.parquet")], DAY1, DAY1)) == 0
-    empty = tmp_path / "day2.parquet"
+    assert main(_run_args(root, [str(root / DAY1_FILE)], DAY1, DAY1)) == 0
+    empty = tmp_path / DAY2_FILE
     pq.write_table(_day(DAY2).slice(0, 0), empty)
     capsys.readouterr()
     assert main(_run_args(root, [str(empty)], DAY2, DAY2)) == 0
     assert "released 1 window(s)" in capsys.readouterr().out
 
 
-def test_refuse_idle_run_sums_every_files_batches():
-    from renyi_stream.stream.engine.row_balance import IdleInputError, refuse_idle_run
+def test_a_refused_first_run_leaves_nothing_behind(tmp_path, capsys):
+    # It left a ledger and a key behind, so the fixed second try was no longer a first run.
+    data = tmp_path / "in" / DAY1_FILE
+    data.parent.mkdir()
+    pq.write_table(_day(DAY1), data)
+    root = tmp_path / "books" / "new"
+    assert main(_run_args(root, [str(data)], DAY2, DAY2)) == 1
+    assert not (tmp_path / "books").exists()
+    assert main(_run_args(root, [str(data)], DAY1, DAY1)) == 0  # the fixed try runs as a first run
+    assert {"ledger.duckdb", "ledger.noise.key", "releases.duckdb"} <= {p.name for p in root.iterdir()}
 
-    read = pa.table({"source": ["a", "a", "b"], "rows": [2, 3, 4]})
-    dead = pa.table({"source": ["b"] * 4, "reason": ["out_of_range_time"] * 4})
-    refuse_idle_run(read, pa.table({"source": ["a", "a", "b"], "rows": [0, 1, 0]}), dead, windows_to_release=1)
-    refuse_idle_run(read, pa.table({"source": ["a", "b"], "rows": [0, 0]}), dead, windows_to_release=0)
-    with pytest.raises(IdleInputError, match=r"no row of a and 1 other file\(s\) .*\(dead letters: out_of_range_time\)") \
-            as refused:
-        refuse_idle_run(read, pa.table({"source": ["a", "b"], "rows": [0, 0]}), dead, windows_to_release=1)
-    assert refused.value.exact == "9 rows read: 4 out_of_range_time"
+
+def test_a_run_refused_on_a_new_store_leaves_no_store_but_keeps_the_ledger(released_day, tmp_path, capsys):
+    root = tmp_path / "store"
+    shutil.copytree(released_day, root)
+    before = _snapshot(root)
+    argv = _run_args(root, [str(root / DAY1_FILE)], DAY2, DAY2)
+    argv[argv.index("--store") + 1] = str(tmp_path / "typo" / "releases.duckdb")
+    assert main(argv) == 1
+    assert not (tmp_path / "typo").exists() and _snapshot(root) == before
 
 
-def test_the_distributed_job_refuses_the_file_of_another_day_before_its_commit_point(tmp_path, capsys):
+def test_a_dry_runs_progress_speaks_in_the_conditional(released_day, tmp_path, capsys):
+    root = tmp_path / "store"
+    shutil.copytree(released_day, root)
+    good = tmp_path / DAY2_FILE
+    pq.write_table(_day(DAY2), good)
+    argv = [a for a in _run_args(root, [str(good)], DAY2, DAY2) if a != "--quiet"]
+    capsys.readouterr()
+    assert main([*argv, "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "[dry run] would commit the ledger" in err
+    assert "[run]" not in err and "committed" not in err
+
+
+def test_the_distributed_job_refuses_the_file_of_another_day_before_anything_is_written(tmp_path, capsys):
     from renyi_stream.pipelines.distributed import job as dist
     from renyi_stream.stream.noise import NoiseKey
 
-    path = tmp_path / "day1.parquet"
+    path = tmp_path / DAY1_FILE
     pq.write_table(_day(DAY1), path)
     key = tmp_path / "key" / "noise.key"
     NoiseKey.load_or_create(key)
@@ -390,9 +524,33 @@ def test_the_distributed_job_refuses_the_file_of_another_day_before_its_commit_p
                         str(out), "--releases-parquet", str(tmp_path / "public"), "--noise-key", str(key), "--quiet",
                         *flags(*DECLARED)])
     assert status != 0
-    assert f"no row of {path} is a valid row of a window to release" in capsys.readouterr().err
-    assert not (out / dist.COMMITTED).exists()
+    assert "no input holds window 20514 (2026-03-02), which this run would release" in capsys.readouterr().err
+    assert not out.exists()
     assert not list((tmp_path / "public").glob("window_id=*"))
+
+
+def test_the_distributed_jobs_refusal_never_depends_on_one_users_row(tmp_path, capsys):
+    from renyi_stream.pipelines.distributed import job as dist
+    from renyi_stream.stream.noise import NoiseKey
+
+    key = tmp_path / "key" / "noise.key"
+    NoiseKey.load_or_create(key)
+    outcomes = []
+    for variant, path in zip(("without", "with"), _one_row_apart(tmp_path, DAY2, DAY2_FILE)):
+        out = tmp_path / variant / "curator"
+        capsys.readouterr()
+        status = dist.main(["--input", str(path), "--start", DAY2.isoformat(), "--end", DAY2.isoformat(),
+                            "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "4", "--previous-ledger", "none",
+                            "--output", str(out), "--releases-parquet", str(tmp_path / variant / "public"),
+                            "--noise-key", str(key), "--quiet", *flags(*DECLARED)])
+        console = capsys.readouterr()
+        scrub = lambda text: (text.replace(str(tmp_path / variant), "ROOT")
+                              .replace(str(path), "INPUT"))
+        import re
+        attempt = lambda text: re.sub(r"attempt [0-9a-f]{12}", "attempt A", text)
+        outcomes.append((status, attempt(scrub(console.out)), attempt(scrub(console.err)),
+                         sorted(p.name for p in (tmp_path / variant / "public").glob("window_id=*"))))
+    assert outcomes[0] == outcomes[1] and outcomes[0][0] == 0
 
 
 def test_a_too_long_last_line_without_its_newline_is_a_dead_letter_not_lost(tmp_path):
@@ -436,8 +594,8 @@ def test_a_dry_run_refuses_what_the_run_would_refuse(released_day, tmp_path, cap
     root = tmp_path / "store"
     shutil.copytree(released_day, root)
     before = _snapshot(root)
-    assert main([*_run_args(root, [str(root / "day1.parquet")], DAY2, DAY2), "--dry-run"]) == 1
-    assert "is a valid row of a window to release" in capsys.readouterr().err
+    assert main([*_run_args(root, [str(root / DAY1_FILE)], DAY2, DAY2), "--dry-run"]) == 1
+    assert "no input holds window 20514 (2026-03-02)" in capsys.readouterr().err
     assert _snapshot(root) == before
 
 
@@ -475,7 +633,7 @@ def test_the_distributed_jobs_dry_run_refuses_what_the_run_would_refuse(tmp_path
     from renyi_stream.pipelines.distributed import job as dist
     from renyi_stream.stream.noise import NoiseKey
 
-    path = tmp_path / "day1.parquet"
+    path = tmp_path / DAY1_FILE
     pq.write_table(_day(DAY1), path)
     key = tmp_path / "key" / "noise.key"
     NoiseKey.load_or_create(key)
@@ -483,7 +641,7 @@ def test_the_distributed_jobs_dry_run_refuses_what_the_run_would_refuse(tmp_path
                       "--delta", "1e-6", "--norm-budget", "4", "--previous-ledger", "none", "--output",
                       str(tmp_path / "run1"), "--releases-parquet", str(tmp_path / "public"), "--noise-key", str(key),
                       "--dry-run", *flags(*DECLARED)]) != 0
-    assert "is a valid row of a window to release" in capsys.readouterr().err
+    assert "no input holds window 20514 (2026-03-02)" in capsys.readouterr().err
     assert not (tmp_path / "run1").exists() and not (tmp_path / "public").exists()
 
 

@@ -82,7 +82,8 @@ def test_every_reason_is_documented_with_its_meaning_and_where_it_comes_from():
 def test_the_reason_values_are_the_words_stored_dead_letters_already_hold():
     assert sorted(VOCABULARY) == sorted([
         "null_user_id", "empty_user_id", "null_time", "bad_time", "null_value", "wrong_type", "non_finite_value",
-        "out_of_range_time", "duplicate_user_window", "malformed_row", "late_window", "undecodable_message"])
+        "out_of_range_time", "duplicate_user_window", "malformed_row", "late_window", "undecodable_message",
+        "outside_file_days"])
 
 
 def test_the_builder_broadcasts_single_values_over_the_rows_it_is_given():
@@ -266,24 +267,28 @@ def test_the_streaming_job_gives_each_situation_the_same_reason(tmp_path):
     from renyi_stream.pipelines.streaming import job as sj
 
     # The same rows as Arrow messages, as the batch jobs' reader reads them (a stream has no CSV
-    # lines; a message that is not Arrow is its one undecodable_message letter).
+    # lines; a live source's message that is not Arrow is its one undecodable_message letter, while
+    # a replayed file that is not one is refused at launch, as the daily job refuses it: issue 37).
     paths = []
     for name, text in (("a", _first_input(malformed=False)), ("b", SECOND_INPUT)):
         (tmp_path / f"{name}.csv").write_text(text)
         paths.append(tmp_path / f"{name}.arrows")
         paths[-1].write_bytes(sj.encode_message(pa.Table.from_batches(list(read_batches(tmp_path / f"{name}.csv")))))
-    garbage = tmp_path / "garbage.arrows"
-    garbage.write_bytes(b"not arrow at all")
     key = tmp_path / "key" / "noise.key"
     NoiseKey.load_or_create(key)
-    assert sj.main(["--replay", *map(str, paths), str(garbage), "--column", "opened=0:1", "--column", "bought=0:1",
+    assert sj.main(["--replay", *map(str, paths), "--column", "opened=0:1", "--column", "bought=0:1",
                     "--id-type", "int64", "--start", _day(1),
                     "--end", _day(2), "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "4",
                     "--releases-parquet", str(tmp_path / "public"), "--output", str(tmp_path / "curator"),
                     "--noise-key", str(key), "--shards", "2"]) == 0
     # rglob: a window's duplicates lie under dead/window_id=<W>/, committed with that window.
     dead = pa.concat_tables([pq.read_table(f) for f in (tmp_path / "curator" / "dead").rglob("*.parquet")])
-    assert _by_situation(dead) == {**EXPECTED, b"not arrow at all".hex(): ["undecodable_message"]}
+    # A Kafka record or Pub/Sub message that is not Arrow, through the step every source shares.
+    decode = sj.DecodeAndValidate(window=WindowSpec(), indicator_columns=["opened", "bought"], id_type="int64")
+    (undecodable,) = [o.value for o in decode.process(("indicators/0/3", b"not arrow at all"))
+                      if isinstance(o, beam.pvalue.TaggedOutput) and o.tag == "dead"]
+    assert _by_situation(pa.concat_tables([dead, undecodable])) == {
+        **EXPECTED, b"not arrow at all".hex(): ["undecodable_message"]}
 
 
 def test_a_late_row_is_late_window_in_the_batch_reader_and_in_the_streaming_filter(tmp_path):

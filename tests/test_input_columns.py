@@ -127,8 +127,7 @@ def test_a_numeric_query_over_a_csv_column_of_category_names_dead_letters_its_ro
                              "opened": pa.array([1.0, 1.0]), "tier": pa.array([0.0, 1.0])}), first)
     run_job(_job(tmp_path, [first], 0, 0, declared=OPENED_TIER))  # sum:tier reads tier as numbers
     # A CSV declares no types: its values are parsed row by row, the category names are that row's
-    # dead letters, and user 3's number counts. (A run none of whose rows is usable is refused as a
-    # whole, before anyone is charged: tests/test_broken_files.py.)
+    # dead letters, and user 3's number counts.
     day1 = _csv(tmp_path, "day1.csv", "user_id,day,opened,tier",
                 ["1,2026-03-02,1,free", "2,2026-03-02,0,pro", "3,2026-03-02,1,1"])
     config = _job(tmp_path, [day1], 1, 1)
@@ -238,21 +237,10 @@ def _empty_first_day(tmp_path, kind):
     raise AssertionError(kind)
 
 
-def test_a_running_series_whose_first_days_rows_are_all_unusable_is_refused_and_starts_when_run_again(tmp_path):
-    # Every row of the first day malformed: that day's running total went out as noise, for good;
-    # the run is now refused before anyone is charged (issue 31), and the day runs once fixed.
-    from renyi_stream.stream.engine.row_balance import IdleInputError
-
-    bad = _empty_first_day(tmp_path, "csv_of_malformed_rows")
-    with pytest.raises(IdleInputError, match="no row of .* is a valid row of a window to release"):
-        run_job(_job(tmp_path, [bad], 0, 0, release="running", declared=CHURNED))
-    fixed = _churn_parquet(tmp_path, "day0-fixed.parquet", DAY0, [1, 2], [1.0, 0.0])
-    config = _job(tmp_path, [fixed], 0, 0, release="running", declared=CHURNED)
-    assert run_job(config).admitted == 2
-    assert _released(config) == {("running:churned", W0)}
-
-
-@pytest.mark.parametrize("kind", ["parquet_with_zero_rows", "csv_with_a_header_only"])
+# Every row of the first day malformed was refused as an "idle run" (issue 31), until that rule was
+# seen to make the day's release one user's bit (issue 37): the file names the day, so its day is
+# released like a day whose file has no rows, its rows dead-lettered.
+@pytest.mark.parametrize("kind", ["parquet_with_zero_rows", "csv_with_a_header_only", "csv_of_malformed_rows"])
 def test_a_running_series_whose_first_day_has_no_valid_rows_is_released_the_next_day(tmp_path, kind):
     first = run_job(_job(tmp_path, [_empty_first_day(tmp_path, kind)], 0, 0, release="running", declared=CHURNED))
     assert first.admitted == 0 and _balanced(first)

@@ -105,6 +105,37 @@ def add_ledger_options(parser: argparse.ArgumentParser, *, key_help: str, key_al
     add_contract_options(parser)
 
 
+def add_input_day_options(parser: argparse.ArgumentParser) -> None:
+    """The options that say which days a batch run's inputs hold, the same in ``renyi-stream
+    run`` and the distributed job (:mod:`renyi_stream.stream.engine.input_days`); read them with
+    :func:`input_day_options`."""
+    group = parser.add_argument_group(
+        "the inputs' days: every window a run releases must be covered by an input named for its day")
+    arg = group.add_argument
+    arg("--input-days", "--input_days", dest="input_days", default=None, metavar="FIRST[:LAST]",
+        help="the days held by the input files whose path names no day (a file is named for its day by a "
+             "day=YYYY-MM-DD/ folder or one YYYY-MM-DD in its name); default: the schedule, --start..--end. "
+             "A row of another day is a dead letter")
+    arg("--no-data-days", "--no_data_days", dest="no_data_days", action="append", default=[],
+        metavar="DAY[:LAST]", help="days of the schedule that truly have no file: released as noise only, on "
+                                   "purpose (comma-separated days or ranges; repeatable)")
+
+
+def input_day_options(args: argparse.Namespace) -> "tuple[DayRange | None, tuple[DayRange, ...]]":
+    """``(--input-days, --no-data-days)`` as :class:`renyi_stream.stream.engine.input_days.DayRange`
+    values; ValueError naming the option otherwise."""
+    from renyi_stream.stream.engine.input_days import parse_day_ranges
+
+    input_days = None
+    if args.input_days is not None:
+        ranges = parse_day_ranges("--input-days", args.input_days)
+        if len(ranges) != 1:
+            raise ValueError(f"--input-days must be one day or one range FIRST:LAST, got --input-days {args.input_days}")
+        input_days = ranges[0]
+    no_data = tuple(r for text in args.no_data_days for r in parse_day_ranges("--no-data-days", text))
+    return input_days, no_data
+
+
 def add_contract_options(parser: argparse.ArgumentParser) -> None:
     """The input contract's options (:mod:`renyi_stream.stream.contract`), the same in every job and in
     ``renyi-stream features``; :func:`declared_contract` reads them."""

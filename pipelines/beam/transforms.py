@@ -24,7 +24,7 @@ classic Beam DP pipelines is what this design avoids.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Iterable, Iterator, Sequence, Tuple
+from typing import Any, Iterable, Iterator, Mapping, Sequence, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -82,8 +82,12 @@ class ReadAndValidate(beam.DoFn):
 
     def __init__(self, *, window: WindowSpec, start_window: int, end_window: int,
                  released: Sequence[int], indicator_columns: Sequence[str], batch_rows: int = 262_144,
-                 category_columns: Sequence[str] = (), id_type: str | None = None) -> None:
+                 category_columns: Sequence[str] = (), id_type: str | None = None,
+                 file_windows: Mapping[str, Tuple[int, int]] | None = None) -> None:
         self._window = window
+        # path -> the windows of the days the file holds (renyi_stream.stream.engine.input_days):
+        # a row of another window is its dead letter; None: the file's days are not checked.
+        self._file_windows = dict(file_windows or {})
         self._id_type = id_type  # the ledger's: every valid row's id is parsed as it
         self._start, self._end = start_window, end_window
         self._released = np.array(sorted(released), dtype=np.int64)
@@ -112,10 +116,7 @@ class ReadAndValidate(beam.DoFn):
             valid = with_input_position(checked.valid, source=file_index, name=path,
                                         row_index=np.flatnonzero(valid_mask(batch.num_rows, checked.rejected)) + offset)
             classes = classify_windows(valid.column(WINDOW_ID), start_window=self._start, end_window=self._end,
-                                       charged=self._released)
-            # rows a window to release can use: a run with none is given the wrong files, or files
-            # not what they were declared (renyi_stream.stream.engine.row_balance.refuse_idle_run)
-            yield beam.pvalue.TaggedOutput("usable", (path, int(np.count_nonzero(classes.keep))))
+                                       charged=self._released, file_windows=self._file_windows.get(path))
             if not classes.all_kept:
                 yield beam.pvalue.TaggedOutput("dead", window_letters(valid, classes))
                 valid = valid.filter(pa.array(classes.keep))
@@ -672,29 +673,30 @@ class WriteReleaseFiles(beam.DoFn):
 
 class ReadIndicators(beam.PTransform):
     """``PBegin`` -> tagged outputs ``valid`` (Arrow tables of validated rows, with their input
-    position), ``dead`` (dead-letter tables), ``read`` (``(path, rows)`` per batch read) and
-    ``usable`` (``(path, valid rows of a window to release, neither late nor out of schedule)``
-    per batch read).
+    position), ``dead`` (dead-letter tables) and ``read`` (``(path, rows)`` per batch read,
+    curator only).
 
-    Rows of windows in ``released`` are dead-lettered as ``late_window`` (invariant 7), rows
-    before ``start_window`` or after ``end_window`` as ``out_of_range_time``
-    (:func:`renyi_stream.stream.engine.dead_letters.classify_windows`), so ``rows read = valid + dead`` holds
-    per file.
+    With ``file_windows`` (path -> the windows of the days the file holds), a row of another
+    window is dead-lettered ``outside_file_days``; rows of windows in ``released`` as
+    ``late_window`` (invariant 7), rows before ``start_window`` or after ``end_window`` as
+    ``out_of_range_time`` (:func:`renyi_stream.stream.engine.dead_letters.classify_windows`), so
+    ``rows read = valid + dead`` holds per file.
     """
 
     def __init__(self, inputs: Sequence[str], *, window: WindowSpec, start_window: int, end_window: int,
                  released: Sequence[int], indicator_columns: Sequence[str], batch_rows: int = 262_144,
-                 category_columns: Sequence[str] = (), id_type: str | None = None) -> None:
+                 category_columns: Sequence[str] = (), id_type: str | None = None,
+                 file_windows: Mapping[str, Tuple[int, int]] | None = None) -> None:
         super().__init__()
         self._inputs = [str(path) for path in inputs]
         self._read = ReadAndValidate(window=window, start_window=start_window, end_window=end_window,
                                      released=released, indicator_columns=indicator_columns, batch_rows=batch_rows,
-                                     category_columns=category_columns, id_type=id_type)
+                                     category_columns=category_columns, id_type=id_type, file_windows=file_windows)
 
     def expand(self, pbegin: Any) -> Any:
         return (pbegin
                 | "Files" >> beam.Create(list(enumerate(self._inputs)))
-                | "ReadAndValidate" >> beam.ParDo(self._read).with_outputs("dead", "read", "usable", main="valid"))
+                | "ReadAndValidate" >> beam.ParDo(self._read).with_outputs("dead", "read", main="valid"))
 
 
 class IndividualFilter(beam.PTransform):
@@ -853,7 +855,7 @@ class DailyReleases(beam.PTransform):
     read per batch). ``category_columns`` are string columns read by histograms over string categories
     (passed through validation unparsed). The caller decides where the curator's outputs go
     (the daily job collects them into one transaction; a distributed job writes them to its own
-    sinks).
+    sinks). ``file_windows``: the windows of each input's days (:class:`ReadIndicators`).
     """
 
     def __init__(self, inputs: Sequence[str], *, window: WindowSpec, start_window: int, end_window: int,
@@ -864,11 +866,12 @@ class DailyReleases(beam.PTransform):
                  previous_running: dict[str, pa.Table | str] | None = None,
                  previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None,
                  category_columns: Sequence[str] = (),
-                 previous_release: dict[str, pa.Table] | None = None) -> None:
+                 previous_release: dict[str, pa.Table] | None = None,
+                 file_windows: Mapping[str, Tuple[int, int]] | None = None) -> None:
         super().__init__()
         self._read = ReadIndicators(inputs, window=window, start_window=start_window, end_window=end_window,
                                     released=released, indicator_columns=indicator_columns,
-                                    category_columns=category_columns, id_type=id_type)
+                                    category_columns=category_columns, id_type=id_type, file_windows=file_windows)
         self._filter = IndividualFilter(plan=plan, indicator_columns=indicator_columns, noise_std=noise_std,
                                         policy=policy, budget=budget, id_type=id_type, tracker_step=tracker_step,
                                         n_shards=n_shards, previous_ledger=previous_ledger,
@@ -886,4 +889,4 @@ class DailyReleases(beam.PTransform):
         dead = (read.dead, filtered.dead) | "DeadLetters" >> beam.Flatten()
         return {"releases": released["releases"], "raw": released["raw"], "ledger": filtered.ledger,
                 "running": filtered.running, "counts": filtered.counts, "dead": dead, "read": read.read,
-                "usable": read.usable, "release_state": released["release_state"]}
+                "release_state": released["release_state"]}

@@ -22,6 +22,7 @@ import dataclasses
 import gc
 import json
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -36,7 +37,8 @@ import pyarrow.parquet as pq
 from renyi_stream.pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock, crash_point
 from renyi_stream.stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from renyi_stream.stream.engine.publication import publish_outbox
-from renyi_stream.stream.engine.row_balance import RowBalance, reason_counts, refuse_idle_run
+from renyi_stream.stream.engine.input_days import DayRange, days_of_files, refuse_uncovered_windows
+from renyi_stream.stream.engine.row_balance import RowBalance, reason_counts
 from renyi_stream.stream.engine.readers import MalformedLines, check_declared_columns, declares_types, id_type_of, read_batches
 from renyi_stream.stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, refuse_running_gaps
 from renyi_stream.queries.registration import contract_defaults, declared_header, plan_columns
@@ -82,6 +84,11 @@ class JobConfig:
     horizon: int | str | None = None  # declared schedule of default running queries (None: 365; "tail")
     contract: InputContract | None = None  # the declared input (kept by the ledger for life once recorded)
     id_type: str | None = None  # the declared id type alone, for a ledger without a declared contract
+    # The days of the inputs whose path names none (None: the schedule's days), and the days the
+    # operator says have no file (released as noise only): renyi_stream.stream.engine.input_days.
+    input_days: DayRange | None = None
+    no_data_days: tuple[DayRange, ...] = ()
+    store_moved: bool = False  # the release store moved: record its new place (CuratorStore.bind_release_store)
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -127,6 +134,80 @@ class JobSummary(RowBalance):
     seconds: float
 
 
+def _file_days(config: JobConfig, to_release: list[int], say):
+    """The days each input holds and the structural refusal of a run with a window to release
+    that no input covers (:func:`renyi_stream.stream.engine.input_days.refuse_uncovered_windows`);
+    says on the console which files name no day and what they are taken to hold."""
+    days = days_of_files(config.inputs, spec=config.window, start_window=config.start_window,
+                         end_window=config.end_window, input_days=config.input_days)
+    undated = days.undated()
+    if undated:
+        how = "--input-days" if days.declared_by_operator else "the schedule, --start..--end"
+        say(f"[run] {len(undated)} input file(s) name no day ({undated[0]}"
+            f"{' and others' if len(undated) > 1 else ''}): taken as holding {days.declared} ({how}); a row of "
+            "another day is a dead letter. Name each file by its day (day=YYYY-MM-DD/ or a date in its name) so "
+            "that another day's file is refused")
+    refuse_uncovered_windows(days, to_release, spec=config.window, no_data=config.no_data_days)
+    return days
+
+
+class _Commit:
+    """Whether a run reached its commit point (set just before ``commit_run``)."""
+
+    committed = False
+
+
+def _paths_a_run_may_create(config: JobConfig) -> list[Path]:
+    """The files and folders a run creates that do not exist yet: the ledger (and DuckDB's
+    ``.wal`` and ``.tmp/`` beside it), its noise key, the release store, and their folders."""
+    files = [Path(config.ledger), Path(config.ledger + ".wal"), Path(config.ledger + ".tmp"),
+             Path(config.resolved_key_path), Path(config.store), Path(config.store + ".wal")]
+    fresh: list[Path] = []
+    for path in files:
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:
+            fresh.append(folder)
+            folder = folder.parent
+        if not os.path.lexists(path):
+            fresh.append(path)
+    return fresh
+
+
+@contextlib.contextmanager
+def _removed_unless_committed(created: list[Path]):
+    """Remove ``created`` (what a run created: :func:`_paths_a_run_may_create`) when the run
+    fails before its commit point, so a refused first run, or a run refused on a new store,
+    leaves nothing behind: a second try starts as the first did. Entered under the run lock, so
+    a run refused because another holds the ledger removes nothing of the other's."""
+    commit = _Commit()
+    try:
+        yield commit
+    except BaseException:
+        if not commit.committed:
+            for path in sorted(created, key=lambda p: len(p.parts), reverse=True):  # files, then folders
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+        raise
+
+
+def _conditional(say):
+    """A preview's console: each ``[run] ...`` line of a real run as ``[dry run] ...``, and what
+    a real run did (committed, published) as what it would do."""
+    words = (("[run] committed ", "[dry run] would commit "), ("[run] published ", "[dry run] would publish "),
+             ("[run] running ", "[dry run] running "), ("[run] ", "[dry run] "))
+
+    def conditional(msg: str) -> None:
+        for real, preview in words:
+            if msg.startswith(real):
+                msg = preview + msg[len(real):]
+                break
+        say(msg)
+    return conditional
+
+
 def _contract(config: JobConfig, existing: LedgerConfig | None) -> InputContract | None:
     """The run's input contract: the one it declares, else the one the ledger records. A new ledger
     must be given one (ContractError naming the options); a ledger recorded before contracts
@@ -164,11 +245,21 @@ def _first_input(paths: Sequence[str]) -> tuple[str, pa.Schema, bool]:
     return paths[0], first.schema, declares_types(paths[0])
 
 
-def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
-    """Run one daily job end to end; see the module docstring for the order of steps."""
+def run_job(config: JobConfig, progress: TextIO | None = None, *, preview: bool = False) -> JobSummary:
+    """Run one daily job end to end; see the module docstring for the order of steps.
+
+    Whether it is refused depends on its arguments, its files' names and formats, the contract
+    and the schedule, never on any one row (:mod:`renyi_stream.stream.engine.input_days`: every
+    window it releases must be covered by an input named for that day). A run refused before
+    its commit leaves nothing it created behind (a first run's ledger, key and store, a new
+    store's file). ``preview``: the run is :func:`preview_job`'s, on scratch copies; its console
+    lines speak in the conditional."""
     started = time.perf_counter()
     say = (lambda msg: (progress.write(msg + "\n"), progress.flush())) if progress else (lambda msg: None)
-    with RunLock(config.ledger), CuratorStore(config.ledger) as curator:
+    if preview:
+        say = _conditional(say)
+    created = _paths_a_run_may_create(config)  # before the lock, which creates the ledger's folder
+    with RunLock(config.ledger), _removed_unless_committed(created) as commit, CuratorStore(config.ledger) as curator:
         key = NoiseKey.load_or_create(config.resolved_key_path)
         existing = curator.parameters()
         contract = _contract(config, existing)
@@ -181,6 +272,7 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
         # out while a writer holds it; the pipeline itself runs with the store closed).
         with ReleaseStore(config.store) as store:
             _refuse_a_ledger_behind_the_store(curator, store, config)
+            curator.bind_release_store(store, moved=config.store_moved)  # one ledger, one store
             params = curator.check_or_record_parameters(wanted)
             stored_key = store.key_fingerprint()
             if stored_key is not None and stored_key != key.fingerprint:  # before anyone is charged
@@ -199,6 +291,7 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
             schedule = list(range(config.start_window, config.end_window + 1))
             to_release = [w for w in schedule if w not in released]
             skipped = [w for w in schedule if w in released]
+            file_days = _file_days(config, to_release, say)  # before anyone is charged
             run_id = curator.next_run_id()
             previous = curator.load_ledger(params)
             previous_running = curator.load_running(params.id_type)
@@ -220,10 +313,11 @@ def run_job(config: JobConfig, progress: TextIO | None = None) -> JobSummary:
         with private_run_dir(SCRATCH_PREFIX) as scratch, private_umask():
             outputs = _run_pipeline(config, params, plan, columns, released, to_release, previous,
                                     previous_running, curator.load_running_releases(), scratch, say, categories,
-                                    ledger_id=curator.ledger_id, previous_release=previous_release)
+                                    ledger_id=curator.ledger_id, previous_release=previous_release,
+                                    file_windows={path: span for path in config.inputs
+                                                  if (span := file_days.window_range(path, config.window))})
             balance = _row_balance(outputs)
-            refuse_idle_run(outputs["read"], outputs["usable"], outputs["dead"],  # before anyone is charged
-                            windows_to_release=len(to_release))
+            commit.committed = True  # from here on the ledger may hold charges: never removed
             curator.commit_run(
                 run_id=run_id, ledger=outputs["ledger"], releases=outputs["releases"],
                 window_counts=outputs["window_counts"], run_counts=balance.totals(),
@@ -272,7 +366,7 @@ def preview_job(config: JobConfig, progress: TextIO | None = None) -> Preview:
                         shutil.copy2(source + suffix, scratch / (name + suffix))
         copy = dataclasses.replace(config, ledger=str(scratch / "ledger.duckdb"), store=str(scratch / "releases.duckdb"),
                                    key_path=str(scratch / "ledger.noise.key"), releases_parquet=None)
-        summary = run_job(copy, progress=progress)
+        summary = run_job(copy, progress=progress, preview=True)
         with ReleaseStore(copy.store, read_only=True) as store:
             releases = store.read()
         answered = releases.filter(pc.is_in(releases.column("window_id"),
@@ -476,7 +570,8 @@ def _run_pipeline(config: JobConfig, params: LedgerConfig, plan: QueryPlan, colu
                   released: set[int], to_release: list[int], previous: pa.Table,
                   previous_running: dict[str, pa.Table], previous_raw: dict, scratch: Path,
                   say, categories: Sequence[str] = (), *, ledger_id: str,
-                  previous_release: dict[str, pa.Table] | None = None) -> dict[str, pa.Table]:
+                  previous_release: dict[str, pa.Table] | None = None,
+                  file_windows: dict[str, tuple[int, int]] | None = None) -> dict[str, pa.Table]:
     beam, PipelineOptions = _beam()
     from renyi_stream.pipelines.beam import transforms as tx
     from renyi_stream.pipelines.beam.local_runner import batch_runner
@@ -499,7 +594,8 @@ def _run_pipeline(config: JobConfig, params: LedgerConfig, plan: QueryPlan, colu
             tracker_step=params.tracker_step, n_shards=config.n_shards, previous_ledger=str(ledger_file),
             key_path=config.resolved_key_path, accounting=params.accounting,
             key_fingerprint=params.key_fingerprint, ledger_id=ledger_id, previous_running=running_files,
-            previous_raw=previous_raw, category_columns=categories, previous_release=previous_release)
+            previous_raw=previous_raw, category_columns=categories, previous_release=previous_release,
+            file_windows=file_windows)
         # One collection of (output, item) and one group: each extra transform costs Beam a
         # signature inspection per bundle and planning time per run (seven gathers were a tenth
         # of a run; a ToList is nine transforms, a GroupByKey one).
@@ -518,7 +614,6 @@ def _run_pipeline(config: JobConfig, params: LedgerConfig, plan: QueryPlan, colu
         "dead": outputs["dead"],
         "rows_read": int(np.sum(outputs["read"].column("rows").to_numpy())) if outputs["read"].num_rows else 0,
         "read": outputs["read"],
-        "usable": outputs["usable"],
         "raw": [(q, int(w), y) for q, w, y in zip(*(outputs["raw"].column(c).to_pylist()
                                                     for c in ("query_id", "window_id", "y")))],
         "running": _split_running(outputs["running"]),
@@ -660,5 +755,5 @@ def _read_table(items: list[tuple[str, int]]) -> pa.Table:
 
 #: The pipeline's outputs the daily job gathers, and how each becomes a table.
 _OUTPUT_TABLES = {"releases": _releases_table, "ledger": _concat_ledgers, "counts": _counts_table,
-                  "dead": _dead_table, "read": _read_table, "usable": _read_table, "raw": _raw_table,
+                  "dead": _dead_table, "read": _read_table, "raw": _raw_table,
                   "running": _running_table, "release_state": _release_states_table}

@@ -111,8 +111,10 @@ try:
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
     from renyi_stream.pipelines.beam import transforms as tx
-    from renyi_stream.pipelines.beam.job_options import (RunRefused, add_promise_options, declared_contract, key_fingerprint,
-                                            long_options, parse_day, refuse_unknown_options, window_seconds)
+    from renyi_stream.pipelines.beam.job_options import (RunRefused, add_input_day_options, add_promise_options,
+                                                         declared_contract, input_day_options, key_fingerprint,
+                                                         long_options, parse_day, refuse_unknown_options,
+                                                         window_seconds)
     from renyi_stream.pipelines.beam.object_store import (absolute, is_uri, join, read_json, read_parquet, refuse_if_shared_file,
                                              release_windows_present, write_json)
     from renyi_stream.pipelines.beam.publication import PublicReleaseFiles, StagedReleases
@@ -126,7 +128,8 @@ from renyi_stream.queries import release_lineage as lineage
 from renyi_stream.stream.engine.publication import publish_outbox
 from renyi_stream.pipelines.beam import preview
 from renyi_stream.pipelines.cli.errors import worded
-from renyi_stream.stream.engine.row_balance import IdleInputError, RowBalance, reason_counts, refuse_idle_run
+from renyi_stream.stream.engine.input_days import days_of_files, format_windows, refuse_uncovered_windows
+from renyi_stream.stream.engine.row_balance import RowBalance, reason_counts
 from renyi_stream.stream.faults import crash_point
 from renyi_stream.stream.engine.running import PrepaidUsers
 from renyi_stream.stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, running_rule_of
@@ -258,6 +261,9 @@ class RunPlan:
     # The previous manifest's running-total state (``running``: per query id, its prepaid files,
     # release state and releases ``y``), carried into this run's manifest.
     running_state: dict[str, dict] = field(default_factory=dict)
+    # path -> the first and last window of the days the file holds (renyi_stream.stream.engine.input_days):
+    # a row of another window is its dead letter.
+    file_windows: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def staging(self) -> str:
@@ -302,7 +308,8 @@ class RunPlan:
         return {"version": MANIFEST_VERSION, "inputs": list(self.inputs), "previous": self.previous,
                 "schedule": list(self.schedule), "released": list(self.released), "columns": list(self.columns),
                 "category_columns": list(self.category_columns), "query_plan": self.planned(),
-                "parameters": recorded["parameters"], "policy": self.policy, "releases": recorded["releases"]}
+                "parameters": recorded["parameters"], "policy": self.policy, "releases": recorded["releases"],
+                "file_windows": {path: list(span) for path, span in sorted(self.file_windows.items())}}
 
     def manifest(self) -> dict:
         """The commit manifest, less what only the pipeline knows (files written, totals); the
@@ -495,13 +502,22 @@ def prepare(args: argparse.Namespace) -> RunPlan:
     if previous is not None and output == previous:
         raise RunRefused("--output must be a new location, not --previous-ledger (a snapshot is never rewritten)")
     config = replace(config, ledger_id=ledger_identity(config.ledger_id, output, where=f"--previous-ledger {previous}"))
+    try:  # structure decides, never one row: every window to release is covered by an input named for it
+        input_days, no_data_days = input_day_options(args)
+        days = days_of_files([item["path"] for item in inputs], spec=spec, start_window=start, end_window=end,
+                             input_days=input_days)
+        refuse_uncovered_windows(days, schedule, spec=spec, no_data=no_data_days)
+    except ValueError as exc:
+        raise RunRefused(str(exc)) from None
     plan = RunPlan(inputs=tuple(inputs), columns=kinds.numeric, window=spec, start_window=start, end_window=end,
                    released=tuple(sorted(processed)), schedule=tuple(schedule), query_first=query_first,
                    config=config, policy=args.policy, key_path=key_path, previous=previous,
                    previous_ledger_files=tuple(ledger_files), previous_users=users, output=output,
                    previous_attempt=manifest["attempt"] if manifest is not None else None,
                    queries=planned, category_columns=tuple(sorted(category_reads([e.query for e in planned]))),
-                   catalogue=launch, running_state=running_state)
+                   catalogue=launch, running_state=running_state,
+                   file_windows={path: span for path, span in ((item["path"], days.window_range(item["path"], spec))
+                                                                for item in inputs) if span is not None})
     _check_releases_and_output(plan, processed)
     return plan
 
@@ -750,11 +766,6 @@ def running_manifest(previous: dict[str, dict], *, meta: dict[str, dict[str, str
     return dict(sorted(out.items()))
 
 
-def _per_file(counts: dict) -> pa.Table:
-    return pa.table({"source": pa.array(list(counts), pa.string()),
-                     "rows": pa.array([int(n) for n in counts.values()], pa.int64())})
-
-
 class CommitRun(beam.DoFn):
     """Writes ``<output>/_COMMITTED.json`` once every output is complete, then publishes.
 
@@ -783,9 +794,7 @@ class CommitRun(beam.DoFn):
                 read_files: list, rows_read: int, statuses: dict, reasons: dict, users: int,
                 previous_users: int, running_files: list = (), running_users: dict | None = None,
                 previous_running_users: dict | None = None, release_states: dict | None = None,
-                raw: list = (), read_per_file: dict | None = None, usable: dict | None = None) -> Iterator[str]:
-        if read_per_file is not None:  # before the commit point: an idle run charges nobody
-            refuse_idle_run(_per_file(read_per_file), _per_file(usable or {}), windows_to_release=len(self._manifest.get("schedule", [])))
+                raw: list = ()) -> Iterator[str]:
         expected = int(self._manifest["previous_users"])
         if previous_users != expected or users < previous_users:
             # A snapshot that lost users (a missing or truncated file) would restart them from zero
@@ -845,7 +854,7 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
     read = p | "ReadIndicators" >> tx.ReadIndicators(
         plan.input_paths, window=plan.window, start_window=plan.start_window, end_window=plan.end_window,
         released=list(plan.released), indicator_columns=list(plan.columns),
-        category_columns=list(plan.category_columns), id_type=config.id_type)
+        category_columns=list(plan.category_columns), id_type=config.id_type, file_windows=plan.file_windows)
     previous = p | "PreviousLedger" >> ReadLedgerSnapshot(plan.previous_ledger_files, n_shards=plan.n_shards,
                                                           schema=template.schema)
     previous_users = (previous | "PreviousUsers" >> beam.Map(_part_rows)
@@ -938,9 +947,7 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
                                                         | "SumPreviousRunningUsers" >> beam.CombinePerKey(sum)),
                      release_states=side.AsDict(released["release_state"]
                                                 | "ReleaseRecords" >> beam.Map(_release_record)),
-                     raw=side.AsList(released["raw"]),
-                     read_per_file=side.AsDict(read.read | "ReadPerFileForIdle" >> beam.CombinePerKey(sum)),
-                     usable=side.AsDict(read.usable | "UsablePerFile" >> beam.CombinePerKey(sum))))
+                     raw=side.AsList(released["raw"])))
     return {"releases": released["releases"], "release_files": release_files, "ledger": filtered.ledger,
             "ledger_files": ledger_files, "counts": counts, "dead": dead, "read": read_rows, "committed": committed}
 
@@ -958,6 +965,7 @@ def _parser(prog: str = "python -m renyi_stream.pipelines.distributed") -> argpa
     arg("--input", nargs="+", required=True,
         help="input files or globs (gs://, s3://, local), space- or comma-separated")
     add_promise_options(parser)
+    add_input_day_options(parser)
     arg("--previous-ledger", "--previous_ledger", dest="previous_ledger", required=True,
         help="the previous run's --output (its committed ledger snapshot), or 'none' for the first run")
     arg("--output", required=True, help="this run's curator-only output root (ledger snapshot, counts, dead letters)")
@@ -1099,21 +1107,17 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m renyi_stre
     if not args.quiet:
         print(f"[distributed] {CURATOR_ONLY_NOTICE}", file=sys.stderr)
     users = "" if args.quiet else f"{plan.previous_users:,} users in the previous ledger, "
-    print(f"[distributed] attempt {plan.attempt}: {len(plan.inputs)} input file(s), windows {list(plan.schedule)[:3]}"
-          f"{'...' if len(plan.schedule) > 3 else ''} ({len(plan.schedule)} to release), {users}"
-          f"{plan.n_shards} shards", file=sys.stderr)
+    windows = format_windows(list(plan.schedule), plan.window, limit=3) if plan.schedule else "no window"
+    print(f"[distributed] attempt {plan.attempt}: {len(plan.inputs)} input file(s), {windows} "
+          f"({len(plan.schedule)} to release), {users}{plan.n_shards} shards", file=sys.stderr)
     p = beam.Pipeline(runner=batch_runner(options), options=options)
     build(p, plan)
-    try:
-        result = p.run()
-        if not (args.wait or direct):
-            print(f"[distributed] submitted; {join(plan.output, COMMITTED)} appears when the job has committed",
-                  file=sys.stderr)
-            return 0
-        result.wait_until_finish()
-    except IdleInputError as exc:  # raised before the commit point: nothing charged, nothing public
-        print(f"{parser.prog}: refused: {str(exc).split(' [while running')[0]}", file=sys.stderr)
-        return 2
+    result = p.run()
+    if not (args.wait or direct):
+        print(f"[distributed] submitted; {join(plan.output, COMMITTED)} appears when the job has committed",
+              file=sys.stderr)
+        return 0
+    result.wait_until_finish()
     manifest = read_json(join(plan.output, COMMITTED))
     t = manifest["totals"]
     # Invariant 4 (nothing-pre-noise-leaves, docs/architecture.md): the exact counts stay in the curator's manifest.

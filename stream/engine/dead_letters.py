@@ -23,6 +23,9 @@ means). Where each reason comes from, the same word in all three jobs for the sa
   written by :func:`row_letters`.
 * ``undecodable_message``: a streaming message that does not decode or fails the schema as a
   whole, one dead letter for the message (``renyi_stream.pipelines.streaming.job.DecodeAndValidate``).
+* ``outside_file_days``: :func:`classify_windows` given the windows of the days a batch job's
+  input file holds (:mod:`renyi_stream.stream.engine.input_days`): a row of another day than its
+  file's, in the batch jobs' reader (``ReadAndValidate``).
 
 Every dead letter names its input the same way in all three jobs: the file path or the message
 name (a Pub/Sub message id, a Kafka ``topic/partition/offset``, a replayed file's path). Rows that
@@ -226,28 +229,38 @@ class WindowClasses:
     out_of_schedule: np.ndarray
     start_window: int
     end_window: int
+    outside_file: np.ndarray | None = None
+    file_windows: tuple[int, int] | None = None
 
     @property
     def keep(self) -> np.ndarray:
-        """The rows neither late nor out of schedule: the ones to charge."""
-        return ~(self.late | self.out_of_schedule)
+        """The rows neither outside their file's days, late nor out of schedule: the ones to charge."""
+        kept = ~(self.late | self.out_of_schedule)
+        return kept if self.outside_file is None else kept & ~self.outside_file
 
     @property
     def all_kept(self) -> bool:
-        return not (self.late.any() or self.out_of_schedule.any())
+        return not (self.late.any() or self.out_of_schedule.any()
+                    or (self.outside_file is not None and self.outside_file.any()))
 
     def reasons(self) -> Iterator[tuple[DeadLetterReason, np.ndarray]]:
         """``(reason, mask)`` for each reason some row has."""
-        for reason, mask in ((DeadLetterReason.LATE_WINDOW, self.late),
+        for reason, mask in ((DeadLetterReason.OUTSIDE_FILE_DAYS, self.outside_file),
+                             (DeadLetterReason.LATE_WINDOW, self.late),
                              (DeadLetterReason.OUT_OF_RANGE_TIME, self.out_of_schedule)):
-            if mask.any():
+            if mask is not None and mask.any():
                 yield reason, mask
 
 
 def classify_windows(window_ids: Any, *, start_window: int, end_window: int, charged: Iterable[int] = (),
-                     charged_through: int | None = None) -> WindowClasses:
+                     charged_through: int | None = None,
+                     file_windows: tuple[int, int] | None = None) -> WindowClasses:
     """The one rule for a row's window, used by every job before a row reaches a charge.
 
+    First, with ``file_windows`` (the first and last window of the days the row's input file
+    holds: :meth:`renyi_stream.stream.engine.input_days.FileDays.window_range`), a row of a window
+    outside them is **outside its file's days** (``outside_file_days``): a file's name is believed
+    over its rows, so a stray row never charges a day its file does not name. Then:
     A row is **late** (``late_window``) when its window was charged before: it is in
     ``charged`` (windows charged by earlier runs, hence perhaps released), or in
     ``start_window..charged_through`` (windows this streaming shard has charged; None for a
@@ -264,11 +277,20 @@ def classify_windows(window_ids: Any, *, start_window: int, end_window: int, cha
     windows = np.asarray(window_ids.to_numpy() if isinstance(window_ids, (pa.Array, pa.ChunkedArray))
                          else window_ids, dtype=np.int64)
     before = np.fromiter((int(w) for w in charged), dtype=np.int64)
+    outside = None
+    if file_windows is not None:
+        low, high = int(file_windows[0]), int(file_windows[1])
+        outside = (windows < low) | (windows > high)
     late = np.isin(windows, before) if before.size else np.zeros(windows.shape, dtype=bool)
     if charged_through is not None:
         late |= (windows >= start) & (windows <= int(charged_through))
+    if outside is not None:
+        late &= ~outside
     out_of_schedule = ~late & ((windows < start) | (windows > end))
-    return WindowClasses(late=late, out_of_schedule=out_of_schedule, start_window=start, end_window=end)
+    if outside is not None:
+        out_of_schedule &= ~outside
+    return WindowClasses(late=late, out_of_schedule=out_of_schedule, start_window=start, end_window=end,
+                         outside_file=outside, file_windows=None if file_windows is None else (low, high))
 
 
 def window_letters(rows: pa.Table, classes: WindowClasses) -> pa.Table:
@@ -278,6 +300,8 @@ def window_letters(rows: pa.Table, classes: WindowClasses) -> pa.Table:
     for reason, mask in classes.reasons():
         dead = rows.filter(pa.array(mask))
         what = ("was already charged" if reason is DeadLetterReason.LATE_WINDOW
+                else f"is outside its file's windows {classes.file_windows[0]}..{classes.file_windows[1]}"
+                if reason is DeadLetterReason.OUTSIDE_FILE_DAYS
                 else f"is outside the schedule {classes.start_window}..{classes.end_window}")
         detail = pc.binary_join_element_wise("window ", pc.cast(dead.column(WINDOW_ID), pa.string()), f" {what}", "")
         parts.append(row_letters(dead, reason, detail=detail))

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from renyi_stream.stream.ledger import STATUS_NAMES
 from renyi_stream.stream.schema import DeadLetterReason
 
-__all__ = ["IdleInputError", "RowBalance", "reason_counts", "refuse_idle_run"]
+__all__ = ["RowBalance", "reason_counts"]
 
 _REASONS = frozenset(reason.value for reason in DeadLetterReason)
 
@@ -100,54 +100,3 @@ def reason_counts(tables: Iterable[pa.Table]) -> dict[str, int]:
         for item in pc.value_counts(table.column("reason").combine_chunks()).to_pylist():
             totals[str(item["values"])] = totals.get(str(item["values"]), 0) + int(item["counts"])
     return dict(sorted(totals.items()))
-
-
-class IdleInputError(ValueError):
-    """A run none of whose input rows a window to release can use: refused before anyone is
-    charged (:func:`refuse_idle_run`). Its message names the files and the reasons, never a
-    count (it is printed under ``--quiet`` too); ``exact`` holds the counts, curator only."""
-
-    def __init__(self, message: str, exact: str = "") -> None:
-        super().__init__(message)
-        self.exact = exact
-
-
-def refuse_idle_run(read: pa.Table, usable: pa.Table, dead: pa.Table | None = None, *,
-                    windows_to_release: int) -> None:
-    """Refuse (:class:`IdleInputError`) a run that has windows to release and input rows, none of
-    which a window to release can use: every row was late or outside the schedule (another day's
-    file: the schedule or the file is wrong), of the wrong type (a column declared a number that
-    holds text), malformed (a file not in its format), and so on. Publishing its windows would
-    publish noise for days whose data was never used, for good. A re-run of charged days has no
-    window to release and is not refused; nor is a run whose inputs have no rows (a header alone:
-    an empty day). Call it after the pipeline and before the commit point, so nothing is charged
-    or published.
-
-    ``read`` and ``usable``: per input (columns ``source``, ``rows``; several rows of a source are
-    summed), the rows read and the rows a window to release can use (valid, neither late nor out
-    of schedule); ``dead``: the run's dead letters (``source``, ``reason``), for the message.
-
-    What it reveals: the decision depends on the data only through "no row of the whole run is
-    usable", which one user can change only in a run where theirs would be the one usable row
-    (docs/architecture.md, "The input contract"). Per file it would not be so: one user's bad row
-    in a small file of their own would refuse everyone's day."""
-    if windows_to_release <= 0 or not read.num_rows:
-        return
-    rows = _per_source(read.column("source"), read.column("rows"))
-    if not sum(rows.values()) or (usable.num_rows and pc.sum(usable.column("rows")).as_py()):
-        return
-    counts = reason_counts([] if dead is None else [dead])
-    files = sorted(source for source, n in rows.items() if n)
-    named = files[0] + (f" and {len(files) - 1} other file(s)" if len(files) > 1 else "")
-    reasons = f" (dead letters: {', '.join(counts)})" if counts else ""
-    raise IdleInputError(
-        f"no row of {named} is a valid row of a window to release{reasons}: refusing the run before anyone is "
-        "charged or anything is published. Check the schedule (--start/--end) against the files' days, the declared "
-        "column types and the files' format; a day without data is a file with a header and no rows",
-        exact=f"{sum(rows.values()):,} rows read: " + ", ".join(f"{n:,} {reason}" for reason, n in counts.items()))
-
-
-def _per_source(sources: pa.ChunkedArray, counts: pa.ChunkedArray) -> dict[str, int]:
-    table = pa.table({"source": sources, "n": counts})
-    summed = table.group_by("source").aggregate([("n", "sum")])
-    return dict(zip(summed.column("source").to_pylist(), (int(n) for n in summed.column("n_sum").to_pylist())))
