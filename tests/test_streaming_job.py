@@ -149,19 +149,18 @@ def test_a_replayed_files_rows_are_numbered_by_its_place_in_replay_and_a_message
     assert numbered("indicators/2/41") == ({kafka}, {kafka: "indicators/2/41"})
 
 
-def test_bad_messages_and_rows_are_dead_letters_with_reasons(tmp_path, days):
+def test_bad_rows_of_a_replayed_message_are_dead_letters_with_reasons(tmp_path, days):
+    """A row that fails validation is its own dead letter, named by its message. (A replayed file
+    that is not a message at all is refused at launch, tests/test_streaming_operator_replay.py; a
+    live source's undecodable message is one dead letter, tests/test_streaming_kafka.py.)"""
     messages, _ = days
-    garbage = tmp_path / "messages" / "garbage.arrows"
-    garbage.write_bytes(b"not arrow at all")
     bad_rows = _rows(0, [1, 2], seed=0).set_column(2, "opened", pa.array([float("nan"), 1.0]))
     nan = tmp_path / "messages" / "nan.arrows"
     nan.write_bytes(sj.encode_message(bad_rows))
-    assert sj.main(_args(tmp_path, ["--replay", str(garbage), str(nan), *messages[:2]])) == 0
+    assert sj.main(_args(tmp_path, ["--replay", str(nan), *messages[:2]])) == 0
     dead = pa.concat_tables([pq.read_table(f) for f in (tmp_path / "curator" / "dead").rglob("*.parquet")])
-    reasons = sorted(dead.column("reason").to_pylist())
-    assert DeadLetterReason.UNDECODABLE_MESSAGE in reasons and "non_finite_value" in reasons
-    assert dead.filter(pa.compute.equal(dead.column("reason"), DeadLetterReason.UNDECODABLE_MESSAGE)).column("source").to_pylist() == [
-        str(garbage)]
+    bad = dead.filter(pa.compute.equal(dead.column("reason"), "non_finite_value"))
+    assert bad.column("source").to_pylist() == [str(nan)] and bad.column("row_index").to_pylist() == [0]
 
 
 def test_a_replay_naming_a_missing_file_is_refused_before_anything_runs(tmp_path, days, capsys):
@@ -180,17 +179,15 @@ def _message_rows(paths: list[str]) -> int:
 
 def test_a_replay_records_its_rows_read_and_a_balanced_book(tmp_path, days):
     messages, _ = days
-    garbage = tmp_path / "messages" / "garbage.arrows"
-    garbage.write_bytes(b"not arrow at all")  # one dead letter: one row read
     again = tmp_path / "messages" / "again.arrows"  # day 0's first message again: 60 duplicates
     again.write_bytes(Path(messages[0]).read_bytes())
-    replay = [*messages, str(garbage), str(again)]
+    replay = [*messages, str(again)]
     assert sj.main(_args(tmp_path, ["--replay", *replay])) == 0
     books = sj.books(str(tmp_path / "curator"))
-    assert books["rows_read"] == _message_rows([*messages, str(again)]) + 1
+    assert books["rows_read"] == _message_rows([*messages, str(again)])
     assert books["rows_read"] == (books["admitted"] + books["clipped"] + books["dropped"]
                                   + books["rejected"] + books["late"])
-    assert books["rejected"] == 60 + 1 and books["balanced"]
+    assert books["rejected"] == 60 and books["balanced"]
     import json
     assert json.loads((tmp_path / "curator" / sj.BOOKS_FILE).read_text()) == books
 
@@ -732,12 +729,12 @@ def test_recording_parameters_is_refused_for_contradicting_arguments_or_over_the
 def test_the_streaming_jobs_snapshots_counts_and_dead_letters_are_0600_in_0700_folders_under_umask_022(
         tmp_path, days, umask_022, not_private):
     messages, _ = days
-    garbage = tmp_path / "messages" / "garbage.arrows"
-    garbage.write_bytes(b"not arrow at all")  # one dead letter, so that its file is written too
+    nan = tmp_path / "messages" / "nan.arrows"  # one dead letter, so that its file is written too
+    nan.write_bytes(sj.encode_message(_rows(0, [1], seed=0).set_column(2, "opened", pa.array([float("nan")]))))
     curator = tmp_path / "curator"
     curator.mkdir(mode=0o755)  # an --output folder left open by an older version
     curator.chmod(0o755)
-    assert sj.main(_args(tmp_path, ["--replay", *messages, str(garbage)])) == 0
+    assert sj.main(_args(tmp_path, ["--replay", *messages, str(nan)])) == 0
     assert {p.relative_to(curator).parts[0] for p in curator.rglob("*.parquet")} == {
         "ledger", "dead", "read", "staged-releases"}
     assert not_private(curator) == {}
@@ -852,22 +849,30 @@ def test_a_message_that_declares_more_than_the_cap_is_refused_before_it_is_decom
         sj.decode_message(liar)
 
 
-def test_a_message_past_the_cap_is_one_undecodable_message_and_none_of_its_rows_is_admitted(
-        tmp_path, days, monkeypatch):
+def test_a_live_message_past_the_cap_is_one_undecodable_message_and_none_of_its_rows_is_admitted(monkeypatch):
+    """A stream's message (a Kafka record, a Pub/Sub message) past the cap: one row read, one
+    ``undecodable_message`` dead letter naming the cap, no row valid."""
+    monkeypatch.setattr(sj, "MAX_MESSAGE_DECODED_BYTES", 2**20)
+    decode = sj.DecodeAndValidate(window=WindowSpec.from_length("1d"), indicator_columns=["opened", "bought"],
+                                  id_type="int64")
+    out = list(decode.process(("indicators/0/7", _bomb())))
+    tagged = {o.tag: o.value for o in out if isinstance(o, beam.pvalue.TaggedOutput)}
+    assert len(out) == len(tagged) == 2  # nothing valid
+    assert tagged["read"].to_pylist() == [{"source": "indicators/0/7", "rows_read": 1}]
+    assert tagged["dead"].column("reason").to_pylist() == [DeadLetterReason.UNDECODABLE_MESSAGE]
+    assert "MAX_MESSAGE_DECODED_BYTES" in tagged["dead"].column("detail")[0].as_py()
+
+
+def test_a_replayed_message_past_the_cap_is_refused_naming_it_and_the_cap_before_anything_is_written(
+        tmp_path, days, monkeypatch, capsys):
     messages, _ = days
     bomb = tmp_path / "messages" / "bomb.arrows"
     bomb.write_bytes(_bomb())
     monkeypatch.setattr(sj, "MAX_MESSAGE_DECODED_BYTES", 2**20)
-    assert sj.main(_args(tmp_path, ["--replay", *messages, str(bomb)])) == 0
-    dead = pa.concat_tables([pq.read_table(f) for f in (tmp_path / "curator" / "dead").rglob("*.parquet")])
-    from_bomb = dead.filter(pa.compute.equal(dead.column("source"), str(bomb)))
-    assert from_bomb.column("reason").to_pylist() == [DeadLetterReason.UNDECODABLE_MESSAGE]
-    assert "MAX_MESSAGE_DECODED_BYTES" in from_bomb.column("detail")[0].as_py()
-    books = sj.books(str(tmp_path / "curator"))
-    assert books["rows_read"] == _message_rows(messages) + 1 and books["balanced"]
-    last = tmp_path / "curator" / "ledger" / f"window_id={W0 + 2}"
-    users = pa.concat_tables([pq.read_table(f) for f in last.glob("shard=*/*.parquet")]).column("user_id")
-    assert pa.compute.max(users).as_py() < 10_000  # the days' users only
+    assert sj.main(_args(tmp_path, ["--replay", *messages, str(bomb)])) == 2
+    err = capsys.readouterr().err
+    assert f"--replay: {bomb}" in err and "MAX_MESSAGE_DECODED_BYTES" in err
+    assert not (tmp_path / "curator").exists() and not (tmp_path / "public").exists()
 
 
 def test_a_message_cut_between_two_record_batches_is_undecodable_not_its_first_batch():

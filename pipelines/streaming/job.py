@@ -27,7 +27,9 @@ Sources (exactly one):
   (byte-array key and value); its name is ``topic/partition/offset``, which names the same
   record on every read, retry and replay.
 * ``--replay FILE...``: files, each one message, for a local run or a replay; a file's name is
-  its path.
+  its path (a path given again is a second delivery, named apart: :func:`replay_names`). Each file's
+  structure is checked at launch as the daily job checks its inputs (:func:`refuse_unreplayable`):
+  a file a live source's message would only dead-letter whole is refused, naming it.
 
 Which of two rows of one user and window counts (the other is dead-lettered
 ``duplicate_user_window``): the first in event-time order, (window, the message's number, row in
@@ -108,7 +110,7 @@ what a crash left of later windows (snapshots, staged releases, records: a dead 
 restored, never published), then continues from the last committed window's snapshots: its shards
 start after that window, rows of the windows it committed are re-deliveries (neither charged nor
 counted again: their outcome is in those windows' committed records, and a message's own records
-are named by their content, so a message read twice is counted once), and the later windows are
+are named by their content, so a message the restart reads again is counted once), and the later windows are
 charged again from that ledger, with the same ledger id and keyed noise. The source must deliver
 again every message of those later windows: a replay does; for Kafka, a new consumer group reading
 from the earliest retained record; for Pub/Sub, a seek of the subscription to before the
@@ -195,17 +197,20 @@ import hashlib
 import io
 import json
 import logging
+import os
 import re
 import secrets
+import shlex
 import sys
 import time
 from dataclasses import fields, replace
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any, Iterator, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
@@ -238,7 +243,8 @@ from renyi_stream.pipelines.cli.errors import worded
 from renyi_stream.pipelines.streaming import message_sizes
 from renyi_stream.stream.engine.dead_letters import DeadLetterReason, dead_letters, rejected_letters, with_input_position
 from renyi_stream.stream.engine.publication import publish_outbox
-from renyi_stream.stream.engine.readers import FORMATS, InputFileError, MalformedLines, read_batches
+from renyi_stream.stream.engine.readers import (FORMATS, InputFileError, MalformedLines, check_declared_schema,
+                                                 read_batches)
 from renyi_stream.stream.engine.row_balance import RowBalance, reason_counts
 from renyi_stream.stream.engine.running import RunningRelease
 from renyi_stream.stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, merge_deltas, running_base
@@ -249,11 +255,12 @@ from renyi_stream.queries.linear import default_queries
 from renyi_stream.queries.registration import (category_reads, contract_defaults, declared_header, numeric_reads, plan_columns,
                                   recorded_plan)
 from renyi_stream.stream.contract import InputContract, declaration_hint
-from renyi_stream.queries.release_files import release_file_path, release_file_table
+from renyi_stream.queries.release_files import filesystem, release_file_path, release_file_table
 from renyi_stream.stream.engine.ledger_config import SNAPSHOT_PREFIX, LedgerConfig, LedgerConfigError, snapshot_key
 from renyi_stream.stream.ledger import STATUS_NAMES, Ledger, Policy
 from renyi_stream.stream.noise import new_ledger_id
-from renyi_stream.stream.private_files import PrivateFileError, private_dir, private_run_dir
+from renyi_stream.stream.private_files import (CURATOR_ONLY_NOTICE, PrivateFileError, make_private_dirs, private_dir,
+                                                 private_run_dir)
 from renyi_stream.stream.schema import USER_ID, WINDOW_ID, SchemaError, WindowSpec, validate_batch
 
 #: The curator's record of a finished local run's row balance (:func:`books`), under ``--output``.
@@ -371,20 +378,24 @@ def _message_parts(element: Any) -> tuple[str, bytes]:
     return str(name), bytes(element.data)
 
 
-def _replayed_file(path: str) -> tuple[str, bytes]:
-    """A ``--replay`` file as a message: ``(its path, its bytes)``; the path is its name.
+def _replayed_file(item: tuple[str, str] | str) -> tuple[str, bytes]:
+    """A ``--replay`` file as a message: ``(its message name, its bytes)``. ``item`` is ``(name,
+    path)`` (:func:`replay_names`: the path, or for a path given again the path and its place in
+    ``--replay``), or a bare path, its own name.
 
     A message file (an Arrow IPC stream, as :func:`encode_message` writes, by any other name) is
     replayed as it is. A file the daily job reads, named as such (``.parquet``, ``.csv``, an Arrow
     IPC *file* ``.arrow``/``.feather``/``.ipc``), is read by the batch jobs' reader
     (:func:`renyi_stream.stream.engine.readers.read_batches`, the same row-by-row rules) and replayed as one
-    message of its rows, so the same day files feed every job. A CSV line the reader cannot read
-    is refused at launch (:func:`refuse_unreplayable`), never dropped here."""
+    message of its rows, so the same day files feed every job. A file that is neither, or that does
+    not hold the contract's columns, and a CSV line the reader cannot read, are refused at launch
+    (:func:`refuse_unreplayable`), never dropped or dead-lettered here."""
+    name, path = (item, item) if isinstance(item, str) else (str(item[0]), str(item[1]))
     with FileSystems.open(path) as handle:
         payload = handle.read()
     if not _is_day_file(path, payload):
-        return str(path), payload
-    return str(path), encode_message(pa.Table.from_batches(list(read_batches(path, malformed=MalformedLines()))))
+        return name, payload
+    return name, encode_message(pa.Table.from_batches(list(read_batches(path, malformed=MalformedLines()))))
 
 
 def _is_day_file(path: str, head: bytes) -> bool:
@@ -394,28 +405,68 @@ def _is_day_file(path: str, head: bytes) -> bool:
     return kind in ("parquet", "csv") or (kind == "ipc" and head[:6] == b"ARROW1")
 
 
-def refuse_unreplayable(paths: Sequence[str]) -> None:
-    """RunRefused, before anything is charged, for a ``--replay`` day file the batch jobs' reader
-    refuses (not its format, no ``user_id``, ...) or a CSV with a line it cannot read: a message
-    is dead-lettered whole, so such a line would take the file's other rows with it; the daily
-    job (``renyi-stream run``) dead-letters it alone."""
+def refuse_unreplayable(paths: Sequence[str], *, window: WindowSpec = WindowSpec(),
+                        indicator_columns: Sequence[str] | None = None, category_columns: Sequence[str] = (),
+                        id_type: str | None = None, contract: InputContract | None = None) -> None:
+    """RunRefused, before anything is charged or published, naming the file (and the column), for a
+    ``--replay`` file the daily job would refuse or the job could only dead-letter whole: a replay
+    is files the operator names, so the structure of each is checked at launch, as the daily job
+    checks its inputs, and a wrong file never becomes one ``undecodable_message`` dead letter with
+    its day published from nothing (issue 37). Refused:
+
+    * a day file (:func:`_is_day_file`) the batch jobs' reader refuses (not its format, no
+      ``user_id``, ...), or a CSV with a line it cannot read: a message is dead-lettered whole, so
+      such a line would take the file's other rows with it; the daily job (``renyi-stream run``)
+      dead-letters it alone;
+    * any other file that is not one whole Arrow IPC stream message (:func:`decode_message`: not
+      Arrow, cut short, a view type, past :data:`MAX_MESSAGE_DECODED_BYTES`);
+    * a file whose header lacks a column of the declared ``contract``, repeats a column name or
+      writes a declared column in a type no value of could parse: the daily job's check,
+      :func:`renyi_stream.stream.engine.readers.check_declared_schema`;
+    * a file whose columns the validator refuses as a whole (no time column, an id column of no id
+      type, an indicator or category column it lacks: :func:`renyi_stream.stream.schema.validate_batch`
+      on the file's header with no row, with the arguments :class:`DecodeAndValidate` gives it).
+
+    Every decision is the files' names, formats and headers', never a row's. A live source
+    (Kafka, Pub/Sub) cannot be checked before it runs: there such a message stays one dead letter."""
     for path in paths:
         with FileSystems.open(path) as handle:
             head = handle.read(6)
-        if not _is_day_file(path, head):
+        if _is_day_file(path, head):
+            malformed, schema = MalformedLines(), None
+            try:
+                for batch in read_batches(path, malformed=malformed):
+                    schema = batch.schema if schema is None else schema
+            except InputFileError as exc:
+                raise launch.RunRefused(f"--replay: {exc}") from None
+            if len(malformed):
+                line, _, why = next(iter(malformed))
+                raise launch.RunRefused(
+                    f"--replay: {path} has {len(malformed):,} line(s) the reader cannot read (line {line}: {why}); a "
+                    "replayed file is one message, dead-lettered whole: fix the file, or run it with renyi-stream "
+                    "run, which dead-letters each such line alone")
+            where = f"input file {path}"
+        else:
+            with FileSystems.open(path) as handle:
+                payload = handle.read()
+            try:
+                schema = decode_message(payload).schema
+            except ValueError as exc:
+                raise launch.RunRefused(
+                    f"--replay: {path} is not a file the daily job reads (.parquet, .csv, an Arrow IPC file .arrow), "
+                    f"and as a message (an Arrow IPC stream) it cannot be read: {exc}") from None
+            where = f"replayed message {path}"
+        if schema is None:
             continue
-        malformed = MalformedLines()
         try:
-            for _ in read_batches(path, malformed=malformed):
-                pass
+            if contract is not None:
+                check_declared_schema(schema, contract, where=where)
+            validate_batch(schema.empty_table(), window=window, indicator_columns=indicator_columns,
+                           category_columns=category_columns, id_type=id_type)
         except InputFileError as exc:
             raise launch.RunRefused(f"--replay: {exc}") from None
-        if len(malformed):
-            line, _, why = next(iter(malformed))
-            raise launch.RunRefused(
-                f"--replay: {path} has {len(malformed):,} line(s) the reader cannot read (line {line}: {why}); a "
-                "replayed file is one message, dead-lettered whole: fix the file, or run it with renyi-stream run, "
-                "which dead-letters each such line alone")
+        except SchemaError as exc:
+            raise launch.RunRefused(f"--replay: {where}: {exc}") from None
 
 
 def _source_number(name: str) -> int:
@@ -428,14 +479,31 @@ def _source_number(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "big") >> 1
 
 
-def replay_numbers(paths: Sequence[str]) -> dict[str, int]:
-    """``path -> its index in --replay`` (a path given twice keeps its first): the number of each
-    replayed file's rows, so that of two rows of one (user, window) the one replayed first counts,
-    as the batch jobs keep their first input's."""
-    numbers: dict[str, int] = {}
+def replay_names(paths: Sequence[str]) -> list[str]:
+    """The message name of each ``--replay`` file, in order: its path, and for a path given again
+    (a message delivered twice) the path and its place, ``"<path> (again, --replay file <k>)"``
+    (``k`` from 1). Each delivery is then a message of its own, with its own read record and dead
+    letters (the curator's files are named by their content: two deliveries of one name would be
+    counted once while both reach the filter, issue 37), and the same on every restart."""
+    names: list[str] = []
+    seen = {str(path) for path in paths}
     for index, path in enumerate(paths):
-        numbers.setdefault(str(path), index)
-    return numbers
+        name = str(path)
+        if name in names:
+            name = f"{path} (again, --replay file {index + 1})"
+            while name in seen or name in names:  # a file really named so: longer, never the same
+                name += "'"
+        names.append(name)
+    return names
+
+
+def replay_numbers(paths: Sequence[str]) -> dict[str, int]:
+    """``message name -> its index in --replay`` (:func:`replay_names`): the number of each
+    replayed file's rows, so that of two rows of one (user, window) the one replayed first counts,
+    as the batch jobs keep their first input's; a path given again is a delivery of its own, whose
+    rows come after the first delivery's (and are dead-lettered ``duplicate_user_window``, as the
+    daily job does for a file given twice)."""
+    return {name: index for index, name in enumerate(replay_names(paths))}
 
 
 # --- Kafka: everything but the cross-language read is plain Python -------------------------------
@@ -1038,8 +1106,9 @@ def _parser(prog: str = "python -m renyi_stream.pipelines.streaming") -> argpars
     arg("--dry-run", action="store_true", help="with --replay, on the DirectRunner: run into a private scratch copy "
         "of the release root and of --output, and print what the job would do (windows, queries, rows by outcome), "
         "charging and publishing nothing; every refusal is the real job's")
-    arg("--quiet", action="store_true", help="print no exact counts (they stay in the curator's --output); the job "
-        "itself prints none, its --dry-run prints the rows by outcome without it")
+    arg("--quiet", action="store_true", help="print no exact counts (they stay in the curator's --output); without "
+        "it, a run's end prints the rows by outcome and the messages dead-lettered by reason, its --dry-run the "
+        "rows by outcome, for the curator only")
     arg("--progress", action="store_true",
         help="print a line on stderr as each shard charges a window (the shard, the window and a monotonic clock: "
              "public, never a count); every committed window gets a line whether or not")
@@ -1049,6 +1118,23 @@ def _parser(prog: str = "python -m renyi_stream.pipelines.streaming") -> argpars
              "checked, and so are the promise, accounting, key, window length and release root they record: "
              "they must be this run's); 'none' for a new ledger, only where nothing is released yet")
     return parser
+
+
+def key_fingerprint(args: argparse.Namespace) -> tuple[str, str, Any]:
+    """``(worker key path, fingerprint, the key when readable here)`` of the job's noise key, as
+    :func:`renyi_stream.pipelines.beam.job_options.key_fingerprint` gives them; RunRefused, naming
+    the command that creates one, when ``--noise-key`` names no file and no ``--key-fingerprint``
+    says the workers load a key this machine cannot see: a new curator's first replay has no key
+    yet, and ``renyi-stream key create PATH`` makes it (0600 in a 0700 folder, its fingerprint
+    printed)."""
+    if (args.noise_key and not args.noise_key_secret and not args.key_fingerprint
+            and not os.path.lexists(args.noise_key)):
+        raise launch.RunRefused(
+            f"the noise key {args.noise_key} does not exist: create it with 'renyi-stream key create "
+            f"{shlex.quote(str(args.noise_key))}' (0600, in a 0700 folder; it prints the key's fingerprint) and back "
+            "it up with the curator's files, or restore the curator's key; where the workers load a key this "
+            "machine cannot read (a mounted secret), give --key-fingerprint instead")
+    return launch.key_fingerprint(args)
 
 
 _KAFKA_ONLY = ("bootstrap_servers", "kafka_consumer_config", "kafka_expansion_service")
@@ -1809,7 +1895,7 @@ def record_snapshot_parameters(pattern: str, destination: str, argv: Sequence[st
     the key and the window length."""
     args, _ = parse_args(argv)
     spec = WindowSpec(length_seconds=launch.window_seconds(args.window))
-    _, fingerprint, _ = launch.key_fingerprint(args)
+    _, fingerprint, _ = key_fingerprint(args)
     releases = store.absolute(args.releases_parquet)
     config = LedgerConfig.from_promise(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget,
                                        accounting=args.accounting, id_type=args.id_type or ID_TYPE,
@@ -1867,7 +1953,7 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         raise launch.RunRefused(f"start must not be after end, got {args.start} > {args.end}")
     Policy(args.policy)
     columns = [c for c in (args.columns or "").split(",") if c]
-    key_path, fingerprint, _ = launch.key_fingerprint(args)
+    key_path, fingerprint, _ = key_fingerprint(args)
     # A job restarted into its --output continues from the last window committed there (recover):
     # that window's snapshots are the ledger, and this schedule's windows through it are charged.
     curator = store.absolute(args.output)
@@ -1954,8 +2040,9 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         if missing:
             raise launch.RunRefused(f"--replay: no such file: {', '.join(missing[:5])}"
                                     + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""))
-        refuse_unreplayable(args.replay)
-        messages = (p | "Replay" >> beam.Create(list(args.replay))
+        refuse_unreplayable(args.replay, window=spec, indicator_columns=indicators, category_columns=categories,
+                            id_type=id_type, contract=contract)
+        messages = (p | "Replay" >> beam.Create(list(zip(replay_names(args.replay), args.replay)))
                     | "ReadReplayed" >> beam.Map(_replayed_file).with_output_types(Tuple[str, bytes]))
     stamp = not (args.subscription or args.kafka_topic)  # files carry no event time; the sources do
     decoded = messages | "DecodeAndValidate" >> beam.ParDo(
@@ -2082,6 +2169,37 @@ def books(curator: str) -> dict[str, Any]:
     return {**balance.totals(), "balanced": bool(balance.balanced and shards_balanced)}
 
 
+def curator_summary(curator: str, balance: dict[str, Any] | None = None) -> list[str]:
+    """What a finished run says to the curator about its rows and messages, from the files it wrote
+    under ``curator`` (its ``--output``): the row books (``balance``, :func:`books`, read when not
+    given), the messages read, and the dead letters by reason, each with its rows and the messages
+    they came from (an ``undecodable_message`` is a message dead-lettered whole, one row read). Exact
+    counts, so the lines open with :data:`renyi_stream.stream.private_files.CURATOR_ONLY_NOTICE`, and
+    ``main`` prints them only without ``--quiet``: never public, never at INFO, never a Beam counter
+    (invariant 4 (nothing-pre-noise-leaves, docs/architecture.md)). Counted by Arrow, not row by row."""
+    balance = books(curator) if balance is None else balance
+    read = _curator_tables(curator, "read")
+    messages = sum(t.num_rows for t in read)
+    dead = [t.select(["source", "reason"]) for t in _curator_tables(curator, "dead") if t.num_rows]
+    lines = [CURATOR_ONLY_NOTICE,
+             f"rows read {balance['rows_read']:,} = admitted {balance['admitted']:,} + clipped {balance['clipped']:,} "
+             f"+ dropped {balance['dropped']:,} + rejected {balance['rejected']:,} + late {balance['late']:,}"
+             f"  [{'balanced' if balance['balanced'] else 'MISMATCH'}]"]
+    if not dead:
+        return lines + [f"messages read {messages:,}; dead letters: none"]
+    letters = pa.concat_tables(dead)
+    by_reason = letters.group_by("reason").aggregate([("source", "count"), ("source", "count_distinct")])
+    with_letters = len(pc.unique(letters.column("source")))
+    lines.append(f"messages read {messages:,}; {with_letters:,} of them dead-lettered whole or in part, by reason:")
+    for row in sorted(by_reason.to_pylist(), key=lambda r: r["reason"]):
+        rows, sources = int(row["source_count"]), int(row["source_count_distinct"])
+        if row["reason"] == DeadLetterReason.UNDECODABLE_MESSAGE.value:
+            lines.append(f"  {row['reason']}: {sources:,} message(s), each dead-lettered whole")
+        else:
+            lines.append(f"  {row['reason']}: {rows:,} row(s) of {sources:,} message(s)")
+    return lines
+
+
 def _read_kafka(p: beam.Pipeline, args: argparse.Namespace) -> Any:
     """Apply :func:`kafka_source` to ``p`` (the cross-language expansion). RunRefused naming the
     expansion service when it cannot be reached or refuses the transform."""
@@ -2096,9 +2214,42 @@ def _read_kafka(p: beam.Pipeline, args: argparse.Namespace) -> Any:
                               f"{first}") from exc
 
 
+def _private_copy(source: str, destination: Path) -> bool:
+    """Copy the folder ``source`` (a local path or a URI pyarrow reaches) to the local
+    ``destination`` as curator files: every folder made ``0700``, every file created ``0600``
+    from its first byte (``O_CREAT | O_EXCL``), whatever the umask; False, nothing copied, when
+    there is no such folder. A dry run's scratch copy of ``--output`` is then what the job's
+    own files are, so the preview of a restart reads it as the restart reads the real folder,
+    instead of refusing its own copy as loose (issue 37). A local file that group or others may
+    read keeps that mode in the copy (inside the ``0700`` scratch folder nobody else may enter):
+    the preview refuses it as the real job refuses the real file, naming the real path and mode."""
+    source_fs, where = filesystem(source)
+    if source_fs.get_file_info(where).type != pafs.FileType.Directory:
+        return False
+    local = isinstance(source_fs, pafs.LocalFileSystem)
+    make_private_dirs(destination)
+    os.chmod(destination, 0o700)
+    entries = source_fs.get_file_info(pafs.FileSelector(where, recursive=True))
+    for entry in sorted(entries, key=lambda e: e.path):
+        target = destination / PurePosixPath(entry.path).relative_to(PurePosixPath(where))
+        if entry.type == pafs.FileType.Directory:
+            make_private_dirs(target)
+        elif entry.type == pafs.FileType.File:
+            make_private_dirs(target.parent)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as sink, source_fs.open_input_stream(entry.path) as stream:
+                while chunk := stream.read(1 << 20):
+                    sink.write(chunk)
+            loose = os.stat(entry.path).st_mode & 0o077 if local else 0
+            if loose:
+                os.chmod(target, 0o600 | loose)
+    return True
+
+
 def dry_run(argv: list[str], args: argparse.Namespace, beam_args: list[str], prog: str) -> int:
     """``--dry-run``: the job itself, on the DirectRunner, into a ``0700`` scratch folder holding a
-    copy of the release root and of ``--output`` (a restart previews the restart), with the root
+    private copy of the release root and of ``--output`` (:func:`_private_copy`: files ``0600``,
+    folders ``0700``, as the job's own, so a restart previews the restart), with the root
     the ledger's snapshots record read as the copy (:data:`_PREVIEWED_ROOT`). Prints the windows
     and queries it would release and (curator only, without ``--quiet``) the rows by outcome; the
     real root, ``--output`` and ``--previous-ledger`` are never written. A replay only: a stream
@@ -2113,8 +2264,8 @@ def dry_run(argv: list[str], args: argparse.Namespace, beam_args: list[str], pro
     real_root, real_output = store.absolute(args.releases_parquet), store.absolute(args.output)
     with private_run_dir("renyi-preview-") as scratch:
         public, output = scratch / "public", scratch / "output"
-        preview.copy_folder(real_root, public)
-        preview.copy_folder(real_output, output)
+        _private_copy(real_root, public)
+        _private_copy(real_output, output)
         before = store.release_windows_present(str(public))
         inner = [a for a in argv if a != "--dry-run"] + ["--releases-parquet", str(public), "--output", str(output)]
         said = io.StringIO()
@@ -2147,7 +2298,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m renyi_stre
     if not any(a.startswith("--runner") for a in flags):
         flags += ["--runner=DirectRunner"]
     try:
-        key_path = launch.key_fingerprint(args)[0]
+        key_path = key_fingerprint(args)[0]
         if args.noise_key_secret:  # each worker fetches the key at start-up (renyi_stream.pipelines.beam.worker_key)
             flags += [f"--{worker_key.SECRET_OPTION}={args.noise_key_secret}",
                       f"--{worker_key.PATH_OPTION}={key_path}", f"--beam_plugins={worker_key.PLUGIN}"]
@@ -2223,6 +2374,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m renyi_stre
     print(f"[streaming] done: releases under {store.absolute(args.releases_parquet)}, curator files under "
           f"{store.absolute(args.output)}; row books {'balanced' if balance['balanced'] else 'MISMATCH'} "
           f"({BOOKS_FILE})", file=sys.stderr)
+    if not args.quiet:  # exact counts: the curator's, under their heading, never under --quiet
+        for line in curator_summary(store.absolute(args.output), balance):
+            print(line, file=sys.stderr)
     return 0 if balance["balanced"] else 1
 
 

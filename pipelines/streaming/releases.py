@@ -171,11 +171,13 @@ CACHED_SHARDS = 16
 
 #: Beam counters of the streaming filter's charging firings: a shard restored from its ``STATE``
 #: bag (the bag read whole, every part unpickled and the ledger rebuilt) or taken from the cache.
+#: One firing per shard and window of the schedule, rows or not: they count firings, never rows.
+#: Beam counters are seen by whoever sees the job's page (Dataflow, Flink), so every counter of the
+#: streaming job counts messages, files, shards or windows only, never rows or users (docs/architecture.md,
+#: "Invariant 4: nothing-pre-noise-leaves"; issue 37): the buffered row parts a window read
+#: (``buffered_parts_read``, 2 for a day without rows, 3 with one user's row) was such a count.
 RESTORED_FROM_STATE = Metrics.counter("renyi_stream.streaming_filter", "shards_restored_from_state")
 TAKEN_FROM_CACHE = Metrics.counter("renyi_stream.streaming_filter", "shards_taken_from_cache")
-#: Beam counter of the parts of buffered rows the filter read from its row bags (a window's own, and
-#: those moved between the bags of its :class:`renyi_stream.stream.engine.window_buffer.WindowBuffer`).
-BUFFERED_PARTS_READ = Metrics.counter("renyi_stream.streaming_filter", "buffered_parts_read")
 
 if WIDTH != 8:  # the filter's methods name one state parameter per bag
     raise RuntimeError(f"StreamingIndividualFilterDoFn declares 8 ring and 8 block bags, the window buffer {WIDTH}")
@@ -454,7 +456,6 @@ class StreamingIndividualFilterDoFn(beam.DoFn):
         mark.write(StateMark(token, 0 if whole else deltas + 1))
         charged.write(window)
         buffer.advance(window + 1)  # at a block's start, its rows move to their own bags
-        BUFFERED_PARTS_READ.inc(buffer.parts_read)
         ledger = _snapshot_table(snapshot, window, deltas)
         if self._prepaid_every_window:
             # Like the ledger: whole with a full snapshot, else the rows of the users charged in the window.

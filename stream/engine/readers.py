@@ -343,16 +343,26 @@ def check_declared_columns(path: str | Path, contract: "InputContract") -> None:
     contract (:mod:`renyi_stream.stream.contract`): a declared column it lacks, a column name it repeats, or a
     declared column whose type no value of could parse (a number written as a list, binary or
     struct column; a category written as anything but text). Structural faults of the file, seen
-    in its header before anyone is charged; a value that does not parse is that row's dead letter."""
+    in its header before anyone is charged; a value that does not parse is that row's dead letter.
+    The header is checked by :func:`check_declared_schema`."""
     schema = next(read_batches(path, batch_rows=1, malformed=MalformedLines())).schema
+    check_declared_schema(schema, contract, where=f"input file {path}")
+
+
+def check_declared_schema(schema: pa.Schema, contract: "InputContract", *, where: str) -> None:
+    """InputFileError when the columns ``schema`` declares cannot hold ``contract``: a declared
+    column it lacks, a column name it repeats, a declared column of a type no value of could parse.
+    The message opens with ``where`` (``"input file PATH"``, a replayed message) and names the
+    column. The one check of an input's header against the contract, for a file
+    (:func:`check_declared_columns`) and for the streaming job's replayed files and messages."""
     header = schema.names
     missing = [n for n in contract.names if n not in header]
     if missing:
-        raise InputFileError(f"input file {path} lacks the declared column(s) {missing[:20]}; its columns: "
+        raise InputFileError(f"{where} lacks the declared column(s) {missing[:20]}; its columns: "
                              f"{[_short(n)[:40] for n in header[:20]]}. Every input holds every declared column")
     repeated = sorted({n for n in header if header.count(n) > 1})
     if repeated:
-        raise InputFileError(f"input file {path} repeats the column name(s) {[_short(n)[:40] for n in repeated[:5]]}")
+        raise InputFileError(f"{where} repeats the column name(s) {[_short(n)[:40] for n in repeated[:5]]}")
     for column in contract.columns:
         t = schema.field(column.name).type
         t = t.value_type if pa.types.is_dictionary(t) else t
@@ -361,7 +371,7 @@ def check_declared_columns(path: str | Path, contract: "InputContract") -> None:
         number = (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)
                   or pa.types.is_decimal(t))
         if not (pa.types.is_null(t) or text or (number and column.kind == "number")):
-            raise InputFileError(f"input file {path} writes the declared {column.kind} column {column.name!r} as "
+            raise InputFileError(f"{where} writes the declared {column.kind} column {column.name!r} as "
                                  f"{t}, which holds no {'numbers' if column.kind == 'number' else 'text'}")
 
 
