@@ -116,7 +116,8 @@ def _register(where: list[str], running: bool) -> list[list[str]]:
     (without it each job registers the per-window sums of the declared columns itself)."""
     if not running:
         return []
-    cli = [sys.executable, "-m", "renyi_stream.pipelines.cli.main", "query", "add", *where, "--from", DAY0.isoformat()]
+    cli = [sys.executable, "-m", "renyi_stream.pipelines.cli.main", "query", "add", *where, "--create", "--from",
+           DAY0.isoformat()]  # before each job's first run: the store (or root) is made here
     return [[*cli, "--id", f"sum:{c}", "--columns", c] for c in COLUMNS] + [
         [*cli, "--id", "running:opened", "--columns", "opened", "--kind", "running", "--strategy", "blt"]]
 

@@ -305,6 +305,7 @@ def test_the_features_file_trains(tmp_path, int_run):
     local = tmp_path / "f.parquet"
     shutil.copy(out, local)
     os.chmod(local, 0o600)
-    code = main(["train", "--features", str(local), "--ledger", str(tmp_path / "ledger.duckdb"), "--epsilon", "1",
-                 "--delta", "1e-6", "--out", str(tmp_path / "m.npz"), "--steps", "3", "--no-stopping", "--quiet"])
+    code = main(["train", "--features", str(local), "--ledger", str(tmp_path / "ledger.duckdb"), "--new-ledger",
+                 "--epsilon", "1", "--delta", "1e-6", "--out", str(tmp_path / "m.npz"), "--steps", "3",
+                 "--no-stopping", "--train-rho", "0.01", "--quiet"])
     assert code == 0

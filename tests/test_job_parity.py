@@ -85,7 +85,9 @@ def _key(tmp_path: Path) -> str:
 
 
 def _register(where: list[str], query: list[str], start: str) -> None:
-    assert cli(["query", "add", *where, *query, "--from", start]) == 0
+    """Register ``query`` from ``start``; the store (or root) is made by the first registration,
+    before the jobs' first run (``--create``)."""
+    assert cli(["query", "add", *where, "--create", *query, "--from", start]) == 0
 
 
 def _first_queries(where: list[str]) -> None:
@@ -540,7 +542,7 @@ def test_a_running_query_registered_beside_a_parquet_release_root_records_its_st
     daily registry does (one codec: renyi_stream.queries.linear.LinearQuery.to_json), its strategy's
     parameters included."""
     root = str(tmp_path / "public")
-    assert cli(["query", "add", "--releases-parquet", root, "--id", "total", "--columns", "opened",
+    assert cli(["query", "add", "--releases-parquet", root, "--create", "--id", "total", "--columns", "opened",
                 "--kind", "running", "--strategy", "tree", "--horizon", "30", "--from", "2026-03-01"]) == 0
     (registration,) = ReleaseCatalogue(root).read().registrations
     assert (registration.query.kind, registration.query.strategy, registration.query.horizon) == ("running", "tree", 30)

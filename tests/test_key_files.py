@@ -127,10 +127,13 @@ def test_a_store_made_with_another_key_is_refused_before_anyone_is_charged(tmp_p
     assert _cli(_cli_run(tmp_path, 0, store="other.duckdb", ledger="other-l.duckdb", key="other.key"), capsys)[0] == 0
     mine, theirs = (NoiseKey.load_or_create(tmp_path / k).fingerprint for k in ("k.key", "other.key"))
     before = _digest(tmp_path / "l.duckdb", tmp_path / "other.duckdb", tmp_path / "s.duckdb")
-    status, err = _cli(_cli_run(tmp_path, 1, store="other.duckdb"), capsys)
+    # The ledger records its own store (s.duckdb): told it moved to other.duckdb, which holds every
+    # window the ledger published, only the key fingerprint tells the two deployments apart.
+    status, err = _cli(_cli_run(tmp_path, 1, store="other.duckdb") + ["--store-moved"], capsys)
     assert status != 0 and "Traceback" not in err, err
     assert "--store" in err and mine in err and theirs in err, err
     assert _digest(tmp_path / "l.duckdb", tmp_path / "other.duckdb", tmp_path / "s.duckdb") == before
     with pytest.raises(ReleaseConflictError, match=theirs):  # the library refuses the same way
-        run_job(JobConfig(**{**_config(tmp_path, 1).__dict__, "store": str(tmp_path / "other.duckdb")}))
+        run_job(JobConfig(**{**_config(tmp_path, 1).__dict__, "store": str(tmp_path / "other.duckdb"),
+                             "store_moved": True}))
     assert _digest(tmp_path / "l.duckdb", tmp_path / "other.duckdb", tmp_path / "s.duckdb") == before

@@ -435,7 +435,10 @@ def test_a_store_holding_another_ledgers_releases_refuses_this_ledger_before_any
     run_job(a)
     run_job(b)
     day1 = _write_day(tmp_path / "d1.parquet", 1, [1, 2], [1.0, 1.0], [0.0, 1.0])
-    b_into_a = JobConfig(**{**_config(tmp_path, [day1], start=1, end=1, name="b").__dict__, "store": a.store})
+    # Ledger b records its own store: told that store moved to a's (which holds every window b
+    # published, so the move is believable), only the ledger id can still tell them apart.
+    b_into_a = JobConfig(**{**_config(tmp_path, [day1], start=1, end=1, name="b").__dict__, "store": a.store,
+                            "store_moved": True})
     ledger_before, store_before = _ledger(b), _releases(a)
     with pytest.raises(ReleaseConflictError, match="ledger") as refused:
         run_job(b_into_a)

@@ -239,8 +239,8 @@ def test_a_parquet_catalogue_withdraws_a_never_answered_query_from_its_first_win
 
 def test_query_retire_from_the_first_window_says_the_query_was_withdrawn(tmp_path, capsys):
     store = str(tmp_path / "s.duckdb")
-    assert main(["query", "add", "--store", store, "--id", "m", "--clamp", "minute", "--lo", "0", "--hi", "60",
-                 "--from", "2026-03-05"]) == 0
+    assert main(["query", "add", "--store", store, "--create", "--id", "m", "--clamp", "minute", "--lo", "0",
+                 "--hi", "60", "--from", "2026-03-05"]) == 0
     assert main(["query", "retire", "--store", store, "--id", "m", "--from", "2026-03-05"]) == 0
     assert "withdrew m: it was never answered in public" in capsys.readouterr().out
 
@@ -400,7 +400,7 @@ def test_a_version_1_store_opened_read_only_asks_for_the_migration(tmp_path):
 
 def test_query_add_list_retire_from_the_command_line(tmp_path, capsys):
     store = str(tmp_path / "s.duckdb")
-    assert main(["query", "add", "--store", store, "--id", "tiers", "--histogram", "tier",
+    assert main(["query", "add", "--store", store, "--create", "--id", "tiers", "--histogram", "tier",
                  "--categories", "0,1,2", "--from", "2026-03-05", "--description", "users per tier"]) == 0
     assert main(["query", "add", "--store", store, "--id", "score", "--weighted", "opened=0.5,bought=2",
                  "--kind", "running", "--from", "2026-03-05"]) == 0
@@ -413,7 +413,8 @@ def test_query_add_list_retire_from_the_command_line(tmp_path, capsys):
 
 def test_query_list_shows_each_window_as_the_date_it_starts(tmp_path, capsys):
     store = str(tmp_path / "s.duckdb")
-    assert main(["query", "add", "--store", store, "--id", "q", "--columns", "a", "--from", "2026-03-05"]) == 0
+    assert main(["query", "add", "--store", store, "--create", "--id", "q", "--columns", "a", "--from",
+                 "2026-03-05"]) == 0
     assert main(["query", "retire", "--store", store, "--id", "q", "--from", "2026-03-09"]) == 0
     capsys.readouterr()
     assert main(["query", "list", "--store", store]) == 0
@@ -440,7 +441,7 @@ def test_query_add_with_bad_parameters_exits_2_naming_the_parameter(tmp_path, ca
 
 def test_query_add_takes_string_categories_for_a_string_column(tmp_path, capsys):
     store = str(tmp_path / "s.duckdb")
-    assert main(["query", "add", "--store", store, "--id", "plans", "--histogram", "plan",
+    assert main(["query", "add", "--store", store, "--create", "--id", "plans", "--histogram", "plan",
                  "--categories", "free,pro", "--from", "5"]) == 0
     with QueryRegistry(store, read_only=True) as registry:
         assert registry.get("plans").labels == ("plan=free", "plan=pro")
@@ -453,6 +454,52 @@ def test_query_add_for_a_released_window_exits_2_naming_from(tmp_path, capsys):
         main(["query", "add", "--store", str(store), "--id", "q", "--columns", "a", "--from", "4"])
     assert exit_info.value.code == 2
     assert "--from must be after the last released window 4" in capsys.readouterr().err
+
+
+MARCH_4 = (dt.date(2026, 3, 4) - dt.date(1970, 1, 1)).days  # window ids: days since 1970-01-01
+
+
+def _refusal(argv: list[str], capsys) -> tuple[object, str]:
+    try:
+        status = main(argv)
+    except SystemExit as exc:
+        status = exc.code
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["--store", "--releases-parquet"])
+def test_query_add_before_the_last_released_window_names_both_windows_dates(tmp_path, capsys, where):
+    target = tmp_path / ("s.duckdb" if where == "--store" else "public")
+    if where == "--store":
+        _publish(target, "sum:a", [MARCH_4 - 1, MARCH_4])
+    else:
+        from renyi_stream.queries.release_files import write_release_file
+
+        _publish(tmp_path / "rows.duckdb", "sum:a", [MARCH_4])
+        with ReleaseStore(tmp_path / "rows.duckdb", read_only=True) as store:  # a released window of the root
+            write_release_file(str(target), MARCH_4, store.read().drop_columns(["released_at"]).cast(RELEASE_SCHEMA))
+    status, err = _refusal(["query", "add", where, str(target), "--id", "q", "--columns", "a", "--from",
+                            str(MARCH_4 - 1)], capsys)
+    assert status == 2
+    assert f"last released window {MARCH_4} (2026-03-04)" in err and f"window {MARCH_4 - 1} (2026-03-03)" in err
+
+
+def test_query_retire_errors_name_each_windows_date(tmp_path, capsys):
+    store = str(tmp_path / "s.duckdb")
+    assert main(["query", "add", "--store", store, "--create", "--id", "q", "--columns", "a", "--from",
+                 "2026-03-05"]) == 0
+    status, err = _refusal(["query", "retire", "--store", store, "--id", "q", "--from", "2026-03-04"], capsys)
+    assert status == 2 and f"window {MARCH_4 + 1} (2026-03-05)" in err and f"={MARCH_4} (2026-03-04)" in err
+    assert main(["query", "retire", "--store", store, "--id", "q", "--from", "2026-03-07"]) == 0
+    assert f"retired q from window {MARCH_4 + 3} (2026-03-07)" in capsys.readouterr().out
+    status, err = _refusal(["query", "retire", "--store", store, "--id", "q", "--from", "2026-03-09"], capsys)
+    assert status == 2 and f"already retired from window {MARCH_4 + 3} (2026-03-07)" in err
+
+
+def test_query_add_says_the_date_of_the_window_it_registers_from(tmp_path, capsys):
+    assert main(["query", "add", "--store", str(tmp_path / "s.duckdb"), "--create", "--id", "q", "--columns", "a",
+                 "--from", str(MARCH_4)]) == 0
+    assert f"from window {MARCH_4} (2026-03-04)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("action", [["list"], ["retire", "--id", "q", "--from", "9"]])

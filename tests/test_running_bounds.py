@@ -138,8 +138,8 @@ def test_query_add_refuses_sqrt_above_its_horizon_bound_naming_horizon_before_a_
 
 def test_query_add_takes_sqrt_at_its_largest_horizon(tmp_path):
     store = tmp_path / "s.duckdb"
-    assert main(["query", "add", "--store", str(store), "--id", "long", "--columns", "x", "--kind", "running",
-                 "--strategy", "sqrt", "--horizon", "1024", "--from", "2026-03-01"]) == 0
+    assert main(["query", "add", "--store", str(store), "--create", "--id", "long", "--columns", "x", "--kind",
+                 "running", "--strategy", "sqrt", "--horizon", "1024", "--from", "2026-03-01"]) == 0
     with QueryRegistry(store, read_only=True) as registry:
         assert (registry.get("long").strategy, registry.get("long").horizon) == ("sqrt", 1024)
 

@@ -175,8 +175,8 @@ def test_a_stored_state_of_the_same_strategy_is_taken():
 
 def test_query_add_registers_a_tree_running_query(tmp_path, capsys):
     store = tmp_path / "s.duckdb"
-    assert main(["query", "add", "--store", str(store), "--id", "tree:x", "--columns", "x", "--kind", "running",
-                 "--strategy", "tree", "--from", "2026-03-01"]) == 0
+    assert main(["query", "add", "--store", str(store), "--create", "--id", "tree:x", "--columns", "x", "--kind",
+                 "running", "--strategy", "tree", "--from", "2026-03-01"]) == 0
     assert main(["query", "add", "--store", str(store), "--id", "sqrt:x", "--columns", "x", "--kind", "running",
                  "--from", "2026-03-01"]) == 0
     with QueryRegistry(store, read_only=True) as registry:
@@ -185,8 +185,8 @@ def test_query_add_registers_a_tree_running_query(tmp_path, capsys):
 
 def test_query_add_registers_the_declared_horizon_and_refuses_one_without_a_prepaid_rule(tmp_path, capsys):
     store = tmp_path / "s.duckdb"
-    assert main(["query", "add", "--store", str(store), "--id", "r90", "--columns", "x", "--kind", "running",
-                 "--horizon", "90", "--from", "2026-03-01"]) == 0
+    assert main(["query", "add", "--store", str(store), "--create", "--id", "r90", "--columns", "x", "--kind",
+                 "running", "--horizon", "90", "--from", "2026-03-01"]) == 0
     assert main(["query", "add", "--store", str(store), "--id", "rtail", "--columns", "x", "--kind", "running",
                  "--horizon", "tail", "--from", "2026-03-01"]) == 0
     with QueryRegistry(store, read_only=True) as registry:

@@ -128,7 +128,7 @@ def test_streaming_then_training_on_one_ledger_keeps_every_user_within_budget(tm
     assert max(streamed.values()) > 0.3 * kappa  # the daily releases spent a real share
     summary = run_train(TrainConfig(features=str(_features(tmp_path, paths)), ledger=str(ledger), epsilon=1.0,
                                     delta=1e-6, out=str(tmp_path / "model.npz"), steps=10, clip=1.0,
-                                    learning_rate=2.0, seed=1))
+                                    learning_rate=2.0, seed=1, train_rho=kappa))  # the whole budget, declared
     after = _used(ledger)
     assert max(after.values()) <= kappa
     assert all(after[u] >= streamed.get(u, 0.0) for u in after)
@@ -151,9 +151,9 @@ def test_streaming_then_training_on_one_ledger_keeps_every_user_within_budget(tm
 
 def test_the_train_command_on_a_new_ledger_writes_model_report_and_ledger(tmp_path, capsys):
     features = _features(tmp_path, _write_days(tmp_path))
-    code = main(["train", "--features", str(features), "--ledger", str(tmp_path / "new.duckdb"),
+    code = main(["train", "--features", str(features), "--ledger", str(tmp_path / "new.duckdb"), "--new-ledger",
                  "--epsilon", "0.5", "--delta", "1e-5", "--out", str(tmp_path / "m.npz"), "--model", "mlp",
-                 "--hidden", "8", "--steps", "5", "--stop-queries", "2", "--seed", "3"])
+                 "--hidden", "8", "--steps", "5", "--stop-queries", "2", "--seed", "3", "--train-rho", "0.01"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "[train] step 1/10" in captured.err and "noisy train accuracy" in captured.err
@@ -167,8 +167,9 @@ def test_the_train_command_on_a_new_ledger_writes_model_report_and_ledger(tmp_pa
 
 def test_training_with_another_promise_than_the_ledgers_is_refused_and_charges_nobody(tmp_path, capsys):
     features = _features(tmp_path, _write_days(tmp_path))
-    args = ["train", "--features", str(features), "--ledger", str(tmp_path / "l.duckdb"), "--delta", "1e-5",
-            "--out", str(tmp_path / "m.npz"), "--steps", "3", "--no-stopping", "--seed", "1"]
+    args = ["train", "--features", str(features), "--ledger", str(tmp_path / "l.duckdb"), "--new-ledger",
+            "--delta", "1e-5", "--out", str(tmp_path / "m.npz"), "--steps", "3", "--no-stopping", "--seed", "1",
+            "--train-rho", "0.01"]
     assert main(args + ["--epsilon", "1.0"]) == 0
     before = _used(tmp_path / "l.duckdb")
     capsys.readouterr()
@@ -182,12 +183,13 @@ def test_training_with_another_promise_than_the_ledgers_is_refused_and_charges_n
 
 def test_train_parameters_out_of_range_exit_2_naming_the_parameter(tmp_path, capsys):
     features = _features(tmp_path, _write_days(tmp_path, days=6, users=20))
-    base = ["train", "--features", str(features), "--ledger", str(tmp_path / "l.duckdb"), "--epsilon", "1",
-            "--delta", "1e-5", "--out", str(tmp_path / "m.npz")]
+    base = ["train", "--features", str(features), "--ledger", str(tmp_path / "l.duckdb"), "--new-ledger",
+            "--epsilon", "1", "--delta", "1e-5", "--out", str(tmp_path / "m.npz"), "--train-rho", "0.01"]
     assert main(base + ["--clip", "-1"]) == 2
     assert "clip must be > 0, got clip=-1.0" in capsys.readouterr().err
     with pytest.raises(ValueError, match="stopping \\(Appendix A\\) extends Algorithm 7"):
-        TrainConfig(features="f", ledger="l", epsilon=1.0, delta=0.1, out="m", filtering=False, stopping=True)
+        TrainConfig(features="f", ledger="l", epsilon=1.0, delta=0.1, out="m", filtering=False, stopping=True,
+                    train_rho=0.01)
     assert main(base + ["--train-rho", "5"]) == 2
     assert "train_rho must be <= the ledger budget" in capsys.readouterr().err
     with pytest.raises(ValueError, match="delta must be in \\(0, 1\\), got delta=2"):
@@ -199,19 +201,20 @@ def test_algorithm_6_stage_runs_exactly_k_steps(tmp_path):
     features = _features(tmp_path, _write_days(tmp_path, users=50))
     summary = run_train(TrainConfig(features=str(features), ledger=str(tmp_path / "l.duckdb"), epsilon=1.0,
                                     delta=1e-6, out=str(tmp_path / "m.npz"), steps=7, filtering=False,
-                                    stopping=False, seed=2))
+                                    stopping=False, seed=2, train_rho=0.028, new_ledger=True))
     assert summary.steps_run == 7 and summary.accuracy_queries == []
     with pytest.raises(TrainRefused, match="another promise"):
         run_train(TrainConfig(features=str(features), ledger=str(tmp_path / "l.duckdb"), epsilon=1.0,
-                              delta=1e-7, out=str(tmp_path / "m2.npz"), seed=2))
+                              delta=1e-7, out=str(tmp_path / "m2.npz"), seed=2, train_rho=0.02))
 
 
 def test_training_on_the_gpu_without_cupy_exits_1_naming_the_extra_and_touches_no_ledger(tmp_path, capsys,
                                                                                          monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # as on a machine without the gpu extra
     features = _features(tmp_path, _write_days(tmp_path, users=20))
-    code = main(["train", "--features", str(features), "--ledger", str(tmp_path / "l.duckdb"), "--epsilon", "1",
-                 "--delta", "1e-5", "--out", str(tmp_path / "m.npz"), "--device", "gpu"])
+    code = main(["train", "--features", str(features), "--ledger", str(tmp_path / "l.duckdb"), "--new-ledger",
+                 "--epsilon", "1", "--delta", "1e-5", "--out", str(tmp_path / "m.npz"), "--device", "gpu",
+                 "--train-rho", "0.01"])
     assert code == 1
     assert "device='gpu' needs CuPy: pip install 'renyi-stream[gpu]'" in capsys.readouterr().err
     assert not (tmp_path / "l.duckdb").exists() and not (tmp_path / "m.npz").exists()
@@ -224,8 +227,12 @@ _TIMING = re.compile(r"\s+\d+\.\d s$")
 
 
 def _train_args(features, ledger, out, *extra: str) -> list[str]:
-    return ["train", "--features", str(features), "--ledger", str(ledger), "--epsilon", "1", "--delta", "1e-6",
-            "--out", str(out), "--steps", "4", "--stop-queries", "3", "--stop-every", "2", *extra]
+    """``renyi-stream train`` on ``ledger`` (a new one is made when missing), charging each user at
+    most 0.028 zCDP (about the whole budget 0.02801 of epsilon 1, delta 1e-6), unless ``extra``
+    declares another ``--train-rho``."""
+    return ["train", "--features", str(features), "--ledger", str(ledger), "--new-ledger", "--epsilon", "1",
+            "--delta", "1e-6", "--out", str(out), "--steps", "4", "--stop-queries", "3", "--stop-every", "2",
+            "--train-rho", "0.028", *extra]
 
 
 def _train_in_a_child(args: list[str], crash_at: str | None = None) -> subprocess.CompletedProcess:
@@ -327,7 +334,8 @@ def test_a_run_that_fails_once_the_model_scratch_exists_leaves_no_scratch_and_no
     features = _features(tmp_path, _write_days(tmp_path, users=60))
     (tmp_path / "out").mkdir()
     config = TrainConfig(features=str(features), ledger=str(tmp_path / "ledger.duckdb"), epsilon=1.0, delta=1e-6,
-                         out=str(tmp_path / "out" / "m.npz"), steps=4, stop_queries=3, stop_every=2)
+                         out=str(tmp_path / "out" / "m.npz"), steps=4, stop_queries=3, stop_every=2,
+                         train_rho=0.028, new_ledger=True)
     with pytest.raises(fail(monkeypatch)):
         run_train(config)
     assert list((tmp_path / "out").iterdir()) == []
@@ -483,7 +491,7 @@ def test_a_public_normaliser_is_what_the_update_divides_by_and_costs_nothing(tmp
     features = _features(tmp_path, _write_days(tmp_path, users=80))
     summary = run_train(TrainConfig(features=str(features), ledger=str(tmp_path / "l.duckdb"), epsilon=1.0,
                                     delta=1e-6, out=str(tmp_path / "m.npz"), steps=3, stopping=False,
-                                    normaliser=1000.0, seed=1))
+                                    normaliser=1000.0, seed=1, train_rho=0.028, new_ledger=True))
     privacy = json.loads((tmp_path / "m.json").read_text())["privacy"]
     assert summary.normaliser == privacy["normaliser"] == 1000.0 and privacy["normaliser_kind"] == "public"
     assert privacy["normaliser_rho"] == 0.0 and privacy["normaliser_noisy_count"] is None
@@ -508,7 +516,7 @@ def test_training_on_a_ledger_refuses_another_noise_key_and_never_creates_one(tm
 
 
 def test_the_noisy_count_and_the_accuracy_queries_must_leave_budget_for_the_steps():
-    base = {"features": "f", "ledger": "l", "epsilon": 1.0, "delta": 1e-6, "out": "m"}
+    base = {"features": "f", "ledger": "l", "epsilon": 1.0, "delta": 1e-6, "out": "m", "train_rho": 0.01}
     with pytest.raises(ValueError, match="stop_fraction \\+ count_fraction must be < 1"):
         TrainConfig(**base, stop_fraction=0.6, count_fraction=0.4)
     with pytest.raises(ValueError, match="normaliser must be > 0, got normaliser=0"):
@@ -545,9 +553,9 @@ def _stage(folder: Path, features: Path, *extra: str) -> tuple[int, str, dict, t
     folder.mkdir(exist_ok=True)
     err = io.StringIO()
     with redirect_stderr(err):
-        code = main(["train", "--features", str(features), "--ledger", str(folder / "l.duckdb"), "--epsilon", "1",
-                     "--delta", "1e-6", "--out", str(folder / "m.npz"), "--steps", "3", "--no-stopping",
-                     "--seed", "4", *extra])
+        code = main(["train", "--features", str(features), "--ledger", str(folder / "l.duckdb"), "--new-ledger",
+                     "--epsilon", "1", "--delta", "1e-6", "--out", str(folder / "m.npz"), "--steps", "3",
+                     "--no-stopping", "--seed", "4", "--train-rho", "0.028", *extra])
     if code != 0:
         return code, err.getvalue(), {}, ()
     return code, err.getvalue(), json.loads((folder / "m.json").read_text()), load_model(folder / "m.npz")

@@ -1,7 +1,10 @@
 """``renyi-stream query add|list|retire|contract``, ``privacy-report`` and ``report``.
 
 Parameter errors exit with status 2 and a message naming the parameter; a missing store or
-ledger exits with status 1.
+ledger exits with status 1, and none is ever created by a command that only reads it. ``query add``
+creates a release store (or a Parquet root's catalogue) only when asked to (``--create``:
+registering queries before a job's first run): a mistyped ``--store`` would otherwise register
+the query where no job publishes. Every message that names a window names its date too.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,46 @@ from renyi_stream.stream.continual.prepaid import (
 
 class _Usage(Exception):
     """A bad parameter: exit status 2."""
+
+
+#: A window id in a message (``window 20517``, ``from_window=20517``, ``effective_from=20517``)
+#: not already followed by its date.
+_WINDOW_ID = re.compile(r"\b(windows? |from_window=|effective_from=)(-?\d+)\b(?! \(-?\d{4}-)")
+
+
+def _when(window_id: int, window: str = "1d") -> str:
+    """``window N (YYYY-MM-DD)``: a window id with the UTC date it starts (and the time, for
+    windows shorter than a day), for ``--window`` ``window``; the id alone when ``window`` is
+    not a window length."""
+    try:
+        return f"window {window_id} ({_start_text(window)(window_id)})"
+    except (_Usage, ValueError, OverflowError, OSError):
+        return f"window {window_id}"
+
+
+def _dated(message: str, window: str = "1d") -> str:
+    """``message`` with the date each window id it names starts beside it (``already retired
+    from window 20517`` -> ``already retired from window 20517 (2026-03-05)``); as it is when
+    ``window`` is not a window length."""
+    try:
+        start = _start_text(window)
+    except _Usage:
+        return message
+
+    def dated(match: re.Match) -> str:
+        try:
+            return f"{match.group(0)} ({start(int(match.group(2)))})"
+        except (ValueError, OverflowError, OSError):
+            return match.group(0)
+
+    return _WINDOW_ID.sub(dated, message)
+
+
+def _missing_store(where: str, option: str) -> str:
+    """Why ``query add`` refuses a release store (or root) ``where`` that does not exist."""
+    return (f"{where} does not exist: a query registered in a new store is answered by no job that publishes "
+            f"elsewhere (a mistyped {option}?). Give the store the jobs publish to, or --create to make a new one "
+            "(registering queries before a job's first run)")
 
 
 def _fail(command: str, message: str, status: int, args: argparse.Namespace | None = None) -> int:
@@ -146,28 +190,30 @@ def _query_command(args: argparse.Namespace) -> int:
         if args.action == "retire" and not existed:
             return _fail(command, f"release store {args.store} does not exist", 1, args)
         query = _query_from_args(args) if args.action == "add" else None  # bad specs fail before the store opens
+        if query is not None and not existed and not args.create:
+            return _fail(command, _missing_store(f"release store {args.store}", "--store"), 1, args)
         with ReleaseStore(args.store) as store:
             registry = QueryRegistry(store)
             _refuse_released(args, first, registry.last_released_window())
             if query is not None:
                 registry.add(query, effective_from=first)
                 print(f"registered {query.query_id} ({query.kind}, dim {query.dim}: {', '.join(query.labels)}) "
-                      f"from window {first}" + ("" if existed else f" in the new release store {args.store}"))
+                      f"from {_when(first, args.window)}" + ("" if existed else f" in the new release store {args.store}"))
             else:
-                _say_retired(args.id, first, registry.retire(args.id, from_window=first))
+                _say_retired(args.id, first, registry.retire(args.id, from_window=first), args.window)
         return 0
     except _Usage as exc:
-        return _fail(command, str(exc), 2, args)
+        return _fail(command, _dated(str(exc), args.window), 2, args)
     except ValueError as exc:
-        return _fail(command, str(exc), 2, args)
+        return _fail(command, _dated(str(exc), args.window), 2, args)
     except (ReleaseStoreError, CatalogueChanged) as exc:
-        return _fail(command, str(exc), 1, args)
+        return _fail(command, _dated(str(exc), args.window), 1, args)
 
 
-def _say_retired(query_id: str, window: int, withdrawn: bool) -> None:
+def _say_retired(query_id: str, window: int, withdrawn: bool, length: str = "1d") -> None:
     print(f"withdrew {query_id}: it was never answered in public and is answered in no window (its id stays "
           "taken: register the corrected query under a new id)" if withdrawn
-          else f"retired {query_id} from window {window}")
+          else f"retired {query_id} from {_when(window, length)}")
 
 
 def _contract_command(args: argparse.Namespace, command: str) -> int:
@@ -201,8 +247,8 @@ def _contract_command(args: argparse.Namespace, command: str) -> int:
 def _refuse_released(args: argparse.Namespace, first: int, last: int | None) -> None:
     """The catalogue rule (:func:`renyi_stream.queries.registration.refuse_released`), worded for ``--from``."""
     if last is not None and first <= last:
-        raise _Usage(f"--from must be after the last released window {last}, got --from {args.start} "
-                     f"(window {first}): released answers never change")
+        raise _Usage(f"--from must be after the last released {_when(last, args.window)}, got --from {args.start}, "
+                     f"{_when(first, args.window)}: released answers never change")
 
 
 def _print_catalogue(table: Any, form: str, window: str = "1d") -> None:
@@ -220,6 +266,18 @@ def _print_catalogue(table: Any, form: str, window: str = "1d") -> None:
 
 def _window_start_text(window: str) -> Any:
     """``window id -> "YYYY-MM-DD (window N)"`` (with the time when windows are shorter than a day)."""
+    start = _start_text(window)
+
+    def text(window_id: int) -> str:
+        return f"{start(window_id)} (window {window_id})"
+
+    return text
+
+
+def _start_text(window: str) -> Any:
+    """``window id -> "YYYY-MM-DD"``: the UTC date window ``window id`` of ``--window`` ``window``
+    (days since 1970-01-01 for daily windows) starts, with the time when windows are shorter than
+    a day. _Usage for a ``window`` that is not a window length."""
     from renyi_stream.stream.schema import WindowSpec
 
     try:
@@ -229,8 +287,7 @@ def _window_start_text(window: str) -> Any:
 
     def text(window_id: int) -> str:
         start = dt.datetime.fromtimestamp(int(spec.window_start_seconds(window_id)), tz=dt.timezone.utc)
-        day = start.strftime("%Y-%m-%d" if start.time() == dt.time(0) else "%Y-%m-%d %H:%M")
-        return f"{day} (window {window_id})"
+        return start.strftime("%Y-%m-%d" if start.time() == dt.time(0) else "%Y-%m-%d %H:%M")
 
     return text
 
@@ -250,22 +307,27 @@ def _catalogue_command(args: argparse.Namespace, command: str) -> int:
             _print_catalogue(ReleaseCatalogue(root).list(), args.format, args.window)
             return 0
         first = _window("--from", args.start, args.window)
+        if args.action == "retire" and local and not Path(root).exists():
+            return _fail(command, f"release root {root} (--releases-parquet) does not exist", 1, args)
+        query = _query_from_args(args) if args.action == "add" else None  # bad specs fail before the root is read
+        if query is not None and local and not Path(root).exists() and not args.create:
+            return _fail(command, _missing_store(f"release root {root} (--releases-parquet)", "--releases-parquet"),
+                         1, args)
         catalogue = ReleaseCatalogue(root)
         if args.action == "retire" and catalogue.read().revision == 0:
             return _fail(command, f"release root {root} (--releases-parquet) has no query catalogue", 1, args)
-        query = _query_from_args(args) if args.action == "add" else None
         _refuse_released(args, first, catalogue.last_released_window())
         if query is not None:
             catalogue.add(query, effective_from=first)
             print(f"registered {query.query_id} ({query.kind}, dim {query.dim}: {', '.join(query.labels)}) "
-                  f"from window {first} in the query catalogue of {catalogue.root}")
+                  f"from {_when(first, args.window)} in the query catalogue of {catalogue.root}")
         else:
-            _say_retired(args.id, first, catalogue.retire(args.id, from_window=first))
+            _say_retired(args.id, first, catalogue.retire(args.id, from_window=first), args.window)
         return 0
     except (_Usage, ValueError) as exc:
-        return _fail(command, str(exc), 2, args)
+        return _fail(command, _dated(str(exc), args.window), 2, args)
     except (CatalogueChanged, OSError) as exc:
-        return _fail(command, str(exc), 1, args)
+        return _fail(command, _dated(str(exc), args.window), 1, args)
 
 
 def _privacy_report_command(args: argparse.Namespace) -> int:
@@ -373,6 +435,9 @@ def add_query_subcommands(sub: Any) -> None:
     add.add_argument("--description", default="", help="public description")
     add.add_argument("--from", dest="start", required=True, help="first window answered (YYYY-MM-DD or window id)")
     add.add_argument("--window", default="1d", help="window length, as given to the job (default 1d)")
+    add.add_argument("--create", action="store_true",
+                     help="create the release store (or the Parquet root's catalogue) when it does not exist: to "
+                     "register queries before a job's first run; without it a missing store is refused")
     retire = actions.add_parser("retire", help="stop answering a query from a future window on (from its first "
                                 "window, if never answered: withdraw it)")
     retire.add_argument("--id", required=True, help="the query id")

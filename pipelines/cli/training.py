@@ -21,7 +21,7 @@ def _features_contract(args: argparse.Namespace) -> Any:
     (the ledger the model will be trained on); None when neither gives one. ValueError for both,
     or for a ledger that records none."""
     from renyi_stream.pipelines.beam.job_options import declared_contract
-    from renyi_stream.pipelines.curator.store import CuratorStore
+    from renyi_stream.pipelines.curator.store import CuratorStoreError, recorded_parameters
 
     declared = declared_contract(args)
     if args.ledger is None:
@@ -30,10 +30,12 @@ def _features_contract(args: argparse.Namespace) -> Any:
         return declared
     if declared is not None or args.id_type is not None:
         raise ValueError("give the input contract either as --ledger (the one it records) or declared, not both")
-    if not Path(args.ledger).is_file():
+    if not Path(args.ledger).is_file():  # never created: a features run only reads the ledger's contract
         raise ValueError(f"--ledger {args.ledger} does not exist")
-    with CuratorStore(args.ledger) as curator:
-        params = curator.parameters()
+    try:
+        params = recorded_parameters(args.ledger)  # read-only: nothing is written to the ledger
+    except CuratorStoreError as exc:
+        raise ValueError(str(exc)) from None
     if params is None or params.contract is None:
         raise ValueError(f"--ledger {args.ledger} records no input contract: declare it with --id-type and --column")
     return params.contract
@@ -73,7 +75,27 @@ def _features_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _undeclared_charge(args: argparse.Namespace) -> str:
+    """Why a ``train`` without ``--train-rho`` is refused, with the ledger's budget when the
+    ledger exists (read-only: nothing is created or written)."""
+    from renyi_stream.pipelines.curator.store import CuratorStoreError, recorded_parameters
+
+    budget = ""
+    try:
+        params = recorded_parameters(args.ledger) if Path(args.ledger).is_file() else None
+    except CuratorStoreError:
+        params = None
+    if params is not None:
+        budget = f" (the ledger's budget kappa is {params.rho:.6g} zCDP per user; renyi-stream privacy-report shows a user's use)"
+    return ("--train-rho is required: declare the zCDP per user this training run may charge, > 0 and at most the "
+            f"ledger's budget kappa{budget}. There is no default: a run charges what the curator declares, never "
+            "the whole remaining budget")
+
+
 def _train_command(args: argparse.Namespace) -> int:
+    if args.train_rho is None:
+        print(f"renyi-stream train: error: argument --train-rho: {_undeclared_charge(args)}", file=sys.stderr)
+        return 2
     try:
         config = TrainConfig(
             features=args.features, ledger=args.ledger, epsilon=args.epsilon, delta=args.delta, out=args.out,
@@ -84,7 +106,7 @@ def _train_command(args: argparse.Namespace) -> int:
             stop_queries=args.stop_queries, stop_every=args.stop_every, stop_fraction=args.stop_fraction,
             train_rho=args.train_rho, accounting=args.accounting, norm_budget=args.norm_budget,
             key_path=args.key, normaliser=args.normaliser, count_fraction=args.count_fraction,
-            seed=args.seed, device=args.device, dtype=args.dtype,
+            seed=args.seed, device=args.device, dtype=args.dtype, new_ledger=args.new_ledger,
         )
         summary = run_train(config, progress=None if args.quiet else sys.stderr)
     except ValueError as exc:
@@ -146,7 +168,11 @@ def add_train_subcommand(subparsers: Any) -> None:
         "ledger shared with the daily job, so a user's promise covers daily releases and the model together.",
     )
     train.add_argument("--features", required=True, help="features Parquet (user_id, features, integer label)")
-    train.add_argument("--ledger", required=True, help="the curator's ledger (DuckDB); created when missing")
+    train.add_argument("--ledger", required=True, help="the curator's ledger (DuckDB), the one the daily job charges; "
+                       "one that does not exist is refused (see --new-ledger)")
+    train.add_argument("--new-ledger", action="store_true",
+                       help="start a new ledger at --ledger when none exists there (this run is its first); without "
+                       "it a missing ledger is refused, so a mistyped path never trains on a fresh budget")
     train.add_argument("--epsilon", type=float, required=True, help="per-user epsilon (> 0); must equal the ledger's")
     train.add_argument("--delta", type=float, required=True, help="per-user delta in (0, 1); must equal the ledger's")
     train.add_argument("--out", required=True, help="model file to write (.npz)")
@@ -170,8 +196,10 @@ def add_train_subcommand(subparsers: Any) -> None:
     train.add_argument("--stop-every", type=int, default=5, help="Appendix A: steps between queries (default 5)")
     train.add_argument("--stop-fraction", type=float, default=DEFAULT_STOP_FRACTION,
                        help=f"share of the training budget for the queries (default {DEFAULT_STOP_FRACTION})")
-    train.add_argument("--train-rho", type=float, default=None,
-                       help="zCDP per user this run may use (default: the ledger's whole budget)")
+    train.add_argument("--train-rho", type=float, default=None, metavar="RHO",
+                       help="required: the zCDP per user this run may charge, declared (> 0, at most the ledger's "
+                       "budget kappa; users with less left are charged what they have left). No default: never "
+                       "the whole remaining budget")
     train.add_argument("--accounting", choices=ACCOUNTINGS, default=None,
                        help="default: the ledger's (gdp on a new ledger)")
     train.add_argument("--norm-budget", type=float, default=1.0,

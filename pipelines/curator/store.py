@@ -13,7 +13,10 @@ file holds:
 * ``outbox``: released (noisy) answers committed with the ledger in one transaction and then
   published to the release store window by window (the daily job's outbox for
   :func:`renyi_stream.stream.engine.publication.publish_outbox`: at-least-once publish, idempotent insert there);
-* ``window_counts`` and ``dead_letters``: row accounting (invariant 7).
+* ``window_counts`` and ``dead_letters``: row accounting (invariant 7);
+* under ``meta`` too, the release store the ledger publishes to (``release_store``, a resolved
+  absolute path) and where the ledger itself was when it recorded it (``release_store_bound_at``):
+  :meth:`CuratorStore.bind_release_store`, one ledger bound to one store.
 
 A run commits everything in one transaction (:meth:`CuratorStore.commit_run`), so a crash
 leaves either the previous state or the new one, never a ledger without its releases.
@@ -47,6 +50,13 @@ from renyi_stream.stream.private_files import (PrivateFileError, make_private_di
                                   process_alive, refuse_if_shared, under_private_umask)
 
 SCHEMA_VERSION = 1
+
+#: ``meta`` keys of the store binding (:meth:`CuratorStore.bind_release_store`): the release store
+#: the ledger publishes to, and the ledger's own place when it recorded it (both resolved paths).
+STORE_KEY = "release_store"
+STORE_BOUND_AT_KEY = "release_store_bound_at"
+#: The ``renyi-stream run`` option that says the release store moved (re-records its place).
+STORE_MOVED_OPTION = "--store-moved"
 
 
 class CuratorStoreError(RuntimeError):
@@ -123,6 +133,34 @@ def connect_curator(path: str | os.PathLike, *, read_only: bool = False) -> duck
     return duckdb.connect(str(path), read_only=read_only, config={"temp_directory": str(folder)})
 
 
+@under_private_umask  # what DuckDB spills to <ledger>.tmp/ is 0600
+def recorded_parameters(path: str | os.PathLike) -> LedgerConfig | None:
+    """The configuration the ledger at ``path`` records (None when no run has recorded one), read
+    without writing anything: opened read-only, so a ledger is neither created, nor migrated,
+    nor given an id. CuratorStoreError for a path that does not exist, a file that is not a
+    ledger, or a record that cannot be read."""
+    path = Path(path)
+    if not path.is_file():
+        raise CuratorStoreError(f"the ledger {path} does not exist")
+    refuse_a_shared_ledger(path)
+    try:
+        db = connect_curator(path, read_only=True)
+    except duckdb.Error as exc:
+        raise CuratorStoreError(f"cannot open the ledger {path} read-only: {exc}") from exc
+    try:
+        tables = {name for (name,) in db.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+        foreign = _foreign_tables(path, tables)
+        if foreign or "meta" not in tables:
+            raise CuratorStoreError(foreign or f"{path} is not a renyi-stream ledger (no meta table)")
+        rows = dict(db.execute("SELECT key, value FROM meta").fetchall())
+    finally:
+        db.close()
+    try:
+        return LedgerConfig.from_meta(rows, where=f"the ledger {path}")
+    except LedgerConfigError as exc:
+        raise CuratorStoreError(str(exc)) from None
+
+
 def _not_a_ledger(path: Path) -> str | None:
     """Why the DuckDB file ``path`` is not a ledger, read-only; None for a ledger (or a file
     DuckDB cannot read: its own error comes when it is opened). It reads only the catalogue and
@@ -154,6 +192,7 @@ class CuratorStore:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
+        self._binding: dict[str, str] | None = None  # a store binding to record with the next commit
         refuse_a_shared_ledger(self.path)
         make_private_dirs(self.path.parent)
         with private_umask():
@@ -295,6 +334,83 @@ class CuratorStore:
             self._db.execute("INSERT INTO meta VALUES ('columns', ?) ON CONFLICT DO NOTHING", [continued.columns])
         return continued
 
+    # -- the release store it publishes to -------------------------------------------------------
+
+    def release_store(self) -> str | None:
+        """The release store this ledger publishes to, as the resolved absolute path its first
+        publishing run recorded (:meth:`bind_release_store`); None before that (a new ledger, a
+        ledger only trained on, or one from before ledgers recorded their store)."""
+        return self._meta_value(STORE_KEY)
+
+    def bind_release_store(self, store: Any, *, moved: bool = False) -> None:
+        """Refuse a release store other than the one this ledger publishes to; remember, for the
+        run's commit, the store to record. Call it before anyone is charged, with the run's open
+        :class:`renyi_stream.queries.release_store.ReleaseStore` (its ``path`` and ``read()``).
+
+        Guarantees, for the ledger file at the place it recorded its store from:
+
+        * a run whose store resolves to another path than the recorded one is refused
+          (CuratorStoreError naming both paths and ``--store-moved``), unless ``moved``: then the
+          new store must hold every release this ledger has published (else refused, naming one
+          it lacks, with its date), and its place is recorded. A day is therefore never published
+          to a store other than the ledger's (a typo in ``--store`` would leave the real store
+          without that day for good, and a running total registered there stuck);
+        * a ledger that records no store yet (new, or from before this rule) records this one,
+          once the store holds every release the ledger has published (nothing, for a new
+          ledger): an old ledger pointed at a wrong store is refused at its next run too;
+        * a copy of the ledger at another place (a dry run's private copy, a ledger moved together
+          with its store) is checked on content, as a moved store is: its store must hold every
+          release it has published; then the new places are recorded.
+
+        Nothing is written here: the binding is recorded by :meth:`commit_run`, in the run's own
+        transaction, so a refused or failed run records nothing and a ledger is bound to the store
+        its committed releases go to. That the store holds no release the ledger never charged is
+        the daily job's check (``_refuse_a_ledger_behind_the_store``); that it holds no other
+        ledger's releases, the store's (:meth:`ReleaseStore.check_ledger`)."""
+        place, here = _place(store.path), _place(self.path)
+        recorded, bound_at = self.release_store(), self._meta_value(STORE_BOUND_AT_KEY)
+        self._binding = None
+        if recorded is not None and bound_at == here:
+            if recorded == place:
+                return  # the ledger's own store: nothing to check or record
+            if not moved:
+                raise CuratorStoreError(
+                    f"release store {place} is not the store the ledger {self.path} publishes to, {recorded} "
+                    f"(recorded by its first publishing run): refusing before anyone is charged, since a day "
+                    f"published to another store is missing from {recorded} for good (and a running total "
+                    f"registered there could not go on). A typo: give --store {recorded}. If the store really "
+                    f"moved, give {STORE_MOVED_OPTION} to record {place} as the ledger's store (it must hold "
+                    "every release the ledger has published)")
+        self._refuse_a_store_behind_the_ledger(store, place, recorded)
+        self._binding = {STORE_KEY: place, STORE_BOUND_AT_KEY: here}
+
+    def _refuse_a_store_behind_the_ledger(self, store: Any, place: str, recorded: str | None) -> None:
+        """CuratorStoreError when the store at ``place`` lacks a release this ledger has published
+        (marked published in its outbox), naming one with its date."""
+        published = set(self._db.execute(
+            "SELECT DISTINCT query_id, window_id FROM outbox WHERE published").fetchall())
+        if not published:
+            return
+        releases = store.read()
+        held = set(zip(releases.column("query_id").to_pylist(), releases.column("window_id").to_pylist()))
+        missing = sorted((q, int(w)) for q, w in published - held)
+        if not missing:
+            return
+        query_id, window = missing[0]
+        params = self.parameters()
+        day = _window_date(params.window if params is not None else None, window)
+        where = (f"the ledger publishes to {recorded}" if recorded is not None and recorded != place
+                 else "this ledger records no release store yet (it predates the record), so this one would be")
+        raise CuratorStoreError(
+            f"release store {place} lacks {len(missing)} release(s) the ledger {self.path} has published (e.g. "
+            f"query {query_id!r}, window {window} ({day})): it is not the store this ledger publishes to ({where}). "
+            f"Give the ledger's own release store with --store; a store that moved holds every one of them "
+            f"({STORE_MOVED_OPTION} records a moved store, never a new one)")
+
+    def _meta_value(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
+        return None if row is None else row[0]
+
     # -- reading --------------------------------------------------------------------------------
 
     def next_run_id(self) -> int:
@@ -431,7 +547,8 @@ class CuratorStore:
         (a ledger that lost users would restart their budgets: refused). ``running`` (per query,
         the per-user prepaid rows) and ``release_states`` (per query) replace the stored ones of
         those queries, in the same transaction: a ledger that charged a prepaid admission never
-        lands without the state that remembers it (a lost row would under-charge).
+        lands without the state that remembers it (a lost row would under-charge). The release
+        store a :meth:`bind_release_store` of this run accepted is recorded in the same transaction.
         """
         if ledger.num_rows < previous_users:
             raise CuratorStoreError(
@@ -489,11 +606,14 @@ class CuratorStore:
                 db.register("new_raw", raw)
                 db.execute("INSERT INTO running_releases SELECT query_id, window_id, y, ? FROM new_raw", [run_id])
                 db.unregister("new_raw")
+            if self._binding:  # the store this run publishes to (bind_release_store)
+                db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", sorted(self._binding.items()))
             crash_point("after_ledger_write")
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
+        self._binding = None
 
     def _write_running(self, running: Mapping[str, pa.Table]) -> None:
         """Replace the per-user prepaid rows of each query in ``running`` (others are kept)."""
@@ -534,6 +654,24 @@ class CuratorStore:
     def run_totals(self) -> pa.Table:
         table = self._db.execute("SELECT * FROM run_counts ORDER BY run_id").arrow()
         return table.read_all() if hasattr(table, "read_all") else table
+
+
+def _place(path: str | os.PathLike) -> str:
+    """``path`` as the absolute path it resolves to (symbolic links followed): what a ledger
+    records of its release store, and of itself."""
+    return str(Path(path).expanduser().resolve())
+
+
+def _window_date(window: Any, window_id: int) -> str:
+    """The UTC date (and time, for windows shorter than a day) window ``window_id`` of the
+    :class:`renyi_stream.stream.schema.WindowSpec` ``window`` starts at (daily windows when None)."""
+    import datetime as dt
+
+    from renyi_stream.stream.schema import WindowSpec
+
+    spec = window if window is not None else WindowSpec()
+    start = dt.datetime.fromtimestamp(int(spec.window_start_seconds(int(window_id))), tz=dt.timezone.utc)
+    return start.strftime("%Y-%m-%d" if start.time() == dt.time(0) else "%Y-%m-%d %H:%M")
 
 
 def _duck_type(arrow_type: pa.DataType) -> str:

@@ -12,8 +12,9 @@ Order of a run (each step safe to crash after):
 1. take the run lock (one run per ledger at a time) and open the ledger database;
 2. on an existing ledger, refuse an ``(epsilon, delta)`` or accounting that differs from the one
    it was started with, and load its noise key (never create one: a missing key or another
-   key than the ledger's is refused); on a new one, record the parameters and create its noise
-   key beside it, as the daily job does, so a later daily job can continue on it;
+   key than the ledger's is refused); a ledger that does not exist is refused unless the run
+   asks for a new one (``new_ledger``, ``--new-ledger``): then record the parameters and create
+   its noise key beside it, as the daily job does, so a later daily job can continue on it;
 3. train (:func:`renyi_stream.stream.training.dpgd.private_gd`), reading each user's remaining budget once,
    with noise derived from the key, the ledger and the run id the training will commit as
    (:mod:`renyi_stream.stream.training.keyed_noise`);
@@ -32,6 +33,12 @@ features file's record, never the labels; a row whose label is outside them, or 
 null or not finite in the run's dtype, is left out of the run (charged nothing) and counted by
 reason in the report's ``curator_only`` part (:func:`renyi_stream.pipelines.curator.features.load_features`).
 A user whose gradient overflows at a step is dropped for that step (:func:`renyi_stream.stream.training.dpgd.private_gd`).
+
+**Charged what the curator declares.** A run may charge each user at most ``train_rho``, which
+the curator declares (``--train-rho``): there is no default, and in particular never the whole
+remaining budget. A ledger path that does not exist is never silently created (a typo would train
+on a fresh ledger that charges nobody's real budget): only a run that asks for a new ledger makes
+one.
 
 **No exact counts.** The neighbouring relation is add/remove one user, so the number of users
 is private. The update divides by a public normaliser (``--normaliser``) or, by default, by a
@@ -61,7 +68,7 @@ from renyi_stream.stream.private_files import private_scratch, public_file_mode,
 
 DEFAULT_STOP_FRACTION = 0.05
 # Share of the run's budget the default normaliser (a noisy count of the users) costs. At the
-# demo run of docs/training.md (train_rho = 0.028) its noise std is 42 users: 0.06% of 72,864.
+# demo run of docs/training.md (train_rho = 0.005) its noise std is 100 users: 0.14% of 72,864.
 DEFAULT_COUNT_FRACTION = 0.01
 
 
@@ -75,7 +82,8 @@ class TrainConfig:
         classes: the number of classes ``N`` >= 2 (labels ``0 .. N-1``), declared: default the
             features file's record (the features job records 2); never read off the labels. A
             row whose label is outside them is left out and counted (curator-only).
-        ledger: the curator's ledger database (DuckDB); created when missing.
+        ledger: the curator's ledger database (DuckDB). One that does not exist is refused
+            unless ``new_ledger``.
         epsilon, delta: the per-user promise; must equal the ledger's.
         out: the model file (``.npz``); report: the JSON report (default: ``out`` with ``.json``).
         model: ``logreg`` or ``mlp`` (``hidden`` units).
@@ -85,8 +93,11 @@ class TrainConfig:
         stopping: Appendix A's rule (Algorithm 7 only): ``stop_queries`` private accuracy queries
             every ``stop_every`` steps from step ``k``, costing ``stop_fraction`` of the training
             budget; keep the best queried iterate.
-        train_rho: zCDP per user this run may use (default: the ledger's whole budget ``kappa``);
-            users who spent some of ``kappa`` in daily releases get less (Algorithm 7's clip).
+        train_rho: zCDP per user this run may charge, declared by the curator (required: no
+            default; at most the ledger's budget ``kappa``); users who have less of ``kappa`` left
+            are charged what they have left (Algorithm 7's clip).
+        new_ledger: start a new ledger at ``ledger`` when none exists there (its first run); an
+            existing ledger is used as it is.
         accounting: ``(epsilon, delta) -> kappa`` conversion; default the ledger's (``gdp`` on a
             new ledger).
         norm_budget: only on a new ledger: the squared-norm budget ``B`` recorded for later daily
@@ -127,6 +138,7 @@ class TrainConfig:
     seed: int | None = None
     device: str = "cpu"
     dtype: str = "float64"
+    new_ledger: bool = False
 
     def __post_init__(self) -> None:
         check.positive("epsilon", self.epsilon)
@@ -145,8 +157,11 @@ class TrainConfig:
         check.positive("norm_budget", self.norm_budget)
         if self.noise_multiplier is not None:
             check.positive("noise_multiplier", self.noise_multiplier)
-        if self.train_rho is not None:
-            check.positive("train_rho", self.train_rho)
+        if self.train_rho is None:
+            raise ValueError("train_rho must be declared: the zCDP per user this run may charge, > 0 and at most "
+                             "the ledger's budget kappa; there is no default (it was the whole remaining budget), "
+                             "got train_rho=None")
+        check.positive("train_rho", self.train_rho)
         if not 0.0 < check.real("stop_fraction", self.stop_fraction) < 1.0:
             raise ValueError(f"stop_fraction must be in (0, 1), got stop_fraction={self.stop_fraction!r}")
         if self.normaliser is not None:
@@ -325,6 +340,18 @@ def _release_normaliser(config: TrainConfig, view: Any, train_rho: float, rng: A
                        released=released)
 
 
+def refuse_a_missing_ledger(config: TrainConfig) -> None:
+    """TrainRefused, naming the path and ``--new-ledger``, when ``config.ledger`` does not exist
+    and the run did not ask for a new ledger: a mistyped path must never become a fresh ledger in
+    which every user has their whole budget (the model would be charged to nobody's real budget).
+    Checked before anything is created (the lock file, the folders, the model)."""
+    if not config.new_ledger and not Path(config.ledger).exists():
+        raise TrainRefused(
+            f"the ledger {config.ledger} does not exist: a training run charges the ledger the daily job charges, "
+            "and a new one would start every user at their whole budget. Give the curator's ledger with --ledger, "
+            "or --new-ledger to start a new ledger with this run")
+
+
 def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSummary:
     """Run one training stage end to end; see the module docstring for the order of steps."""
     from renyi_stream.pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock
@@ -347,13 +374,14 @@ def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSumma
     for name, path in (("out", out), ("report", config.report_path)):  # before anyone is charged
         if path.is_dir():
             raise ValueError(f"{name} must be a file to write, got the folder {name}={str(path)!r}")
+    refuse_a_missing_ledger(config)  # before anything is created
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         # The model goes to a private scratch file (0600), removed on any failure before its release.
         with RunLock(config.ledger), CuratorStore(config.ledger) as curator, private_scratch(out) as tmp:
             params, key = _ledger_parameters(curator, config, id_type)
             kappa = params.rho
-            train_rho = kappa if config.train_rho is None else config.train_rho
+            train_rho = config.train_rho
             if train_rho > kappa:
                 raise ValueError(f"train_rho must be <= the ledger budget kappa={kappa:.6g}, got train_rho={train_rho!r}")
             key = key or _existing_key(config, params)
