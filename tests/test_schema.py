@@ -234,6 +234,36 @@ def test_wrong_type_rejected_for_unparseable_indicator_string():
     assert result.valid.column("a").to_pylist() == [1.5]
 
 
+# Each way a row becomes wrong_type, as (user ids, values of indicator "b", id_type), with rows 1
+# and 2 wrong in the same column: (the column the detail must name, row 1's value, row 2's value).
+_WRONG_TYPES = {
+    "text_in_a_number_column": ((pa.array([1, 2, 3]), ["1", "yes", "n/a"], None), ("column 'b'", "yes", "n/a")),
+    "text_id_for_an_int64_ledger": ((pa.array(["1", "abc", "x9"]), ["1"] * 3, "int64"), ("user_id", "abc", "x9")),
+    "float_id_with_a_fraction": ((pa.array([1.0, 1.5, 2.25]), ["1"] * 3, "int64"), ("user_id", "1.5", "2.25")),
+    "unsigned_id_beyond_int64": ((pa.array([1, 2**63, 2**64 - 1], pa.uint64()), ["1"] * 3, None),
+                                 ("user_id", str(2**63), str(2**64 - 1))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_WRONG_TYPES))
+def test_every_wrong_type_detail_names_its_column_and_its_own_rows_value_alone(case):
+    (ids, values, id_type), (column, own, other) = _WRONG_TYPES[case]
+    got = rejects(check(day_batch(ids, ["2024-01-01"] * 3, b=values), id_type=id_type))
+    assert [reason for reason, _ in got.values()] == ["wrong_type", "wrong_type"]
+    assert column in got[1][1] and own in got[1][1] and other not in got[1][1]
+    assert column in got[2][1] and other in got[2][1] and own not in got[2][1]
+
+
+def test_a_wrong_type_detail_names_the_first_column_that_did_not_parse():
+    got = rejects(check(day_batch([1], ["2024-01-01"], a=["1"], b=["yes"], c=["no"])))
+    assert got == {0: ("wrong_type", 'column \'b\': cannot parse "yes" as a number')}
+
+
+def test_the_reserved_id_is_a_wrong_type_naming_user_id():
+    got = rejects(check(day_batch(pa.array([1, -(2**63)], pa.int64()), ["2024-01-01"] * 2, a=[1.0] * 2)))
+    assert got[1][0] == "wrong_type" and got[1][1].startswith(f"user_id {-(2**63)} is reserved")
+
+
 def test_wrong_type_detail_cuts_long_values():
     long_value = "x" * 500
     result = check(day_batch([1], ["2024-01-01"], a=[long_value]))
