@@ -34,6 +34,11 @@ Beside the catalogue lies the input contract of the ledger that answers under th
 DuckDB store keeps it in ``store_meta.input_contract``: written by the first run that has one
 (:meth:`ReleaseCatalogue.record_input_contract`), never rewritten, and a run whose ledger
 declares another is refused, as the ledger refuses it.
+
+A query's releases under the root estimate what every release estimates, worded once in
+:data:`renyi_stream.queries.release_store.ESTIMAND` (the sum over the users whose budget admitted
+them in each window, not the population's); ``renyi-stream sql --releases-parquet`` shows it as
+the comments of the snapshot's views (:mod:`renyi_stream.queries.release_root`).
 """
 
 from __future__ import annotations

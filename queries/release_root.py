@@ -8,7 +8,10 @@ promise and input contract) into a new DuckDB release store file, with the table
 ``query_catalogue``, ``releases_wide``, ``store_meta``). Analysts' SQL then runs over that
 file through the same sandbox as over a store (:func:`renyi_stream.queries.release_store.connect_read_only`:
 read-only, no files, no extensions), so one set of rules holds for every release store. The
-root itself is only read; everything in it is public.
+snapshot is made by :class:`~renyi_stream.queries.release_store.ReleaseStore`, so its views carry the
+same comments saying what each release estimates (the sum over the users whose budget admitted
+them in that window; :data:`renyi_stream.queries.release_store.ESTIMAND`). The root itself is only
+read; everything in it is public.
 """
 
 from __future__ import annotations

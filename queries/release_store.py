@@ -29,10 +29,21 @@ Version 2 adds the query registry and the analysts' views:
   ``[effective_from, retired_from)``;
 * ``query_catalogue`` (view): the registry in readable form, with ``dim``;
 * ``releases_with_ci`` (view): ``releases`` plus ``ci95_low`` / ``ci95_high``
-  (``value -/+ 1.96 noise_std``; Gaussian noise, so an exact 95% interval for each release);
+  (``value -/+ 1.96 noise_std``: Gaussian noise of known std, so a 95% band around each release
+  that covers the *admitted* sum, :data:`ESTIMAND`, not the population's);
 * ``releases_wide`` (view): one row per window, one column per query coordinate (named by the
   query id, or ``query_id[label]`` for a query with several coordinates); recreated whenever the
   registry changes, because DuckDB views cannot pivot on values found in the data.
+
+What a release estimates (docs/architecture.md, "Two databases") is worded once, here
+(:data:`ESTIMAND`, :func:`estimand`), and every public surface reads it from here: the store's
+DuckDB comments on its views and their ``value``, ``noise_std``, ``ci95_low`` and ``ci95_high``
+columns (``SELECT view_name, comment FROM duckdb_views() WHERE NOT internal``; written by every
+read-write open whose comments are missing or out of date, so a snapshot of a Parquet release
+root, :mod:`renyi_stream.queries.release_root`, carries them too), the HTML report's captions
+(:mod:`renyi_stream.queries.report`), and the docs, which quote it and are tested to
+(``tests/test_estimand.py``). ``releases_wide`` is recreated by the registry on every change, so
+it carries no comment: its columns are the ``value`` column of ``releases``.
 
 Timestamps are ``TIMESTAMP WITH TIME ZONE``; the connections opened here use the UTC time zone so
 that ``window_start::DATE`` means the same day on every machine.
@@ -73,6 +84,38 @@ RELEASE_SCHEMA = pa.schema([
 
 #: What :meth:`ReleaseStore.read` returns: the release columns and the time of the first publish.
 READ_SCHEMA = RELEASE_SCHEMA.append(pa.field("released_at", pa.timestamp("us", tz="UTC")))
+
+#: What a ``window`` release estimates: the sum over the users the individual filter admitted.
+ESTIMAND_WINDOW = ("the sum over the users whose budget admitted them in that window (the admitted users), "
+                   "not the sum over every user")
+#: What a ``running`` release estimates: the admitted sums of its windows, added up.
+ESTIMAND_RUNNING = ("the total, from the query's first window through that one, of each window's admitted sum, "
+                    "not the total over every user")
+#: What the 95% band (``ci95_low`` to ``ci95_high``) covers.
+BAND = ("The band value ± 1.96 × noise_std (ci95_low to ci95_high in releases_with_ci) covers that admitted "
+        "sum with probability 95%, not the population's sum.")
+#: Why the admitted sum is not the population's.
+FILTERING = ("A user whose budget has run out is filtered out (left out, or clipped to what was left), so the "
+             "admitted sum can fall while the population's does not: a falling series may be filtering, "
+             "not a decline.")
+
+
+def estimand(kind: str | None = None) -> str:
+    """What a release of ``kind`` (``window``, ``running``, or None for both) estimates and what
+    its band covers, in the one wording every public surface uses."""
+    if kind == "window":
+        what = ESTIMAND_WINDOW
+    elif kind == "running":
+        what = ESTIMAND_RUNNING
+    elif kind is None:
+        what = f"{ESTIMAND_WINDOW} (for a running query: {ESTIMAND_RUNNING})"
+    else:
+        raise ValueError(f"kind must be 'window', 'running' or None, got kind={kind!r}")
+    return f"Each value estimates {what}. {BAND} {FILTERING}"
+
+
+#: The estimand of every release, both kinds: the text of the store's comments and the docs.
+ESTIMAND = estimand()
 
 KINDS = frozenset({"window", "running"})
 MECHANISMS = frozenset({"gaussian", "discrete_gaussian"})
@@ -132,6 +175,46 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             SELECT DISTINCT window_id, window_start, window_end FROM releases ORDER BY window_id""",
     ),
 }
+
+
+def _comments() -> dict[tuple[str, str | None], str]:
+    """The DuckDB comment of each ``(view, column)`` (column None: the view itself)."""
+    low = f"value - 1.96 × noise_std, the low end of the 95% band. {ESTIMAND}"
+    high = f"value + 1.96 × noise_std, the high end of the 95% band. {ESTIMAND}"
+    value = f"The released noisy answer. {ESTIMAND}"
+    noise = f"The standard deviation of the Gaussian noise in value. {ESTIMAND}"
+    return {
+        ("releases", None): f"Released noisy answers, one row per (query, window, coordinate). {ESTIMAND}",
+        ("releases", "value"): value,
+        ("releases", "noise_std"): noise,
+        ("releases_with_ci", None): f"releases plus ci95_low and ci95_high. {ESTIMAND}",
+        ("releases_with_ci", "value"): value,
+        ("releases_with_ci", "noise_std"): noise,
+        ("releases_with_ci", "ci95_low"): low,
+        ("releases_with_ci", "ci95_high"): high,
+        ("query_catalogue", None): f"Every registered query and the windows it is answered in. {ESTIMAND}",
+    }
+
+
+def _sql_text(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _comments_current(db: duckdb.DuckDBPyConnection) -> bool:
+    """Whether every comment of :func:`_comments` is in place, worded as now."""
+    views = dict(db.execute("SELECT view_name, comment FROM duckdb_views() "
+                            "WHERE NOT internal AND database_name = current_database()").fetchall())
+    columns = {(table, column): comment for table, column, comment in db.execute(
+        "SELECT table_name, column_name, comment FROM duckdb_columns() "
+        "WHERE NOT internal AND database_name = current_database()").fetchall()}
+    return all((views.get(view) if column is None else columns.get((view, column))) == text
+               for (view, column), text in _comments().items())
+
+
+def _write_comments(db: duckdb.DuckDBPyConnection) -> None:
+    for (view, column), text in _comments().items():
+        target = f"VIEW {view}" if column is None else f"COLUMN {view}.{column}"
+        db.execute(f"COMMENT ON {target} IS {_sql_text(text)}")
 
 
 class ReleaseStoreError(RuntimeError):
@@ -290,6 +373,8 @@ class ReleaseStore:
                 f"release store {self._path} has schema version {version}, newer than this renyi-stream "
                 f"understands ({SCHEMA_VERSION}); upgrade renyi-stream")
         if version == SCHEMA_VERSION:
+            if not self._read_only and not _comments_current(self._conn):
+                self._describe()
             return
         if self._read_only:
             raise ReleaseStoreError(
@@ -301,6 +386,7 @@ class ReleaseStore:
             for step in range(version + 1, SCHEMA_VERSION + 1):
                 for statement in _MIGRATIONS[step]:
                     db.execute(statement)
+            _write_comments(db)
             db.execute("INSERT OR REPLACE INTO store_meta (key, value) VALUES ('schema_version', ?)",
                        [str(SCHEMA_VERSION)])
             db.execute("COMMIT")
@@ -309,6 +395,17 @@ class ReleaseStore:
             if isinstance(exc, duckdb.Error):
                 raise ReleaseStoreError(f"migrating release store {self._path} from schema version {version} "
                                         f"to {SCHEMA_VERSION} failed (nothing was changed): {exc}") from exc
+            raise
+
+    def _describe(self) -> None:
+        """Write the comments of :func:`_comments` (what each release estimates), in one transaction."""
+        db = self._conn
+        db.execute("BEGIN TRANSACTION")
+        try:
+            _write_comments(db)
+            db.execute("COMMIT")
+        except BaseException:
+            _rollback(db)
             raise
 
     # --- writing ------------------------------------------------------------------------------

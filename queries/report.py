@@ -1,8 +1,11 @@
 """A self-contained HTML report of the released answers (charts embedded as base64 PNG).
 
 The public report reads only the release store: each query's released series with its 95%
-confidence band (Gaussian noise of known std, so ``value -/+ 1.96 noise_std`` is an exact 95%
-interval for each release), and the promise in plain words. It holds nothing pre-noise, so it
+band (Gaussian noise of known std, so ``value -/+ 1.96 noise_std`` covers, with probability 95%,
+the sum over the users whose budget admitted them in that window: not the population's sum,
+which the individual filter changes), and the promise in plain words. Each chart's caption says
+so in the words of :func:`renyi_stream.queries.release_store.estimand`, the one wording every
+public surface uses. It holds nothing pre-noise, so it
 may be published wherever the store may.
 
 The curator variant adds, from the ledger, the distribution of the budget users have used and
@@ -27,13 +30,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from renyi_stream.queries.release_store import ReleaseStore
+from renyi_stream.queries.release_store import ESTIMAND, ReleaseStore, estimand
 from renyi_stream.stream.private_files import write_private_bytes
 
 _Z95 = 1.959963984540054
 _MAX_LEGEND = 12  # a histogram with more coordinates gets no legend (the lines say enough)
 _STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em;color:#222}"
           "img{max-width:100%;display:block;margin:.5em 0 1.5em}h2{margin-top:1.6em}"
+          "figure{margin:0 0 1.5em}figure img{margin-bottom:.3em}"
           ".curator{border-left:4px solid #b00;padding-left:1em}.note{color:#555;font-size:.92em}")
 
 
@@ -118,7 +122,7 @@ def _query_section(plt: Any, table: pa.Table, query_id: str) -> str:
         start, end = table.column("window_start")[0].as_py(), table.column("window_end")[0].as_py()
         ax.set_xlim(start - (end - start), end)
     what = "running total" if kind == "running" else "per window"
-    ax.set_title(f"{query_id} ({what}), 95% confidence {'interval' if windows == 1 else 'band'}")
+    ax.set_title(f"{query_id} ({what}) over admitted users, 95% noise {'interval' if windows == 1 else 'band'}")
     ax.set_xlabel("window start (UTC)")
     ax.grid(alpha=0.3)
     if len(coordinates) <= _MAX_LEGEND:
@@ -127,11 +131,10 @@ def _query_section(plt: Any, table: pa.Table, query_id: str) -> str:
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))  # one tick format, not a mix
     noise = f"{std.min():.4g}" if np.ptp(std) == 0 else f"{std.min():.4g} to {std.max():.4g}"
-    words = (f"{windows} window(s) released, {len(coordinates)} coordinate(s) each; every number is the "
-             f"{'running total since the query began' if kind == 'running' else 'sum over the window'} plus "
-             f"Gaussian noise of standard deviation {noise}: the true value is inside the shaded band "
-             "(value ± 1.96 × std) with probability 95%.")
-    return f"<h2>{html.escape(query_id)}</h2><p class='note'>{html.escape(words)}</p>{image_html(query_id, chart_png(plt, fig))}"
+    words = (f"{windows} window(s) released, {len(coordinates)} coordinate(s) each, with Gaussian noise of "
+             f"standard deviation {noise}. {estimand(kind)}")
+    return (f"<h2>{html.escape(query_id)}</h2><figure>{image_html(query_id, chart_png(plt, fig))}"
+            f"<figcaption class='note'>{html.escape(words)}</figcaption></figure>")
 
 
 def _promise_words(promise: dict[str, str]) -> str:
@@ -145,4 +148,4 @@ def _promise_words(promise: dict[str, str]) -> str:
             f"personal budget (squared-norm budget {float(promise['norm_budget']):g}, "
             f"{html.escape(promise['accounting'])} accounting); a user whose budget would be exceeded is left out "
             "of a release instead. Every number below carries Gaussian noise whose standard deviation is shown "
-            "as a 95% band.</p>")
+            f"as a 95% band. {html.escape(ESTIMAND)}</p>")

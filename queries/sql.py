@@ -8,6 +8,13 @@ explanation of why such statements are not allowed here.
 
 Writing the result to a file (``--format parquet --out F``) happens in this process, after the
 query, never from inside SQL.
+
+What a release estimates is in the store itself, as DuckDB comments on its views and columns
+(:data:`renyi_stream.queries.release_store.ESTIMAND`): each value estimates the sum over the users
+whose budget admitted them in that window, and its band covers that admitted sum, not the
+population's. Analysts read them with ``SELECT view_name, comment FROM duckdb_views() WHERE NOT
+internal`` (and ``duckdb_columns()`` for ``value``, ``noise_std``, ``ci95_low``, ``ci95_high``),
+over a DuckDB store or a Parquet release root alike.
 """
 
 from __future__ import annotations
