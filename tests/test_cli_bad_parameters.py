@@ -64,14 +64,16 @@ SQL = ["sql", "SELECT * FROM releases", "--store", "{w}/store.duckdb"]
 DEMO = ["demo", "--users", "10", "--days", "2", "--out", "{t}/demo", "--quiet"]
 FEAT = ["features", "--input", "{w}/in.parquet", "--out", "{t}/f.parquet", "--start", "2026-03-01", "--end",
         "2026-03-01", "--label-column", "opened", "--label-start", "2026-03-04", "--label-end", "2026-03-04"]
-TRAIN = ["train", "--features", "{w}/features.parquet", "--ledger", "{t}/l.duckdb", "--epsilon", "1", "--delta",
-         "1e-6", "--out", "{t}/m.npz", "--quiet"]
-QADD = ["query", "add", "--store", "{t}/s.duckdb", "--id", "q", "--columns", "opened", "--from", "2026-04-01"]
+TRAIN = ["train", "--features", "{w}/features.parquet", "--ledger", "{t}/l.duckdb", "--new-ledger", "--epsilon", "1",
+         "--delta", "1e-6", "--train-rho", "0.01", "--out", "{t}/m.npz", "--quiet"]
+QADD = ["query", "add", "--store", "{t}/s.duckdb", "--create", "--id", "q", "--columns", "opened", "--from",
+        "2026-04-01"]
 QRETIRE = ["query", "retire", "--store", "{w}/store.duckdb", "--id", "sum:opened", "--from", "2026-04-01"]
 QLIST = ["query", "list", "--store", "{w}/store.duckdb"]
 QCONTRACT = ["query", "contract", "--store", "{w}/store.duckdb"]
 PRIV = ["privacy-report", "--ledger", "{w}/ledger.duckdb", "--user", "1"]
 REPORT = ["report", "--store", "{w}/store.duckdb", "--out", "{t}/r.html"]
+PLAN = ["plan", "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "10", *flags("int64", "opened=0:1")]
 
 
 def _set(argv: list[str], option: str, value: str | None) -> list[str]:
@@ -81,6 +83,11 @@ def _set(argv: list[str], option: str, value: str | None) -> list[str]:
     return out[:i] + out[i + 2:] if value is None else out[:i + 1] + [value] + out[i + 2:]
 
 
+def _without(argv: list[str], flag: str) -> list[str]:
+    """``argv`` without the option ``flag``, which takes no value."""
+    return [a for a in argv if a != flag]
+
+
 CASES: list[tuple[str, list[str], str]] = [
     # calibrate
     *[("calibrate", _set(CAL, "--epsilon", v), "--epsilon") for v in ("0", "-1", "one", "nan", "inf")],
@@ -88,6 +95,17 @@ CASES: list[tuple[str, list[str], str]] = [
     *[("calibrate", _set(CAL, "--norm-budget", v), "--norm-budget") for v in ("0", "-3", "inf", "x")],
     *[("calibrate", CAL + ["--per-window-bound", v], "--per-window-bound") for v in ("0", "-1", "x")],
     ("calibrate", _set(CAL, "--epsilon", None), "--epsilon"),
+    # plan
+    *[("plan", _set(PLAN, "--epsilon", v), "--epsilon") for v in ("0", "nan")],
+    ("plan", _set(PLAN, "--delta", "1"), "--delta"),
+    ("plan", _set(PLAN, "--norm-budget", "-1"), "--norm-budget"),
+    *[("plan", PLAN + ["--days", v], "--days") for v in ("0", "36501", "x")],
+    *[("plan", PLAN + ["--contribution", v], "--contribution") for v in ("opened", "opened=x", "nosuch=1")],
+    ("plan", PLAN + ["--keep", "0.5"], "--keep"),  # without --sample
+    ("plan", PLAN + ["--sample", "{w}/in.parquet", "--keep", "1.5"], "--keep"),
+    ("plan", PLAN + ["--sample", "{t}/missing.parquet"], "--sample"),
+    ("plan", PLAN + ["--sample", "{w}/no-indicators.parquet"], "--sample"),  # lacks the declared column
+    ("plan", _set(PLAN, "--column", "opened=1:0"), "--column"),
     # stream and distributed: the jobs' own command lines through the front door
     ("stream", ["stream", "--replay"], "--replay"),
     ("stream", ["stream", "--replay", "{t}/m.arrows", "--start", "2026-03-01", "--end", "2026-03-01",
@@ -161,6 +179,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("train", _set(TRAIN, "--ledger", "{w}/ledger.duckdb") + ["--epsilon", "2"], "epsilon"),  # not the ledger's
     ("train", _set(TRAIN, "--ledger", "{w}/store.duckdb"), "--ledger"),
     ("train", _set(TRAIN, "--out", "{t}"), "--out"),  # a folder: refused before anyone is charged
+    ("train", _set(TRAIN, "--train-rho", None), "--train-rho"),  # the charge is declared, never a default
+    ("train", _without(TRAIN, "--new-ledger"), "--ledger"),  # a ledger that does not exist, not asked for
     # query add / retire / list
     *[("query", _set(QADD, "--from", v), "--from") for v in ("soon", "2026-13-01")],
     ("query", _set(_set(QADD, "--store", "{w}/store.duckdb"), "--from", "2026-03-01"), "--from"),  # released
@@ -173,6 +193,7 @@ CASES: list[tuple[str, list[str], str]] = [
     ("query", QADD + ["--window", "0d"], "--window"),
     ("query", QADD + ["--kind", "x"], "--kind"),
     ("query", _set(QADD, "--store", "{w}/ledger.duckdb"), "--store"),
+    ("query", _without(QADD, "--create"), "--store"),  # a store that does not exist, not asked for
     ("query", _set(QRETIRE, "--store", "{t}/missing.duckdb"), "--store"),
     ("query", _set(QRETIRE, "--id", "nosuch"), "--id"),
     ("query", _set(QRETIRE, "--from", "x"), "--from"),
@@ -196,6 +217,16 @@ CASES: list[tuple[str, list[str], str]] = [
     ("report", REPORT + ["--ledger", "{t}/missing.duckdb"], "--ledger"),
     ("report", REPORT + ["--ledger", "{w}/store.duckdb"], "--ledger"),
     ("report", _set(REPORT, "--out", "{t}"), "--out"),
+    # key create
+    ("key", ["key", "create"], "PATH"),
+    ("key", ["key", "create", "{w}/key"], "PATH"),  # the world's key: never overwritten
+    ("key", ["key", "create", "{w}"], "PATH"),  # a folder
+    # dead-letters
+    ("dead-letters", ["dead-letters", "--ledger", "{t}/missing.duckdb"], "--ledger"),  # never created
+    ("dead-letters", ["dead-letters", "--ledger", "{w}/store.duckdb"], "--ledger"),  # the public store
+    ("dead-letters", ["dead-letters", "--ledger", "{w}/ledger.duckdb", "--rows", "--limit", "0"], "--limit"),
+    ("dead-letters", ["dead-letters", "--ledger", "{w}/ledger.duckdb", "--limit", "5"], "--limit"),  # no --rows
+    ("dead-letters", ["dead-letters", "--curator-output", "{t}"], "--curator-output"),  # no job's output
 ]
 
 

@@ -8,6 +8,11 @@ Subcommands:
   accounting, with a chart.
 * ``features`` and ``train``: the batch training stage (:mod:`renyi_stream.pipelines.curator.train`).
 * ``query add|list|retire`` and ``privacy-report`` (:mod:`renyi_stream.pipelines.cli.queries`).
+* ``dead-letters``: the curator's dead letters by day and reason, read-only
+  (:mod:`renyi_stream.pipelines.cli.dead_letters`).
+* ``key create PATH``: a new noise key for the Beam jobs (:mod:`renyi_stream.pipelines.cli.keys`).
+* ``plan``: before the first day, how many windows users last under a contract and a promise, and
+  (curator only) clamps that keep a share of a sample day's users in (:mod:`renyi_stream.pipelines.cli.plan`).
 
 Errors in parameters exit with status 2 and a message that names the parameter.
 """
@@ -20,9 +25,13 @@ import os
 import sys
 from typing import Any, Sequence
 
-from renyi_stream.pipelines.beam.job_options import RunRefused, add_ledger_options, declared_contract, refuse_unknown_options
+from renyi_stream.pipelines.beam.job_options import (RunRefused, add_input_day_options, add_ledger_options,
+                                                     declared_contract, input_day_options, refuse_unknown_options)
+from renyi_stream.pipelines.cli.dead_letters import add_dead_letters_subcommand
 from renyi_stream.pipelines.cli.errors import PROG, name_the_option, record_option_names
 from renyi_stream.pipelines.cli.queries import add_query_subcommands, add_running_options
+from renyi_stream.pipelines.cli.keys import add_key_subcommand
+from renyi_stream.pipelines.cli.plan import add_plan_subcommand
 from renyi_stream.pipelines.cli.training import add_train_subcommand
 from renyi_stream.stream.accounting import ACCOUNTINGS, calibrate, describe_accounting
 from renyi_stream.stream.private_files import CURATOR_ONLY_NOTICE
@@ -151,6 +160,7 @@ def _run_command(args: argparse.Namespace) -> int:
             beam_args.append("--direct_running_mode=in_memory")
     try:
         contract = declared_contract(args)
+        input_days, no_data_days = input_day_options(args)
         if contract is None and args.id_type is not None:
             raise ValueError(f"--id-type {args.id_type} declares no column: give each indicator column with "
                              "--column NAME=LO:HI, --column NAME or --category NAME too")
@@ -159,7 +169,8 @@ def _run_command(args: argparse.Namespace) -> int:
             delta=args.delta, norm_budget=args.norm_budget, start_window=start, end_window=end, window=spec,
             policy=args.policy, accounting=args.accounting, key_path=args.noise_key, n_shards=args.shards,
             beam_args=tuple(beam_args), releases_parquet=args.releases_parquet, release=args.release,
-            strategy=args.strategy, horizon=args.horizon, contract=contract,
+            strategy=args.strategy, horizon=args.horizon, contract=contract, input_days=input_days,
+            no_data_days=no_data_days, store_moved=args.store_moved,
         )
     except ValueError as exc:
         raise _UsageError(str(exc)) from exc
@@ -170,9 +181,7 @@ def _run_command(args: argparse.Namespace) -> int:
     except (CuratorStoreError, InputFileError, ReleaseStoreError, ValueError) as exc:
         # ValueError: a loose or changed noise key (NoiseKeyError), an input without indicator
         # columns, a registered query the input cannot answer, an unknown Beam runner.
-        exact = getattr(exc, "exact", "")  # exact counts (an idle run's): curator only, never under --quiet
-        print(f"{PROG} run: error: {name_the_option(str(exc), args)}"
-              + (f" [curator only: {exact}]" if exact and not args.quiet else ""), file=sys.stderr)
+        print(f"{PROG} run: error: {name_the_option(str(exc), args)}", file=sys.stderr)
         return 1
     print(f"run {summary.run_id}: released {len(summary.windows_released)} window(s), "
           f"{len(summary.windows_skipped)} already released; {summary.releases_published} new release rows")
@@ -274,6 +283,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--ledger", required=True, help="the curator's ledger (DuckDB file)")
     add_ledger_options(run, key_alias=True,
                        key_help="noise key file (default: beside the ledger, <ledger>.noise.key)")
+    add_input_day_options(run)
     run.add_argument("--releases-parquet", default=None, metavar="DIR",
                      help="also write each window's releases as DIR/window_id=N/releases.parquet")
     run.add_argument("--release", choices=("window", "running"), default="window",
@@ -286,6 +296,9 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true",
                      help="run on private copies of the ledger, store and key and print what the run would do (rows "
                      "by outcome, windows, queries), charging and publishing nothing; every refusal is the real run's")
+    run.add_argument("--store-moved", action="store_true",
+                     help="the release store moved to --store: record its new place (the ledger refuses any "
+                     "store but the one it publishes to; the new one must hold every release it published)")
     run.set_defaults(handler=_run_command)
 
     sql = sub.add_parser(
@@ -334,7 +347,10 @@ def _build_parser() -> argparse.ArgumentParser:
     sub.add_parser("distributed", help="the daily job on a distributed runner (Flink, Dataflow): ledger snapshots and "
                    "releases as Parquet (python -m renyi_stream.pipelines.distributed; renyi-stream distributed --help)")
     add_train_subcommand(sub)
+    add_key_subcommand(sub)
     add_query_subcommands(sub)
+    add_dead_letters_subcommand(sub)
+    add_plan_subcommand(sub)
     record_option_names(parser)
     return parser
 
