@@ -224,9 +224,10 @@ def _chart(path: Path, released: np.ndarray, truth: np.ndarray, noise_std: float
     """The demo's picture, read in one glance: its title says what individual accounting bought
     (days answered with every user in, against worst-case accounting at the same noise), each
     panel marks where worst-case accounting would have stopped and where the first user was
-    filtered, the x axis shows dates, and the bands say what they are: around the release, the
-    95% interval for the true value; around the truth, the spread a worst-case release (noise
-    large enough to answer every day) would have had."""
+    filtered, the x axis shows dates, and the bands say what they are: around the release, its
+    95% noise band, which covers the sum over the users the filter admitted that day (not every
+    user's: :data:`renyi_stream.queries.release_store.ESTIMAND`); around the truth, the spread a
+    worst-case release (noise large enough to answer every day) would have had."""
     try:
         import matplotlib
 
@@ -246,8 +247,8 @@ def _chart(path: Path, released: np.ndarray, truth: np.ndarray, noise_std: float
                         alpha=0.10, label=f"worst-case accounting, answering all {n} days: 95% spread of its "
                         f"release (noise std {worst_std:.0f})")
         ax.fill_between(days, released[:, j] - 1.96 * noise_std, released[:, j] + 1.96 * noise_std,
-                        color="tab:blue", alpha=0.28, label=f"released: 95% interval for the true value (noise std "
-                        f"{noise_std:.0f})")
+                        color="tab:blue", alpha=0.28, label=f"released: 95% noise band, covering the sum over the "
+                        f"users admitted that day (noise std {noise_std:.0f})")
         ax.plot(days, released[:, j], color="tab:blue", lw=1.1, label="released (individual accounting)")
         ax.plot(days, truth[:, j], color="black", lw=0.8, ls="--", label="synthetic truth (curator only)")
         _mark_days(ax, days, worst_stop, first_filtered, n, labels=j == 0)
