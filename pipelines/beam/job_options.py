@@ -24,6 +24,7 @@ from renyi_stream.stream.schema import WindowSpec
 
 if TYPE_CHECKING:
     from renyi_stream.stream.contract import InputContract
+    from renyi_stream.stream.engine.input_days import DayRange
 
 #: The option group's defaults (:func:`add_ledger_options`): one place for every job.
 DEFAULT_WINDOW = "1d"

@@ -24,8 +24,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from renyi_stream.pipelines.curator.store import CuratorStoreError, connect_curator, refuse_a_shared_ledger
-from renyi_stream.stream.engine.ledger_config import LedgerConfig, LedgerConfigError
+from renyi_stream.pipelines.curator.store import CuratorStoreError, ledger_read_only
+from renyi_stream.stream.engine.ledger_config import LedgerConfig
 from renyi_stream.stream.accounting import epsilon_for_budget
 from renyi_stream.stream.ledger import Ledger
 from renyi_stream.stream.private_files import under_private_umask
@@ -51,23 +51,7 @@ def load_ledger(path: str | os.PathLike, *, user: Any = None) -> tuple[LedgerCon
     this ledger (a string on an integer-id ledger).
     """
     path = Path(path)
-    if not path.exists():
-        raise CuratorStoreError(f"the ledger {path} does not exist")
-    refuse_a_shared_ledger(path)
-    try:
-        db = connect_curator(path, read_only=True)
-    except duckdb.Error as exc:
-        raise CuratorStoreError(f"cannot open the ledger {path} read-only: {exc}") from exc
-    try:
-        tables = {name for (name,) in db.execute("SELECT table_name FROM information_schema.tables").fetchall()}
-        if "meta" not in tables:
-            raise CuratorStoreError(f"{path} is not a renyi-stream ledger (no meta table)"
-                                    + ("; it is a public release store" if "store_meta" in tables else ""))
-        try:
-            params = LedgerConfig.from_meta(dict(db.execute("SELECT key, value FROM meta").fetchall()),
-                                            where=f"the ledger {path}")
-        except LedgerConfigError as exc:
-            raise CuratorStoreError(str(exc)) from None
+    with ledger_read_only(path) as (db, tables, params):
         if params is None:
             raise CuratorStoreError(f"the ledger {path} has no parameters: no daily run has used it")
         template = params.empty_ledger().to_arrow()
@@ -78,12 +62,11 @@ def load_ledger(path: str | os.PathLike, *, user: Any = None) -> tuple[LedgerCon
         if user is not None:
             sql += " WHERE user_id = ?"
             args.append(_user_id(user, params.id_type))
-        table = db.execute(sql, args).arrow()
-        table = table.read_all() if hasattr(table, "read_all") else table
-    except duckdb.Error as exc:
-        raise CuratorStoreError(f"the ledger {path} cannot be read: {exc}") from exc
-    finally:
-        db.close()
+        try:
+            table = db.execute(sql, args).arrow()
+            table = table.read_all() if hasattr(table, "read_all") else table
+        except duckdb.Error as exc:
+            raise CuratorStoreError(f"the ledger {path} cannot be read: {exc}") from exc
     table = table.cast(template.schema.remove_metadata()).replace_schema_metadata(template.schema.metadata)
     return params, Ledger.from_arrow(table)
 

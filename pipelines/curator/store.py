@@ -30,11 +30,13 @@ disk (a sort or join larger than its memory) goes to ``<ledger>.tmp/``, a ``0700
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import duckdb
 import numpy as np
@@ -133,12 +135,14 @@ def connect_curator(path: str | os.PathLike, *, read_only: bool = False) -> duck
     return duckdb.connect(str(path), read_only=read_only, config={"temp_directory": str(folder)})
 
 
-@under_private_umask  # what DuckDB spills to <ledger>.tmp/ is 0600
-def recorded_parameters(path: str | os.PathLike) -> LedgerConfig | None:
-    """The configuration the ledger at ``path`` records (None when no run has recorded one), read
-    without writing anything: opened read-only, so a ledger is neither created, nor migrated,
-    nor given an id. CuratorStoreError for a path that does not exist, a file that is not a
-    ledger, or a record that cannot be read."""
+@contextlib.contextmanager
+def ledger_read_only(path: str | os.PathLike) -> Iterator[tuple[duckdb.DuckDBPyConnection, set[str], LedgerConfig | None]]:
+    """The ledger at ``path`` opened read-only, with its tables and the configuration it records
+    (None when no run has recorded one): nothing is created, migrated or given an id. Call it
+    under :func:`renyi_stream.stream.private_files.private_umask` (what DuckDB spills to
+    ``<ledger>.tmp/`` is then 0600). CuratorStoreError for a path that does not exist, a ledger
+    others may read, a file that is not a ledger (a release store is named as one), or a record
+    that cannot be read. The one way every read-only reader of a ledger opens it."""
     path = Path(path)
     if not path.is_file():
         raise CuratorStoreError(f"the ledger {path} does not exist")
@@ -153,12 +157,21 @@ def recorded_parameters(path: str | os.PathLike) -> LedgerConfig | None:
         if foreign or "meta" not in tables:
             raise CuratorStoreError(foreign or f"{path} is not a renyi-stream ledger (no meta table)")
         rows = dict(db.execute("SELECT key, value FROM meta").fetchall())
+        try:
+            params = LedgerConfig.from_meta(rows, where=f"the ledger {path}")
+        except LedgerConfigError as exc:
+            raise CuratorStoreError(str(exc)) from None
+        yield db, tables, params
     finally:
         db.close()
-    try:
-        return LedgerConfig.from_meta(rows, where=f"the ledger {path}")
-    except LedgerConfigError as exc:
-        raise CuratorStoreError(str(exc)) from None
+
+
+@under_private_umask  # what DuckDB spills to <ledger>.tmp/ is 0600
+def recorded_parameters(path: str | os.PathLike) -> LedgerConfig | None:
+    """The configuration the ledger at ``path`` records (None when no run has recorded one), read
+    without writing anything (:func:`ledger_read_only`, whose refusals it shares)."""
+    with ledger_read_only(path) as (_, _, params):
+        return params
 
 
 def _not_a_ledger(path: Path) -> str | None:
