@@ -1,10 +1,17 @@
-"""The declared input contract: a ledger's user id type and its indicator columns, declared once.
+"""The declared input contract: a ledger's user id type and its indicator columns, declared once,
+and the names of its id and time columns.
 
 Nothing about a row is inferred from values or from a writer's guessed types, since that would
 make one user's treatment depend on other users' data (docs/architecture.md, "The input
 contract"). A contract names the id type (``int64`` or ``string``) and, per indicator column,
 its kind (``number`` or ``category``) and, for a number, an optional bound ``[lo, hi]``: the
 clamp of the column's default sum. A numeric column without a bound gets no default query.
+
+It also names the input's id and time columns (:class:`renyi_stream.stream.schema.InputKeys`:
+``--id-column``, ``--day-column`` or ``--event-time-column``; ``"id_column"``, ``"day_column"``,
+``"event_time_column"`` in a schema file), by default ``user_id`` and ``day``/``event_time``. Its
+canonical text records only names that differ from those defaults, so a contract recorded before
+the names existed is read as declaring the defaults, and equals a declaration of them.
 """
 
 from __future__ import annotations
@@ -15,7 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["ID_TYPES", "KINDS", "ContractError", "DeclaredColumn", "InputContract", "declaration_hint"]
+from renyi_stream.stream.schema import InputKeys
+
+__all__ = ["ID_TYPES", "KEY_FIELDS", "KINDS", "ContractError", "DeclaredColumn", "InputContract", "InputKeys",
+           "declaration_hint"]
 
 #: The kinds of user id a ledger can hold (:class:`renyi_stream.stream.ledger.Ledger`).
 ID_TYPES = ("int64", "string")
@@ -25,6 +35,10 @@ KINDS = ("number", "category")
 _KEYS = ("user_id", "day", "event_time", "window_id")
 _MAX_NAME = 128
 _MAX_COLUMNS = 4096
+#: The contract's fields that name the id and time columns (a schema file's keys, the options
+#: ``--id-column``, ``--day-column``, ``--event-time-column``).
+KEY_FIELDS = ("id_column", "day_column", "event_time_column")
+_KEY_OPTIONS = {"id_column": "--id-column", "day_column": "--day-column", "event_time_column": "--event-time-column"}
 
 
 class ContractError(ValueError):
@@ -74,13 +88,16 @@ class DeclaredColumn:
 
 @dataclass(frozen=True)
 class InputContract:
-    """A ledger's declared input: its id type and its indicator columns in declared order.
+    """A ledger's declared input: its id type, its indicator columns in declared order, and the
+    names of its id and time columns (``keys``, :class:`renyi_stream.stream.schema.InputKeys`;
+    default ``user_id`` and ``day``/``event_time``).
 
     Public (it is what analysts may ask about), fixed for the ledger's life and recorded with it
     (:class:`renyi_stream.stream.engine.ledger_config.LedgerConfig`'s ``columns``)."""
 
     id_type: str
     columns: tuple[DeclaredColumn, ...]
+    keys: InputKeys = InputKeys()
 
     def __post_init__(self) -> None:
         if self.id_type not in ID_TYPES:
@@ -94,6 +111,14 @@ class InputContract:
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ContractError(f"column(s) {repeated} declared more than once")
+        if not isinstance(self.keys, InputKeys):
+            raise ContractError(f"keys must be an InputKeys, got {type(self.keys).__name__}")
+        for option, name in (("--id-column", self.keys.id_column),
+                             (self.keys.time_option, self.keys.declared_time)):
+            if name is not None and name in names:
+                kind = self.column(name).kind
+                raise ContractError(f"{option} {name!r} names a declared {kind} column (--column/--category "
+                                    f"{name}): a column is the id, the time or an indicator, not two of them")
         object.__setattr__(self, "columns", columns)
 
     # -- what it declares -----------------------------------------------------------------------
@@ -136,23 +161,52 @@ class InputContract:
     # -- codecs ---------------------------------------------------------------------------------
 
     def to_json(self) -> str:
-        """The canonical text of the contract (what ledgers record and compare exactly)."""
-        return json.dumps({"id_type": self.id_type, "columns": [c.to_dict() for c in self.columns]},
-                          sort_keys=True, separators=(",", ":"))
+        """The canonical text of the contract (what ledgers record and compare exactly). The id and
+        time columns' names appear only where they differ from the defaults: a contract of the
+        default names is written exactly as before the names existed."""
+        return json.dumps({"id_type": self.id_type, "columns": [c.to_dict() for c in self.columns],
+                           **self.keys.to_dict()}, sort_keys=True, separators=(",", ":"))
 
     def columns_json(self) -> str:
-        """The canonical text of the declared columns alone (a ledger records its id type apart)."""
-        return json.dumps([c.to_dict() for c in self.columns], sort_keys=True, separators=(",", ":"))
+        """The canonical text of the declared columns and key names (a ledger records its id type
+        apart): the list of columns alone for the default names (as recorded before the names
+        existed), else ``{"columns": [...], "id_column": ..., "day_column": ...}``."""
+        columns = [c.to_dict() for c in self.columns]
+        keys = self.keys.to_dict()
+        return json.dumps({"columns": columns, **keys} if keys else columns, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_columns_json(cls, id_type: str, text: str, *, where: str = "the declared columns") -> "InputContract":
-        return cls.from_dict({"id_type": id_type, "columns": _parsed(text, where)}, where=where)
+        data = _parsed(text, where)
+        if isinstance(data, dict):  # with the key columns' names (columns_json)
+            return cls.from_dict({**data, "id_type": id_type}, where=where)
+        return cls.from_dict({"id_type": id_type, "columns": data}, where=where)
+
+    def key_changes(self, asked: "InputContract") -> list[str]:
+        """One line per key column whose name ``asked`` declares otherwise than this (recorded)
+        contract, naming both: ``the id column: ledger has 'user_id', this run declares 'uid'
+        (--id-column)``."""
+        mine, theirs = self.keys, asked.keys
+        out = []
+        if mine.id_column != theirs.id_column:
+            out.append(f"the id column: the ledger's contract names {mine.id_column!r}, this run declares "
+                       f"{theirs.id_column!r} (--id-column)")
+        if (mine.day_column, mine.event_time_column) != (theirs.day_column, theirs.event_time_column):
+            def time(keys: InputKeys) -> str:
+                return (f"the day column {keys.day_column!r} (--day-column)" if keys.day_column is not None else
+                        f"the event time column {keys.event_time_column!r} (--event-time-column)"
+                        if keys.event_time_column is not None else "the default time column 'day' or 'event_time'")
+            out.append(f"the time column: the ledger's contract names {time(mine)}, this run declares {time(theirs)}")
+        return out
 
     @classmethod
     def from_dict(cls, data: Any, *, where: str = "the contract") -> "InputContract":
-        if not isinstance(data, dict) or set(data) - {"id_type", "columns"} or "id_type" not in data \
+        if not isinstance(data, dict) or set(data) - {"id_type", "columns", *KEY_FIELDS} or "id_type" not in data \
                 or not isinstance(data.get("columns"), list):
-            raise ContractError(f"{where} must be an object with 'id_type' and a list 'columns', got {_short(data)}")
+            raise ContractError(f"{where} must be an object with 'id_type', a list 'columns' and optional "
+                                f"{', '.join(repr(k) for k in KEY_FIELDS)}, got {_short(data)}")
+        keys = _keys(where, id_column=data.get("id_column"), day_column=data.get("day_column"),
+                     event_time_column=data.get("event_time_column"), named=lambda k: repr(k))
         columns = []
         for item in data["columns"]:
             if not isinstance(item, dict) or set(item) - {"name", "kind", "lo", "hi"} or "name" not in item:
@@ -163,7 +217,7 @@ class InputContract:
             except ContractError as exc:
                 raise ContractError(f"{where}: {exc}") from None
         try:
-            return cls(data["id_type"], tuple(columns))
+            return cls(data["id_type"], tuple(columns), keys)
         except ContractError as exc:
             raise ContractError(f"{where}: {exc}") from None
 
@@ -191,13 +245,35 @@ class InputContract:
 
     @classmethod
     def from_options(cls, *, id_type: str | None, columns: Sequence[str] = (),
-                     categories: Sequence[str] = ()) -> "InputContract":
+                     categories: Sequence[str] = (), id_column: str | None = None, day_column: str | None = None,
+                     event_time_column: str | None = None) -> "InputContract":
         """A contract from command-line options: ``--id-type``, ``--column NAME`` or
-        ``--column NAME=LO:HI`` (a number column, bounded), ``--category NAME``."""
+        ``--column NAME=LO:HI`` (a number column, bounded), ``--category NAME``, and the key
+        columns' names ``--id-column``, ``--day-column``, ``--event-time-column``."""
         if id_type is None:
             raise ContractError("--id-type is required with --column/--category: declare int64 or string")
+        keys = _keys("", id_column=id_column, day_column=day_column, event_time_column=event_time_column,
+                     named=lambda k: _KEY_OPTIONS[k])
         declared = [_parse_column(text) for text in columns] + [DeclaredColumn(str(n), "category") for n in categories]
-        return cls(id_type, tuple(declared))
+        return cls(id_type, tuple(declared), keys)
+
+
+def _keys(where: str, *, named: Any, **names: Any) -> InputKeys:
+    """The key columns' names as :class:`InputKeys` (None: the default); ContractError, naming
+    ``where`` and the option or field (``named(field)``), for a name that is not one."""
+    for field, value in names.items():
+        if value is not None and not isinstance(value, str):
+            raise ContractError(f"{where + ': ' if where else ''}{named(field)} must be a column name (text), got "
+                                f"{_short(value)}")
+    try:
+        return InputKeys(id_column=names["id_column"] if names["id_column"] is not None else InputKeys().id_column,
+                         day_column=names["day_column"], event_time_column=names["event_time_column"])
+    except ValueError as exc:
+        text = str(exc)
+        if named("id_column") != "--id-column":  # a schema file: its fields, not the options
+            for field, option in _KEY_OPTIONS.items():
+                text = text.replace(option, repr(field))
+        raise ContractError(f"{where}: {text}" if where else text) from None
 
 
 def _parsed(text: str, where: str) -> Any:
@@ -256,4 +332,6 @@ def declaration_hint(header: Sequence[str] = ()) -> str:
     example = " ".join(f"--column {n}=0:1" for n in names) or "--column opened_app=0:1"
     return (f"declare it on the ledger's first run: --id-type int64|string and one --column NAME=LO:HI (a bounded "
             f"number), --column NAME (a number without a default sum) or --category NAME per indicator column "
-            f"(e.g. --id-type int64 {example}), or --schema FILE.json; nothing about a row is inferred from values")
+            f"(e.g. --id-type int64 {example}), and --id-column NAME / --day-column NAME (or --event-time-column "
+            "NAME) when the id or the day is not named user_id / day (or event_time); or --schema FILE.json; "
+            "nothing about a row is inferred from values")

@@ -9,6 +9,11 @@ docs/architecture.md): late and bad rows are counted, not lost). Nothing is drop
 
 Input batch (a ``pa.RecordBatch`` or ``pa.Table``)
 --------------------------------------------------
+The id and time columns are ``user_id`` and ``day``/``event_time`` unless ``keys=``
+(:class:`InputKeys`, a ledger's declared contract: ``--id-column``, ``--day-column``,
+``--event-time-column``) names others: then the declared columns are read as them, whatever
+else the batch holds, and dead letters and errors name them as the input does.
+
 ``user_id`` (required)
     Any integer type (cast to int64) or a string type (utf8, large_utf8, string_view; kept as
     utf8). String ids are compared exactly, byte for byte: no trimming, no Unicode
@@ -104,6 +109,7 @@ __all__ = [
     "USER_ID",
     "WINDOW_ID",
     "DeadLetterReason",
+    "InputKeys",
     "RejectReason",
     "SchemaError",
     "ValidatedBatch",
@@ -138,6 +144,138 @@ _DETAIL_MAX_CHARS = 40  # longer values are cut in `detail` (never in `raw`)
 
 class SchemaError(ValueError):
     """A whole batch cannot be validated: a required column is missing or has a bad type."""
+
+
+#: The most characters a key column's name may have (as an indicator column's).
+_MAX_KEY_NAME = 128
+
+
+@dataclass(frozen=True)
+class InputKeys:
+    """Which input columns hold the user id and the time: a ledger's declared contract names them
+    (:mod:`renyi_stream.stream.contract`, ``--id-column``, ``--day-column``, ``--event-time-column``).
+
+    ``id_column`` (default ``user_id``) holds the id. The time is ``day_column`` (dates: date32,
+    date64 or ``YYYY-MM-DD`` text) or ``event_time_column`` (timestamps or ISO-8601 text), at most
+    one of them; with neither (the default) it is ``day`` or ``event_time``, whichever the input
+    has (exactly one). ``day_column="day"`` and ``event_time_column="event_time"`` are that
+    default (normalised to it: a declaration of the defaults is the default).
+
+    The declared names are the only columns read as the id and the time: another column of an
+    input, ``user_id`` or ``day`` among them, is read only when declared as an indicator or
+    category (and those names stay reserved: no indicator is named ``user_id``, ``day``,
+    ``event_time`` or ``window_id``), so which column is whose is never ambiguous. Dead letters and
+    messages name the declared columns; validated rows carry the id as ``user_id`` and the window
+    as ``window_id`` whatever the input called them. ValueError, naming the option, for a name
+    that is not 1 to 128 printable characters, both time columns, one name for the id and the
+    time, an id column named ``day``, ``event_time`` or ``window_id``, a time column named
+    ``user_id`` or ``window_id``, or a day column named ``event_time`` (and the reverse)."""
+
+    id_column: str = USER_ID
+    day_column: str | None = None
+    event_time_column: str | None = None
+
+    def __post_init__(self) -> None:
+        for option, name in (("--id-column", self.id_column), ("--day-column", self.day_column),
+                             ("--event-time-column", self.event_time_column)):
+            if name is None and option != "--id-column":
+                continue
+            if not isinstance(name, str) or not 0 < len(name) <= _MAX_KEY_NAME or not name.isprintable():
+                raise ValueError(f"{option} must name a column of 1 to {_MAX_KEY_NAME} printable characters, "
+                                 f"got {option} {name!r}")
+        if self.day_column == DAY:
+            object.__setattr__(self, "day_column", None)
+        if self.event_time_column == EVENT_TIME:
+            object.__setattr__(self, "event_time_column", None)
+        if self.day_column is not None and self.event_time_column is not None:
+            raise ValueError(f"give at most one time column, --day-column (dates) or --event-time-column (timestamps), "
+                             f"got --day-column {self.day_column!r} and --event-time-column {self.event_time_column!r}")
+        if self.id_column in (DAY, EVENT_TIME, WINDOW_ID):
+            raise ValueError(f"--id-column {self.id_column!r} is a time column's or the output's name "
+                             f"({DAY}, {EVENT_TIME}, {WINDOW_ID}): it cannot be the user id column")
+        time_option, time_name = self.time_option, self.declared_time
+        if time_name is not None:
+            if time_name in (USER_ID, WINDOW_ID):
+                raise ValueError(f"{time_option} {time_name!r} is the id's or the output's name ({USER_ID}, "
+                                 f"{WINDOW_ID}): it cannot be the time column")
+            other = EVENT_TIME if self.day_column is not None else DAY
+            if time_name == other:
+                right = "--event-time-column" if other == EVENT_TIME else "--day-column"
+                raise ValueError(f"{time_option} {time_name!r} names the default {other} column as the other kind "
+                                 f"of time: leave it out (the default reads {DAY!r} as dates, {EVENT_TIME!r} as "
+                                 f"timestamps) or give {right} {time_name}")
+            if time_name == self.id_column:
+                raise ValueError(f"--id-column and {time_option} name the same column {time_name!r}: the id and "
+                                 "the time are two columns")
+
+    @property
+    def declared_time(self) -> str | None:
+        """The declared time column's name, None for the default (``day`` or ``event_time``)."""
+        return self.day_column if self.day_column is not None else self.event_time_column
+
+    @property
+    def time_option(self) -> str:
+        """The option that declares the time column (the default's name: ``--day-column``)."""
+        return "--event-time-column" if self.event_time_column is not None else "--day-column"
+
+    @property
+    def is_default(self) -> bool:
+        """Whether these are the default names (``user_id``; ``day`` or ``event_time``)."""
+        return self == InputKeys()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The columns read as the id and the time: the declared ones, or ``user_id``, ``day`` and
+        ``event_time`` (one of the last two) for the default."""
+        return (self.id_column, self.declared_time) if self.declared_time is not None else (
+            self.id_column, DAY, EVENT_TIME)
+
+    def to_dict(self) -> dict[str, str]:
+        """The names that differ from the defaults (a contract records only those, so that a
+        contract that declares none is written as before these names existed)."""
+        out = {}
+        if self.id_column != USER_ID:
+            out["id_column"] = self.id_column
+        if self.day_column is not None:
+            out["day_column"] = self.day_column
+        if self.event_time_column is not None:
+            out["event_time_column"] = self.event_time_column
+        return out
+
+    def describe(self) -> str:
+        """How the id and the time are named, for messages: ``id 'uid' (--id-column), day
+        'event_date' (--day-column)``."""
+        time = (f"day {self.day_column!r} (--day-column)" if self.day_column is not None else
+                f"event time {self.event_time_column!r} (--event-time-column)" if self.event_time_column is not None
+                else f"time {DAY!r} or {EVENT_TIME!r} (the default)")
+        return f"id {self.id_column!r} ({'--id-column' if self.id_column != USER_ID else 'the default'}), {time}"
+
+    def time_of(self, names: Sequence[str]) -> tuple[str, str] | str:
+        """``(column, kind)`` of the time in an input of columns ``names`` (``kind``: ``day`` or
+        ``event_time``), or the reason it has none (a declared column missing, neither default
+        column, both)."""
+        if self.day_column is not None:
+            return (self.day_column, DAY) if self.day_column in names else \
+                f"no {self.day_column!r} column (the declared day column, --day-column)"
+        if self.event_time_column is not None:
+            return (self.event_time_column, EVENT_TIME) if self.event_time_column in names else \
+                f"no {self.event_time_column!r} column (the declared event time column, --event-time-column)"
+        has = [n for n in (DAY, EVENT_TIME) if n in names]
+        if len(has) == 1:
+            return has[0], has[0]
+        return (f"both {DAY!r} and {EVENT_TIME!r}" if has else
+                f"no {DAY!r} or {EVENT_TIME!r} column (or declare the time column's name: --day-column NAME for "
+                "dates, --event-time-column NAME for timestamps)")
+
+    def id_missing(self) -> str:
+        """Why an input without the id column has none, for messages."""
+        if self.id_column != USER_ID:
+            return f"no {self.id_column!r} column (the declared id column, --id-column)"
+        return f"no {USER_ID!r} column (or declare the id column's name: --id-column NAME)"
+
+
+#: The default names: ``user_id``, and ``day`` or ``event_time``.
+DEFAULT_KEYS = InputKeys()
 
 
 class DeadLetterReason(str, enum.Enum):
@@ -391,14 +529,16 @@ def _user_kind(t: pa.DataType) -> str | None:
     return None
 
 
-def _time_kind(name: str, t: pa.DataType) -> str | None:
+def _time_kind(kind: str, t: pa.DataType) -> str | None:
+    """The kind of a time column of type ``t`` read as ``kind`` (``day``: dates; ``event_time``:
+    timestamps), None when no value of that type could be one."""
     if pa.types.is_null(t):
         return "null"
     if _is_string(t):
         return "string"
-    if name == DAY and (pa.types.is_date32(t) or pa.types.is_date64(t)):
+    if kind == DAY and (pa.types.is_date32(t) or pa.types.is_date64(t)):
         return "date"
-    if name == EVENT_TIME and pa.types.is_timestamp(t):
+    if kind == EVENT_TIME and pa.types.is_timestamp(t):
         return "timestamp"
     return None
 
@@ -418,10 +558,13 @@ class _Layout:
     time_column: str
     indicators: tuple[str, ...]
     categories: tuple[str, ...] = ()
+    id_column: str = USER_ID
+    time_kind: str = DAY  # DAY (dates) or EVENT_TIME (timestamps)
 
 
 def _resolve_columns(schema: pa.Schema, indicator_columns: Sequence[str] | None,
-                     category_columns: Sequence[str] = (), id_type: str | None = None) -> _Layout:
+                     category_columns: Sequence[str] = (), id_type: str | None = None,
+                     keys: InputKeys = DEFAULT_KEYS) -> _Layout:
     names = schema.names
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
@@ -430,28 +573,26 @@ def _resolve_columns(schema: pa.Schema, indicator_columns: Sequence[str] | None,
     def type_of(name: str) -> pa.DataType:
         return _value_type(schema.field(name).type)
 
-    if USER_ID not in names:
-        raise SchemaError(f"batch has no {USER_ID!r} column; columns found: {names}")
-    float_ids = id_type == "int64" and pa.types.is_floating(type_of(USER_ID))  # parsed row by row
-    if _user_kind(type_of(USER_ID)) is None and not float_ids:
+    id_column = keys.id_column
+    if id_column not in names:
+        raise SchemaError(f"batch has {keys.id_missing()}; columns found: {names}")
+    float_ids = id_type == "int64" and pa.types.is_floating(type_of(id_column))  # parsed row by row
+    if _user_kind(type_of(id_column)) is None and not float_ids:
         raise SchemaError(
-            f"column {USER_ID!r} has unsupported type {schema.field(USER_ID).type}; "
+            f"column {id_column!r} has unsupported type {schema.field(id_column).type}; "
             "expected an integer or string type"
         )
-    if DAY in names and EVENT_TIME in names:
-        raise SchemaError(
-            f"batch has both {DAY!r} ({schema.field(DAY).type}) and {EVENT_TIME!r} "
-            f"({schema.field(EVENT_TIME).type}); give exactly one time column"
-        )
-    if DAY in names:
-        time_column = DAY
-        expected = "date32, date64 or a 'YYYY-MM-DD' string"
-    elif EVENT_TIME in names:
-        time_column = EVENT_TIME
-        expected = "a timestamp or an ISO-8601 string"
-    else:
-        raise SchemaError(f"batch has no time column: give {DAY!r} or {EVENT_TIME!r}; columns found: {names}")
-    if _time_kind(time_column, type_of(time_column)) is None:
+    time = keys.time_of(names)
+    if isinstance(time, str):
+        if keys.declared_time is None and DAY in names and EVENT_TIME in names:
+            raise SchemaError(
+                f"batch has both {DAY!r} ({schema.field(DAY).type}) and {EVENT_TIME!r} "
+                f"({schema.field(EVENT_TIME).type}); give exactly one time column"
+            )
+        raise SchemaError(f"batch has no time column: {time}; columns found: {names}")
+    time_column, time_kind = time
+    expected = "date32, date64 or a 'YYYY-MM-DD' string" if time_kind == DAY else "a timestamp or an ISO-8601 string"
+    if _time_kind(time_kind, type_of(time_column)) is None:
         raise SchemaError(
             f"column {time_column!r} has unsupported type {schema.field(time_column).type}; "
             f"expected {expected}"
@@ -467,7 +608,7 @@ def _resolve_columns(schema: pa.Schema, indicator_columns: Sequence[str] | None,
                 "(a numeric category code is an indicator column: use a histogram over numbers)"
             )
     if indicator_columns is None:
-        chosen = tuple(name for name in names if name not in (USER_ID, DAY, EVENT_TIME, *categories))
+        chosen = tuple(name for name in names if name not in (USER_ID, DAY, EVENT_TIME, *keys.names, *categories))
         if WINDOW_ID in chosen:
             raise SchemaError(
                 f"column {WINDOW_ID!r} ({schema.field(WINDOW_ID).type}) is reserved for the output; "
@@ -481,6 +622,10 @@ def _resolve_columns(schema: pa.Schema, indicator_columns: Sequence[str] | None,
         missing = [name for name in chosen if name not in names]
         if missing:
             raise SchemaError(f"indicator column(s) {missing} not in batch; columns found: {names}")
+    keyed = sorted(set(chosen + categories) & {id_column, time_column})
+    if keyed:
+        raise SchemaError(f"column(s) {keyed} are the id or time column: they cannot also be indicator or "
+                          "category columns")
     if not chosen:
         raise SchemaError(f"batch has no indicator columns; columns found: {names}")
     for name in chosen:
@@ -489,7 +634,8 @@ def _resolve_columns(schema: pa.Schema, indicator_columns: Sequence[str] | None,
                 f"indicator column {name!r} has unsupported type {schema.field(name).type}; "
                 "expected an integer, float, bool, decimal or string type"
             )
-    return _Layout(time_column=time_column, indicators=chosen, categories=categories)
+    return _Layout(time_column=time_column, indicators=chosen, categories=categories, id_column=id_column,
+                   time_kind=time_kind)
 
 
 # --------------------------------------------------------------------------- small kernels
@@ -631,30 +777,31 @@ class _Rejections:
         self.detail = pc.if_else(pa.array(new), text, self.detail)
 
 
-def _user_ids(arr: pa.Array, rej: _Rejections) -> pa.Array:
-    """Check and normalise user ids (int64 or utf8); adds user-id rejections."""
+def _user_ids(arr: pa.Array, rej: _Rejections, name: str = USER_ID) -> pa.Array:
+    """Check and normalise user ids (int64 or utf8) of the id column ``name``; adds user-id
+    rejections, their details naming ``name``."""
     n = len(arr)
-    rej.add(~_mask(arr.is_valid()), DeadLetterReason.NULL_USER_ID, f"{USER_ID} is null")
+    rej.add(~_mask(arr.is_valid()), DeadLetterReason.NULL_USER_ID, f"{name} is null")
     if pa.types.is_null(arr.type):
         return pa.nulls(n, pa.int64())
     if pa.types.is_floating(arr.type):  # only for an int64 ledger (_resolve_columns)
-        return _float_ids(arr, rej)
+        return _float_ids(arr, rej, name)
     if pa.types.is_string(arr.type):
-        rej.add(_mask(pc.equal(arr, "")), DeadLetterReason.EMPTY_USER_ID, f"{USER_ID} is an empty string")
+        rej.add(_mask(pc.equal(arr, "")), DeadLetterReason.EMPTY_USER_ID, f"{name} is an empty string")
         return arr
     if arr.type == pa.uint64():
         too_big = _mask(pc.greater(arr, pa.scalar(2**63 - 1, pa.uint64())))
         rej.add(
             too_big,
             DeadLetterReason.WRONG_TYPE,
-            lambda: _join(f"{USER_ID} ", arr.cast(pa.string()), " does not fit in int64"),
+            lambda: _join(f"{name} ", arr.cast(pa.string()), " does not fit in int64"),
         )
         arr = pc.if_else(pa.array(too_big), pa.scalar(0, pa.uint64()), arr)
     ids = arr.cast(pa.int64())
     rej.add(
         _mask(pc.equal(ids, pa.scalar(RESERVED_USER_ID, pa.int64()))),
         DeadLetterReason.WRONG_TYPE,
-        f"{USER_ID} {RESERVED_USER_ID} is reserved (the int64 minimum) and cannot be a user id",
+        f"{name} {RESERVED_USER_ID} is reserved (the int64 minimum) and cannot be a user id",
     )
     return ids
 
@@ -665,7 +812,7 @@ def _user_ids(arr: pa.Array, rej: _Rejections) -> pa.Array:
 MAX_FLOAT_ID = 2**53
 
 
-def _float_ids(arr: pa.Array, rej: _Rejections) -> pa.Array:
+def _float_ids(arr: pa.Array, rej: _Rejections, name: str = USER_ID) -> pa.Array:
     """A float column's ids for an int64 ledger (pandas writes integer ids as float64 when one is
     missing), row by row: an integral value of magnitude strictly below ``MAX_FLOAT_ID`` is that
     id; NaN, inf, a fraction or a value of magnitude ``2**53`` or more (which the float may
@@ -675,7 +822,7 @@ def _float_ids(arr: pa.Array, rej: _Rejections) -> pa.Array:
     with np.errstate(invalid="ignore"):
         ok = np.isfinite(values) & (values == np.trunc(values)) & (np.abs(values) < MAX_FLOAT_ID)
     rej.add(_mask(arr.is_valid()) & ~ok, DeadLetterReason.WRONG_TYPE,
-            lambda: _join(f"{USER_ID} ", arr.cast(pa.string()), f" is not an integer id of magnitude below 2**53 (a float "
+            lambda: _join(f"{name} ", arr.cast(pa.string()), " is not an integer id of magnitude below 2**53 (a float "
                           "column's ids are read only when exact)"))
     return pa.array(np.where(ok, values, 0.0).astype(np.int64), pa.int64())
 
@@ -687,7 +834,7 @@ _INT_TEXT = r"^(0|-?[1-9][0-9]{0,18})$"
 _INT64_MAX_TEXT = str(2**63 - 1)
 
 
-def _as_id_type(users: pa.Array, id_type: str | None, rej: _Rejections) -> pa.Array:
+def _as_id_type(users: pa.Array, id_type: str | None, rej: _Rejections, name: str = USER_ID) -> pa.Array:
     """``users`` (int64 or utf8, from :func:`_user_ids`) as ``id_type``; adds ``wrong_type`` for
     text ids that are not a canonical int64 integer when ``id_type`` is ``"int64"``."""
     if id_type is None or len(users) == 0:
@@ -702,21 +849,24 @@ def _as_id_type(users: pa.Array, id_type: str | None, rej: _Rejections) -> pa.Ar
         | (_mask(pc.equal(pc.utf8_length(digits), 19)) & _mask(pc.less_equal(digits, _INT64_MAX_TEXT))))
     parsed = pc.cast(pc.if_else(pa.array(fits), users, pa.scalar("0")), pa.int64())
     rej.add(_mask(users.is_valid()) & ~fits, DeadLetterReason.WRONG_TYPE,
-            lambda: _join(f"{USER_ID}: ", _snippet(users), " is not an int64 user id written canonically (the "
+            lambda: _join(f"{name}: ", _snippet(users), " is not an int64 user id written canonically (the "
                           "ledger's declared id type)"))
     rej.add(fits & _mask(pc.equal(parsed, pa.scalar(RESERVED_USER_ID, pa.int64()))), DeadLetterReason.WRONG_TYPE,
-            f"{USER_ID} {RESERVED_USER_ID} is reserved (the int64 minimum) and cannot be a user id")
+            f"{name} {RESERVED_USER_ID} is reserved (the int64 minimum) and cannot be a user id")
     return parsed
 
 
-def _time_seconds(name: str, arr: pa.Array, rej: _Rejections) -> np.ndarray:
-    """UTC Unix seconds of each row's time (0 where rejected); adds time rejections."""
+def _time_seconds(name: str, arr: pa.Array, rej: _Rejections, kind: str | None = None) -> np.ndarray:
+    """UTC Unix seconds of each row's time (0 where rejected) in the column ``name``, read as
+    ``kind`` (``day``: dates; ``event_time``: timestamps; None: as ``name`` says); adds time
+    rejections, their details naming ``name``."""
+    kind = name if kind is None else kind
     t = arr.type
     if pa.types.is_string(t):
         text = pc.utf8_trim_whitespace(arr)
         missing = ~_mask(text.is_valid()) | _mask(pc.equal(text, ""))
         rej.add(missing, DeadLetterReason.NULL_TIME, f"{name} is null or empty")
-        if name == DAY:
+        if kind == DAY:
             ok, seconds = _parse_iso(text, _DATE_RE)
             expected = "as a YYYY-MM-DD date"
         else:
@@ -798,8 +948,13 @@ def validate_batch(
     indicator_columns: Sequence[str] | None = None,
     category_columns: Sequence[str] = (),
     id_type: str | None = None,
+    keys: InputKeys = DEFAULT_KEYS,
 ) -> ValidatedBatch:
     """Split ``batch`` into valid rows and rejected rows with reasons (see the module docstring).
+
+    ``keys`` (:class:`InputKeys`, a declared contract's) names the id and time columns the batch
+    holds (default ``user_id``, and ``day`` or ``event_time``): rejections' details and ``raw``
+    name them as the input does, valid rows carry ``user_id`` and ``window_id`` whatever they are.
 
     ``category_columns`` names string columns passed through unparsed (utf8, nulls kept: a
     missing category counts in no bucket of a histogram); they are never indicator columns.
@@ -826,7 +981,9 @@ def validate_batch(
         )
     if id_type not in (None, "int64", "string"):
         raise ValueError(f"id_type must be 'int64', 'string' or None, got id_type={id_type!r}")
-    layout = _resolve_columns(table.schema, indicator_columns, category_columns, id_type)
+    if not isinstance(keys, InputKeys):
+        raise TypeError(f"keys must be an InputKeys, got {type(keys).__name__}")
+    layout = _resolve_columns(table.schema, indicator_columns, category_columns, id_type, keys)
     return _validate(table, layout, window, start, end, id_type)
 
 
@@ -836,13 +993,13 @@ def _validate(
 ) -> ValidatedBatch:
     n = table.num_rows
     rej = _Rejections(n)
-    user_raw = _normalise(table.column(USER_ID))
+    user_raw = _normalise(table.column(layout.id_column))
     time_raw = _normalise(table.column(layout.time_column))
     ind_raw = [_normalise(table.column(name)) for name in layout.indicators]
     cat_raw = [_normalise(table.column(name)) for name in layout.categories]
 
-    users = _as_id_type(_user_ids(user_raw, rej), id_type, rej)
-    seconds = _time_seconds(layout.time_column, time_raw, rej)
+    users = _as_id_type(_user_ids(user_raw, rej, layout.id_column), id_type, rej, layout.id_column)
+    seconds = _time_seconds(layout.time_column, time_raw, rej, layout.time_kind)
 
     parsed = [_indicator(arr) for arr in ind_raw]
     for name, ind in zip(layout.indicators, parsed):
@@ -883,7 +1040,7 @@ def _validate(
             ),
         )
 
-    _reject_duplicates(users, windows, rej)
+    _reject_duplicates(users, windows, rej, layout.id_column)
 
     user_type = pa.string() if pa.types.is_string(users.type) else pa.int64()
     keep = pa.array(rej.code == 0)
@@ -895,7 +1052,7 @@ def _validate(
     )
     rejected = _rejected_table(
         rej, [user_raw, time_raw, *ind_raw, *cat_raw],
-        [USER_ID, layout.time_column, *layout.indicators, *layout.categories],
+        [layout.id_column, layout.time_column, *layout.indicators, *layout.categories],
     )
     return ValidatedBatch(valid=valid, rejected=rejected, indicator_columns=layout.indicators,
                           category_columns=layout.categories)
@@ -926,7 +1083,7 @@ def may_repeat(users: pa.Array | pa.ChunkedArray, windows: np.ndarray) -> bool:
     return bool(np.bincount(cell, minlength=cells).max() > 1)
 
 
-def _reject_duplicates(users: pa.Array, windows: np.ndarray, rej: _Rejections) -> None:
+def _reject_duplicates(users: pa.Array, windows: np.ndarray, rej: _Rejections, name: str = USER_ID) -> None:
     """Among still-valid rows, reject every (user, window) occurrence after the first."""
     rows = np.flatnonzero(rej.code == 0)
     if len(rows) < 2:
@@ -952,7 +1109,7 @@ def _reject_duplicates(users: pa.Array, windows: np.ndarray, rej: _Rejections) -
         duplicate,
         DeadLetterReason.DUPLICATE,
         lambda: _join(
-            f"({USER_ID}, {WINDOW_ID}) already valid at row ", pa.array(first_row).cast(pa.string())
+            f"({name}, {WINDOW_ID}) already valid at row ", pa.array(first_row).cast(pa.string())
         ),
     )
 

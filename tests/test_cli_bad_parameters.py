@@ -106,12 +106,21 @@ CASES: list[tuple[str, list[str], str]] = [
     ("plan", PLAN + ["--sample", "{t}/missing.parquet"], "--sample"),
     ("plan", PLAN + ["--sample", "{w}/no-indicators.parquet"], "--sample"),  # lacks the declared column
     ("plan", _set(PLAN, "--column", "opened=1:0"), "--column"),
+    ("plan", PLAN + ["--event-time-column", "opened"], "--event-time-column"),
     # stream and distributed: the jobs' own command lines through the front door
     ("stream", ["stream", "--replay"], "--replay"),
     ("stream", ["stream", "--replay", "{t}/m.arrows", "--start", "2026-03-01", "--end", "2026-03-01",
                 "--epsilon", "-1", "--delta", "1e-6", "--norm-budget", "4", "--releases-parquet", "{t}/p",
                 "--output", "{t}/o", "--noise-key", "{w}/key", "--id-type", "int64", "--column", "opened=0:1"],
      "--epsilon"),
+    ("stream", ["stream", "--replay", "{t}/m.arrows", "--start", "2026-03-01", "--end", "2026-03-01",
+                "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "4", "--releases-parquet", "{t}/p",
+                "--output", "{t}/o", "--noise-key", "{w}/key", "--id-type", "int64", "--column", "opened=0:1",
+                "--id-column", "uid", "--day-column", "uid"], "--day-column"),
+    ("distributed", ["distributed", "--input", "{w}/in.parquet", "--start", "2026-03-01", "--end", "2026-03-01",
+                     "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "4", "--previous-ledger", "none",
+                     "--output", "{t}/o", "--releases-parquet", "{t}/p", "--noise-key", "{w}/key", "--id-column",
+                     "uid"], "--id-column"),
     ("distributed", ["distributed", "--input", "{t}/a.csv", "--start", "March", "--end", "2026-03-01",
                      "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "4", "--previous-ledger", "none",
                      "--output", "{t}/o", "--releases-parquet", "{t}/p"], "--start"),
@@ -140,6 +149,17 @@ CASES: list[tuple[str, list[str], str]] = [
     ("run", RUN + ["--noise-key", "{t}"], "--noise-key"),
     ("run", RUN + ["--noise-key", "{w}/loose.key"], "--noise-key"),  # readable by others
     ("run", RUN + ["--key", "{w}/loose.key"], "--noise-key"),  # --key, its former name: named as it is now
+    # the id and time columns' names, declared with the contract (issue 37, item 5)
+    ("run", RUN + ["--id-column", "opened"], "--id-column"),  # a declared indicator column
+    ("run", RUN + ["--day-column", "opened"], "--day-column"),
+    ("run", RUN + ["--id-column", "d", "--day-column", "d"], "--day-column"),  # one name for both
+    ("run", RUN + ["--day-column", "d", "--event-time-column", "t"], "--event-time-column"),  # two times
+    ("run", RUN + ["--id-column", "window_id"], "--id-column"),  # the output's name
+    ("run", RUN + ["--id-column", ""], "--id-column"),
+    ("run", RUN + ["--day-column", "event_date"], "--day-column"),  # the input has no such column
+    ("run", RUN + ["--id-column", "uid"], "--id-column"),
+    ("run", RUN[:RUN.index("--id-type")] + ["--id-column", "uid"], "--id-column"),  # without the declaration
+    ("run", RUN[:RUN.index("--id-type")] + ["--schema", "{t}/schema.json", "--id-column", "uid"], "--id-column"),
     ("run", RUN + ["--polcy", "clip"], "--polcy"),  # a typo, neither run's option nor Beam's
     ("run", RUN + ["--direct_num_worker=2"], "--direct_num_worker"),
     # sql
@@ -165,6 +185,7 @@ CASES: list[tuple[str, list[str], str]] = [
     *[("features", _set(FEAT, "--label-start", v), "--label-start") for v in ("x", "2026-03-09", "2026-03-01")],
     ("features", _set(FEAT, "--label-end", "x"), "--label-end"),
     ("features", _set(FEAT, "--label-column", "nosuch"), "--label-column"),
+    ("features", FEAT + ["--ledger", "{w}/ledger.duckdb", "--id-column", "uid"], "--id-column"),
     # train
     *[("train", _set(TRAIN, "--epsilon", v), "--epsilon") for v in ("0", "-1", "x")],
     *[("train", _set(TRAIN, "--delta", v), "--delta") for v in ("0", "1", "1.5")],

@@ -150,36 +150,67 @@ def add_contract_options(parser: argparse.ArgumentParser) -> None:
              "without a bound gets no default sum); repeat per column")
     arg("--category", dest="declared_categories", action="append", default=[], metavar="NAME",
         help="a text column of categories, read only by histograms over declared categories; repeat per column")
+    arg("--id-column", "--id_column", dest="id_column", default=None, metavar="NAME",
+        help="the column that holds the user id (default user_id), e.g. --id-column uid")
+    time = contract.add_mutually_exclusive_group()
+    time.add_argument("--day-column", "--day_column", dest="day_column", default=None, metavar="NAME",
+                      help="the column that holds each row's day, a date or YYYY-MM-DD text (default: day, or "
+                           "event_time for timestamps), e.g. --day-column event_date")
+    time.add_argument("--event-time-column", "--event_time_column", dest="event_time_column", default=None,
+                      metavar="NAME", help="the column that holds each row's time as a timestamp or ISO-8601 text "
+                                           "(instead of --day-column), e.g. --event-time-column ts")
     arg("--schema", dest="schema_file", default=None, metavar="FILE.json",
         help='the contract as a JSON file: {"id_type": "int64", "columns": [{"name": "opened", "kind": "number", '
-             '"lo": 0, "hi": 1}, {"name": "tier", "kind": "category"}]}')
+             '"lo": 0, "hi": 1}, {"name": "tier", "kind": "category"}]}, with optional "id_column", "day_column" '
+             'or "event_time_column"')
 
 
 def refuse_declared_columns(args: argparse.Namespace, *, job: str) -> None:
     """RunRefused for ``--column``/``--category``/``--schema`` in a job that does not enforce a
     declared contract yet (it takes ``--id-type``): a declaration it would not keep must not look kept."""
-    if args.declared_columns or args.declared_categories or args.schema_file:
+    if args.declared_columns or args.declared_categories or args.schema_file or declared_key_options(args):
         raise RunRefused(f"{job} does not take declared columns yet (--column, --category, --schema): "
                          "renyi-stream run enforces them; here declare the id type with --id-type and the "
                          "numeric columns with --columns")
 
 
+def declared_key_options(args: argparse.Namespace) -> list[str]:
+    """The key columns' options a run gives (``--id-column NAME``, ``--day-column NAME``,
+    ``--event-time-column NAME``), as written."""
+    return [f"{option} {value}" for option, value in (("--id-column", getattr(args, "id_column", None)),
+                                                      ("--day-column", getattr(args, "day_column", None)),
+                                                      ("--event-time-column", getattr(args, "event_time_column", None)))
+            if value is not None]
+
+
 def declared_contract(args: argparse.Namespace) -> "InputContract | None":
     """The contract a run's options declare (:func:`add_ledger_options`), None when they declare
-    none. :class:`renyi_stream.stream.contract.ContractError` (a ValueError) for a malformed declaration, or
-    ``--schema`` beside the other contract options."""
+    none. :class:`renyi_stream.stream.contract.ContractError` (a ValueError) for a malformed declaration,
+    ``--schema`` beside the other contract options, or the key columns' names (``--id-column``,
+    ``--day-column``, ``--event-time-column``) without the rest of a declaration: they are part of
+    the contract, kept with it, so a later run leaves them out (the ledger keeps the recorded
+    names) or declares the whole contract again, and a declaration of other names is refused."""
     from renyi_stream.stream.contract import ContractError, InputContract
 
     inline = bool(args.declared_columns or args.declared_categories)
+    keys = declared_key_options(args)
     if args.schema_file is not None:
-        if inline or args.id_type is not None:
-            raise ContractError("give the contract either as --schema FILE or as --id-type/--column/--category, "
-                                f"not both (got --schema {args.schema_file})")
+        if inline or args.id_type is not None or keys:
+            raise ContractError("give the contract either as --schema FILE or as --id-type/--column/--category"
+                                f"{'/' + keys[0].split()[0] if keys else ''}, not both (got --schema {args.schema_file}"
+                                f"{' and ' + keys[0] if keys else ''}; a schema file names the id and time columns as "
+                                '"id_column", "day_column" or "event_time_column")')
         return InputContract.from_file(args.schema_file)
     if not inline:
+        if keys:
+            raise ContractError(f"{keys[0]} is part of the input contract: give it with the contract's --id-type and "
+                                "--column/--category options (or in --schema FILE.json); a ledger keeps the names its "
+                                "contract records, so a later run may leave them out")
         return None
     return InputContract.from_options(id_type=args.id_type, columns=args.declared_columns,
-                                      categories=args.declared_categories)
+                                      categories=args.declared_categories, id_column=getattr(args, "id_column", None),
+                                      day_column=getattr(args, "day_column", None),
+                                      event_time_column=getattr(args, "event_time_column", None))
 
 
 def add_promise_options(parser: argparse.ArgumentParser) -> None:

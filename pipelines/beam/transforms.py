@@ -42,7 +42,6 @@ from renyi_stream.stream.engine.dead_letters import (
     SOURCE,
     DeadLetterReason,
     classify_windows,
-    dead_letters,
     malformed_letters,
     rejected_letters,
     row_letters,
@@ -58,7 +57,7 @@ from renyi_stream.stream.engine.shard_state import (QueryPlan, ShardSnapshots, S
                                       refuse_running_gaps, running_rule_of)
 from renyi_stream.stream.faults import crash_point
 from renyi_stream.stream.noise import NoiseBinding, NoiseKey, check_ledger_id, gaussian_noise
-from renyi_stream.stream.schema import USER_ID, WINDOW_ID, WindowSpec, may_repeat, validate_batch
+from renyi_stream.stream.schema import DEFAULT_KEYS, USER_ID, WINDOW_ID, InputKeys, WindowSpec, may_repeat, validate_batch
 
 #: The kind of an element that carries nothing and only makes its shard's filter fire.
 TICK = "tick"
@@ -83,8 +82,11 @@ class ReadAndValidate(beam.DoFn):
     def __init__(self, *, window: WindowSpec, start_window: int, end_window: int,
                  released: Sequence[int], indicator_columns: Sequence[str], batch_rows: int = 262_144,
                  category_columns: Sequence[str] = (), id_type: str | None = None,
-                 file_windows: Mapping[str, Tuple[int, int]] | None = None) -> None:
+                 file_windows: Mapping[str, Tuple[int, int]] | None = None, keys: InputKeys = DEFAULT_KEYS) -> None:
         self._window = window
+        # The ledger's contract's names of the id and time columns: each file is read and its rows
+        # validated by them (its dead letters name them), its valid rows carry user_id and window_id.
+        self._keys = keys
         # path -> the windows of the days the file holds (renyi_stream.stream.engine.input_days):
         # a row of another window is its dead letter; None: the file's days are not checked.
         self._file_windows = dict(file_windows or {})
@@ -99,7 +101,7 @@ class ReadAndValidate(beam.DoFn):
         file_index, path = element
         offset = 0
         malformed = MalformedLines()
-        for batch in read_batches(path, batch_rows=self._batch_rows, malformed=malformed):
+        for batch in read_batches(path, batch_rows=self._batch_rows, malformed=malformed, keys=self._keys):
             if len(malformed):  # CSV lines the reader skipped so far: rows read, each a dead letter
                 lines = malformed.drain()
                 yield beam.pvalue.TaggedOutput("read", (path, lines.num_rows))
@@ -108,7 +110,7 @@ class ReadAndValidate(beam.DoFn):
             # No window bounds here: which rows are late or out of schedule is the engine's one
             # rule, the same in the streaming filter.
             checked = validate_batch(batch, window=self._window, indicator_columns=self._columns,
-                                     category_columns=self._categories, id_type=self._id_type)
+                                     category_columns=self._categories, id_type=self._id_type, keys=self._keys)
             if checked.rejected.num_rows:
                 yield beam.pvalue.TaggedOutput("dead", rejected_letters(path, checked.rejected, offset=offset))
             # The input's index orders its rows against other inputs' (invariant 2); its path names
@@ -680,18 +682,20 @@ class ReadIndicators(beam.PTransform):
     window is dead-lettered ``outside_file_days``; rows of windows in ``released`` as
     ``late_window`` (invariant 7), rows before ``start_window`` or after ``end_window`` as
     ``out_of_range_time`` (:func:`renyi_stream.stream.engine.dead_letters.classify_windows`), so
-    ``rows read = valid + dead`` holds per file.
+    ``rows read = valid + dead`` holds per file. ``keys``: the id and time columns' names (the
+    ledger's contract's, :class:`renyi_stream.stream.schema.InputKeys`).
     """
 
     def __init__(self, inputs: Sequence[str], *, window: WindowSpec, start_window: int, end_window: int,
                  released: Sequence[int], indicator_columns: Sequence[str], batch_rows: int = 262_144,
                  category_columns: Sequence[str] = (), id_type: str | None = None,
-                 file_windows: Mapping[str, Tuple[int, int]] | None = None) -> None:
+                 file_windows: Mapping[str, Tuple[int, int]] | None = None, keys: InputKeys = DEFAULT_KEYS) -> None:
         super().__init__()
         self._inputs = [str(path) for path in inputs]
         self._read = ReadAndValidate(window=window, start_window=start_window, end_window=end_window,
                                      released=released, indicator_columns=indicator_columns, batch_rows=batch_rows,
-                                     category_columns=category_columns, id_type=id_type, file_windows=file_windows)
+                                     category_columns=category_columns, id_type=id_type, file_windows=file_windows,
+                                     keys=keys)
 
     def expand(self, pbegin: Any) -> Any:
         return (pbegin
@@ -867,11 +871,12 @@ class DailyReleases(beam.PTransform):
                  previous_raw: dict[str, list[tuple[int, list[float]]]] | None = None,
                  category_columns: Sequence[str] = (),
                  previous_release: dict[str, pa.Table] | None = None,
-                 file_windows: Mapping[str, Tuple[int, int]] | None = None) -> None:
+                 file_windows: Mapping[str, Tuple[int, int]] | None = None, keys: InputKeys = DEFAULT_KEYS) -> None:
         super().__init__()
         self._read = ReadIndicators(inputs, window=window, start_window=start_window, end_window=end_window,
                                     released=released, indicator_columns=indicator_columns,
-                                    category_columns=category_columns, id_type=id_type, file_windows=file_windows)
+                                    category_columns=category_columns, id_type=id_type, file_windows=file_windows,
+                                    keys=keys)
         self._filter = IndividualFilter(plan=plan, indicator_columns=indicator_columns, noise_std=noise_std,
                                         policy=policy, budget=budget, id_type=id_type, tracker_step=tracker_step,
                                         n_shards=n_shards, previous_ledger=previous_ledger,

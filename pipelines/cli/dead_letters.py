@@ -10,7 +10,8 @@ nothing is created (DuckDB would create a new database file on connect).
 
 A dead letter's *day* is the window of the row itself, read from the row the letter keeps
 (``raw``): the ``window_id`` of a row dead-lettered after validation (late, out of schedule,
-duplicate), else its ``day`` or ``event_time`` parsed by the validator's own rules
+duplicate), else its ``day`` or ``event_time`` (or the time column the ledger's contract names:
+``--day-column``, ``--event-time-column``) parsed by the validator's own rules
 (:func:`renyi_stream.stream.schema.validate_batch`) with the ledger's windows. A letter whose row
 has no readable time (``null_time``, ``bad_time``, a ``malformed_row`` CSV line, an
 ``undecodable_message``) has no day (``-``).
@@ -38,7 +39,7 @@ import pyarrow.compute as pc
 from renyi_stream.pipelines.cli.errors import PROG
 from renyi_stream.stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from renyi_stream.stream.private_files import CURATOR_ONLY_NOTICE
-from renyi_stream.stream.schema import DAY, EVENT_TIME, USER_ID, WINDOW_ID, WindowSpec, validate_batch
+from renyi_stream.stream.schema import DAY, DEFAULT_KEYS, EVENT_TIME, USER_ID, WINDOW_ID, InputKeys, WindowSpec, validate_batch
 
 __all__ = ["DEFAULT_LIMIT", "CuratorLetters", "add_dead_letters_subcommand", "by_day_and_reason",
            "curator_output_letters", "ledger_letters", "letter_rows", "letter_windows"]
@@ -60,11 +61,13 @@ class DeadLettersRefused(Exception):
 @dataclass(frozen=True)
 class CuratorLetters:
     """One curator store's dead letters (:data:`DEAD_LETTER_SCHEMA`), the windows its rows were
-    charged in (``window``) and the store's name for messages (``where``)."""
+    charged in (``window``), the store's name for messages (``where``) and the names of the id and
+    time columns its ledger's contract declares (``keys``: a letter's row names them so)."""
 
     letters: pa.Table
     window: WindowSpec
     where: str
+    keys: InputKeys = DEFAULT_KEYS
 
 
 # --------------------------------------------------------------------------- reading
@@ -121,7 +124,8 @@ def ledger_letters(path: str | os.PathLike) -> CuratorLetters:
     finally:
         db.close()
     window = params.window if params is not None else WindowSpec()
-    return CuratorLetters(_conform(letters), window, f"the ledger {path}")
+    keys = params.contract.keys if params is not None and params.contract is not None else DEFAULT_KEYS
+    return CuratorLetters(_conform(letters), window, f"the ledger {path}", keys)
 
 
 def curator_output_letters(root: str | os.PathLike) -> CuratorLetters:
@@ -152,6 +156,7 @@ def curator_output_letters(root: str | os.PathLike) -> CuratorLetters:
             manifest = json.loads((folder / _COMMITTED).read_text())
             files = [_listed_file(folder, name) for name in manifest.get("dead_files", [])]
             window = _window_of(manifest.get("parameters", {}), prefix="")
+            keys = _keys_of(manifest.get("parameters", {}), prefix="")
             where = f"the distributed run {folder}"
         elif (folder / _INTENT).exists():
             raise DeadLettersRefused(
@@ -159,7 +164,7 @@ def curator_output_letters(root: str | os.PathLike) -> CuratorLetters:
                 f"{_COMMITTED}): nothing it charged counts and its dead letters may be partial; run it again")
         elif (folder / _STATE).exists():
             files = sorted((folder / "dead").glob("**/*.parquet"))
-            window = _streaming_window(folder)
+            window, keys = _streaming_window(folder)
             where = f"the streaming job {folder}"
         else:
             raise DeadLettersRefused(
@@ -172,7 +177,7 @@ def curator_output_letters(root: str | os.PathLike) -> CuratorLetters:
     except PrivateFileError as exc:
         raise DeadLettersRefused(f"argument --curator-output: {exc}") from None
     letters = pa.concat_tables([DEAD_LETTER_SCHEMA.empty_table(), *parts])
-    return CuratorLetters(letters, window, where)
+    return CuratorLetters(letters, window, where, keys)
 
 
 def _listed_file(folder: Path, name: str) -> Path:
@@ -186,16 +191,31 @@ def _listed_file(folder: Path, name: str) -> Path:
                              "which is missing")
 
 
-def _streaming_window(folder: Path) -> WindowSpec:
+def _streaming_window(folder: Path) -> tuple[WindowSpec, InputKeys]:
     """The windows a streaming job's ledger snapshots record (daily from the epoch when it has
-    none yet)."""
+    none yet), and the id and time columns' names of its contract."""
     import pyarrow.parquet as pq
 
     for snapshot in sorted((folder / "ledger").glob("**/*.parquet")):
         metadata = {k.decode(): v.decode() for k, v in (pq.read_schema(snapshot).metadata or {}).items()}
         if "renyi_stream.window_seconds" in metadata:
-            return _window_of(metadata, prefix="renyi_stream.")
-    return WindowSpec()
+            return _window_of(metadata, prefix="renyi_stream."), _keys_of(metadata, prefix="renyi_stream.")
+    return WindowSpec(), DEFAULT_KEYS
+
+
+def _keys_of(recorded: Any, *, prefix: str) -> InputKeys:
+    """The id and time columns' names of the contract a record holds (``<prefix>columns``, with
+    ``<prefix>id_type``); the defaults when it records none or cannot be read (the days are then
+    read from ``day``/``event_time``, as before contracts named them)."""
+    from renyi_stream.stream.contract import InputContract
+
+    try:
+        columns = recorded.get(f"{prefix}columns")
+        if columns is None:
+            return DEFAULT_KEYS
+        return InputContract.from_columns_json(str(recorded.get(f"{prefix}id_type", "string")), str(columns)).keys
+    except (ValueError, AttributeError):
+        return DEFAULT_KEYS
 
 
 def _window_of(recorded: Any, *, prefix: str) -> WindowSpec:
@@ -220,34 +240,47 @@ def _conform(table: pa.Table) -> pa.Table:
 # --------------------------------------------------------------------------- each letter's day
 
 
-def letter_windows(letters: pa.Table, window: WindowSpec) -> pa.Array:
+def letter_windows(letters: pa.Table, window: WindowSpec, keys: InputKeys = DEFAULT_KEYS) -> pa.Array:
     """The window (int64) of each dead letter's own row, null where the row has no readable time.
 
     From the row the letter keeps (``raw``, JSON): its ``window_id`` (a row dead-lettered after
-    validation), else its ``day`` or ``event_time`` parsed by :func:`validate_batch`'s rules with
-    ``window``; a letter whose ``raw`` is no JSON object (a CSV line, a message's bytes) has none.
-    Vectorised (DuckDB's JSON functions, then the validator): no Python per letter."""
+    validation), else its time column (``keys``: the contract's ``--day-column`` or
+    ``--event-time-column``; by default ``day`` or ``event_time``) parsed by
+    :func:`validate_batch`'s rules with ``window``; a letter whose ``raw`` is no JSON object (a CSV
+    line, a message's bytes) has none. Vectorised (DuckDB's JSON functions, then the validator):
+    no Python per letter."""
     import duckdb
 
     n = letters.num_rows
     if n == 0:
         return pa.array([], pa.int64())
+    if keys.day_column is not None:
+        times = ((keys.day_column, DAY),)
+    elif keys.event_time_column is not None:
+        times = ((keys.event_time_column, EVENT_TIME),)
+    else:
+        times = ((DAY, DAY), (EVENT_TIME, EVENT_TIME))
     db = duckdb.connect()  # in memory: nothing is written anywhere
     try:
         db.register("letters", pa.table({"raw": letters.column("raw")}))
         fields = db.execute(
-            "SELECT CASE WHEN json_valid(raw) THEN TRY_CAST(json_extract_string(raw, '$.window_id') AS BIGINT) END, "
-            "CASE WHEN json_valid(raw) THEN json_extract_string(raw, '$.day') END, "
-            "CASE WHEN json_valid(raw) THEN json_extract_string(raw, '$.event_time') END FROM letters").arrow()
+            "SELECT CASE WHEN json_valid(raw) THEN TRY_CAST(json_extract_string(raw, '$.window_id') AS BIGINT) END"
+            + "".join(", CASE WHEN json_valid(raw) THEN json_extract_string(raw, ?) END" for _ in times)
+            + " FROM letters", [_json_path(name) for name, _ in times]).arrow()
         fields = fields.read_all() if hasattr(fields, "read_all") else fields
     finally:
         db.close()
     windows = fields.column(0).combine_chunks().cast(pa.int64())
-    for k, time_column in ((1, DAY), (2, EVENT_TIME)):
+    for k, (_, kind) in enumerate(times, start=1):
         text = fields.column(k).combine_chunks().cast(pa.string())
-        parsed = _parsed_windows(text, time_column, window)
+        parsed = _parsed_windows(text, kind, window)
         windows = pc.coalesce(windows, parsed)
     return windows
+
+
+def _json_path(name: str) -> str:
+    """The JSON path of the top-level key ``name``, quoted (a column name may hold dots, spaces)."""
+    return '$."' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _parsed_windows(text: pa.Array, time_column: str, window: WindowSpec) -> pa.Array:
@@ -284,7 +317,7 @@ def by_day_and_reason(found: CuratorLetters, windows: pa.Array | None = None) ->
     """One row per (window of the rows, reason): ``day`` (the window's date), ``window_id``,
     ``reason`` and ``letters`` (how many); by window (rows without a day last), then reason.
     ``windows``: :func:`letter_windows` of ``found``, when already computed."""
-    windows = letter_windows(found.letters, found.window) if windows is None else windows
+    windows = letter_windows(found.letters, found.window, found.keys) if windows is None else windows
     keyed = pa.table({WINDOW_ID: windows, "reason": found.letters.column("reason")})
     counted = keyed.group_by([WINDOW_ID, "reason"]).aggregate([("reason", "count")])
     counted = counted.take(_order(counted, [_DAYLESS_LAST, "reason"]))
@@ -299,7 +332,7 @@ def letter_rows(found: CuratorLetters, limit: int, windows: pa.Array | None = No
     index: ``day``, ``window_id``, ``source``, ``row_index``, ``reason``, ``detail`` (never
     ``raw``: the detail names the column and the value at fault). ``windows`` as for
     :func:`by_day_and_reason`."""
-    windows = letter_windows(found.letters, found.window) if windows is None else windows
+    windows = letter_windows(found.letters, found.window, found.keys) if windows is None else windows
     table = found.letters.drop_columns(["raw"]).append_column(WINDOW_ID, windows)
     table = table.take(_order(table, [_DAYLESS_LAST, "source", "row_index"]).slice(0, limit))
     ids = table.column(WINDOW_ID).combine_chunks()
@@ -354,7 +387,7 @@ def _dead_letters_command(args: argparse.Namespace) -> int:
         found = ledger_letters(args.ledger) if args.ledger is not None else curator_output_letters(args.curator_output)
     except DeadLettersRefused as exc:
         return _fail(str(exc), 1)
-    windows = letter_windows(found.letters, found.window)
+    windows = letter_windows(found.letters, found.window, found.keys)
     summary = by_day_and_reason(found, windows)
     rows = letter_rows(found, limit, windows) if args.rows else None
     total = found.letters.num_rows

@@ -194,14 +194,15 @@ def read_sample(path: str, contract: Any, bounds: Sequence[ColumnBound]) -> Samp
     malformed = MalformedLines()
     try:
         check_declared_columns(path, contract)
-        for batch in read_batches(path, malformed=malformed):
+        for batch in read_batches(path, malformed=malformed, keys=contract.keys):
             if len(malformed):
                 skipped = malformed.drain().num_rows
                 rows_read += skipped
                 rejected += skipped
             rows_read += batch.num_rows
             checked = validate_batch(batch, indicator_columns=list(contract.numeric),
-                                     category_columns=list(contract.categories), id_type=contract.id_type)
+                                     category_columns=list(contract.categories), id_type=contract.id_type,
+                                     keys=contract.keys)
             rejected += checked.rejected.num_rows
             valid = checked.valid
             column = valid.column(USER_ID)

@@ -53,7 +53,7 @@ from renyi_stream.stream.engine.running import MIGRATION
 from renyi_stream.stream.ledger import STATUS_NAMES, Policy
 from renyi_stream.stream.noise import NoiseKey
 from renyi_stream.stream.private_files import CURATOR_ONLY_NOTICE, private_run_dir, private_umask
-from renyi_stream.stream.schema import WindowSpec
+from renyi_stream.stream.schema import DEFAULT_KEYS, WindowSpec
 
 #: The name of a run's scratch folder in the temp dir: ``renyi-run-<pid>-<random>``
 #: (:func:`renyi_stream.stream.private_files.private_run_dir`).
@@ -595,7 +595,7 @@ def _run_pipeline(config: JobConfig, params: LedgerConfig, plan: QueryPlan, colu
             key_path=config.resolved_key_path, accounting=params.accounting,
             key_fingerprint=params.key_fingerprint, ledger_id=ledger_id, previous_running=running_files,
             previous_raw=previous_raw, category_columns=categories, previous_release=previous_release,
-            file_windows=file_windows)
+            file_windows=file_windows, keys=params.contract.keys if params.contract is not None else DEFAULT_KEYS)
         # One collection of (output, item) and one group: each extra transform costs Beam a
         # signature inspection per bundle and planning time per run (seven gathers were a tenth
         # of a run; a ToList is nine transforms, a GroupByKey one).

@@ -142,7 +142,7 @@ from renyi_stream.stream.engine.ledger_config import LedgerConfig, LedgerConfigE
 from renyi_stream.stream.ledger import STATUS_NAMES, Policy
 from renyi_stream.stream.noise import check_ledger_id, new_ledger_id
 from renyi_stream.stream.private_files import CURATOR_ONLY_NOTICE, private_dir, private_run_dir, tighten_tree
-from renyi_stream.stream.schema import WindowSpec
+from renyi_stream.stream.schema import DEFAULT_KEYS, USER_ID, InputKeys, WindowSpec
 
 MANIFEST_VERSION = 1
 INTENT = "_INTENT.json"
@@ -326,8 +326,10 @@ class RunPlan:
                 "start_window": self.start_window, "end_window": self.end_window}
 
 
-def _first_input_schema(path: str) -> pa.Schema:
-    first = next(read_batches(path, batch_rows=16, malformed=MalformedLines()))  # the job dead-letters bad lines
+def _first_input_schema(path: str, keys: InputKeys | None = DEFAULT_KEYS) -> pa.Schema:
+    """The first input's columns; its id and time columns checked against ``keys`` (None: not yet,
+    the ledger's contract is not known)."""
+    first = next(read_batches(path, batch_rows=16, malformed=MalformedLines(), keys=keys))  # the job dead-letters bad lines
     return first.schema
 
 
@@ -400,16 +402,21 @@ def prepare(args: argparse.Namespace) -> RunPlan:
     patterns = [absolute(p) for item in args.input for p in item.split(",") if p]
     inputs = resolve_inputs(patterns)
     key_path, fingerprint, _ = key_fingerprint(args)
-    schema = _first_input_schema(inputs[0]["path"])
     try:
         declared_input = declared_contract(args)
     except ValueError as exc:
         raise RunRefused(str(exc)) from None
+    # Readable, its key columns checked once the ledger's contract is known (a recorded contract may
+    # name them otherwise than the defaults).
+    schema = _first_input_schema(inputs[0]["path"], keys=declared_input.keys if declared_input else None)
     requested = [c for c in (args.columns or "").split(",") if c]
     if declared_input is not None and requested:
         raise RunRefused("give the indicator columns either declared (--column, --category, --schema) or as --columns, "
                          "not both")
-    id_type = declared_input.id_type if declared_input else args.id_type or id_type_of(inputs[0]["path"])
+    # Undeclared: the continued ledger's recorded id type replaces it below (a new ledger must declare
+    # one); read from the first input only where it has the default id column.
+    id_type = declared_input.id_type if declared_input else args.id_type or (
+        id_type_of(inputs[0]["path"], keys=None) if USER_ID in schema.names else "string")
     releases, output = absolute(args.releases_parquet), absolute(args.output)
     config = LedgerConfig.from_promise(epsilon=args.epsilon, delta=args.delta, norm_budget=args.norm_budget,
                                        accounting=args.accounting, id_type=id_type, key_fingerprint=fingerprint,
@@ -456,10 +463,12 @@ def prepare(args: argparse.Namespace) -> RunPlan:
             raise RunRefused(f"a new ledger (--previous-ledger none) needs its input contract: "
                              f"{declaration_hint(schema.names)}")
         check_lineage(releases, None, None)
+    contract = config.contract  # declared by this run or recorded by the ledger
+    if contract is None:  # a ledger from before declared contracts: the default id and time columns
+        schema = _first_input_schema(inputs[0]["path"])
     missing = [c for c in requested if c not in schema.names]
     if missing:
         raise RunRefused(f"input {inputs[0]['path']} lacks the indicator column(s) {missing} given to --columns")
-    contract = config.contract  # declared by this run or recorded by the ledger
     schedule = [w for w in range(start, end + 1) if w not in processed]
     if contract is not None and requested:
         raise RunRefused(f"--columns is for ledgers started before declared contracts; this ledger records its "
@@ -854,7 +863,8 @@ def build(p: beam.Pipeline, plan: RunPlan) -> dict[str, Any]:
     read = p | "ReadIndicators" >> tx.ReadIndicators(
         plan.input_paths, window=plan.window, start_window=plan.start_window, end_window=plan.end_window,
         released=list(plan.released), indicator_columns=list(plan.columns),
-        category_columns=list(plan.category_columns), id_type=config.id_type, file_windows=plan.file_windows)
+        category_columns=list(plan.category_columns), id_type=config.id_type, file_windows=plan.file_windows,
+        keys=config.contract.keys if config.contract is not None else DEFAULT_KEYS)
     previous = p | "PreviousLedger" >> ReadLedgerSnapshot(plan.previous_ledger_files, n_shards=plan.n_shards,
                                                           schema=template.schema)
     previous_users = (previous | "PreviousUsers" >> beam.Map(_part_rows)

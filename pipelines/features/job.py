@@ -68,7 +68,7 @@ from renyi_stream.stream.contract import InputContract
 from renyi_stream.stream.engine.readers import id_type_of, check_declared_columns
 from renyi_stream.stream.engine.row_balance import reason_counts
 from renyi_stream.stream.private_files import write_private
-from renyi_stream.stream.schema import WindowSpec
+from renyi_stream.stream.schema import DEFAULT_KEYS, InputKeys, WindowSpec
 
 _EPOCH = dt.date(1970, 1, 1)
 
@@ -77,8 +77,8 @@ _EPOCH = dt.date(1970, 1, 1)
 class FeaturesPlan:
     """What every step of a run needs (picklable: it travels to the workers): where the outputs
     go, the windows, the indicator columns, the label column, the inputs' id type (``"int64"`` or
-    ``"string"``, the daily job's rule on the first input) and the run's token (which the launcher
-    finds in the file this run wrote)."""
+    ``"string"``, the daily job's rule on the first input), the run's token (which the launcher
+    finds in the file this run wrote) and the names of the id and time columns (the contract's)."""
 
     out: str
     dead_letters: str | None
@@ -87,6 +87,7 @@ class FeaturesPlan:
     label_column: str
     id_type: str
     token: str
+    keys: InputKeys = DEFAULT_KEYS
 
 
 class ShardFeatures(beam.DoFn):
@@ -145,7 +146,7 @@ def build(pipeline: Any, inputs: Sequence[str], plan: FeaturesPlan, *, n_shards:
     """Add the features job's graph (module docstring) to ``pipeline``."""
     read = pipeline | "ReadIndicators" >> ReadIndicators(
         inputs, window=WindowSpec(), start_window=plan.windows.first, end_window=plan.windows.last, released=[],
-        indicator_columns=plan.columns, id_type=plan.id_type)
+        indicator_columns=plan.columns, id_type=plan.id_type, keys=plan.keys)
     per_user = (read.valid
                 # Typed as (int, Any): shard keys then get a deterministic coder, as a group needs.
                 | "ByShard" >> beam.FlatMap(packed_by_shard, n_shards).with_output_types(Tuple[int, Any])
@@ -178,7 +179,8 @@ def materialise_features(
 
     With ``contract`` (the ledger's declared input, :mod:`renyi_stream.stream.contract`) the indicator columns
     are its number columns and the ids are parsed as its id type, whatever the files' writers
-    typed; every input must hold the declared columns. Without one, ``indicator_columns`` default
+    typed; every input must hold the declared columns, and its id and time columns are those it
+    names (``--id-column``, ``--day-column``, ``--event-time-column``). Without one, ``indicator_columns`` default
     to the daily job's default columns of the first input
     (:func:`renyi_stream.pipelines.curator.features.indicator_columns_of`); ``n_shards`` (in ``[1, 65536]``)
     is how many groups of users the aggregation is split into; ``beam_args`` are Beam options
@@ -206,7 +208,7 @@ def materialise_features(
     plan = FeaturesPlan(out=str(out), dead_letters=None if dead_letters is None else str(dead_letters),
                         windows=windows, columns=tuple(columns), label_column=label_column,
                         id_type=contract.id_type if contract is not None else id_type_of(paths[0]),
-                        token=uuid.uuid4().hex)
+                        token=uuid.uuid4().hex, keys=contract.keys if contract is not None else DEFAULT_KEYS)
     options = PipelineOptions(list(beam_args) or ["--runner=DirectRunner", "--direct_running_mode=in_memory"])
     with beam.Pipeline(runner=batch_runner(options), options=options) as pipeline:
         build(pipeline, paths, plan, n_shards=n_shards)

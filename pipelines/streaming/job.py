@@ -261,7 +261,7 @@ from renyi_stream.stream.ledger import STATUS_NAMES, Ledger, Policy
 from renyi_stream.stream.noise import new_ledger_id
 from renyi_stream.stream.private_files import (CURATOR_ONLY_NOTICE, PrivateFileError, make_private_dirs, private_dir,
                                                  private_run_dir)
-from renyi_stream.stream.schema import USER_ID, WINDOW_ID, SchemaError, WindowSpec, validate_batch
+from renyi_stream.stream.schema import DEFAULT_KEYS, USER_ID, WINDOW_ID, InputKeys, SchemaError, WindowSpec, validate_batch
 
 #: The curator's record of a finished local run's row balance (:func:`books`), under ``--output``.
 BOOKS_FILE = "_BOOKS.json"
@@ -378,7 +378,7 @@ def _message_parts(element: Any) -> tuple[str, bytes]:
     return str(name), bytes(element.data)
 
 
-def _replayed_file(item: tuple[str, str] | str) -> tuple[str, bytes]:
+def _replayed_file(item: tuple[str, str] | str, keys: InputKeys = DEFAULT_KEYS) -> tuple[str, bytes]:
     """A ``--replay`` file as a message: ``(its message name, its bytes)``. ``item`` is ``(name,
     path)`` (:func:`replay_names`: the path, or for a path given again the path and its place in
     ``--replay``), or a bare path, its own name.
@@ -389,13 +389,16 @@ def _replayed_file(item: tuple[str, str] | str) -> tuple[str, bytes]:
     (:func:`renyi_stream.stream.engine.readers.read_batches`, the same row-by-row rules) and replayed as one
     message of its rows, so the same day files feed every job. A file that is neither, or that does
     not hold the contract's columns, and a CSV line the reader cannot read, are refused at launch
-    (:func:`refuse_unreplayable`), never dropped or dead-lettered here."""
+    (:func:`refuse_unreplayable`), never dropped or dead-lettered here. ``keys``: the id and time
+    columns' names the ledger's contract declares (the message keeps the file's own names; the
+    validator reads them by these)."""
     name, path = (item, item) if isinstance(item, str) else (str(item[0]), str(item[1]))
     with FileSystems.open(path) as handle:
         payload = handle.read()
     if not _is_day_file(path, payload):
         return name, payload
-    return name, encode_message(pa.Table.from_batches(list(read_batches(path, malformed=MalformedLines()))))
+    return name, encode_message(pa.Table.from_batches(list(read_batches(path, malformed=MalformedLines(),
+                                                                        keys=keys))))
 
 
 def _is_day_file(path: str, head: bytes) -> bool:
@@ -428,14 +431,17 @@ def refuse_unreplayable(paths: Sequence[str], *, window: WindowSpec = WindowSpec
       on the file's header with no row, with the arguments :class:`DecodeAndValidate` gives it).
 
     Every decision is the files' names, formats and headers', never a row's. A live source
-    (Kafka, Pub/Sub) cannot be checked before it runs: there such a message stays one dead letter."""
+    (Kafka, Pub/Sub) cannot be checked before it runs: there such a message stays one dead letter.
+    The id and time columns are those ``contract`` names (``--id-column``, ``--day-column``,
+    ``--event-time-column``; without a contract, ``user_id`` and ``day``/``event_time``)."""
+    keys = contract.keys if contract is not None else DEFAULT_KEYS
     for path in paths:
         with FileSystems.open(path) as handle:
             head = handle.read(6)
         if _is_day_file(path, head):
             malformed, schema = MalformedLines(), None
             try:
-                for batch in read_batches(path, malformed=malformed):
+                for batch in read_batches(path, malformed=malformed, keys=keys):
                     schema = batch.schema if schema is None else schema
             except InputFileError as exc:
                 raise launch.RunRefused(f"--replay: {exc}") from None
@@ -462,7 +468,7 @@ def refuse_unreplayable(paths: Sequence[str], *, window: WindowSpec = WindowSpec
             if contract is not None:
                 check_declared_schema(schema, contract, where=where)
             validate_batch(schema.empty_table(), window=window, indicator_columns=indicator_columns,
-                           category_columns=category_columns, id_type=id_type)
+                           category_columns=category_columns, id_type=id_type, keys=keys)
         except InputFileError as exc:
             raise launch.RunRefused(f"--replay: {exc}") from None
         except SchemaError as exc:
@@ -640,12 +646,15 @@ class DecodeAndValidate(beam.DoFn):
     carry no event time of their own); otherwise it keeps the source's timestamp. A message's rows
     are numbered (:data:`renyi_stream.stream.engine.dead_letters.SOURCE`) by ``numbers`` (a replayed file: its
     index in ``--replay``, :func:`replay_numbers`), else by :func:`_source_number` of its name, and
-    carry its name for their dead letters."""
+    carry its name for their dead letters. ``keys``: the id and time columns' names the ledger's
+    contract declares (:class:`renyi_stream.stream.schema.InputKeys`), read by the validator as the
+    batch jobs read a file's: a message names its columns as the files do."""
 
     def __init__(self, *, window: WindowSpec, indicator_columns: Sequence[str], stamp: bool = False,
                  id_type: str = ID_TYPE, category_columns: Sequence[str] = (),
-                 numbers: dict[str, int] | None = None) -> None:
+                 numbers: dict[str, int] | None = None, keys: InputKeys = DEFAULT_KEYS) -> None:
         self._numbers = dict(numbers or {})
+        self._keys = keys
         self._window = window
         self._id_type = id_type  # the ledger's: a message's ids are parsed as it, row by row
         self._columns = list(indicator_columns)
@@ -660,7 +669,7 @@ class DecodeAndValidate(beam.DoFn):
             # arrives, by the same rule as the batch jobs' reader.
             checked = validate_batch(table, window=self._window, indicator_columns=self._columns,
                                      category_columns=self._categories,
-                                     id_type=self._id_type)
+                                     id_type=self._id_type, keys=self._keys)
         except (ValueError, SchemaError, MemoryError) as exc:
             # One dead letter stands for the whole message, so the message counts as one row read;
             # MemoryError (a message that fits the cap yet expands past the worker's memory when
@@ -2020,6 +2029,8 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
     except ValueError as exc:
         raise launch.RunRefused(str(exc)) from None
     indicators, categories = list(kinds.numeric), sorted(category_reads(reads))
+    # The ledger's names of the id and time columns: every message and replayed file is read by them.
+    keys = contract.keys if contract is not None else DEFAULT_KEYS
     # Every query this ledger has answered, with the first window it answered it in (the snapshots
     # record those answered through their window).
     first_answered = dict(answered or {})
@@ -2043,11 +2054,11 @@ def build(p: beam.Pipeline, args: argparse.Namespace,
         refuse_unreplayable(args.replay, window=spec, indicator_columns=indicators, category_columns=categories,
                             id_type=id_type, contract=contract)
         messages = (p | "Replay" >> beam.Create(list(zip(replay_names(args.replay), args.replay)))
-                    | "ReadReplayed" >> beam.Map(_replayed_file).with_output_types(Tuple[str, bytes]))
+                    | "ReadReplayed" >> beam.Map(_replayed_file, keys).with_output_types(Tuple[str, bytes]))
     stamp = not (args.subscription or args.kafka_topic)  # files carry no event time; the sources do
     decoded = messages | "DecodeAndValidate" >> beam.ParDo(
         DecodeAndValidate(window=spec, indicator_columns=indicators, stamp=stamp, id_type=id_type,
-                          category_columns=categories, numbers=replay_numbers(args.replay or ()))
+                          category_columns=categories, numbers=replay_numbers(args.replay or ()), keys=keys)
     ).with_outputs("dead", "read", main="valid")
     out = StreamingReleases(
         window=spec, start_window=start, end_window=end, plan=plan, indicator_columns=indicators,

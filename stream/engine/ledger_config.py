@@ -127,9 +127,12 @@ class LedgerConfig:
             record that predates ledger ids.
         releases: the public release root (a path or URI, as the job normalises it), or None for
             a job that has none (the local daily job) and records that predate it.
-        columns: the declared indicator columns, as :meth:`renyi_stream.stream.contract.InputContract.columns_json`
-            writes them (with ``id_type``, the ledger's declared contract); None for a run that
-            declares none (it continues the record's) and for records that predate declared contracts.
+        columns: the declared indicator columns and the id and time columns' names, as
+            :meth:`renyi_stream.stream.contract.InputContract.columns_json` writes them (with
+            ``id_type``, the ledger's declared contract; a record of columns alone, from before the
+            names were recorded, names the defaults ``user_id`` and ``day``/``event_time``); None for
+            a run that declares none (it continues the record's) and for records that predate
+            declared contracts.
     """
 
     epsilon: float
@@ -245,6 +248,8 @@ class LedgerConfig:
         if changed:
             details = tuple(f"{name}: ledger has {getattr(recorded, name)!r}, {by} asks {getattr(self, name)!r}"
                             for name in changed)
+            if "columns" in changed:  # the id and time columns' names, each named as both declare it
+                details += tuple(recorded.contract.key_changes(self.contract))
             elsewhere = (" (a ledger answers into the release root it was started with, --releases-parquet: the "
                          "ledger of a job that released under another root, e.g. a staging job's, charged its users "
                          "for other releases)" if "releases" in changed else "")

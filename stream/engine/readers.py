@@ -3,7 +3,10 @@
 The format is chosen by extension (``.parquet``/``.pq``, ``.arrow``/``.feather``/``.ipc``,
 ``.csv``). A file that cannot be read as its extension says raises :class:`InputFileError`
 naming the file, before any of it is charged. So does a file whose header lacks ``user_id`` or
-does not have exactly one of ``day`` and ``event_time`` (a CSV with a wrong header), and an
+does not have exactly one of ``day`` and ``event_time`` (a CSV with a wrong header), or lacks the
+id or time column a contract declares by another name (``keys``,
+:class:`renyi_stream.stream.schema.InputKeys`: ``--id-column``, ``--day-column``,
+``--event-time-column``), and an
 Arrow IPC *stream* without its end-of-stream marker (cut short, possibly exactly between two
 batches, where the format itself cannot tell). A file with a valid header and no rows yields
 one empty batch, so that its schema can be read (an empty day is a valid input).
@@ -30,6 +33,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
     from renyi_stream.stream.contract import InputContract
+
+from renyi_stream.stream.schema import DEFAULT_KEYS, InputKeys
 
 import numpy as np
 
@@ -113,10 +118,16 @@ class MalformedLines:
 _MALFORMED_PART = 65_536
 
 
-def read_batches(path: str | Path, *, batch_rows: int = 65_536,
-                 malformed: MalformedLines | None = None) -> Iterator[pa.RecordBatch]:
+def read_batches(path: str | Path, *, batch_rows: int = 65_536, malformed: MalformedLines | None = None,
+                 keys: InputKeys | None = DEFAULT_KEYS) -> Iterator[pa.RecordBatch]:
     """Yield the file's rows as record batches of at most ``batch_rows`` rows (at least one
-    batch, empty when the file has no rows).
+    batch, empty when the file has no rows), as the file names its columns.
+
+    ``keys`` (a declared contract's, :class:`renyi_stream.stream.schema.InputKeys`) names the id
+    and time columns the header must hold (default ``user_id`` and one of ``day``/``event_time``):
+    a header without them is :class:`InputFileError` naming the file, the column and the option.
+    ``keys=None`` reads a header whose id and time columns are not known yet (a launcher reading
+    the first input before it knows the ledger's contract), checking them later.
 
     A CSV line that is not one record of the header's fields is one bad row, not a bad file: with
     ``malformed`` (:class:`MalformedLines`, the caller's) each such line is skipped and noted
@@ -131,17 +142,17 @@ def read_batches(path: str | Path, *, batch_rows: int = 65_536,
     try:
         if kind == "parquet":
             reader = pq.ParquetFile(remote[0].open_input_file(remote[1]) if remote else path)
-            _check_header(path, reader.schema_arrow)
+            _check_header(path, reader.schema_arrow, keys)
             batches: Iterator[pa.RecordBatch] = reader.iter_batches(batch_size=batch_rows)
             schema = reader.schema_arrow
         elif kind == "ipc":
             source = remote[0].open_input_file(remote[1]) if remote else pa.memory_map(str(path))
             schema, batches = _ipc_batches(path, source, batch_rows)
-            _check_header(path, schema)
+            _check_header(path, schema, keys)
         else:
             names = _csv_header(path, remote)
             schema = pa.schema([(name, pa.string()) for name in names])
-            _check_header(path, schema)
+            _check_header(path, schema, keys)
             source = remote[0].open_input_stream(remote[1]) if remote else open(path, "rb")
             batches = _csv_batches(source, names, batch_rows, malformed, path)
         empty = True
@@ -340,22 +351,36 @@ def _quoted_lines(data: bytes, starts: np.ndarray, stops: np.ndarray, numbers: n
 
 def check_declared_columns(path: str | Path, contract: "InputContract") -> None:
     """InputFileError, naming the file and the column, when its header cannot hold the declared
-    contract (:mod:`renyi_stream.stream.contract`): a declared column it lacks, a column name it repeats, or a
+    contract (:mod:`renyi_stream.stream.contract`): the id or time column it declares (by the
+    contract's names, ``--id-column``, ``--day-column``, ``--event-time-column``) or a declared
+    indicator column it lacks, a column name it repeats, or a
     declared column whose type no value of could parse (a number written as a list, binary or
     struct column; a category written as anything but text). Structural faults of the file, seen
     in its header before anyone is charged; a value that does not parse is that row's dead letter.
     The header is checked by :func:`check_declared_schema`."""
-    schema = next(read_batches(path, batch_rows=1, malformed=MalformedLines())).schema
+    schema = next(read_batches(path, batch_rows=1, malformed=MalformedLines(), keys=contract.keys)).schema
     check_declared_schema(schema, contract, where=f"input file {path}")
 
 
 def check_declared_schema(schema: pa.Schema, contract: "InputContract", *, where: str) -> None:
-    """InputFileError when the columns ``schema`` declares cannot hold ``contract``: a declared
-    column it lacks, a column name it repeats, a declared column of a type no value of could parse.
-    The message opens with ``where`` (``"input file PATH"``, a replayed message) and names the
-    column. The one check of an input's header against the contract, for a file
-    (:func:`check_declared_columns`) and for the streaming job's replayed files and messages."""
+    """InputFileError when the columns ``schema`` declares cannot hold ``contract``: an id or time
+    column the contract names (``--id-column``, ``--day-column``/``--event-time-column``; the
+    default names are the reader's and the validator's check, worded as ever), a declared column
+    it lacks, a column name it repeats, a declared column of a type no value of
+    could parse. The message opens with ``where`` (``"input file PATH"``, a replayed message) and
+    names the column (and, for the id or time, the option). The one check of an input's header
+    against the contract, for a file (:func:`check_declared_columns`) and for the streaming job's
+    replayed files and messages."""
     header = schema.names
+    keys = contract.keys
+    shown = f"{[_short(n)[:40] for n in header[:20]]}{' ...' if len(header) > 20 else ''}"
+    # The names the contract declares; the default ones are the reader's and the validator's check
+    # (a file's header, a message's batch), worded as before names were declared.
+    if keys.id_column != DEFAULT_KEYS.id_column and keys.id_column not in header:
+        raise InputFileError(f"{where} has {keys.id_missing()}; its columns: {shown}")
+    time = keys.time_of(header)
+    if keys.declared_time is not None and isinstance(time, str):
+        raise InputFileError(f"{where} has {time}; its columns: {shown}")
     missing = [n for n in contract.names if n not in header]
     if missing:
         raise InputFileError(f"{where} lacks the declared column(s) {missing[:20]}; its columns: "
@@ -381,7 +406,7 @@ def declares_types(path: str | Path) -> bool:
     return file_format(path) != "csv"
 
 
-def id_type_of(path: str | Path) -> str:
+def id_type_of(path: str | Path, keys: InputKeys | None = DEFAULT_KEYS) -> str:
     """The user id type an input's *declared* types give a new ledger that declares none: a CSV
     declares no types, so its ids are text (``"string"``: compared byte for byte), whatever they
     look like; a Parquet or Arrow file's string id column (any string type, or a dictionary of
@@ -391,7 +416,8 @@ def id_type_of(path: str | Path) -> str:
         return "string"
     from renyi_stream.stream.columns import declared_kind
 
-    t = next(read_batches(path, batch_rows=1, malformed=MalformedLines())).schema.field("user_id").type
+    id_column = (keys or DEFAULT_KEYS).id_column  # keys None: the header's time is not checked here
+    t = next(read_batches(path, batch_rows=1, malformed=MalformedLines(), keys=keys)).schema.field(id_column).type
     return "string" if declared_kind(t) == "string" else "int64"  # dictionaries by their values, string views
 
 
@@ -448,16 +474,21 @@ def _short(exc: BaseException) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def _check_header(path: str | Path, schema: pa.Schema) -> None:
+def _check_header(path: str | Path, schema: pa.Schema, keys: InputKeys | None = DEFAULT_KEYS) -> None:
+    """InputFileError naming the file when its header lacks the id or time column ``keys`` names
+    (None: not checked here)."""
+    if keys is None:
+        return
     names = schema.names
-    has_time = [name for name in ("day", "event_time") if name in names]
-    if "user_id" not in names or len(has_time) != 1:
-        need = "no 'user_id' column" if "user_id" not in names else (
-            "no 'day' or 'event_time' column" if not has_time else "both 'day' and 'event_time'")
+    time = keys.time_of(names)
+    if keys.id_column not in names or isinstance(time, str):
+        need = keys.id_missing() if keys.id_column not in names else time
+        wanted = ("'user_id' and exactly one of 'day' or 'event_time'" if keys.is_default else
+                  f"the declared columns: {keys.describe()}")
         raise InputFileError(
             f"input file {path} has {need}; columns found: {[_short(n)[:40] for n in names[:20]]}"
             f"{' ...' if len(names) > 20 else ''}. "
-            "An indicator file needs 'user_id' and exactly one of 'day' or 'event_time' (check its header)"
+            f"An indicator file needs {wanted} (check its header)"
         )
 
 
