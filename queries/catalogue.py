@@ -197,14 +197,17 @@ class ReleaseCatalogue:
 
     def list(self) -> pa.Table:
         """The catalogue, one row per registered query by query id, with the columns of the DuckDB
-        store's ``query_catalogue`` view: ``query_id, kind, description, labels, dim,
-        effective_from, retired_from, registered_at, spec_json`` (``registered_at`` as text)."""
+        store's ``query_catalogue`` view: ``query_id, kind, description, labels, dim, noise_scale,
+        effective_from, retired_from, registered_at, spec_json`` (``registered_at`` as text;
+        ``noise_scale``: the query's noise std over the ledger's, 1.0 when it declares none)."""
         rows = [{"query_id": r.query_id, "kind": r.query.kind, "description": r.query.description,
-                 "labels": list(r.query.labels), "dim": r.query.dim, "effective_from": r.effective_from,
+                 "labels": list(r.query.labels), "dim": r.query.dim, "noise_scale": r.query.noise_scale,
+                 "effective_from": r.effective_from,
                  "retired_from": r.retired_from, "registered_at": r.registered_at, "spec_json": r.query.to_json()}
                 for r in self.registrations()]
         schema = pa.schema([("query_id", pa.string()), ("kind", pa.string()), ("description", pa.string()),
-                            ("labels", pa.list_(pa.string())), ("dim", pa.int64()), ("effective_from", pa.int64()),
+                            ("labels", pa.list_(pa.string())), ("dim", pa.int64()), ("noise_scale", pa.float64()),
+                            ("effective_from", pa.int64()),
                             ("retired_from", pa.int64()), ("registered_at", pa.string()), ("spec_json", pa.string())])
         return pa.Table.from_pylist(rows, schema=schema)
 

@@ -31,6 +31,16 @@ contribution is charged its whole future cost over that schedule when it is admi
 ``theta``, ``omega`` for a BLT) so an analyst can reproduce each estimate's std. Specs written
 before strategies existed load as ``sqrt``, before horizons as the default horizon.
 
+A **window** query may declare its own ``noise_scale`` ``m`` (default 1.0), a multiplier of the
+ledger's noise std ``s``: its coordinates are released with noise std ``m * s`` and a user is
+charged ``||q(x)||^2 / (2 s^2 m^2)`` for it (the Gaussian mechanism with per-coordinate scales,
+Feldman & Zrnic Cor 4.7 per coordinate; :func:`renyi_stream.stream.engine.shard_state.window_noise_std`),
+so a curator spends the budget where it matters: ``m < 1`` a finer answer that costs a user
+``1 / m^2`` times more, ``m > 1`` a coarser one that costs less. It is in ``[1e-3, 1e3]``
+(:data:`NOISE_SCALE_RANGE`) and written in the JSON only when it is not 1.0, so a query without
+one serialises exactly as before. A running query refuses any other scale than 1 in this
+version: its prepaid charge (:mod:`renyi_stream.stream.continual.prepaid`) would need the same treatment.
+
 Every constructor validates the whole spec (empty lists, repeated columns or categories,
 repeated labels, ``dim > MAX_DIM``, ``lo >= hi``, non-finite numbers, bad ids), so a
 ``LinearQuery`` that exists is well formed; :meth:`LinearQuery.validate_against` adds the
@@ -76,7 +86,14 @@ MAX_NAME = 128
 RESERVED_COLUMNS = (USER_ID, WINDOW_ID, DAY, EVENT_TIME)
 _SPEC_KEYS = {"columns": {"columns"}, "histogram": {"column", "categories"}, "clamp": {"column", "lo", "hi"},
               "weighted": {"weights"}}
-_JSON_KEYS = {"query_id", "kind", "description", "spec", "strategy", "horizon", "strategy_spec", "rule"}
+_JSON_KEYS = {"query_id", "kind", "description", "spec", "strategy", "horizon", "strategy_spec", "rule",
+              "noise_scale"}
+#: A window query's noise scale when it declares none: the ledger's noise std, as before scales existed.
+DEFAULT_NOISE_SCALE = 1.0
+#: The scales a query may declare, inclusive: a multiplier of the ledger's noise std ``s``, so a
+#: query's variance is at most a million times finer or coarser than the ledger's (its charge per
+#: unit of contribution at most a million times higher or lower).
+NOISE_SCALE_RANGE = (1e-3, 1e3)
 # Characters kept out of ids: brackets name the coordinates of a multi-coordinate query in the
 # releases_wide view (``query_id[label]``).
 _ID_FORBIDDEN = "[]"
@@ -87,7 +104,9 @@ class LinearQuery:
     """One registered query: ``query_id``, ``spec`` (what it computes), ``kind``, a public
     ``description`` and, for a running query, its ``strategy`` (``"blt"`` when not given) and
     declared ``horizon`` (365 windows when not given, or ``"tail"``); a window query has
-    ``strategy=None`` and ``horizon=None`` and refuses any other. Construct with :meth:`columns`,
+    ``strategy=None`` and ``horizon=None`` and refuses any other. ``noise_scale`` (window queries;
+    default 1.0) multiplies the ledger's noise std for this query's coordinates (module
+    docstring). Construct with :meth:`columns`,
     :meth:`histogram`, :meth:`clamp`, :meth:`weighted`, :meth:`from_json` or directly from a
     spec mapping; every constructor validates and stores the spec in canonical form (so equal
     specs compare and hash equal)."""
@@ -98,6 +117,7 @@ class LinearQuery:
     description: str = ""
     strategy: str | None = None
     horizon: int | str | None = None
+    noise_scale: float = DEFAULT_NOISE_SCALE
     _labels: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -106,6 +126,7 @@ class LinearQuery:
             raise ValueError(f"kind must be one of {KINDS}, got kind={self.kind!r}")
         object.__setattr__(self, "strategy", _strategy(self.kind, self.strategy))
         object.__setattr__(self, "horizon", _horizon(self.kind, self.strategy, self.horizon))
+        object.__setattr__(self, "noise_scale", _noise_scale(self.kind, self.noise_scale))
         if not isinstance(self.description, str) or len(self.description) > 2000:
             raise ValueError(f"description must be a string of at most 2000 characters, got "
                              f"{type(self.description).__name__} of length {len(str(self.description))}")
@@ -227,9 +248,12 @@ class LinearQuery:
         """Canonical JSON (sorted keys, no spaces): the same query always serialises identically.
         A running query's ``strategy``, ``horizon``, ``rule`` (``"prepaid"``) and
         ``strategy_spec`` (the factorisation's parameters) are always written; a window query has
-        none."""
+        none. ``noise_scale`` is written only when it is not 1.0, so the JSON of a query without
+        one is what it always was (stored catalogues and recorded plans compare equal)."""
         data = {"query_id": self.query_id, "kind": self.kind, "description": self.description,
                 "spec": _jsonable(self.spec)}
+        if self.noise_scale != DEFAULT_NOISE_SCALE:
+            data["noise_scale"] = self.noise_scale
         if self.strategy is not None:
             data["strategy"] = self.strategy
             data["horizon"] = self.horizon
@@ -252,7 +276,8 @@ class LinearQuery:
         kind = data.get("kind", "window")
         strategy = data.get("strategy", LEGACY_STRATEGY if kind == "running" else None)
         query = cls(data["query_id"], data["spec"], kind=kind, description=data.get("description", ""),
-                    strategy=strategy, horizon=data.get("horizon"))
+                    strategy=strategy, horizon=data.get("horizon"),
+                    noise_scale=data.get("noise_scale", DEFAULT_NOISE_SCALE))
         if "strategy_spec" in data and data["strategy_spec"] != query.strategy_spec():
             raise ValueError(f"query {query.query_id!r} records strategy parameters {data['strategy_spec']!r}, but "
                              f"strategy {query.strategy!r} over horizon {query.horizon!r} is "
@@ -389,6 +414,27 @@ def _horizon(kind: str, strategy: str | None, value: Any) -> int | str | None:
     return horizon
 
 
+def _noise_scale(kind: str, value: Any) -> float:
+    """A query's noise scale as a float: finite, in :data:`NOISE_SCALE_RANGE`; a running query
+    refuses any but 1 (this version: its prepaid charge, :mod:`renyi_stream.stream.continual.prepaid`,
+    does not scale)."""
+    lo, hi = NOISE_SCALE_RANGE
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"noise_scale must be a finite number in [{lo:g}, {hi:g}] (a multiplier of the ledger's "
+                         f"noise std), got noise_scale={value!r}"[:300])
+    try:
+        scale = float(value)
+    except OverflowError:
+        scale = math.inf
+    if not (math.isfinite(scale) and lo <= scale <= hi):
+        raise ValueError(f"noise_scale must be a finite number in [{lo:g}, {hi:g}] (a multiplier of the ledger's "
+                         f"noise std), got noise_scale={value!r}"[:300])
+    if kind != "window" and scale != DEFAULT_NOISE_SCALE:
+        raise ValueError(f"noise_scale applies only to window queries (kind='window') in this version: a running "
+                         f"query's prepaid charge is not scaled, got noise_scale={value!r} with kind={kind!r}"[:300])
+    return scale
+
+
 def _column_kind(t: pa.DataType) -> str | None:
     if pa.types.is_dictionary(t):
         t = t.value_type
@@ -499,5 +545,5 @@ def _jsonable(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {key: list(value) if isinstance(value, tuple) else value for key, value in spec.items()}
 
 
-__all__ = ["DEFAULT_STRATEGY", "KINDS", "MAX_ID", "RESERVED_COLUMNS", "STRATEGIES", "TYPES", "LinearQuery",
-           "default_queries"]
+__all__ = ["DEFAULT_NOISE_SCALE", "DEFAULT_STRATEGY", "KINDS", "MAX_ID", "NOISE_SCALE_RANGE", "RESERVED_COLUMNS",
+           "STRATEGIES", "TYPES", "LinearQuery", "default_queries"]

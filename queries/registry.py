@@ -75,8 +75,8 @@ class QueryRegistry:
 
     def list(self) -> pa.Table:
         """The catalogue (view ``query_catalogue``), one row per registered query, by query id:
-        ``query_id, kind, description, labels, dim, effective_from, retired_from,
-        registered_at, spec_json``."""
+        ``query_id, kind, description, labels, dim, noise_scale, effective_from, retired_from,
+        registered_at, spec_json`` (``noise_scale``: the query's noise std over the ledger's)."""
         return _to_table(self._db.execute("SELECT * FROM query_catalogue ORDER BY query_id"))
 
     def get(self, query_id: str) -> LinearQuery:

@@ -27,7 +27,10 @@ Version 2 adds the query registry and the analysts' views:
 * ``query_registry`` (:mod:`renyi_stream.queries.registry`): one row per registered query, its spec (JSON),
   ``kind`` (``window`` or ``running``), labels, and the windows it is answered in,
   ``[effective_from, retired_from)``;
-* ``query_catalogue`` (view): the registry in readable form, with ``dim``;
+* ``query_catalogue`` (view): the registry in readable form, with ``dim`` and ``noise_scale`` (the
+  query's noise std over the ledger's, from its spec; 1.0 when it declares none). A view holds no
+  data, so this version's definition (:data:`_CURRENT_VIEWS`) replaces an older one on every
+  read-write open, as the comments are rewritten, without a schema version of its own;
 * ``releases_with_ci`` (view): ``releases`` plus ``ci95_low`` / ``ci95_high``
   (``value -/+ 1.96 noise_std``: Gaussian noise of known std, so a 95% band around each release
   that covers the *admitted* sum, :data:`ESTIMAND`, not the population's);
@@ -175,6 +178,32 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
             SELECT DISTINCT window_id, window_start, window_end FROM releases ORDER BY window_id""",
     ),
 }
+
+
+# The analysts' derived views as this version defines them: ``(view, a column only this definition
+# has, the statement)``. A migration creates a view as its version did (never edited); a read-write
+# open whose view lacks the column replaces it (a view holds no data), then rewrites the comments
+# the replacement dropped, in one transaction.
+_CURRENT_VIEWS: tuple[tuple[str, str, str], ...] = (
+    ("query_catalogue", "noise_scale",
+     """CREATE OR REPLACE VIEW query_catalogue AS
+            SELECT query_id, kind, description, labels, len(labels) AS dim,
+                   COALESCE(CAST(json_extract(spec_json, '$.noise_scale') AS DOUBLE), 1.0) AS noise_scale,
+                   effective_from, retired_from, registered_at, spec_json
+            FROM query_registry ORDER BY query_id"""),
+)
+
+
+def _views_current(db: duckdb.DuckDBPyConnection) -> bool:
+    """Whether every view of :data:`_CURRENT_VIEWS` has this version's columns."""
+    columns = set(db.execute("SELECT table_name, column_name FROM duckdb_columns() "
+                             "WHERE NOT internal AND database_name = current_database()").fetchall())
+    return all((view, column) in columns for view, column, _ in _CURRENT_VIEWS)
+
+
+def _write_views(db: duckdb.DuckDBPyConnection) -> None:
+    for _, _, statement in _CURRENT_VIEWS:
+        db.execute(statement)
 
 
 def _comments() -> dict[tuple[str, str | None], str]:
@@ -373,7 +402,7 @@ class ReleaseStore:
                 f"release store {self._path} has schema version {version}, newer than this renyi-stream "
                 f"understands ({SCHEMA_VERSION}); upgrade renyi-stream")
         if version == SCHEMA_VERSION:
-            if not self._read_only and not _comments_current(self._conn):
+            if not self._read_only and not (_views_current(self._conn) and _comments_current(self._conn)):
                 self._describe()
             return
         if self._read_only:
@@ -386,6 +415,7 @@ class ReleaseStore:
             for step in range(version + 1, SCHEMA_VERSION + 1):
                 for statement in _MIGRATIONS[step]:
                     db.execute(statement)
+            _write_views(db)
             _write_comments(db)
             db.execute("INSERT OR REPLACE INTO store_meta (key, value) VALUES ('schema_version', ?)",
                        [str(SCHEMA_VERSION)])
@@ -398,10 +428,13 @@ class ReleaseStore:
             raise
 
     def _describe(self) -> None:
-        """Write the comments of :func:`_comments` (what each release estimates), in one transaction."""
+        """Write this version's views (:data:`_CURRENT_VIEWS`) and the comments of :func:`_comments`
+        (what each release estimates), in one transaction."""
         db = self._conn
         db.execute("BEGIN TRANSACTION")
         try:
+            if not _views_current(db):
+                _write_views(db)
             _write_comments(db)
             db.execute("COMMIT")
         except BaseException:

@@ -213,6 +213,8 @@ CASES: list[tuple[str, list[str], str]] = [
     *[("query", _set(QADD, "--columns", None) + ["--weighted", v], "--weighted") for v in ("opened=x", "opened=nan")],
     ("query", QADD + ["--window", "0d"], "--window"),
     ("query", QADD + ["--kind", "x"], "--kind"),
+    *[("query", QADD + ["--noise-scale", v], "--noise-scale") for v in ("0", "nan", "1e4", "x")],
+    ("query", QADD + ["--kind", "running", "--noise-scale", "2"], "--noise-scale"),  # window queries only
     ("query", _set(QADD, "--store", "{w}/ledger.duckdb"), "--store"),
     ("query", _without(QADD, "--create"), "--store"),  # a store that does not exist, not asked for
     ("query", _set(QRETIRE, "--store", "{t}/missing.duckdb"), "--store"),

@@ -54,7 +54,7 @@ from renyi_stream.stream.engine.readers import MalformedLines, read_batches
 from renyi_stream.stream.engine.sharding import shard_of
 from renyi_stream.stream.engine.running import RunningRelease, noisy_release, rule_meta
 from renyi_stream.stream.engine.shard_state import (QueryPlan, ShardSnapshots, ShardState, refuse_oversized_running,
-                                      refuse_running_gaps, running_rule_of)
+                                      refuse_running_gaps, running_rule_of, window_noise_std)
 from renyi_stream.stream.faults import crash_point
 from renyi_stream.stream.noise import NoiseBinding, NoiseKey, check_ledger_id, gaussian_noise
 from renyi_stream.stream.schema import DEFAULT_KEYS, USER_ID, WINDOW_ID, InputKeys, WindowSpec, may_repeat, validate_batch
@@ -416,7 +416,9 @@ class ReleaseWindow(beam.DoFn):
     the sum (0 when no rows) plus keyed noise (running queries are released in window order by
     :class:`ReleaseRunning`). The noise is the key's bound to the ledger ``ledger_id``
     (:class:`renyi_stream.stream.noise.NoiseBinding`): another ledger under the same key draws independent
-    noise."""
+    noise. Each query's coordinates get its own std, ``m * s`` (its ``noise_scale`` times the ledger's
+    ``noise_std``: :func:`renyi_stream.stream.engine.shard_state.window_noise_std`, what the charge paid
+    for), drawn at and reported as that std; every job releases window queries here."""
 
     def __init__(self, *, key_path: str, plan: QueryPlan, noise_std: float, window: WindowSpec, accounting: str,
                  key_fingerprint: str, ledger_id: str) -> None:
@@ -439,12 +441,13 @@ class ReleaseWindow(beam.DoFn):
             if entry.kind == "running":
                 continue  # ReleaseRunning: its state advances window by window, in order
             total = np.asarray(sums.get((entry.query_id, window), np.zeros(query.dim)), dtype=np.float64)
+            std = window_noise_std(query, self._noise_std)  # the ledger's s when the query declares no scale
             noise = gaussian_noise(self._binding, query_id=entry.query_id, window_id=window, dim=query.dim,
-                                   noise_std=self._noise_std)
+                                   noise_std=std)
             values = total + noise
             for j, label in enumerate(query.labels):
                 yield release_row(self._window, window, query_id=entry.query_id, label=label, coordinate=j,
-                                  value=float(values[j]), noise_std=self._noise_std, kind="window",
+                                  value=float(values[j]), noise_std=std, kind="window",
                                   accounting=self._accounting, key_fingerprint=self._fingerprint)
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from renyi_stream.pipelines.cli.errors import PROG, name_the_option
+from renyi_stream.queries.linear import NOISE_SCALE_RANGE
 from renyi_stream.stream.continual.prepaid import (
     DEFAULT_PREPAID_HORIZON,
     DEFAULT_RUNNING_STRATEGY,
@@ -144,6 +145,8 @@ def _spec_from_args(args: argparse.Namespace) -> Any:
             raise _Usage(f"--horizon {args.horizon}: {exc}") from None
     common = {"kind": args.kind, "description": args.description or "", "strategy": args.strategy,
               "horizon": args.horizon}
+    if args.noise_scale is not None:  # checked by LinearQuery: finite, in range, window queries only
+        common["noise_scale"] = args.noise_scale
     if args.columns:
         return LinearQuery.columns(args.id, _split("--columns", args.columns), **common)
     if args.histogram:
@@ -252,16 +255,26 @@ def _refuse_released(args: argparse.Namespace, first: int, last: int | None) -> 
 
 
 def _print_catalogue(table: Any, form: str, window: str = "1d") -> None:
-    """The catalogue as text (windows as the UTC time they start, and their id) or JSON (ids)."""
-    rows = table.drop_columns(["spec_json"]).to_pylist()
+    """The catalogue as text (windows as the UTC time they start, and their id) or JSON (ids), each
+    query with its noise scale (read from its spec, so a store whose view predates the column
+    shows it too)."""
+    from renyi_stream.queries.linear import LinearQuery
+
+    rows = []
+    for row, spec in zip(table.drop_columns(["spec_json"]).to_pylist(), table.column("spec_json").to_pylist()):
+        row.pop("noise_scale", None)  # placed after dim, whichever view the store has
+        items = list(row.items())
+        at = [name for name, _ in items].index("dim") + 1
+        rows.append(dict(items[:at] + [("noise_scale", LinearQuery.from_json(spec).noise_scale)] + items[at:]))
     if form == "json":
         print(json.dumps(rows, default=str, indent=1))
         return
     when = _window_start_text(window)
     for row in rows:
         retired = f", retired from {when(row['retired_from'])}" if row["retired_from"] is not None else ""
-        print(f"{row['query_id']:<24} {row['kind']:<8} dim {row['dim']:<4} from {when(row['effective_from'])}"
-              f"{retired}  {row['description']}")
+        scale = f"noise x{row['noise_scale']:g}"  # the query's noise std over the ledger's (1: the ledger's)
+        print(f"{row['query_id']:<24} {row['kind']:<8} dim {row['dim']:<4} {scale:<12} from "
+              f"{when(row['effective_from'])}{retired}  {row['description']}")
 
 
 def _window_start_text(window: str) -> Any:
@@ -432,6 +445,13 @@ def add_query_subcommands(sub: Any) -> None:
                      help="window: each window's own sum (default); running: the total since --from "
                      "(every job answers it)")
     add_running_options(add, applies_to="--kind running")
+    lo, hi = NOISE_SCALE_RANGE
+    add.add_argument("--noise-scale", "--noise_scale", dest="noise_scale", type=float, default=None, metavar="M",
+                     help=f"window queries: release this query's coordinates with noise std M times the ledger's "
+                     f"(default 1); each user is charged 1/M^2 times their squared contribution to it, so M < 1 is a "
+                     f"finer answer that costs more budget, M > 1 a coarser one that costs less. M in [{lo:g}, "
+                     f"{hi:g}]; recorded in the catalogue and shown by query list. Not for --kind running in this "
+                     "version")
     add.add_argument("--description", default="", help="public description")
     add.add_argument("--from", dest="start", required=True, help="first window answered (YYYY-MM-DD or window id)")
     add.add_argument("--window", default="1d", help="window length, as given to the job (default 1d)")

@@ -14,6 +14,16 @@ partial sums of what it admitted. Charging everything together, not each query o
 what makes the filter see the whole adaptive interaction: a user's budget covers window sums,
 running totals and every registered query together.
 
+A window query may declare a ``noise_scale`` ``m`` (:class:`renyi_stream.queries.linear.LinearQuery`): its
+coordinates are released with noise std ``m * s`` (:func:`window_noise_std`, the one rule every
+job's release reads) and charged here, the one place every job's charge is formed, as
+``||q(x)||^2 / (2 s^2 m^2)``: each window query's block is divided by its ``m`` before the
+ledger's single decision, which then sees exactly the Gaussian mechanism's Rényi charge with
+per-coordinate scales (order ``alpha``: ``alpha/2 * v^T Sigma^-1 v``; Feldman & Zrnic Cor 4.7 per
+coordinate), and the sums are the unscaled rows times the ledger's own scale ``lambda`` (1, or
+the clip's factor), so ``clip``'s one factor stays exact. ``m = 1`` divides by 1.0: bit for bit
+what was charged before scales existed.
+
 A running query reads only the users with a row in the window: a user who contributed earlier
 but not today is not touched (their past is in the query's release state,
 :class:`renyi_stream.stream.engine.running.RunningRelease`), so a shard's work in a window is proportional to
@@ -47,6 +57,20 @@ KINDS = ("window", "running")
 #: What a window's counts hold per shard and window (sensitive: curator only). The first three
 #: count rows by status; ``nonfinite`` counts users dropped for a non-finite query vector.
 WINDOW_COUNT_NAMES = (*STATUS_NAMES, "nonfinite")
+
+
+def noise_scale_of(query: Any) -> float:
+    """The noise scale ``m`` a query declares (:attr:`renyi_stream.queries.linear.LinearQuery.noise_scale`;
+    1.0 for a query object without one)."""
+    return float(getattr(query, "noise_scale", 1.0))
+
+
+def window_noise_std(query: Any, noise_std: float) -> float:
+    """The per-coordinate noise std of a window query's release: ``m * s``, its noise scale times
+    the ledger's noise std ``noise_std`` (exactly ``noise_std`` when ``m = 1``). Every job's
+    window release (:class:`renyi_stream.pipelines.beam.transforms.ReleaseWindow`) draws and reports this std, and
+    :meth:`ShardState.charge_window` charges for it."""
+    return float(noise_std) * noise_scale_of(query)
 
 
 @dataclass(frozen=True)
@@ -173,7 +197,8 @@ class ShardState:
         """Evaluate, filter and charge one window; ``rows`` has one row per distinct user.
 
         One decision per user and window (:meth:`renyi_stream.stream.ledger.Ledger.admit`): each user's
-        window-query vectors ``v`` (charged ``||v||^2 / (2 s^2)``) and, for each active running
+        window-query vectors ``v_k`` (charged ``sum_k ||v_k||^2 / (2 s^2 m_k^2)``, ``m_k`` query
+        ``k``'s noise scale, :func:`window_noise_std`) and, for each active running
         query, the prepaid charge of their contribution ``x`` (its whole future cost,
         :mod:`renyi_stream.stream.continual.prepaid`), decided together; under ``clip`` one scale applies to
         ``v`` and every ``x``. Only this window's users' prepaid rows are read and written
@@ -189,6 +214,7 @@ class ShardState:
         n = rows.num_rows
         blocks: list[tuple[str, int]] = []  # window queries: (query id, dim)
         parts: list[np.ndarray] = []
+        scales: list[np.ndarray] = []  # per coordinate of the window vector: its query's noise scale m
         nonfinite = np.zeros(n, dtype=bool)
         running: list[tuple[str, PrepaidUsers, np.ndarray, Any, np.ndarray, int]] = []
         for entry in active:
@@ -197,15 +223,22 @@ class ShardState:
             if entry.kind == "window":
                 blocks.append((entry.query_id, entry.query.dim))
                 parts.append(values)
+                scales.append(np.full(entry.query.dim, noise_scale_of(entry.query)))
                 continue
             users = self._running_state(entry)
             positions = users.positions(ids)
             running.append((entry.query_id, users, positions, users.gather(positions), values,
                             window_id - entry.first_window))
         matrix = np.concatenate(parts, axis=1) if parts else np.zeros((n, 0))
+        # Each window query's block over its noise scale m: the ledger charges ||v / m||^2 / (2 s^2),
+        # the Gaussian mechanism's charge at per-coordinate std m * s (1.0 divides exactly). A row a
+        # tiny m overflows is an infinite charge, as a non-finite vector is.
+        with np.errstate(over="ignore", invalid="ignore"):
+            request = matrix / np.concatenate(scales) if scales else matrix
+        nonfinite |= ~np.isfinite(request).all(axis=1)
         # An infinite charge: the ledger sees a zero request (charge 0, nothing changes) and the
         # decision is then set to dropped, which is what the filter decides for charge = inf.
-        finite = np.where(nonfinite[:, None], 0.0, matrix)
+        finite = np.where(nonfinite[:, None], 0.0, request)
         prepaid = []
         for _, users, _, state, values, t in running:
             x = np.where(nonfinite[:, None], 0.0, values)
@@ -215,8 +248,12 @@ class ShardState:
                                        magnitude=np.where(nonfinite, 0.0, terms.magnitude)))
         if active and n:
             result = self.ledger.admit(ids, finite, noise_std=noise_std, policy=policy, prepaid=prepaid or None)
-            admitted, status = result.contributions, result.status.copy()
+            status = result.status.copy()
             scale = np.where(nonfinite, 0.0, result.scale)
+            # The admitted rows in the queries' own units: the unscaled rows times the ledger's
+            # lambda (its contributions are (v / m) * lambda), so clip's one factor is exact. With
+            # every m = 1 this is the ledger's contributions, the same product bit for bit.
+            admitted = np.where(nonfinite[:, None], 0.0, matrix) * result.scale[:, None]
             status[nonfinite] = DROPPED
         else:  # no query asks anything in this window: nobody is charged, every row is admitted
             admitted, status, scale = np.zeros((n, matrix.shape[1])), np.full(n, ADMITTED, dtype=np.int8), np.ones(n)

@@ -378,6 +378,22 @@ def _query_scenario() -> Scenario:
     return Scenario("queries", "int64", "drop", (step1, step2, step3))
 
 
+def _scaled_scenario() -> Scenario:
+    """The int-id data; before day 2 two window queries with their own noise scales are registered
+    from day 2 (issue 39, item 4): ``opened`` released at twice the ledger's noise std (charged a
+    quarter) and ``bought`` clamped to ``[0, 1/4]`` at half of it (charged four times). Every job
+    must charge ``||q_k(x)||^2 / (2 s^2 m_k^2)`` per query and report ``m_k * s`` as the rows'
+    ``noise_std`` (compared across jobs: the same ledger, the same public part); under ``drop`` the
+    admitted values are unscaled multiples of 1/8, so the sums stay exact."""
+    step1, step2, step3 = _steps("int64", seed=41)
+    coarse = LinearQuery.columns("coarse:opened", ["opened"], noise_scale=2.0,
+                                 description="opened, at twice the ledger's noise std")
+    fine = LinearQuery.clamp("fine:bought", "bought", 0.0, 0.25, noise_scale=0.5,
+                             description="bought, at most 1/4, at half the ledger's noise std")
+    step2 = Step(step2.first_day, step2.last_day, step2.messages, register=((coarse, 2), (fine, 2)))
+    return Scenario(SCALED, "int64", "drop", (step1, step2, step3))
+
+
 def _running_scenario() -> Scenario:
     """The int-id data; before day 2 a running total of both columns is registered from day 2.
     A job that does not offer running totals must refuse the run of day 2 at launch, naming the
@@ -406,8 +422,10 @@ def _running_tree_scenario() -> Scenario:
 #: another strategy whose users come back after a restore (:func:`_running_tree_scenario`).
 RUNNING_TOTAL = "running-total"
 RUNNING_TREE = "running-tree"
+#: The scenario registering window queries with their own noise scales (:func:`_scaled_scenario`).
+SCALED = "noise-scales"
 SCENARIOS = {s.name: s for s in (_int_scenario(), _string_scenario(), _query_scenario(), _running_scenario(),
-                                 _running_tree_scenario())}
+                                 _running_tree_scenario(), _scaled_scenario())}
 #: The scenario the crash tests interrupt (its first step: two windows, so a crash can fall between them).
 CRASH_SCENARIO = "int-ids"
 
