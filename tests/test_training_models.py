@@ -157,8 +157,8 @@ def test_mlp_row_blocks_change_nothing(block_bytes, dtype, monkeypatch):
 def test_models_validate_their_parameters():
     with pytest.raises(ValueError, match="hidden must be an integer >= 1, got hidden=0"):
         MLP(0)
-    with pytest.raises(ValueError, match="model must be 'logreg' or 'mlp', got model='cnn'"):
-        make_model("cnn")
+    with pytest.raises(ValueError, match="model must be 'logreg', 'mlp' or 'cnn', got model='resnet'"):
+        make_model("resnet")
 
 
 @pytest.mark.parametrize("model", [LogisticRegression(), MLP(6)], ids=lambda m: m.name)

@@ -163,7 +163,7 @@ def add_train_subcommand(subparsers: Any) -> None:
     train = subparsers.add_parser(
         "train",
         help="private gradient descent (Feldman & Zrnic Alg. 6/7) charged to the ledger's per-user budgets",
-        description="Train logistic regression or a one-hidden-layer MLP with private full-batch gradient "
+        description="Train logistic regression, a one-hidden-layer MLP or Opacus's MNIST CNN with private full-batch gradient "
         "descent. Algorithm 7 (default) clips each user's gradient to what is left of their own budget in the "
         "ledger shared with the daily job, so a user's promise covers daily releases and the model together.",
     )
@@ -181,7 +181,9 @@ def add_train_subcommand(subparsers: Any) -> None:
                        help="number of classes N >= 2 (labels 0..N-1), declared, never read off the labels; default: "
                        "the features file's record (the features job records 2). A row whose label is outside "
                        "them is left out, charged nothing, and counted in the report's curator_only part")
-    train.add_argument("--model", choices=("logreg", "mlp"), default="logreg", help="default logreg")
+    train.add_argument("--model", choices=("logreg", "mlp", "cnn"), default="logreg",
+                       help="default logreg; cnn: Opacus's MNIST convolutional network, for features that are 784 "
+                       "pixel columns (a 28x28 image, row-major)")
     train.add_argument("--hidden", type=int, default=64, help="MLP hidden units (default 64)")
     train.add_argument("--clip", type=float, default=1.0, help="C: per-user gradient clip, L2 (default 1)")
     train.add_argument("--steps", type=int, default=50, help="k: full-clip steps, B_norm = k C^2 (default 50)")

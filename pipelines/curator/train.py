@@ -86,7 +86,9 @@ class TrainConfig:
             unless ``new_ledger``.
         epsilon, delta: the per-user promise; must equal the ledger's.
         out: the model file (``.npz``); report: the JSON report (default: ``out`` with ``.json``).
-        model: ``logreg`` or ``mlp`` (``hidden`` units).
+        model: ``logreg``, ``mlp`` (``hidden`` units) or ``cnn`` (Opacus's MNIST network:
+            the features must be 784 pixel columns, a 28x28 image row-major; refused otherwise
+            before anyone is charged).
         clip: ``C`` > 0; steps: ``k`` >= 1 full-clip steps (``B_norm = k C^2``); learning_rate: ``eta``.
         noise_multiplier: ``sigma``; default calibrated so ``k`` steps cost the training budget.
         filtering: Algorithm 7 (default) or Algorithm 6.
@@ -146,8 +148,8 @@ class TrainConfig:
         if self.classes is not None and (isinstance(self.classes, bool) or not isinstance(self.classes, int)
                                          or self.classes < 2):
             raise ValueError(f"classes must be an integer >= 2, got classes={self.classes!r}")
-        if self.model not in ("logreg", "mlp"):
-            raise ValueError(f"model must be 'logreg' or 'mlp', got model={self.model!r}")
+        if self.model not in ("logreg", "mlp", "cnn"):
+            raise ValueError(f"model must be 'logreg', 'mlp' or 'cnn', got model={self.model!r}")
         for name in ("hidden", "steps", "stop_queries", "stop_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -366,6 +368,10 @@ def run_train(config: TrainConfig, progress: TextIO | None = None) -> TrainSumma
     started = time.perf_counter()
     say: Callable[[str], Any] = (lambda m: (progress.write(m + "\n"), progress.flush())) if progress else (lambda m: None)
     feats = load_features(config.features, classes=config.classes, dtype=config.dtype)
+    if config.model == "cnn":  # its input is an image: refused before anything is created or charged
+        from renyi_stream.stream.training.cnn import check_width
+
+        check_width(len(feats.feature_columns))
     id_type = "string" if (pa.types.is_string(feats.user_ids.type) or pa.types.is_large_string(feats.user_ids.type)) \
         else "int64"
     xp = _array_module(config.device)

@@ -2,6 +2,11 @@
 
 * :mod:`~renyi_stream.stream.training.models`: multinomial logistic regression and a one-hidden-layer ReLU
   MLP with per-example gradient norms computed without materialising per-example gradients;
+* :mod:`~renyi_stream.stream.training.per_example`: what every model returns from a pass (norm bounds and
+  a weighted sum) and the bounded row norms they are made of;
+* :mod:`~renyi_stream.stream.training.cnn`: Opacus's MNIST CNN (the paper's network), per-example norms
+  per layer by whichever exact method costs less (materialised conv gradients, Gram identity for
+  the dense layers) and the clipped sum as a second, weighted pass;
 * :mod:`~renyi_stream.stream.training.dpgd`: Algorithms 6 and 7 (private gradient descent, with and without
   individual filtering) in one implementation;
 * :mod:`~renyi_stream.stream.training.budget`: the ledger as seen by a training run (arrays per row);

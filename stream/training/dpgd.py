@@ -70,15 +70,23 @@ _LEDGER_SHRINK = 1.0 - 1e-9
 # one slice.
 _CHUNK_BYTES = 32 << 20
 _MIN_CHUNK_ROWS = 1024  # below this the per-slice Python overhead (ledger charge included) shows
+# On a device, a model that keeps much per row (the CNN: about 39 KB in float32) is sliced so that
+# this much of it is held at once: 60,000 MNIST rows are one slice.
+_DEVICE_CHUNK_BYTES = 4 << 30
 
 
-def default_chunk_rows(n: int, n_features: int, dtype: Any, xp: Any = np) -> int:
+def default_chunk_rows(n: int, n_features: int, dtype: Any, xp: Any = np, row_bytes: int | None = None) -> int:
     """Rows per slice that :func:`private_gd` uses when ``chunk_rows`` is not given: about
     ``_CHUNK_BYTES`` of ``x`` on NumPy (at least ``_MIN_CHUNK_ROWS``, at most ``n``), the whole
-    batch on CuPy."""
+    batch on CuPy. ``row_bytes``: what the model keeps per row until its weighted sum, when that
+    is more than a row of ``x`` (the CNN's stored per-example pieces, ``SampleConvNet.row_bytes``):
+    the slice is then sized by it on NumPy, and on CuPy capped at ``_DEVICE_CHUNK_BYTES``."""
+    width = max(1, int(n_features)) * np.dtype(dtype).itemsize
     if xp is not np:
-        return max(1, int(n))
-    rows = _CHUNK_BYTES // (max(1, int(n_features)) * np.dtype(dtype).itemsize)
+        if row_bytes is None:
+            return max(1, int(n))
+        return max(1, min(int(n), _DEVICE_CHUNK_BYTES // max(1, int(row_bytes))))
+    rows = _CHUNK_BYTES // max(width, int(row_bytes or 0))
     return max(1, min(int(n), max(_MIN_CHUNK_ROWS, int(rows))))
 
 
@@ -306,7 +314,8 @@ def private_gd(
     """Run Algorithm 6 or 7 on ``data`` (one row per user, in ``ledger``'s row order).
 
     Args:
-        model: :class:`~renyi_stream.stream.training.models.LogisticRegression` or ``MLP``.
+        model: :class:`~renyi_stream.stream.training.models.LogisticRegression`, ``MLP`` or
+            :class:`~renyi_stream.stream.training.cnn.SampleConvNet`.
         data: the full batch (:func:`prepare_data`), on the device the run uses.
         config: the algorithm and its hyperparameters (:class:`GDConfig`).
         ledger: the users' budgets; charged in place at every step and query.
@@ -325,8 +334,9 @@ def private_gd(
             the ledger before its weighted sum is taken; the filter's decision for a user reads
             only that user's state and norm, so slicing changes decisions only through the
             rounding of the norms (each slice's norms bound what that slice contributes). Default
-            (:func:`default_chunk_rows`): cache-sized slices on NumPy, one slice on CuPy; pass
-            ``chunk_rows=data.n`` for one slice.
+            (:func:`default_chunk_rows`, with the model's ``row_bytes`` where it has one):
+            cache-sized slices on NumPy, one slice on CuPy (a few for a model that keeps much per
+            row); pass ``chunk_rows=data.n`` for one slice.
         progress: called after every step with a :class:`StepReport`.
 
     A user whose per-example gradient (or its norm) is not finite at a step (an overflowing
@@ -370,7 +380,8 @@ def private_gd(
     budget = run_budget_steps(config, ledger, reserve) if config.filtering else None
     spent = xp.zeros(n)  # u_i: sum of ||g~_j(x_i)||^2 / C^2 in this run
     if chunk_rows is None:
-        chunk_rows = default_chunk_rows(n, data.n_features, data.x.dtype, xp)
+        row_bytes = model.row_bytes(data.x.dtype) if hasattr(model, "row_bytes") else None
+        chunk_rows = default_chunk_rows(n, data.n_features, data.x.dtype, xp, row_bytes=row_bytes)
     slices = [slice(s, min(s + chunk_rows, n)) for s in range(0, n, chunk_rows)]
     counts: dict[str, list[int]] = {"clipped": [], "budget_bound": [], "exhausted": [], "ledger_scaled": [],
                                     "not_finite": []}

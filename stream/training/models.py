@@ -30,21 +30,21 @@ over examples anywhere.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from renyi_stream.stream.xp import (array_module, col_sq_sums, column_sums, maybe_any, row_sq_sums, scale_in_place, to_host,
-                       zero_where)
-
-Params = dict[str, Any]
-
-
-def _slack(terms: int, dtype: Any) -> float:
-    """Relative factor that turns a computed sum of ``terms`` squares into an upper bound."""
-    return 1.0 + (terms + 4) * float(np.finfo(dtype).eps)
-
+from renyi_stream.stream.training.per_example import (  # noqa: F401 (re-exported: the models' shared pieces)
+    Params,
+    PerExample,
+    _Once,
+    _slack,
+    col_sq_norms,
+    cross_entropy,
+    row_sq_norms,
+    softmax_residual,
+)
+from renyi_stream.stream.xp import array_module, column_sums, maybe_any, row_sq_sums, scale_in_place, to_host, zero_where
 
 # Row blocks of the MLP's (n, hidden) intermediates are sized to stay in a core's L2 cache, so
 # the element-wise passes (bias, ReLU, mask, row norms, clip weights) read each row from memory
@@ -66,65 +66,6 @@ def _row_blocks(n: int, width: int, dtype: Any, xp: Any) -> list[slice]:
     if len(starts) > 1 and n - starts[-1] < _MIN_BLOCK_ROWS:
         starts.pop()
     return [slice(s, starts[i + 1] if i + 1 < len(starts) else n) for i, s in enumerate(starts)]
-
-
-class _Once:
-    """``weighted_sum`` scales the model's intermediates in place, so it may be called once."""
-
-    def __init__(self, name: str) -> None:
-        self.name, self.used = name, False
-
-    def __call__(self) -> None:
-        if self.used:
-            raise RuntimeError(f"{self.name}.per_example(...).weighted_sum may be called once (it scales in place)")
-        self.used = True
-
-
-def row_sq_norms(a: Any) -> Any:
-    """Upper bound on the squared L2 norm of each row of a 2-d array, as float64 ``(n,)``."""
-    xp = array_module(a)
-    return row_sq_sums(a).astype(xp.float64) * _slack(a.shape[1], a.dtype)
-
-
-def softmax_residual(logits: Any, onehot_t: Any) -> Any:
-    """``(softmax(logits) - onehot)^T``: the cross-entropy gradient w.r.t. the logits, as a
-    ``(K, n)`` array (classes by examples; ``onehot_t`` is ``(K, n)``).
-
-    The transposed layout makes every reduction over the ``K`` classes a sum of ``K`` contiguous
-    rows of length ``n`` (vectorised over examples) instead of ``n`` tiny strided reductions.
-    """
-    xp = array_module(logits)
-    zt = xp.ascontiguousarray(logits.T)
-    zt -= zt.max(axis=0)
-    xp.exp(zt, out=zt)
-    zt /= zt.sum(axis=0)
-    zt -= onehot_t
-    return zt
-
-
-def col_sq_norms(a_t: Any) -> Any:
-    """Upper bound on the squared L2 norm of each *column* of a ``(K, n)`` array, float64 ``(n,)``."""
-    xp = array_module(a_t)
-    return col_sq_sums(a_t).astype(xp.float64) * _slack(a_t.shape[0], a_t.dtype)
-
-
-def cross_entropy(logits: Any, labels: Any) -> Any:
-    """Per-example cross-entropy (nats), ``(n,)`` float64."""
-    xp = array_module(logits)
-    z = logits.astype(xp.float64)
-    z = z - z.max(axis=1, keepdims=True)
-    log_norm = xp.log(xp.exp(z).sum(axis=1))
-    return log_norm - z[xp.arange(z.shape[0]), labels]
-
-
-@dataclass(frozen=True)
-class PerExample:
-    """One pass over a batch: bounds on per-example squared gradient norms, and a way to sum
-    the per-example gradients with weights (without ever forming them one by one)."""
-
-    sq_norms: Any  # (n,) float64, >= ||g_i||^2 (squared data units)
-    # w (n,) -> {name: sum_i w_i g_i} over the rows whose sq_norms is finite; call at most once
-    weighted_sum: Callable[[Any], Params]
 
 
 class Model(Protocol):
@@ -291,13 +232,21 @@ def augmented_sq_norms(x: Any) -> Any:
     return xp.einsum("ij,ij->i", x64, x64) * _slack(x.shape[1], np.float64) + 1.0
 
 
-def make_model(name: str, *, hidden: int = 256) -> LogisticRegression | MLP:
-    """``"logreg"`` or ``"mlp"`` (with ``hidden`` units)."""
+MODEL_NAMES = ("logreg", "mlp", "cnn")
+
+
+def make_model(name: str, *, hidden: int = 256, conv_norms: str = "auto") -> Any:
+    """``"logreg"``, ``"mlp"`` (with ``hidden`` units) or ``"cnn"`` (Opacus's MNIST network on
+    28x28 images, :class:`renyi_stream.stream.training.cnn.SampleConvNet`, with ``conv_norms``)."""
     if name == "logreg":
         return LogisticRegression()
     if name == "mlp":
         return MLP(hidden)
-    raise ValueError(f"model must be 'logreg' or 'mlp', got model={name!r}")
+    if name == "cnn":
+        from renyi_stream.stream.training.cnn import SampleConvNet  # imports this module
+
+        return SampleConvNet(conv_norms)
+    raise ValueError(f"model must be 'logreg', 'mlp' or 'cnn', got model={name!r}")
 
 
 def per_example_gradients_reference(model: LogisticRegression | MLP, params: Params, x: np.ndarray,
@@ -331,7 +280,7 @@ def per_example_gradients_reference(model: LogisticRegression | MLP, params: Par
 MODEL_FORMAT = 1
 
 
-def save_model(path: str | Any, model: LogisticRegression | MLP, params: Params,
+def save_model(path: str | Any, model: Any, params: Params,
                metadata: dict[str, Any] | None = None) -> Any:
     """Write the parameters as a NumPy ``.npz`` (one array per parameter, on the host) with a
     ``__meta__`` JSON entry: format version, the model's configuration and ``metadata``."""
@@ -345,7 +294,7 @@ def save_model(path: str | Any, model: LogisticRegression | MLP, params: Params,
     return path
 
 
-def load_model(path: str | Any) -> tuple[LogisticRegression | MLP, Params, dict[str, Any]]:
+def load_model(path: str | Any) -> tuple[Any, Params, dict[str, Any]]:
     """Read :func:`save_model`'s file: ``(model, params, metadata)``; refuses other formats."""
     import json
 
@@ -356,5 +305,5 @@ def load_model(path: str | Any) -> tuple[LogisticRegression | MLP, Params, dict[
         if meta.get("format") != MODEL_FORMAT:
             raise ValueError(f"{path}: model format must be {MODEL_FORMAT}, got {meta.get('format')!r}")
         params = {k: data[k] for k in data.files if k != "__meta__"}
-    model = make_model(meta["model"], hidden=int(meta.get("hidden", 256)))
+    model = make_model(meta["model"], hidden=int(meta.get("hidden", 256)), conv_norms=meta.get("conv_norms", "auto"))
     return model, params, meta
