@@ -387,10 +387,9 @@ def load_features(path: str | os.PathLike, *, label_column: str = LABEL,
     if ids.null_count:
         raise ValueError(f"user_id in {path} has null values")
     x, labels, reason = _row_reasons(table, feature_columns, label_column, n_classes, dtype, path)
+    # No row left to train on is not refused: whether a model is trained (and published) must not
+    # hinge on one user's row (issue 37, item 1); a run over nobody releases noise, charged to nobody.
     keep = reason < 0
-    if not keep.any():
-        raise ValueError(f"features file {path} has no row to train on: every row has a null or non-finite feature "
-                         f"or a label outside 0..{n_classes - 1}")
     counts = np.bincount(reason[~keep], minlength=len(FEATURE_DEAD_LETTERS) + len(LABEL_DEAD_LETTERS))
     dead = {code: int(c) for code, c in zip(FEATURE_DEAD_LETTERS + LABEL_DEAD_LETTERS, counts)}
     return Features(user_ids=ids.filter(pa.array(keep)), x=x[keep], labels=labels[keep],

@@ -70,8 +70,6 @@ from renyi_stream.stream.engine.row_balance import reason_counts
 from renyi_stream.stream.private_files import write_private
 from renyi_stream.stream.schema import DEFAULT_KEYS, InputKeys, WindowSpec
 
-_EPOCH = dt.date(1970, 1, 1)
-
 
 @dataclass(frozen=True)
 class FeaturesPlan:
@@ -117,7 +115,9 @@ def _tagged(item: Any, kind: str) -> tuple[int, tuple[str, Any]]:
 def write_outputs(group: tuple[int, Iterable[tuple[str, Any]]], plan: FeaturesPlan) -> None:
     """The run's last step: every shard's features part, every dead letter and every file's rows
     read -> the dead-letter file (when asked for) and the features file, each written once.
-    Writes no features file when no row was valid (the launcher then says so)."""
+    The features file is written even when no row was valid (it then holds no user): whether the
+    job succeeds, and so whether a model is trained on its output, must not hinge on one user's
+    row (issue 37, item 1). The group always meets: ``build`` adds one ``start`` item."""
     _, items = group
     parts: list[pa.Table] = []
     dead: list[pa.Table] = [DEAD_LETTER_SCHEMA.empty_table()]
@@ -127,13 +127,11 @@ def write_outputs(group: tuple[int, Iterable[tuple[str, Any]]], plan: FeaturesPl
             parts.append(item)
         elif kind == "dead":
             dead.append(item.cast(DEAD_LETTER_SCHEMA))
-        else:
+        elif kind == "read":
             rows_read += int(item[1])
     letters = pa.concat_tables(dead).sort_by([("source", "ascending"), ("row_index", "ascending")])
     if plan.dead_letters:
         write_private(plan.dead_letters, lambda handle: pq.write_table(letters, handle))
-    if rows_read == letters.num_rows:
-        return  # no valid row: nothing to write (not even an empty file)
     users = sum(p.num_rows for p in parts)
     positives = sum(int(p.column(LABEL).to_numpy().sum()) for p in parts)
     record = {"run": plan.token, "rows_read": rows_read, "rows_rejected": letters.num_rows,
@@ -154,6 +152,8 @@ def build(pipeline: Any, inputs: Sequence[str], plan: FeaturesPlan, *, n_shards:
                 | "ShardFeatures" >> beam.ParDo(ShardFeatures(plan)).with_outputs("dead", main="features"))
     outputs = (("features", per_user.features), ("dead", per_user.dead), ("dead", read.dead), ("read", read.read))
     tagged = [pcoll | f"Tag{i}{name.title()}" >> beam.Map(_tagged, name) for i, (name, pcoll) in enumerate(outputs)]
+    # One item that is always there, so the outputs are written when every input is empty too.
+    tagged.append(pipeline | "Start" >> beam.Create([_tagged(None, "start")]))
     _ = (tagged | "AllOutputs" >> beam.Flatten().with_output_types(Tuple[int, Any])
          | "Gather" >> beam.GroupByKey()
          | "WriteOutputs" >> beam.Map(write_outputs, plan))
@@ -191,7 +191,8 @@ def materialise_features(
     parse, reversed windows, a label window that overlaps the feature window, a
     ``label_column`` that is not an indicator column or ``n_shards`` out of range;
     :class:`renyi_stream.stream.engine.readers.InputFileError` naming a file that cannot be read (a whole-file
-    problem stops the job, as in the daily job); ``ValueError`` when no row of the inputs is valid.
+    problem stops the job, as in the daily job). Inputs without a valid row give a features file
+    of no user (module docstring of :func:`write_outputs`), never a refusal.
     """
     if not inputs:
         raise ValueError("inputs must name at least one indicator file")
@@ -213,9 +214,9 @@ def materialise_features(
     with beam.Pipeline(runner=batch_runner(options), options=options) as pipeline:
         build(pipeline, paths, plan, n_shards=n_shards)
     record = read_rows_record(out)
-    if record is None or record.get("run") != plan.token:
-        first_day, last_day = (_EPOCH + dt.timedelta(days=d) for d in (windows.first, windows.last))
-        raise ValueError(f"no valid rows between {first_day} and {last_day} in the inputs")
+    if record is None or record.get("run") != plan.token:  # the runner did not run the last step
+        raise RuntimeError(f"the features job finished without writing {out} (its run token {plan.token} is not "
+                           "in the file's record): the runner dropped its last step")
     return FeatureSummary(path=str(out) if "://" in str(out) else Path(out), users=record["users"],
                           positives=record["positives"], feature_columns=tuple(feature_names(columns)),
                           rows_read=record["rows_read"], rows_rejected=record["rows_rejected"],

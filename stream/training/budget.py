@@ -73,8 +73,8 @@ class TrainingLedger:
     @classmethod
     def fresh(cls, n: int, *, budget: float, tracker_step: float | None = None, xp: Any = np) -> "TrainingLedger":
         """``n`` users who have spent nothing yet (a new ledger; experiments)."""
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"n must be an integer >= 1, got n={n!r}")
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"n must be an integer >= 0, got n={n!r}")
         budget = check.positive("budget", budget)
         step = tracker_step_for(budget) if tracker_step is None else check.positive("tracker_step", tracker_step)
         return cls(used=xp.zeros(n), segment=xp.zeros(n), tracker=xp.full(n, step),
@@ -88,9 +88,7 @@ class TrainingLedger:
         Users the ledger has never seen start at zero, with the tracker at ``Delta``
         (Algorithm 5's ``O_1``). Raises ``ValueError`` for repeated ids or ids of the wrong type.
         """
-        ids = _as_id_array(user_ids, ledger.id_type)
-        if len(ids) == 0:
-            raise ValueError("user_ids must not be empty")
+        ids = _as_id_array(user_ids, ledger.id_type)  # empty: a run over nobody, charged to nobody
         if pc.count_distinct(ids).as_py() != len(ids):
             counts = pc.value_counts(ids)
             tally = counts.field("counts").to_numpy()

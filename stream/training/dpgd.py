@@ -201,8 +201,10 @@ def prepare_data(x: Any, labels: Any, *, n_classes: int, xp: Any = np, dtype: An
     k = _int_at_least("n_classes", n_classes, 2)
     x_host = to_host(x)
     y_host = to_host(labels)
-    if x_host.ndim != 2 or x_host.shape[0] < 1 or x_host.shape[1] < 1:
-        raise ValueError(f"x must be a non-empty 2-d array (n, d), got shape={x_host.shape}")
+    # n = 0 is allowed: a run over nobody (every row left out) trains on noise alone, so whether a
+    # model comes out never depends on whether one user's row is there.
+    if x_host.ndim != 2 or x_host.shape[1] < 1:
+        raise ValueError(f"x must be a 2-d array (n, d) with d >= 1, got shape={x_host.shape}")
     if y_host.shape != (x_host.shape[0],):
         raise ValueError(f"labels must have shape ({x_host.shape[0]},), got shape={y_host.shape}")
     if y_host.dtype.kind not in "iu":
@@ -211,7 +213,7 @@ def prepare_data(x: Any, labels: Any, *, n_classes: int, xp: Any = np, dtype: An
         x_cast = np.asarray(x_host, dtype=dtype)
     if not np.isfinite(x_cast).all():
         raise ValueError(f"x must be finite (no NaN or inf) in dtype {np.dtype(dtype).name}")
-    if y_host.min() < 0 or y_host.max() >= k:
+    if y_host.size and (y_host.min() < 0 or y_host.max() >= k):
         raise ValueError(f"labels must be in [0, {k}), got labels in [{y_host.min()}, {y_host.max()}]")
     xd = xp.asarray(x_cast)
     yd = xp.asarray(y_host.astype(np.int64))
@@ -382,7 +384,8 @@ def private_gd(
     if chunk_rows is None:
         row_bytes = model.row_bytes(data.x.dtype) if hasattr(model, "row_bytes") else None
         chunk_rows = default_chunk_rows(n, data.n_features, data.x.dtype, xp, row_bytes=row_bytes)
-    slices = [slice(s, min(s + chunk_rows, n)) for s in range(0, n, chunk_rows)]
+    # At least one slice, empty when n = 0: the step's sum is then the model's zero gradient.
+    slices = [slice(s, min(s + chunk_rows, n)) for s in range(0, n, chunk_rows)] or [slice(0, 0)]
     counts: dict[str, list[int]] = {"clipped": [], "budget_bound": [], "exhausted": [], "ledger_scaled": [],
                                     "not_finite": []}
     queries: list[tuple[int, float]] = []
@@ -450,7 +453,8 @@ def private_gd(
                                     noisy_accuracy=noisy_acc, params=params, weights=weights))
 
     table = to_host(tallies)  # the run's one transfer of its counts
-    everyone = np.flatnonzero(table[:, len(counts) - 1] == n)  # not_finite for every row: no user's step
+    # not_finite for every row: no user's step (a run over nobody has no such step)
+    everyone = np.flatnonzero(table[:, len(counts) - 1] == n) if n else np.zeros(0, dtype=np.int64)
     params_lost = np.flatnonzero(table[:, -1])
     if everyone.size or params_lost.size:
         why = []
