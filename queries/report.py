@@ -20,8 +20,10 @@ drawn with matplotlib's Agg backend (no display needed).
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import html
 import io
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -35,8 +37,10 @@ from renyi_stream.stream.private_files import write_private_bytes
 
 _Z95 = 1.959963984540054
 _MAX_LEGEND = 12  # a histogram with more coordinates gets no legend (the lines say enough)
-_STYLE = ("body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em;color:#222}"
-          "img{max-width:100%;display:block;margin:.5em 0 1.5em}h2{margin-top:1.6em}"
+# Charts at the page's full width: the image scales to the column, which is wide enough for a
+# quarter's daily ticks to read.
+_STYLE = ("body{font-family:sans-serif;max-width:72em;margin:2em auto;padding:0 1em;color:#222}"
+          "img{width:100%;height:auto;display:block;margin:.5em 0 1.5em}h2{margin-top:1.6em}"
           "figure{margin:0 0 1.5em}figure img{margin-bottom:.3em}"
           ".curator{border-left:4px solid #b00;padding-left:1em}.note{color:#555;font-size:.92em}")
 
@@ -97,6 +101,47 @@ def image_html(alt: str, png: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{png}">'
 
 
+#: The most ticks a date axis gets: a 90-day series shows every 12th day, a 2-day series each day.
+MAX_DATE_TICKS = 10
+_DAY = dt.timedelta(days=1)
+
+
+def date_axis(ax: Any, starts: list[dt.datetime], ends: list[dt.datetime]) -> None:
+    """Ticks for a series of windows starting at ``starts`` and ending at ``ends``: when every
+    window is a whole UTC day, one tick per day or per few days (at most :data:`MAX_DATE_TICKS`),
+    labelled by date, never by hour (a two-day series is two days, not 48 hours); other windows
+    get matplotlib's automatic date ticks, in one concise format."""
+    import matplotlib.dates as mdates
+    from matplotlib.ticker import FixedLocator
+
+    days = bool(starts) and all(e - s == _DAY and s.hour == s.minute == s.second == 0 for s, e in zip(starts, ends))
+    if days:
+        # Ticks counted from the first day (a DayLocator's interval restarts every month), every
+        # ``step`` days, so a series gets at most MAX_DATE_TICKS evenly spaced dates.
+        first, span = min(starts), (max(starts) - min(starts)).days + 1
+        step = max(1, math.ceil(span / MAX_DATE_TICKS))
+        ticks = [first + dt.timedelta(days=d) for d in range(0, span, step)]
+        ax.xaxis.set_major_locator(FixedLocator(mdates.date2num(ticks)))
+        ax.xaxis.set_major_formatter(mdates.DateFormatter("%b %d" if span < 300 else "%Y-%m-%d"))
+        if span <= 120:  # each day's place, unlabelled, where the days can be told apart
+            ax.xaxis.set_minor_locator(FixedLocator(mdates.date2num([first + dt.timedelta(days=d)
+                                                                     for d in range(span)])))
+        return
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=8)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))  # one tick format, not a mix
+
+
+def legend_outside(ax: Any) -> None:
+    """The legend to the right of the plot, so it never hides a point or a band."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False, borderaxespad=0.0)
+
+
+#: The caption's line for a chart with a value below zero.
+NEGATIVE_IS_NOISE = ("A value below zero is noise: the sum it estimates is never negative, and a negative release "
+                     "says that sum is small against the noise (the band shows how far the noise reaches).")
+
+
 def _query_section(plt: Any, table: pa.Table, query_id: str) -> str:
     """One query: a heading, what was released in words, and one chart of every coordinate."""
     table = table.sort_by([("coordinate", "ascending"), ("window_id", "ascending")])
@@ -104,9 +149,7 @@ def _query_section(plt: Any, table: pa.Table, query_id: str) -> str:
     windows = pc.count_distinct(table.column("window_id")).as_py()
     coordinates = pc.unique(table.column("coordinate")).to_pylist()
     std = table.column("noise_std").to_numpy()
-    import matplotlib.dates as mdates
-
-    fig, ax = plt.subplots(figsize=(8, 3.2))
+    fig, ax = plt.subplots(figsize=(11, 3.4))
     for coordinate in coordinates:
         part = table.filter(pc.equal(table.column("coordinate"), coordinate))
         x = part.column("window_start").to_pylist()
@@ -125,14 +168,16 @@ def _query_section(plt: Any, table: pa.Table, query_id: str) -> str:
     ax.set_title(f"{query_id} ({what}) over admitted users, 95% noise {'interval' if windows == 1 else 'band'}")
     ax.set_xlabel("window start (UTC)")
     ax.grid(alpha=0.3)
+    values = table.column("value").to_numpy()
+    negative = bool((values < 0).any())
+    if negative:  # where zero is, so a release below it reads as noise around a small sum
+        ax.axhline(0.0, color="#444", linewidth=0.8)
     if len(coordinates) <= _MAX_LEGEND:
-        ax.legend(loc="best", fontsize=8)
-    locator = mdates.AutoDateLocator(minticks=3, maxticks=8)
-    ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))  # one tick format, not a mix
+        legend_outside(ax)
+    date_axis(ax, table.column("window_start").to_pylist(), table.column("window_end").to_pylist())
     noise = f"{std.min():.4g}" if np.ptp(std) == 0 else f"{std.min():.4g} to {std.max():.4g}"
     words = (f"{windows} window(s) released, {len(coordinates)} coordinate(s) each, with Gaussian noise of "
-             f"standard deviation {noise}. {estimand(kind)}")
+             f"standard deviation {noise}. {estimand(kind)}" + (f" {NEGATIVE_IS_NOISE}" if negative else ""))
     return (f"<h2>{html.escape(query_id)}</h2><figure>{image_html(query_id, chart_png(plt, fig))}"
             f"<figcaption class='note'>{html.escape(words)}</figcaption></figure>")
 

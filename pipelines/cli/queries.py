@@ -490,8 +490,9 @@ def add_query_subcommands(sub: Any) -> None:
     report.set_defaults(handler=_privacy_report_command)
 
     html_report = sub.add_parser("report", help="a self-contained HTML page of the released series with charts",
-                                 description="Charts of every query's released series with 95% confidence bands "
-                                 "and the promise in plain words. With --ledger, the curator variant adds the "
+                                 description="Charts of every query's released series with its 95% noise band (which "
+                                 "covers the sum over the users each window admitted, not the population's) and the "
+                                 "promise in plain words. With --ledger, the curator variant adds the "
                                  "distribution of budget used and the share of rows filtered per window.")
     html_report.add_argument("--store", help="the release store (DuckDB file) renyi-stream run answers")
     html_report.add_argument("--releases-parquet", "--releases_parquet", dest="releases_parquet", metavar="ROOT",
