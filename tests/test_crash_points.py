@@ -132,6 +132,7 @@ _CRASHING_RUN = textwrap.dedent("""
 def _crash(config: JobConfig, point: str) -> None:
     """Run ``config`` in a child process that SIGKILLs itself at ``point``."""
     fields = {k: v for k, v in dataclasses.asdict(config).items() if k not in ("window", "beam_args")}
+    fields["contract"] = json.loads(config.contract.to_json())  # its own JSON form, which from_dict reads back
     result = run_killed_at(point, ["-c", _CRASHING_RUN, json.dumps(fields)])
     assert result.returncode == -9, f"the run did not die at {point}: {result.stderr[-2000:]}"
 
