@@ -221,71 +221,70 @@ def _filtered_share(ledger: Path, days: int) -> np.ndarray:
 
 def _chart(path: Path, released: np.ndarray, truth: np.ndarray, noise_std: float, worst_std: float,
            filtered: np.ndarray, summary: DemoSummary) -> Path | None:
-    """The demo's picture, read in one glance: its title says what individual accounting bought
-    (days answered with every user in, against worst-case accounting at the same noise), each
-    panel marks where worst-case accounting would have stopped and where the first user was
-    filtered, the x axis shows dates, and the bands say what they are: around the release, its
-    95% noise band, which covers the sum over the users the filter admitted that day (not every
-    user's: :data:`renyi_stream.queries.release_store.ESTIMAND`); around the truth, the spread a
-    worst-case release (noise large enough to answer every day) would have had."""
+    """The demo's picture, one comparison per panel, read in one glance (its title says what
+    individual accounting bought: days answered with every user in, against worst-case
+    accounting at the same noise):
+
+    1. the first indicator's release and its 95% noise band against the synthetic truth (the band
+       covers the sum over the users the filter admitted that day, not every user's:
+       :data:`renyi_stream.queries.release_store.ESTIMAND`);
+    2. how far the noise reaches each day (the 95% band's half-width) under individual accounting
+       and under worst-case accounting answering every day at the same promise;
+    3. the share of the day's users the filter left out, from the day the first was.
+
+    Dates on the x axis, one tick per day or few days; legends beside the plots."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
-        import matplotlib.dates as mdates
         import matplotlib.pyplot as plt
     except ImportError:  # charts are optional: the numbers are printed anyway
         return None
+    from renyi_stream.queries.report import date_axis, legend_outside
+
     n = released.shape[0]
-    days = np.array([START_DAY + dt.timedelta(days=d) for d in range(n)])
+    days = [dt.datetime.combine(START_DAY + dt.timedelta(days=d), dt.time(), dt.timezone.utc) for d in range(n)]
+    ends = [day + dt.timedelta(days=1) for day in days]
     worst_stop = summary.worst_case_days_at_same_noise
     first_filtered = summary.days_with_every_user_in
-    fig, axes = plt.subplots(len(INDICATORS) + 1, 1, figsize=(9.5, 2.6 * (len(INDICATORS) + 1)), sharex=True)
-    for j, name in enumerate(INDICATORS):
-        ax = axes[j]
-        ax.fill_between(days, truth[:, j] - 1.96 * worst_std, truth[:, j] + 1.96 * worst_std, color="tab:red",
-                        alpha=0.10, label=f"worst-case accounting, answering all {n} days: 95% spread of its "
-                        f"release (noise std {worst_std:.0f})")
-        ax.fill_between(days, released[:, j] - 1.96 * noise_std, released[:, j] + 1.96 * noise_std,
-                        color="tab:blue", alpha=0.28, label=f"released: 95% noise band, covering the sum over the "
-                        f"users admitted that day (noise std {noise_std:.0f})")
-        ax.plot(days, released[:, j], color="tab:blue", lw=1.1, label="released (individual accounting)")
-        ax.plot(days, truth[:, j], color="black", lw=0.8, ls="--", label="synthetic truth (curator only)")
-        _mark_days(ax, days, worst_stop, first_filtered, n, labels=j == 0)
-        ax.set_ylabel(f"daily sum\n{name}")
-        if j == 0:
-            ax.legend(loc="upper left", bbox_to_anchor=(0, -0.02), fontsize=7, ncol=2, frameon=False)
-    ax = axes[-1]
-    ax.plot(days[: filtered.size], 100 * filtered, color="tab:purple")
-    _mark_days(ax, days, worst_stop, first_filtered, n, labels=False)
-    ax.set_ylabel("% of the day's\nusers filtered")
-    if first_filtered < n:
-        ax.annotate("heavy users reach their budget:\ntheir later days are dropped,\nthe others' still count",
-                    xy=(days[first_filtered], 0), xytext=(0.55, 0.5), textcoords="axes fraction", fontsize=8,
-                    arrowprops={"arrowstyle": "->", "color": "0.4"})
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%Y-%m-%d"))
-    fig.autofmt_xdate()
-    fig.suptitle(f"Same promise, same noise: individual accounting answered {first_filtered} of {n} days with every "
-                 f"user in,\nworst-case accounting {worst_stop}", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    fig, axes = plt.subplots(3, 1, figsize=(11, 8.4), sharex=True, height_ratios=(1.4, 1.0, 1.0))
+    name = INDICATORS[0]
+    ax = axes[0]
+    ax.fill_between(days, released[:, 0] - 1.96 * noise_std, released[:, 0] + 1.96 * noise_std, color="tab:blue",
+                    alpha=0.25, label=f"95% noise band (std {noise_std:.0f}):\ncovers the sum over the users\n"
+                    "admitted that day")
+    ax.plot(days, released[:, 0], color="tab:blue", lw=1.2, marker="o", markersize=2.5, label="released")
+    ax.plot(days, truth[:, 0], color="black", lw=0.9, ls="--", label="synthetic truth\n(curator only)")
+    ax.set_title(f"{name}: the daily release against the truth", fontsize=10, loc="left")
+    ax.set_ylabel(f"daily sum\n{name}")
+    legend_outside(ax)
 
+    ax = axes[1]
+    ax.plot(days, np.full(n, 1.96 * noise_std), color="tab:blue", lw=2,
+            label=f"individual accounting\n(std {noise_std:.0f}, every day)")
+    ax.plot(days, np.full(n, 1.96 * worst_std), color="tab:red", lw=2,
+            label=f"worst-case accounting\nanswering all {n} days\n(std {worst_std:.0f})")
+    ax.set_ylim(0, 1.96 * max(noise_std, worst_std) * 1.3)
+    ax.set_title("how far the noise reaches, same promise", fontsize=10, loc="left")
+    ax.set_ylabel("95% band\nhalf-width")
+    legend_outside(ax)
 
-def _mark_days(ax, days: np.ndarray, worst_stop: int, first_filtered: int, n: int, *, labels: bool) -> None:
-    """Vertical lines where worst-case accounting at the same noise would stop answering and where
-    individual accounting first filtered a user (none when it never did)."""
-    if 0 < worst_stop < n:
-        ax.axvline(days[worst_stop], color="tab:red", lw=1, ls=":")
-        if labels:
-            ax.text(days[worst_stop], 1.0, " worst case stops\n (same noise)", transform=ax.get_xaxis_transform(),
-                    fontsize=7, color="tab:red", va="top")
+    ax = axes[2]
+    ax.plot(days[: filtered.size], 100 * filtered, color="tab:purple", lw=1.5, label="users filtered")
     if 0 < first_filtered < n:
         ax.axvline(days[first_filtered], color="tab:purple", lw=1, ls=":")
-        if labels:
-            ax.text(days[first_filtered], 1.0, " first user\n filtered", transform=ax.get_xaxis_transform(),
-                    fontsize=7, color="tab:purple", va="top", ha="right")
+        ax.annotate("heavy users reach their budget:\ntheir later days are dropped,\nthe others' still count",
+                    xy=(days[first_filtered], 0), xytext=(0.35, 0.45), textcoords="axes fraction", fontsize=8,
+                    arrowprops={"arrowstyle": "->", "color": "0.4"})
+    ax.set_title("share of the day's users the filter left out (curator only)", fontsize=10, loc="left")
+    ax.set_ylabel("% of the day's\nusers filtered")
+    date_axis(ax, days, ends)
+    fig.suptitle(f"Same promise, same noise: individual accounting answered {first_filtered} of {n} days with every "
+                 f"user in, worst-case accounting {worst_stop}", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
 
 
 def _print_summary(config: DemoConfig, s: DemoSummary, cal, out: Path, chart: Path | None) -> None:
