@@ -680,16 +680,26 @@ def test_the_flex_template_parameters_are_the_entry_points_options(tmp_path):
     assert {"input", "start", "end", "epsilon", "delta", "norm_budget", "releases_parquet", "previous_ledger",
             "output", "noise_key_secret"} <= names
     parser = dist._parser()
-    dests = {a.dest for a in parser._actions}
-    assert names <= dests, names - dests
+    # The launcher passes each parameter as --name=value: each name is one of the entry point's options.
+    flags = {flag for a in parser._actions for flag in a.option_strings}
+    assert {f"--{name}" for name in names} <= flags, {f"--{name}" for name in names} - flags
+    # What a first run and a day's coverage need (issue 37): the contract and the inputs' days.
+    assert {"schema", "input_days", "no_data_days"} <= names
     for p in metadata["parameters"]:
         assert re.fullmatch(r"[a-z][a-z0-9_]*", p["name"]) and p["label"] and p["helpText"]
+        assert all(re.compile(r) for r in p["regexes"])
     # The launcher passes each parameter as --name=value: the parser takes them in that form.
     values = {"input": "gs://b/in/*.parquet", "start": "2026-03-01", "end": "2026-03-01", "epsilon": "1",
               "delta": "1e-6", "norm_budget": "30", "releases_parquet": "gs://p/r", "previous_ledger": "none",
-              "output": "gs://c/o", "noise_key_secret": "projects/p/secrets/k/versions/1"}
+              "output": "gs://c/o", "noise_key_secret": "projects/p/secrets/k/versions/1",
+              "schema": "gs://c/schema.json", "input_days": "2026-03-01", "no_data_days": "2026-03-02:2026-03-03"}
+    regexes = {p["name"]: p["regexes"] for p in metadata["parameters"]}
+    for name, value in values.items():  # each example passes its parameter's own check
+        assert all(re.fullmatch(r, value) for r in regexes[name]), (name, value)
     args, rest = parser.parse_known_args([f"--{k}={v}" for k, v in values.items()])
     assert rest == [] and args.norm_budget == 30.0 and args.previous_ledger == "none"
+    assert (args.schema_file, args.input_days, args.no_data_days) == ("gs://c/schema.json", "2026-03-01",
+                                                                     ["2026-03-02:2026-03-03"])
 
 
 def test_the_flink_options_file_parses_as_flink_runner_options():
