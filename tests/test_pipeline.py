@@ -367,8 +367,9 @@ def test_a_missing_ledger_for_a_store_with_releases_is_refused(tmp_path):
     for suffix in ("", ".wal"):
         (tmp_path / ("a.ledger.duckdb" + suffix)).unlink(missing_ok=True)  # the ledger is lost
     day1 = _write_day(tmp_path / "d1.parquet", 1, [1], [1.0], [0.0])
-    with pytest.raises(CuratorStoreError, match="never charged"):
+    with pytest.raises(CuratorStoreError, match="never charged") as refused:
         run_job(_config(tmp_path, [day1], start=1, end=1))
+    assert f"({DAY0.isoformat()})" in str(refused.value)  # the window's date beside its number
 
 
 def test_a_ledger_restored_from_an_older_backup_is_refused(tmp_path):

@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 from renyi_stream.pipelines.curator.store import CuratorStore, CuratorStoreError, RunLock, crash_point
 from renyi_stream.stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 from renyi_stream.stream.engine.publication import publish_outbox
-from renyi_stream.stream.engine.input_days import DayRange, days_of_files, refuse_uncovered_windows
+from renyi_stream.stream.engine.input_days import DayRange, days_of_files, format_windows, refuse_uncovered_windows
 from renyi_stream.stream.engine.row_balance import RowBalance, reason_counts
 from renyi_stream.stream.engine.readers import MalformedLines, check_declared_columns, declares_types, id_type_of, read_batches
 from renyi_stream.stream.engine.shard_state import WINDOW_COUNT_NAMES, PlannedQuery, QueryPlan, refuse_running_gaps
@@ -385,7 +385,7 @@ def _refuse_a_ledger_behind_the_store(curator: CuratorStore, store: ReleaseStore
         example = sorted(unknown)[0]
         raise CuratorStoreError(
             f"the release store {config.store} holds {len(unknown)} release(s) the ledger {config.ledger} never "
-            f"charged (e.g. query {example[0]!r}, window {example[1]}): the ledger is missing, new or older "
+            f"charged (e.g. query {example[0]!r}, {format_windows([example[1]], config.window)}): the ledger is missing, new or older "
             "than the store. Restore the ledger that produced these releases; starting users from zero "
             "budget would break every user's promise."
         )
@@ -491,8 +491,9 @@ def _query_plan(store: ReleaseStore, config: JobConfig, contract: InputContract,
     registry = QueryRegistry(store)
     if processed:
         for query_id, old, new in registry.defer_unanswered(max(processed)):
-            say(f"[run] query {query_id!r} was registered from window {old}, which an interrupted run had already "
-                f"answered without it; it now starts at window {new}")
+            say(f"[run] query {query_id!r} was registered from {format_windows([old], config.window)}, which an "
+                f"interrupted run had already answered without it; it now starts at "
+                f"{format_windows([new], config.window)}")
     if to_release and registry.list().num_rows == 0:
         if contract is not None:
             _register_declared_defaults(registry, config, contract, min(to_release), say)
