@@ -96,6 +96,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from renyi_stream.stream.arrow_compat import plain_strings
 from renyi_stream.stream.xp import array_module
 
 __all__ = [
@@ -658,7 +659,8 @@ def _normalise(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
     if _is_string(arr.type) and not pa.types.is_string(arr.type):
-        arr = arr.cast(pa.string())
+        arr = plain_strings(arr)  # string_view: pyarrow 16 has no cast kernel from it
+        arr = arr if pa.types.is_string(arr.type) else arr.cast(pa.string())
     return arr
 
 

@@ -1,2 +1,3 @@
-"""Real engines on one machine: a local Flink cluster, a Beam worker pool and a Kafka broker
-assembled from registry artifacts (``python -m renyi_stream.pipelines.engines.local_cluster up|down|status``)."""
+"""Real engines on one machine: a local Flink cluster with its PyFlink workers' Python environment,
+a Beam worker pool and a Kafka broker assembled from registry artifacts (``python -m
+renyi_stream.pipelines.engines.local_cluster up|down|status``; :mod:`.worker_env` builds the environment)."""

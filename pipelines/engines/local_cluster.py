@@ -1,4 +1,5 @@
-"""A local Flink cluster, a Beam Python worker pool and a Kafka broker, started with one command.
+"""A local Flink cluster with its PyFlink workers' environment, a Beam Python worker pool and a Kafka
+broker, started with one command.
 
     python -m renyi_stream.pipelines.engines.local_cluster up       # fetch what is missing, start, wait until ready
     python -m renyi_stream.pipelines.engines.local_cluster status   # each process, and the Beam options to use
@@ -6,8 +7,9 @@
 
 Everything fetched goes into one cache folder (``$RENYI_ENGINES_CACHE``, default
 ``~/.cache/renyi-stream/engines``): Flink's runtime and scripts unpacked from PyPI's
-``apache-flink-libraries`` sdist and ``apache-flink`` wheel (never pip-installed: apache-flink pins
-an old apache-beam), Beam's Flink job server and Java IO expansion service at the installed
+``apache-flink-libraries`` sdist and ``apache-flink`` wheel, Flink's Kafka connector in its
+``lib/``, the PyFlink workers' Python environment (``pip install '<project>[flink]'``,
+:mod:`.worker_env`), Beam's Flink job server and Java IO expansion service at the installed
 apache-beam's version, and a Kafka broker with its runtime dependencies from Maven Central. Once
 cached nothing is fetched again. Logs, configuration, checkpoints, Kafka's data and the state file
 (every process id started) are in the run folder (``$RENYI_ENGINES_RUN``, default ``<cache>/run``).
@@ -35,10 +37,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+from renyi_stream.pipelines.engines import worker_env
+from renyi_stream.pipelines.engines.errors import ClusterError
+from renyi_stream.pipelines.engines.worker_env import WorkerEnv
+
 ROOT = Path(__file__).resolve().parents[2]  # the project, importable by the worker pool's harnesses
 CACHE_VARIABLE = "RENYI_ENGINES_CACHE"
 RUN_VARIABLE = "RENYI_ENGINES_RUN"
-FLINK_VERSION = "1.20.5"
+FLINK_VERSION = "2.2.0"
+#: Flink version -> (``flink-connector-kafka`` version, ``kafka-clients`` version) for its ``lib/``.
+FLINK_RELEASES = {"2.2.0": ("5.0.0-2.2", "4.2.0"), "1.20.5": ("3.4.0-1.20", "3.4.0")}
 KAFKA_VERSION = "4.1.1"
 LOG4J_VERSION = "2.24.3"  # the Log4j 2 of Kafka 4.1's own dependencies
 DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1"
@@ -48,10 +56,6 @@ JOB_SERVER_JVM = ("--add-opens=java.base/java.lang=ALL-UNNAMED", "--add-opens=ja
 #: How long a missing Maven artifact is believed missing before it is asked for again.
 RETRY_MISSING_S = 24 * 3600
 STATE_FILE = "cluster.json"
-
-
-class ClusterError(RuntimeError):
-    """The cluster could not be fetched, started or stopped; the message says what and where."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,13 @@ class Config:
     beam_version: str = ""
     taskmanagers: int = 2
     slots: int = 2
+    python: str = sys.executable  # the interpreter the PyFlink workers' environment is made with
+    worker_env: bool = True  # build that environment and point python.executable at it
+
+    def __post_init__(self) -> None:
+        if self.flink_version not in FLINK_RELEASES:
+            raise ValueError(f"flink_version must be one of {', '.join(sorted(FLINK_RELEASES))}, "
+                             f"got flink_version={self.flink_version!r}")
 
     @classmethod
     def default(cls, *, cache: str | Path | None = None, run: str | Path | None = None, **kwargs) -> "Config":
@@ -102,6 +113,11 @@ class Config:
     def flink_minor(self) -> str:
         return ".".join(self.flink_version.split(".")[:2])
 
+    def kafka_connector_coordinates(self) -> tuple[str, str]:
+        """Maven coordinates of Flink's Kafka connector and the ``kafka-clients`` it was built for."""
+        connector, clients = FLINK_RELEASES[self.flink_version]
+        return f"org.apache.flink:flink-connector-kafka:{connector}", f"org.apache.kafka:kafka-clients:{clients}"
+
     def beam_coordinates(self) -> dict[str, str]:
         """``name -> Maven coordinates`` of Beam's two jars at the installed Python SDK's version."""
         return {"job_server": f"org.apache.beam:beam-runners-flink-{self.flink_minor}-job-server:{self.beam_version}",
@@ -118,13 +134,14 @@ def _say(message: str) -> None:
 @dataclass(frozen=True)
 class Artifacts:
     """What the cache holds: Flink's home, Kafka's jars, Beam's jars (None: not served; ``missing``
-    says which coordinates and why)."""
+    says which coordinates and why), the PyFlink workers' environment (None: not asked for)."""
 
     flink_home: Path
     kafka_libs: Path
     job_server_jar: Path | None
     expansion_service_jar: Path | None
     missing: dict[str, str] = field(default_factory=dict)
+    worker_env: WorkerEnv | None = None
 
 
 def fetch(config: Config, *, retry_missing: bool = False) -> Artifacts:
@@ -135,13 +152,16 @@ def fetch(config: Config, *, retry_missing: bool = False) -> Artifacts:
                                "openjdk-17-jdk-headless maven)")
     config.cache.mkdir(parents=True, exist_ok=True)
     flink = _flink_home(config)
+    _flink_lib_extras(config, flink)
     kafka = _kafka_libs(config)
     jars, missing = {}, {}
     for name, coordinates in config.beam_coordinates().items():
         jars[name], why = _maven_jar(config, coordinates, retry_missing=retry_missing)
         if jars[name] is None:
             missing[coordinates] = why
-    return Artifacts(flink, kafka, jars["job_server"], jars["expansion_service"], missing)
+    env = worker_env.ensure(config.cache, flink_version=config.flink_version, python=config.python, project=ROOT,
+                            say=_say) if config.worker_env else None
+    return Artifacts(flink, kafka, jars["job_server"], jars["expansion_service"], missing, env)
 
 
 def _timed(what: str, action: Callable[[], None]) -> None:
@@ -205,6 +225,34 @@ def _flink_home(config: Config) -> Path:
 
     _timed(f"unpacking Flink {version} into {home}", unpack)
     return home
+
+
+def _flink_lib_extras(config: Config, home: Path) -> list[Path]:
+    """Put in Flink's ``lib/`` what PyFlink jobs reading Kafka need on every TaskManager's
+    classpath: ``flink-python`` (copied from ``opt/``, which keeps exactly one for ``flink run
+    -py``) and the Kafka connector with its ``kafka-clients``. In ``lib/`` and not added per job,
+    they are loaded once: per-job jars grew the TaskManagers' metaspace by about 35 MB a job."""
+    marker = home / ".lib-extras"
+    if marker.exists():
+        return [home / "lib" / name for name in marker.read_text().split()]
+    python_jars = sorted((home / "opt").glob("flink-python*.jar"))
+    if len(python_jars) != 1:
+        raise ClusterError(f"{home / 'opt'} must hold exactly one flink-python*.jar (flink run -py looks there), "
+                           f"found {[p.name for p in python_jars]}")
+    shutil.copy(python_jars[0], home / "lib" / python_jars[0].name)
+    added = [home / "lib" / python_jars[0].name]
+    for coordinates in config.kafka_connector_coordinates():
+        _, artifact, version = coordinates.split(":")
+        _say(f"fetching {coordinates} from Maven Central into {home / 'lib'} ...")
+        done = _maven(config, f"{DEPENDENCY_PLUGIN}:copy", f"-Dartifact={coordinates}",
+                      f"-DoutputDirectory={home / 'lib'}")
+        jar = home / "lib" / f"{artifact}-{version}.jar"
+        if done.returncode != 0 or not jar.exists():
+            raise ClusterError(f"Maven could not fetch {coordinates} (flink_version={config.flink_version!r}): "
+                               f"{_maven_error(done)}")
+        added.append(jar)
+    marker.write_text("\n".join(p.name for p in added) + "\n")
+    return added
 
 
 def _maven(config: Config, *args: str, quiet: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -387,10 +435,11 @@ class LocalCluster:
                      job_server_jar=str(artifacts.job_server_jar or ""),
                      expansion_service_jar=str(artifacts.expansion_service_jar or ""), missing=artifacts.missing,
                      beam_version=self.config.beam_version, flink_version=self.config.flink_version,
-                     kafka_version=self.config.kafka_version, project=str(ROOT), started=time.time())
+                     kafka_version=self.config.kafka_version, project=str(ROOT), started=time.time(),
+                     worker_env=artifacts.worker_env.describe() if artifacts.worker_env else None)
         try:
             deadline = time.monotonic() + timeout_s
-            self._start_flink(artifacts.flink_home)
+            self._start_flink(artifacts.flink_home, artifacts.worker_env)
             self._start_pool()
             self._start_kafka(artifacts.kafka_libs)
             self._wait("Flink (JobManager and TaskManagers)", self._flink_ready, deadline)
@@ -415,7 +464,9 @@ class LocalCluster:
         self._add(service)
         return service
 
-    def _flink_conf(self, home: Path) -> Path:
+    def _flink_conf(self, home: Path, env: WorkerEnv | None) -> Path:
+        """The run folder's ``flink-conf/``: Flink's log settings and a ``config.yaml`` of
+        :meth:`_flink_settings` (the daemons' and the CLI's ``FLINK_CONF_DIR``)."""
         import yaml
 
         conf = self.config.run / "flink-conf"
@@ -424,7 +475,15 @@ class LocalCluster:
             shutil.copy(path, conf / path.name)
         defaults = yaml.safe_load((home / "conf" / "config.yaml").read_text())
         java_opts = defaults.get("env", {}).get("java", {}).get("opts", {}).get("all", "")
+        (conf / "config.yaml").write_text(yaml.safe_dump(self._flink_settings(java_opts, env), sort_keys=False))
+        return conf
+
+    def _flink_settings(self, java_opts: str, env: WorkerEnv | None) -> dict:
+        """The cluster's settings, under the key names of Flink 2.x (which 1.20 reads too);
+        ../shared/ENGINES.md, "Configuration that mattered", says why each PyFlink one is there."""
         run, ports = self.config.run, self.config.ports
+        for folder in ("tmp", "blobs"):
+            (run / folder).mkdir(exist_ok=True)
         settings = {
             "env.java.opts.all": java_opts,
             "env.pid.dir": str(run),
@@ -437,25 +496,31 @@ class LocalCluster:
             "taskmanager.host": "localhost",
             "taskmanager.bind-host": "localhost",
             "taskmanager.numberOfTaskSlots": self.config.slots,
-            "taskmanager.memory.process.size": "1280m",
-            "taskmanager.memory.managed.size": "128m",  # Beam's Python stages use no managed memory
+            "taskmanager.memory.process.size": "2048m",
+            "taskmanager.memory.managed.size": "512m",  # PyFlink's Python workers are accounted here
             "parallelism.default": self.config.slots,
-            "cluster.evenly-spread-out-slots": True,  # a job's subtasks on every TaskManager, not one first
+            "taskmanager.load-balance.mode": "SLOTS",  # a job's subtasks on every TaskManager, not one first
             "rest.address": "localhost",
             "rest.bind-address": "localhost",
             "rest.port": ports.rest,
             "classloader.check-leaked-classloader": False,  # Beam's job jars (apache/beam#20783)
+            "classloader.resolve-order": "parent-first",  # flink-python and the connector from lib/, once
+            "io.tmp.dirs": str(run / "tmp"),  # else scratch lands in /tmp
+            "blob.storage.directory": str(run / "blobs"),  # else a blob of about 33 MB per job lands in /tmp
+            "heartbeat.timeout": 15000,  # a killed TaskManager is given up on in 15 s, not 50
             "restart-strategy.type": "fixed-delay",
             "restart-strategy.fixed-delay.attempts": 3,
             "restart-strategy.fixed-delay.delay": "2 s",
-            "state.checkpoints.dir": (run / "checkpoints").as_uri(),
-            "state.savepoints.dir": (run / "savepoints").as_uri(),
+            "execution.checkpointing.dir": (run / "checkpoints").as_uri(),
+            "execution.checkpointing.savepoint-dir": (run / "savepoints").as_uri(),
+            "python.fn-execution.bundle.time": 100,  # ms; 1.20's default held results until a checkpoint
         }
-        (conf / "config.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
-        return conf
+        if env is not None:
+            settings["python.executable"] = settings["python.client.executable"] = str(env.python)
+        return settings
 
-    def _start_flink(self, home: Path) -> None:
-        env = {"FLINK_CONF_DIR": str(self._flink_conf(home)), "FLINK_LOG_DIR": str(self.config.run / "logs")}
+    def _start_flink(self, home: Path, worker: WorkerEnv | None) -> None:
+        env = {"FLINK_CONF_DIR": str(self._flink_conf(home, worker)), "FLINK_LOG_DIR": str(self.config.run / "logs")}
         _say("starting the Flink JobManager and TaskManagers ...")
         # start-foreground execs the JVM: the process id recorded is the JVM's.
         self._spawn("jobmanager", [str(home / "bin" / "jobmanager.sh"), "start-foreground"], env)
@@ -582,7 +647,16 @@ class LocalCluster:
                                                                      "flink-version")},
                 "kafka": f"localhost:{self.config.ports.kafka}" if _port_open(self.config.ports.kafka) else None,
                 "missing": state.get("missing", {}),
+                "worker_env": _worker_env_status(state.get("worker_env")),
                 "beam_options": beam_options(state) if state else []}
+
+
+def _worker_env_status(env: dict | None) -> dict | None:
+    """The PyFlink workers' environment a state names: its folder, Python, pinned versions."""
+    if not env:
+        return None
+    return {"path": env["path"], "python": env["python"], "python_version": env["python_version"],
+            "exists": Path(env["python"]).exists(), "versions": env["versions"]}
 
 
 def beam_options(state: dict) -> list[str]:
@@ -618,6 +692,13 @@ def _parser() -> argparse.ArgumentParser:
     defaults = Ports()
     for name in asdict(defaults):
         parser.add_argument(f"--{name}-port", type=int, default=getattr(defaults, name), dest=f"{name}_port")
+    parser.add_argument("--flink-version", default=FLINK_VERSION, choices=sorted(FLINK_RELEASES),
+                        help=f"the Flink release to assemble and start (default {FLINK_VERSION}; the workers' "
+                             "environment pins apache-flink to it, which 1.20.5 cannot resolve: see --no-worker-env)")
+    parser.add_argument("--python", default=sys.executable,
+                        help="the interpreter the PyFlink workers' environment is made with (default: this one)")
+    parser.add_argument("--no-worker-env", dest="worker_env", action="store_false",
+                        help="build no PyFlink workers' environment (Java jobs and the Beam worker pool only)")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for readiness (up)")
     parser.add_argument("--retry-missing", action="store_true",
                         help="ask Maven Central again for jars it did not serve within the last day (fetch)")
@@ -627,12 +708,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     ports = Ports(**{name: getattr(args, f"{name}_port") for name in asdict(Ports())})
-    config = Config.default(cache=args.cache, run=args.run, ports=ports)
+    config = Config.default(cache=args.cache, run=args.run, ports=ports, flink_version=args.flink_version,
+                            python=args.python, worker_env=args.worker_env)
     cluster = LocalCluster(config)
     try:
         if args.command == "fetch":
-            print(json.dumps({k: str(v) if isinstance(v, Path) else v
-                              for k, v in asdict(fetch(config, retry_missing=args.retry_missing)).items()}, indent=2))
+            print(json.dumps(asdict(fetch(config, retry_missing=args.retry_missing)), indent=2, default=str))
         elif args.command == "up":
             cluster.up(timeout_s=args.timeout)
             print(" ".join(beam_options(cluster._state())))
