@@ -11,7 +11,7 @@ The workload is U users x D days; each day a pseudo-random ``--active-rate`` sha
 (default half, drawn per day from a generator seeded by the day) has one row, in random order,
 with two indicator columns (``opened``, 0/1; ``bought``, in [0, 1.5)): issue 30's reference is
 100,000 x 60 x 0.5 = 3M rows. It is written once as one Parquet file per day and once as one
-Arrow IPC message per day (:func:`renyi_stream.pipelines.streaming.job.encode_message`). Then, each in its own
+Arrow IPC message per day (:func:`renyi_stream.pipelines.streaming.codec.encode_message`). Then, each in its own
 process, so that its peak RSS (``ru_maxrss``, :func:`child_run.run_child`) is its own:
 
 * ``daily`` (the anchor): ``renyi-stream run`` over every day in one run (DuckDB release store
@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COLUMNS = ("opened", "bought")
 DECLARED = ["--column", "opened=0:1", "--column", "bought=0:1.5"]
 #: The streaming job's progress line (``--progress``) of a shard that charged a window
-#: (renyi_stream.pipelines.streaming.releases.StreamingIndividualFilterDoFn). Not the commit lines: on the
+#: (renyi_stream.pipelines.streaming.shard_filter.ShardFilter). Not the commit lines: on the
 #: FnApiRunner a replay runs the filter's timers through every window before the steps after it.
 PROGRESS = re.compile(r"\[streaming\] shard (\d+) charged window (-?\d+) at ([0-9.]+)")
 LONG_DAYS = 365
@@ -89,7 +89,7 @@ def generate(folder: Path, *, users: int, days: int, rate: float, id_type: str) 
     """Write the days as Parquet files and as messages; ``(parquet paths, message paths, rows)``."""
     import pyarrow.parquet as pq
 
-    from renyi_stream.pipelines.streaming.job import encode_message
+    from renyi_stream.pipelines.streaming.codec import encode_message
 
     (folder / "parquet").mkdir()
     (folder / "messages").mkdir()

@@ -7,7 +7,7 @@ transaction, before COMMIT), ``before_publish``, ``during_release_insert`` (insi
 store's transaction, before COMMIT), ``during_publish`` (some windows published, the later ones
 not), ``after_publish`` (published, not yet marked): the last two are the publication rule's
 (:func:`renyi_stream.stream.engine.publication.publish_outbox`), the same for every job. The streaming job's
-window commit (``pipelines/streaming/job.py``): ``streaming_after_snapshot`` (a shard's ledger
+window commit (``pipelines/streaming/commits.py``): ``streaming_after_snapshot`` (a shard's ledger
 snapshot of a window written), ``streaming_after_stage`` (a window's releases staged),
 ``streaming_after_commit`` (a window's commit marker written, not yet public). Unset in production:
 the check is one environment lookup.

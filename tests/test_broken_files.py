@@ -695,7 +695,7 @@ def test_the_distributed_jobs_dry_run_refuses_a_previous_ledger_of_another_root_
 
 def test_a_dry_run_on_another_runner_than_the_direct_runner_is_refused_before_anything_runs(tmp_path, capsys):
     from renyi_stream.pipelines.distributed import job as dist
-    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming.beam import job as sj
 
     day1 = _distributed_day(tmp_path, DAY1, "none", "run1")
     assert dist.main([*day1, "--dry-run", "--runner=FlinkRunner"]) == 2

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from renyi_stream.pipelines.cli.main import main
-from renyi_stream.pipelines.streaming.job import encode_message
+from renyi_stream.pipelines.streaming.codec import encode_message
 from renyi_stream.stream.contract import InputContract
 from renyi_stream.stream.noise import NoiseBinding, NoiseKey, gaussian_noise
 from renyi_stream.stream.schema import InputKeys

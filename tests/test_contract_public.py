@@ -58,11 +58,12 @@ def _distributed(tmp_path, *declare: str, day: str = DAY, previous: str = "none"
 def _streaming(tmp_path, *declare: str) -> int:
     import pyarrow as pa
 
-    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming.beam import job as sj
+    from renyi_stream.pipelines.streaming.codec import encode_message
     from renyi_stream.stream.engine.readers import read_batches
 
     message = tmp_path / "d0.arrows"
-    message.write_bytes(sj.encode_message(pa.Table.from_batches(list(read_batches(_day_csv(tmp_path))))))
+    message.write_bytes(encode_message(pa.Table.from_batches(list(read_batches(_day_csv(tmp_path))))))
     return sj.main(["--replay", str(message), "--start", DAY, "--end", DAY, "--epsilon", "1", "--delta", "1e-6",
                     "--norm-budget", "8", "--releases-parquet", str(tmp_path / "public"), "--noise-key",
                     _key(tmp_path), "--shards", "2", "--output", str(tmp_path / "curator"), *declare])

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from renyi_stream.pipelines.beam.transforms import in_event_time_order
+from renyi_stream.pipelines.beam.rows import in_event_time_order
 from renyi_stream.stream.engine.dead_letters import (DEAD_LETTER_SCHEMA, ROW, SOURCE, classify_windows, dead_letters, window_letters,
                                         with_input_position)
 from renyi_stream.stream.engine.readers import read_batches
@@ -264,7 +264,8 @@ def test_the_distributed_job_gives_each_situation_the_same_reason(tmp_path):
 
 
 def test_the_streaming_job_gives_each_situation_the_same_reason(tmp_path):
-    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming.beam import job as sj
+    from renyi_stream.pipelines.streaming.codec import encode_message
 
     # The same rows as Arrow messages, as the batch jobs' reader reads them (a stream has no CSV
     # lines; a live source's message that is not Arrow is its one undecodable_message letter, while
@@ -273,7 +274,7 @@ def test_the_streaming_job_gives_each_situation_the_same_reason(tmp_path):
     for name, text in (("a", _first_input(malformed=False)), ("b", SECOND_INPUT)):
         (tmp_path / f"{name}.csv").write_text(text)
         paths.append(tmp_path / f"{name}.arrows")
-        paths[-1].write_bytes(sj.encode_message(pa.Table.from_batches(list(read_batches(tmp_path / f"{name}.csv")))))
+        paths[-1].write_bytes(encode_message(pa.Table.from_batches(list(read_batches(tmp_path / f"{name}.csv")))))
     key = tmp_path / "key" / "noise.key"
     NoiseKey.load_or_create(key)
     assert sj.main(["--replay", *map(str, paths), "--column", "opened=0:1", "--column", "bought=0:1",
@@ -295,7 +296,7 @@ def test_a_late_row_is_late_window_in_the_batch_reader_and_in_the_streaming_filt
     # Lateness needs a window charged before: the batch jobs learn it from their earlier runs
     # (``released``), a streaming shard from earlier runs and from its own charges.
     from renyi_stream.pipelines.beam import transforms as tx
-    from renyi_stream.pipelines.streaming.releases import StreamingIndividualFilterDoFn
+    from renyi_stream.pipelines.streaming.beam.releases import StreamingIndividualFilterDoFn
     from renyi_stream.queries.linear import default_queries
     from renyi_stream.stream.engine.shard_state import QueryPlan
     from test_streaming import _Bag, _row_bags, _Timer, _Value

@@ -730,6 +730,9 @@ DEPLOYED = [("deploy/flink/submit.sh", None, "renyi_stream.pipelines.distributed
             ("deploy/flink/submit-stream.sh", None, "renyi_stream.pipelines.streaming"),
             ("deploy/dataflow/launch.sh", "python -m renyi_stream.pipelines.streaming", "renyi_stream.pipelines.streaming"),
             ("deploy/dataflow/main.py", None, "renyi_stream.pipelines.distributed")]
+#: The module defining each job's command line (``_parser``).
+JOB_PARSERS = {"renyi_stream.pipelines.distributed": "renyi_stream.pipelines.distributed.job",
+               "renyi_stream.pipelines.streaming": "renyi_stream.pipelines.streaming.options"}
 
 
 @pytest.mark.parametrize("script, command, job", DEPLOYED, ids=[d[0] for d in DEPLOYED])
@@ -741,7 +744,7 @@ def test_every_option_a_deployment_file_gives_a_job_is_the_jobs_or_beams(script,
 
     from renyi_stream.pipelines.beam.job_options import long_options, refuse_unknown_options
 
-    parser = import_module(f"{job}.job")._parser()
+    parser = import_module(JOB_PARSERS[job])._parser()
     given = _given_options(ROOT / script, command=command)
     if "flink" in script:
         given += _given_options(ROOT / "deploy" / "flink" / "flink-options.txt")

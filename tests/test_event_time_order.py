@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from renyi_stream.pipelines.beam.transforms import event_time_order, in_event_time_order
+from renyi_stream.pipelines.beam.rows import event_time_order, in_event_time_order
 
 ROW_COLUMNS = ("user_id", "window_id", "_source", "_row")
 

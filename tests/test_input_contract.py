@@ -258,13 +258,14 @@ def test_the_distributed_job_answers_the_declared_bounded_columns_and_its_next_r
 
 def test_the_streaming_job_answers_the_declared_bounded_columns_and_refuses_columns_given_both_ways(tmp_path,
                                                                                                    capsys):
-    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming.beam import job as sj
+    from renyi_stream.pipelines.streaming.codec import encode_message
     from renyi_stream.stream.engine.readers import read_batches
     from renyi_stream.stream.noise import NoiseKey
 
     day0 = _csv(tmp_path / "d0.csv", [f"1,{_day(0)},1,500", f"2,{_day(0)},0,3"], header="user_id,day,opened,minutes")
     message = tmp_path / "d0.arrows"
-    message.write_bytes(sj.encode_message(pa.Table.from_batches(list(read_batches(day0)))))
+    message.write_bytes(encode_message(pa.Table.from_batches(list(read_batches(day0)))))
     key = tmp_path / "key" / "noise.key"
     NoiseKey.load_or_create(key)
     common = ["--replay", str(message), "--start", _day(0), "--end", _day(0), "--epsilon", "1", "--delta", "1e-6",

@@ -27,7 +27,10 @@ import pytest
 from renyi_stream.pipelines.cli.main import main as cli
 from renyi_stream.pipelines.daily.job import JobConfig, run_job
 from renyi_stream.pipelines.distributed import job as dist
-from renyi_stream.pipelines.streaming import job as sj
+from renyi_stream.pipelines.streaming.beam import job as sj
+from renyi_stream.pipelines.streaming.books import books
+from renyi_stream.pipelines.streaming.codec import encode_message
+from renyi_stream.pipelines.streaming.file_metadata import SNAPSHOT_LEDGER_ID, SNAPSHOT_QUERIES, SNAPSHOT_QUERY_PLAN
 from renyi_stream.queries.catalogue import ReleaseCatalogue, queries_at_launch
 from renyi_stream.queries.linear import LinearQuery
 from renyi_stream.queries.registry import QueryRegistry
@@ -73,7 +76,7 @@ def _files(tmp_path: Path, tables: list[pa.Table]) -> tuple[list[str], list[list
         messages.append([])
         for k, part in enumerate((table.slice(0, 40), table.slice(40))):
             path = tmp_path / "in" / f"day-{d}-{k}.arrows"
-            path.write_bytes(sj.encode_message(part))
+            path.write_bytes(encode_message(part))
             messages[-1].append(str(path))
     return files, messages
 
@@ -176,7 +179,7 @@ def _streaming(tmp_path: Path, messages: list[list[str]], *extra: str) -> list[t
     _midway(["--releases-parquet", str(public)])
     snapshots = f"{job1}/ledger/window_id={W0 + 1}/*/*.parquet"
     assert sj.main(args(messages[2], "2026-03-03", "2026-03-03", snapshots, job2)) == 0
-    (ledger_id,) = {pq.read_schema(f).metadata[sj.SNAPSHOT_LEDGER_ID.encode()].decode()
+    (ledger_id,) = {pq.read_schema(f).metadata[SNAPSHOT_LEDGER_ID.encode()].decode()
                     for f in (job2 / "ledger").rglob("*.parquet")}
     return _without_noise(_parquet(public), tmp_path, ledger_id)
 
@@ -256,8 +259,8 @@ def test_the_distributed_manifest_and_the_streaming_snapshots_record_which_queri
                                   ("job2", W0 + 2, {"capped_spend", "plans", "spend_score", "tiers"})):
         for path in (tmp_path / "stream" / job / "ledger" / f"window_id={window}").rglob("*.parquet"):
             meta = pq.read_schema(path).metadata
-            assert set(json.loads(meta[sj.SNAPSHOT_QUERIES.encode()])) == answered
-            assert {q["query_id"] for q in json.loads(meta[sj.SNAPSHOT_QUERY_PLAN.encode()])} <= answered
+            assert set(json.loads(meta[SNAPSHOT_QUERIES.encode()])) == answered
+            assert {q["query_id"] for q in json.loads(meta[SNAPSHOT_QUERY_PLAN.encode()])} <= answered
 
 
 def _streamed_ledger(tmp_path: Path) -> pa.Table:
@@ -563,7 +566,7 @@ def test_the_streaming_job_takes_the_declared_string_ids_and_a_follow_up_keeps_t
                  for f in (jobs["tmp"] / "stream" / job / "ledger").rglob("*.parquet")}
         assert types == {b"string"}
     assert _streamed_ledger(jobs["tmp"]).schema.field("user_id").type in (pa.string(), pa.large_string())
-    assert sj.books(str(jobs["tmp"] / "stream" / "job2"))["rejected"] == 0
+    assert books(str(jobs["tmp"] / "stream" / "job2"))["rejected"] == 0
 
 
 def test_a_streaming_ledger_refuses_another_declared_id_type_naming_both(jobs, capsys):
@@ -581,7 +584,7 @@ def test_a_streaming_ledger_refuses_another_declared_id_type_naming_both(jobs, c
 def test_an_integer_id_stream_declared_string_parses_every_id_as_text(tmp_path):
     table = _rows(0, [3, 1, 2])
     path = tmp_path / "m.arrows"
-    path.write_bytes(sj.encode_message(table))
+    path.write_bytes(encode_message(table))
     argv = ["--replay", str(path), "--start", "2026-03-01", "--end", "2026-03-01", "--output", str(tmp_path / "c"),
             "--releases-parquet", str(tmp_path / "public"), "--column", "opened=0:1", "--id-type", "string",
             "--shards", "2", *_promise(tmp_path)]

@@ -4,6 +4,8 @@ an import crosses a layer the wrong way or closes a cycle, at module level or in
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -146,7 +148,107 @@ def test_no_module_imports_itself_back_through_others():
 
 
 @pytest.mark.parametrize("folder", ["pipelines/daily", "pipelines/distributed", "pipelines/streaming", "pipelines/features",
-                                    "pipelines/curator", "pipelines/cli", "pipelines/beam", "stream/engine"])
+                                    "pipelines/curator", "pipelines/cli", "pipelines/beam", "stream/engine",
+                                    "pipelines/streaming/beam"])
 def test_each_part_of_the_layout_is_a_package_that_says_what_it_holds(folder):
     init = ROOT / folder / "__init__.py"
     assert init.exists() and ast.get_docstring(ast.parse(init.read_text()))
+
+
+# --- the streaming job: one machinery, a thin shell per runner (issue 38, item 2) -------------------
+
+STREAMING = "renyi_stream.pipelines.streaming"
+#: The streaming job's runner shells, each a sub-package of pipelines/streaming beside the others.
+RUNNER_SHELLS = ("beam",)
+#: The streaming job's runner-independent modules: every module of pipelines/streaming but its
+#: runner shells and ``__main__`` (which starts the Beam shell's ``main``).
+STREAMING_SHARED = sorted(name for name in MODULES if name.startswith(STREAMING + ".")
+                          and name.split(".")[3] not in (*RUNNER_SHELLS, "__main__"))
+MOST_LINES = 800
+
+
+def _resolved(targets: list[str]) -> set[str]:
+    """``targets`` as :func:`_imports` resolves them: the longest known module, else the package."""
+    found = set()
+    for target in targets:
+        parts = target.split(".")
+        while parts and ".".join(parts) not in MODULES:
+            parts.pop()
+        found.add(".".join(parts) if parts else target.split(".")[0])
+    return found
+
+
+def _import_time_imports(name: str) -> set[str]:
+    """What importing ``name`` imports: its statements outside function bodies (module level,
+    ``try``/``if`` blocks, class bodies), resolved as :func:`_imports` resolves them. A function's
+    own imports run only when it is called."""
+    found: set[str] = set()
+    todo = list(ast.parse(MODULES[name].read_text(), filename=str(MODULES[name])).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Import):
+            found |= _resolved([alias.name for alias in node.names])
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found |= _resolved([f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in MODULES
+                                else node.module for alias in node.names])
+        todo.extend(ast.iter_child_nodes(node))
+    found.discard(name)
+    return found
+
+
+def _closure(name: str) -> set[str]:
+    """Every module importing ``name`` imports, directly or through the project's modules."""
+    seen, todo = set(), [name]
+    while todo:
+        current = todo.pop()
+        for imported in _import_time_imports(current) if current in MODULES else ():
+            if imported not in seen:
+                seen.add(imported)
+                todo.append(imported)
+    return seen
+
+
+def test_the_streaming_jobs_machinery_imports_no_beam_and_no_runner_shell_even_through_other_modules():
+    assert len(STREAMING_SHARED) >= 10  # the codec, the commit protocol, recovery, snapshots, books ...
+    shells = tuple(f"{STREAMING}.{shell}" for shell in RUNNER_SHELLS)
+    found = {name: sorted(i for i in _closure(name) if i == "apache_beam" or i.startswith(shells))
+             for name in STREAMING_SHARED}
+    assert {name: imports for name, imports in found.items() if imports} == {}
+    # Anywhere in their own bodies too: a runner's API is its shell's, never the machinery's.
+    direct = {name: sorted(i for i in GRAPH[name] if i == "apache_beam" or i.startswith(shells))
+              for name in STREAMING_SHARED}
+    assert {name: imports for name, imports in direct.items() if imports} == {}
+
+
+_BEAM_BLOCKED = """
+import importlib, sys
+
+class NoBeam:
+    def find_spec(self, name, path=None, target=None):
+        if name == "apache_beam" or name.startswith("apache_beam."):
+            raise ImportError(f"import of {name} blocked: this module must run without Beam")
+        return None
+
+sys.meta_path.insert(0, NoBeam())
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+assert not [m for m in sys.modules if m.split(".")[0] == "apache_beam"]
+print("imported", len(sys.argv) - 1)
+"""
+
+
+def test_the_streaming_jobs_machinery_imports_where_importing_beam_fails():
+    """Run, not read: each runner-independent module imports in a process where ``import
+    apache_beam`` raises (a PyFlink job imports them beside another Beam, or none)."""
+    done = subprocess.run([sys.executable, "-c", _BEAM_BLOCKED, *STREAMING_SHARED], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == f"imported {len(STREAMING_SHARED)}"
+
+
+def test_no_file_of_the_streaming_job_is_longer_than_800_lines():
+    lengths = {str(path.relative_to(ROOT)): len(path.read_text().splitlines())
+               for path in sorted((ROOT / "pipelines" / "streaming").rglob("*.py"))}
+    assert lengths and {path: n for path, n in lengths.items() if n > MOST_LINES} == {}

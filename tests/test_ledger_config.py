@@ -270,10 +270,10 @@ def _subcommand(name: str) -> argparse.ArgumentParser:
 
 def _jobs() -> dict[str, argparse.ArgumentParser]:
     from renyi_stream.pipelines.distributed import job as dist
-    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming.options import _parser
 
     return {"renyi-stream run": _subcommand("run"), "python -m renyi_stream.pipelines.distributed": dist._parser(),
-            "python -m renyi_stream.pipelines.streaming": sj._parser()}
+            "python -m renyi_stream.pipelines.streaming": _parser()}
 
 
 def test_the_three_jobs_share_the_ledger_options_with_the_same_names_defaults_and_choices():

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from renyi_stream.pipelines.streaming import job as sj
+from renyi_stream.pipelines.streaming import codec
+from renyi_stream.pipelines.streaming.codec import decode_message
 from renyi_stream.pipelines.streaming.message_sizes import VALUE_BYTES, declared_bytes, decoded_bytes
 
 
@@ -55,9 +56,9 @@ def test_a_column_without_buffers_counts_its_rows():
 def test_a_dictionary_bomb_is_refused_by_decode_message(monkeypatch):
     column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(1_000), pa.int8()), pa.array(["x" * 10_000]))
     payload = _encode(pa.table({"user_id": pa.array(np.arange(1_000)), "kind": column}), "zstd")
-    monkeypatch.setattr(sj, "MAX_MESSAGE_DECODED_BYTES", 2**20)
+    monkeypatch.setattr(codec, "MAX_MESSAGE_DECODED_BYTES", 2**20)
     with pytest.raises(ValueError, match="MAX_MESSAGE_DECODED_BYTES"):
-        sj.decode_message(payload)
+        decode_message(payload)
 
 
 def test_a_corrupted_message_is_a_value_error_and_nothing_else():
@@ -70,7 +71,7 @@ def test_a_corrupted_message_is_a_value_error_and_nothing_else():
         for _ in range(3):
             corrupted[rng.randrange(len(payload))] = rng.randrange(256)
         try:
-            sj.decode_message(bytes(corrupted))
+            decode_message(bytes(corrupted))
         except ValueError:
             pass
 
@@ -96,4 +97,4 @@ def test_a_message_with_a_view_column_is_refused_before_its_rows_are_read():
     payload = _view_message(64)
     assert len(payload) < 10_000
     with pytest.raises(ValueError, match="'note' is of the view type string_view"):
-        sj.decode_message(payload)
+        decode_message(payload)

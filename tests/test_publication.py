@@ -237,7 +237,7 @@ def test_the_daily_jobs_publication_refuses_a_conflict_in_a_later_window_before_
 
 def _stream(tmp_path: Path, days: int = 2) -> list[str]:
     """One message per day of 40 users (the streaming job's --replay files)."""
-    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming.codec import encode_message
 
     folder = tmp_path / "messages"
     folder.mkdir(exist_ok=True)
@@ -248,7 +248,7 @@ def _stream(tmp_path: Path, days: int = 2) -> list[str]:
                           "day": pa.array([DAY0 + dt.timedelta(days=d)] * 40, pa.date32()),
                           "opened": pa.array((rng.random(40) < 0.5).astype(np.float64))})
         paths.append(str(folder / f"day-{d}.arrows"))
-        Path(paths[-1]).write_bytes(sj.encode_message(table))
+        Path(paths[-1]).write_bytes(encode_message(table))
     return paths
 
 
@@ -280,7 +280,7 @@ def test_the_streaming_jobs_public_files_are_written_downstream_of_its_ledger_sn
     """A Beam runner orders two steps only by data: the step writing public files must consume
     the snapshot writes (invariant 5 (release-once), docs/architecture.md: the charge is durable
     before the answer is public); a branch beside them could publish first and be lost with it."""
-    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming.beam import job as sj
 
     messages = _stream(tmp_path, days=1)
     args, _ = sj.parse_args(_stream_args(tmp_path, messages, start=W0, end=W0, output="curator"))
@@ -297,60 +297,65 @@ def test_a_streaming_window_goes_public_only_once_committed_after_every_earlier_
     from apache_beam.testing.util import assert_that, equal_to
 
     from renyi_stream.pipelines.beam.object_store import write_parquet
-    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming.beam import job as sj
+    from renyi_stream.pipelines.streaming.books import books_records
+    from renyi_stream.pipelines.streaming.commits import RECORDS_WRITTEN, SNAPSHOT_WRITTEN, STAGED
+    from renyi_stream.pipelines.streaming.state_folder import STAGED_RELEASES, committed_windows
     from renyi_stream.queries.release_files import release_file_path, release_file_table
 
     curator, public = str(tmp_path / "curator"), str(tmp_path / "public")
     for w in (W0, W0 + 1, W0 + 2):
-        write_parquet(release_file_path(str(tmp_path / "curator" / sj.STAGED_RELEASES), w),
+        write_parquet(release_file_path(str(tmp_path / "curator" / STAGED_RELEASES), w),
                       release_file_table(_release_rows([w], 1.0, "ab" * 8)))
-    every = lambda w: ([(w, (sj.STAGED, -1))] + [(w, (sj.SNAPSHOT_WRITTEN, s)) for s in (0, 1)]  # noqa: E731
-                       + [(w, (sj.RECORDS_WRITTEN, s, _books_record(w, s))) for s in (0, 1)])
-    events = (every(W0 + 1) + [(W0 + 1, (sj.SNAPSHOT_WRITTEN, 0))]  # complete, and a repeated event
-              + [e for e in every(W0 + 2) if e[1] != (sj.SNAPSHOT_WRITTEN, 1)] + every(W0))
+    every = lambda w: ([(w, (STAGED, -1))] + [(w, (SNAPSHOT_WRITTEN, s)) for s in (0, 1)]  # noqa: E731
+                       + [(w, (RECORDS_WRITTEN, s, _books_record(w, s))) for s in (0, 1)])
+    events = (every(W0 + 1) + [(W0 + 1, (SNAPSHOT_WRITTEN, 0))]  # complete, and a repeated event
+              + [e for e in every(W0 + 2) if e[1] != (SNAPSHOT_WRITTEN, 1)] + every(W0))
     with beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner"])) as p:
         written = (p | beam.Create([(0, e) for e in events])
                    | beam.ParDo(sj.CommitWindows(curator, public, n_shards=2, first_window=W0, end_window=W0 + 2)))
         assert_that(written, equal_to([release_file_path(public, W0), release_file_path(public, W0 + 1)]))
     assert sorted(f.name for f in Path(public).iterdir()) == [f"window_id={W0}", f"window_id={W0 + 1}"]
-    assert sj.committed_windows(curator) == [W0, W0 + 1]
+    assert committed_windows(curator) == [W0, W0 + 1]
     # Each marker holds its window's books records, one per shard, as the shards reported them.
-    assert sj.books_records(curator).to_pylist() == [json.loads(_books_record(w, s)) for w in (W0, W0 + 1)
-                                                     for s in (0, 1)]
+    assert books_records(curator).to_pylist() == [json.loads(_books_record(w, s)) for w in (W0, W0 + 1)
+                                                  for s in (0, 1)]
 
 
 def _books_record(window: int, shard: int, received: int = 0) -> str:
     """A shard's books record of a window, as :class:`WriteWindowRecords` reports it (JSON)."""
-    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming.books import BOOKS_COLUMNS, books_record
 
-    record = {name: 0 for name in sj.BOOKS_COLUMNS if name != "window_id"}
-    return json.dumps(sj.books_record(window, {**record, "shard": shard, "received": received, "balanced": 1}),
+    record = {name: 0 for name in BOOKS_COLUMNS if name != "window_id"}
+    return json.dumps(books_record(window, {**record, "shard": shard, "received": received, "balanced": 1}),
                       sort_keys=True)
 
 
 def test_two_different_books_records_of_one_shard_and_window_commit_nothing():
     """A retried bundle repeats a shard's record unchanged; a second, different record is an engine
     bug, and the window's marker is not written with either."""
-    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming.beam import job as sj
+    from renyi_stream.pipelines.streaming.commits import RECORDS_WRITTEN
 
-    heard = {(sj.RECORDS_WRITTEN, 0, _books_record(W0, 0)), (sj.RECORDS_WRITTEN, 0, _books_record(W0, 0, received=3))}
+    heard = {(RECORDS_WRITTEN, 0, _books_record(W0, 0)), (RECORDS_WRITTEN, 0, _books_record(W0, 0, received=3))}
     with pytest.raises(RuntimeError, match=r"shard\(s\) \[0\] reported two different books records"):
         sj.CommitWindows._books(W0, heard)
-    assert sj.CommitWindows._books(W0, {(sj.RECORDS_WRITTEN, 0, _books_record(W0, 0))})[0]["shard"] == 0
+    assert sj.CommitWindows._books(W0, {(RECORDS_WRITTEN, 0, _books_record(W0, 0))})[0]["shard"] == 0
 
 
 def test_a_window_a_lost_streaming_job_left_staged_is_published_by_the_next_job_before_it_goes_on(tmp_path, capsys):
     """The state a job lost after every shard's snapshot of its last window, before that window's
     public file, leaves: the file staged in its --output and not public. The next job, given that
     window's snapshots, publishes it (the answer the lost job computed) and continues from them."""
-    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming.beam import job as sj
+    from renyi_stream.pipelines.streaming.state_folder import STAGED_RELEASES
 
     messages = _stream(tmp_path, days=3)
     assert sj.main(_stream_args(tmp_path, messages[:2], start=W0, end=W0 + 1, output="job1")) == 0
     lost = tmp_path / "public" / f"window_id={W0 + 1}" / "releases.parquet"
     answer = pq.read_table(lost)
     lost.unlink()  # the job was lost before publishing it
-    assert (tmp_path / "job1" / sj.STAGED_RELEASES / f"window_id={W0 + 1}" / "releases.parquet").exists()
+    assert (tmp_path / "job1" / STAGED_RELEASES / f"window_id={W0 + 1}" / "releases.parquet").exists()
     snapshots = f"{tmp_path / 'job1' / 'ledger'}/window_id={W0 + 1}/*/*.parquet"
     assert sj.main(_stream_args(tmp_path, messages[2:], start=W0 + 2, end=W0 + 2, output="job2",
                                 previous=snapshots)) == 0
@@ -361,7 +366,7 @@ def test_a_window_a_lost_streaming_job_left_staged_is_published_by_the_next_job_
 
 
 def test_a_staged_window_whose_snapshots_miss_a_shard_is_not_published(tmp_path, capsys):
-    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming.beam import job as sj
 
     messages = _stream(tmp_path, days=3)
     assert sj.main(_stream_args(tmp_path, messages[:2], start=W0, end=W0 + 1, output="job1")) == 0
@@ -410,7 +415,9 @@ def test_the_three_jobs_record_the_same_row_balance_fields(tmp_path):
     streaming ``_BOOKS.json``: the same names, from :meth:`RowBalance.totals`, with ``balanced``."""
     from renyi_stream.pipelines.daily.job import JobSummary
     from renyi_stream.pipelines.distributed import job as dist
-    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming.beam import job as sj
+    from renyi_stream.pipelines.streaming.books import BOOKS_FILE
+    from renyi_stream.pipelines.streaming.codec import encode_message
 
     fields = set(RowBalance(0, 0, 0, 0, 0, 0).totals())
     assert fields <= set(JobSummary.__dataclass_fields__) and JobSummary.balanced is RowBalance.balanced
@@ -428,8 +435,8 @@ def test_the_three_jobs_record_the_same_row_balance_fields(tmp_path):
     assert manifest["totals"] == {"rows_read": 3, "admitted": 2, "clipped": 0, "dropped": 0, "rejected": 1, "late": 0}
 
     message = tmp_path / "day.arrows"
-    message.write_bytes(sj.encode_message(pq.read_table(day)))
+    message.write_bytes(encode_message(pq.read_table(day)))
     assert sj.main(["--replay", str(message), *DECLARE, *common[:-1], "--output", str(tmp_path / "stream"),
                     "--releases-parquet", str(tmp_path / "stream-public")]) == 0
-    books = json.loads((tmp_path / "stream" / sj.BOOKS_FILE).read_text())
+    books = json.loads((tmp_path / "stream" / BOOKS_FILE).read_text())
     assert books == {**manifest["totals"], "balanced": True}

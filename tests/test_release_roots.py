@@ -77,20 +77,21 @@ def test_renyi_stream_stream_and_distributed_are_the_jobs_front_door(tmp_path, c
     # their options passed as they are.
     import pyarrow as pa
 
-    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming.codec import encode_message
+    from renyi_stream.stream.schema import WindowSpec
     from renyi_stream.stream.engine.readers import read_batches
     from test_contract_public import DAY, _day_csv, _key
 
     common = ["--start", DAY, "--end", DAY, "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "8",
               "--noise-key", _key(tmp_path), "--shards", "2", *DECLARE]
     message = tmp_path / "d0.arrows"
-    message.write_bytes(sj.encode_message(pa.Table.from_batches(list(read_batches(_day_csv(tmp_path))))))
+    message.write_bytes(encode_message(pa.Table.from_batches(list(read_batches(_day_csv(tmp_path))))))
     assert main(["stream", "--replay", str(message), "--releases-parquet", str(tmp_path / "streamed"),
                  "--output", str(tmp_path / "curator"), *common]) == 0
     assert main(["distributed", "--input", _day_csv(tmp_path), "--previous-ledger", "none", "--output",
                  str(tmp_path / "run0"), "--releases-parquet", str(tmp_path / "batch"), "--quiet", *common]) == 0
     for root in ("streamed", "batch"):
-        assert (tmp_path / root / f"window_id={sj.WindowSpec().window_of_day('day', DAY)}").is_dir()
+        assert (tmp_path / root / f"window_id={WindowSpec().window_of_day('day', DAY)}").is_dir()
     with pytest.raises(SystemExit) as exit_info:
         main(["stream", "--help"])
     assert exit_info.value.code == 0 and "--replay" in capsys.readouterr().out
@@ -114,7 +115,7 @@ def test_the_local_replay_takes_the_daily_jobs_files(tmp_path, kind):
     import pyarrow.feather as feather
     import pyarrow.parquet as pq
 
-    from renyi_stream.pipelines.streaming import job as sj
+    from renyi_stream.pipelines.streaming import books as streaming_books
     from test_contract_public import _day_csv
 
     table = pacsv.read_csv(_day_csv(tmp_path), convert_options=pacsv.ConvertOptions(
@@ -127,7 +128,7 @@ def test_the_local_replay_takes_the_daily_jobs_files(tmp_path, kind):
     else:
         path.write_text(open(_day_csv(tmp_path)).read())
     assert _replay(tmp_path, [path]) == 0
-    books = sj.books(str(tmp_path / "curator"))
+    books = streaming_books.books(str(tmp_path / "curator"))
     assert books["rows_read"] == table.num_rows and books["rejected"] == 0 and books["balanced"]
     assert books["admitted"] + books["dropped"] + books["clipped"] == table.num_rows
 

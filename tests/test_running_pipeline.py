@@ -247,6 +247,6 @@ def _empty_releases() -> pa.Table:
 
 
 def _empty_dead() -> pa.Table:
-    from renyi_stream.pipelines.beam.transforms import DEAD_LETTER_SCHEMA
+    from renyi_stream.stream.engine.dead_letters import DEAD_LETTER_SCHEMA
 
     return DEAD_LETTER_SCHEMA.empty_table()

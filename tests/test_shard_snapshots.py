@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from renyi_stream.pipelines.beam.transforms import IndividualFilterDoFn
-from renyi_stream.pipelines.streaming.releases import StreamingIndividualFilterDoFn
+from renyi_stream.pipelines.streaming.beam.releases import StreamingIndividualFilterDoFn
 from renyi_stream.queries.linear import default_queries
 from renyi_stream.stream.engine.shard_state import QueryPlan, ShardSnapshots
 from renyi_stream.stream.schema import WindowSpec

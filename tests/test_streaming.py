@@ -1,4 +1,4 @@
-"""The streaming individual filter (renyi_stream.pipelines.streaming.releases) under Beam's TestStream, on the
+"""The streaming individual filter (renyi_stream.pipelines.streaming.beam.releases) under Beam's TestStream, on the
 DirectRunner in streaming mode, with explicit watermark advances: one test per behaviour, each
 checked against the batch path (renyi_stream.pipelines.beam.transforms.DailyReleases) on the same files."""
 
@@ -23,8 +23,8 @@ from apache_beam.utils.timestamp import MAX_TIMESTAMP
 
 from renyi_stream.pipelines.beam import transforms as tx
 from renyi_stream.stream.engine.shard_state import QueryPlan
-from renyi_stream.pipelines.streaming.releases import (ROW_BAG_PARAMS, ReleaseCompletedWindow, StreamingIndividualFilterDoFn,
-                                          StreamingReleases)
+from renyi_stream.pipelines.streaming.beam.releases import (ROW_BAG_PARAMS, ReleaseCompletedWindow,
+                                                            StreamingIndividualFilterDoFn, StreamingReleases)
 from renyi_stream.queries.linear import default_queries
 from renyi_stream.stream.ledger import Ledger
 from renyi_stream.stream.noise import NoiseBinding, NoiseKey, gaussian_noise
@@ -421,13 +421,14 @@ def test_a_release_state_recording_the_releases_whole_continues_the_estimates_as
     missing is refused, naming the query."""
     import json
 
-    from renyi_stream.pipelines.streaming.releases import (RUNNING_QUERY_ID, RUNNING_RAW, running_state_of,
-                                                           running_state_table)
+    from renyi_stream.pipelines.beam.running_releases import running_release_for
+    from renyi_stream.pipelines.streaming.file_metadata import RUNNING_QUERY_ID, RUNNING_RAW
+    from renyi_stream.pipelines.streaming.running_state import running_state_of, running_state_table
     from renyi_stream.queries.linear import LinearQuery
 
     plan = QueryPlan.starting_at([LinearQuery.columns("total", ["opened"], kind="running")], W0)
     running = plan.running_query("total", 2.0)
-    release = tx.running_release_for(plan.get("total"), None)
+    release = running_release_for(plan.get("total"), None)
     ys = np.random.default_rng(4).normal(size=(6, 1)) * 5
     decoder = None
     for t, y in enumerate(ys):
@@ -466,7 +467,7 @@ def test_a_decoder_state_of_another_window_count_or_not_finite_is_refused_naming
     """The decoder state of BLT has the same shape at every window: the number of windows it has
     decoded is recorded and checked against the release state's, and its values must be finite,
     so a state from another window, or corrupted, never continues the estimates silently."""
-    from renyi_stream.pipelines.streaming.releases import EstimateContinuation
+    from renyi_stream.pipelines.streaming.running_state import EstimateContinuation
 
     good = EstimateContinuation(decoder=np.zeros((5, 1)), windows=6)
     good.check(W0, W0 + 6)

@@ -25,8 +25,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from test_streaming import (COLUMNS, SPEC, W0, _Bag, _collect, _collected, _end, _ledger_values, _params,
                             _random_days, _release_values, _row_bags, _Timer, _validated, _Value)
 
-from renyi_stream.pipelines.streaming.releases import (ROW_BAG_PARAMS, StateMark, StreamingIndividualFilterDoFn,
-                                                       StreamingReleases)
+from renyi_stream.pipelines.streaming.beam.releases import (ROW_BAG_PARAMS, StreamingIndividualFilterDoFn,
+                                                            StreamingReleases)
+from renyi_stream.pipelines.streaming.shard_filter import StateMark
 from renyi_stream.stream.engine.shard_cache import ShardCache, new_token
 from renyi_stream.stream.engine.shard_state import QueryPlan, ShardSnapshots
 from renyi_stream.stream.ledger import Ledger
@@ -333,7 +334,7 @@ def test_a_shards_rows_of_one_window_are_buffered_as_they_came_without_decoding_
     the same rows delivered as tables."""
     import pickle
 
-    from renyi_stream.pipelines.beam.transforms import PackedRows
+    from renyi_stream.pipelines.beam.rows import PackedRows
 
     packed = [pickle.loads(pickle.dumps(PackedRows(table))) for table in days]
     fn, state = _filter(), _keyed_state()
@@ -349,7 +350,7 @@ def test_packed_rows_of_a_window_already_charged_are_dead_lettered_as_late_not_b
     becomes dead letters with their reason."""
     import pickle
 
-    from renyi_stream.pipelines.beam.transforms import PackedRows
+    from renyi_stream.pipelines.beam.rows import PackedRows
 
     fn, state = _filter(), _keyed_state()
     _buffered(fn, days[:1], state)

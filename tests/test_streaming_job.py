@@ -28,7 +28,18 @@ from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners import pipeline_context
 
 from renyi_stream.pipelines.beam import job_options as launch
-from renyi_stream.pipelines.streaming import job as sj
+from renyi_stream.pipelines.streaming import books as streaming_books
+from renyi_stream.pipelines.streaming import codec
+from renyi_stream.pipelines.streaming.beam import job as sj
+from renyi_stream.pipelines.streaming.books import BOOKS_COLUMNS, BOOKS_FILE, books_records, window_counts
+from renyi_stream.pipelines.streaming.codec import _source_number, decode_message, encode_message
+from renyi_stream.pipelines.streaming.commits import MARKER_BOOKS
+from renyi_stream.pipelines.streaming.file_metadata import SNAPSHOT_LEDGER_ID
+from renyi_stream.pipelines.streaming.options import _parser
+from renyi_stream.pipelines.streaming.replay import replay_numbers
+from renyi_stream.pipelines.streaming.snapshots import _check_every_shard, _continued, record_snapshot_parameters
+from renyi_stream.pipelines.streaming.state_folder import (PREPAID, RUNNING_STATE, STAGED_RELEASES, STATE_FILE,
+                                                           WINDOW_FOLDERS, commit_marker_path)
 from renyi_stream.pipelines.daily.job import JobConfig, run_job
 from renyi_stream.stream.contract import DeclaredColumn, InputContract
 from renyi_stream.stream.engine.ledger_config import DERIVED, FIXED, LedgerConfig, snapshot_key
@@ -63,7 +74,7 @@ def days(tmp_path):
         for k, part in enumerate((table.slice(0, 60), table.slice(60))):
             path = tmp_path / "messages" / f"day-{d}-{k}.arrows"
             path.parent.mkdir(exist_ok=True)
-            path.write_bytes(sj.encode_message(part))
+            path.write_bytes(encode_message(part))
             messages.append(str(path))
     return messages, files
 
@@ -76,7 +87,7 @@ def _key(tmp_path) -> str:
 
 def _snapshot_ledger_ids(folder: Path) -> set:
     """The ledger ids the snapshots under ``folder`` record (every shard and window below it)."""
-    return {pq.read_schema(f).metadata.get(sj.SNAPSHOT_LEDGER_ID.encode(), b"").decode()
+    return {pq.read_schema(f).metadata.get(SNAPSHOT_LEDGER_ID.encode(), b"").decode()
             for f in folder.rglob("*.parquet")}
 
 
@@ -136,16 +147,16 @@ def test_a_replayed_files_rows_are_numbered_by_its_place_in_replay_and_a_message
     name for its dead letters."""
     from renyi_stream.stream.engine.dead_letters import SOURCE, source_names
 
-    payload = sj.encode_message(_rows(0, [3, 1], seed=1))
+    payload = encode_message(_rows(0, [3, 1], seed=1))
     decode = sj.DecodeAndValidate(window=WindowSpec.from_length("1d"), indicator_columns=["opened", "bought"],
-                                  numbers=sj.replay_numbers(["b.arrows", "a.arrows", "b.arrows"]))
+                                  numbers=replay_numbers(["b.arrows", "a.arrows", "b.arrows"]))
 
     def numbered(name: str) -> tuple[set[int], dict[int, str]]:
         (valid,) = [out for out in decode.process((name, payload)) if not isinstance(out, beam.pvalue.TaggedOutput)]
         return set(valid.column(SOURCE).to_pylist()), source_names([valid])
 
     assert numbered("a.arrows") == ({1}, {1: "a.arrows"}) and numbered("b.arrows") == ({0}, {0: "b.arrows"})
-    kafka = sj._source_number("indicators/2/41")
+    kafka = _source_number("indicators/2/41")
     assert numbered("indicators/2/41") == ({kafka}, {kafka: "indicators/2/41"})
 
 
@@ -156,7 +167,7 @@ def test_bad_rows_of_a_replayed_message_are_dead_letters_with_reasons(tmp_path, 
     messages, _ = days
     bad_rows = _rows(0, [1, 2], seed=0).set_column(2, "opened", pa.array([float("nan"), 1.0]))
     nan = tmp_path / "messages" / "nan.arrows"
-    nan.write_bytes(sj.encode_message(bad_rows))
+    nan.write_bytes(encode_message(bad_rows))
     assert sj.main(_args(tmp_path, ["--replay", str(nan), *messages[:2]])) == 0
     dead = pa.concat_tables([pq.read_table(f) for f in (tmp_path / "curator" / "dead").rglob("*.parquet")])
     bad = dead.filter(pa.compute.equal(dead.column("reason"), "non_finite_value"))
@@ -170,11 +181,11 @@ def test_a_replay_naming_a_missing_file_is_refused_before_anything_runs(tmp_path
     missing = tmp_path / "messages" / "not-there.arrows"
     assert sj.main(_args(tmp_path, ["--replay", *messages, str(missing)])) == 2
     assert f"--replay: no such file: {missing}" in capsys.readouterr().err
-    assert not (tmp_path / "curator" / sj.STATE_FILE).exists()
+    assert not (tmp_path / "curator" / STATE_FILE).exists()
 
 
 def _message_rows(paths: list[str]) -> int:
-    return sum(sj.decode_message(Path(p).read_bytes()).num_rows for p in paths)
+    return sum(decode_message(Path(p).read_bytes()).num_rows for p in paths)
 
 
 def test_a_replay_records_its_rows_read_and_a_balanced_book(tmp_path, days):
@@ -183,19 +194,19 @@ def test_a_replay_records_its_rows_read_and_a_balanced_book(tmp_path, days):
     again.write_bytes(Path(messages[0]).read_bytes())
     replay = [*messages, str(again)]
     assert sj.main(_args(tmp_path, ["--replay", *replay])) == 0
-    books = sj.books(str(tmp_path / "curator"))
+    books = streaming_books.books(str(tmp_path / "curator"))
     assert books["rows_read"] == _message_rows([*messages, str(again)])
     assert books["rows_read"] == (books["admitted"] + books["clipped"] + books["dropped"]
                                   + books["rejected"] + books["late"])
     assert books["rejected"] == 60 and books["balanced"]
     import json
-    assert json.loads((tmp_path / "curator" / sj.BOOKS_FILE).read_text()) == books
+    assert json.loads((tmp_path / "curator" / BOOKS_FILE).read_text()) == books
 
 
 def test_every_charged_window_records_each_shards_balanced_books(tmp_path, days):
     messages, _ = days
     assert sj.main(_args(tmp_path, ["--replay", *messages])) == 0
-    per_window = sj.books_records(str(tmp_path / "curator"))
+    per_window = books_records(str(tmp_path / "curator"))
     # 3 shards x 3 windows, rows or not, each one balanced.
     assert per_window.num_rows == 9
     assert set(per_window.column("balanced").to_pylist()) == {1}
@@ -213,16 +224,16 @@ def test_a_window_writes_one_ledger_snapshot_per_shard_and_its_books_records_in_
     curator = tmp_path / "curator"
     for window in (W0, W0 + 1, W0 + 2):
         per_folder = {folder: len(list((curator / folder / f"window_id={window}").rglob("*.parquet")))
-                      for folder in sj.WINDOW_FOLDERS}
-        assert per_folder == {"ledger": 3, "books": 0, sj.STAGED_RELEASES: 1, "counts": 0, "dead": 0,
-                              sj.PREPAID: 0, sj.RUNNING_STATE: 0}, (window, per_folder)
-        marker = json.loads(Path(sj.commit_marker_path(str(curator), window)).read_text())
-        assert [tuple(record) for record in marker[sj.MARKER_BOOKS]] == [tuple(sorted(sj.BOOKS_COLUMNS))] * 3
-        assert [record["shard"] for record in marker[sj.MARKER_BOOKS]] == [0, 1, 2]
+                      for folder in WINDOW_FOLDERS}
+        assert per_folder == {"ledger": 3, "books": 0, STAGED_RELEASES: 1, "counts": 0, "dead": 0,
+                              PREPAID: 0, RUNNING_STATE: 0}, (window, per_folder)
+        marker = json.loads(Path(commit_marker_path(str(curator), window)).read_text())
+        assert [tuple(record) for record in marker[MARKER_BOOKS]] == [tuple(sorted(BOOKS_COLUMNS))] * 3
+        assert [record["shard"] for record in marker[MARKER_BOOKS]] == [0, 1, 2]
     assert not (curator / "counts").exists() and not (curator / "books").exists()
-    counts = sj.window_counts(str(curator))
+    counts = window_counts(str(curator))
     assert counts.column_names == ["window_id", "shard", "admitted", "clipped", "dropped", "nonfinite"]
-    books = sj.books(str(curator))
+    books = streaming_books.books(str(curator))
     assert sum(pa.compute.sum(counts.column(c)).as_py() for c in ("admitted", "clipped", "dropped")) == \
         books["admitted"] + books["clipped"] + books["dropped"] == _message_rows(messages)
 
@@ -249,18 +260,18 @@ def test_books_records_of_an_output_whose_markers_predate_them_are_read_from_its
     messages, _ = days
     assert sj.main(_args(tmp_path, ["--replay", *messages])) == 0
     curator = tmp_path / "curator"
-    before = sj.books_records(str(curator))
-    marker_path = Path(sj.commit_marker_path(str(curator), W0 + 1))
+    before = books_records(str(curator))
+    marker_path = Path(commit_marker_path(str(curator), W0 + 1))
     marker = json.loads(marker_path.read_text())
-    for record in marker.pop(sj.MARKER_BOOKS):
+    for record in marker.pop(MARKER_BOOKS):
         folder = curator / "books" / f"window_id={W0 + 1}"
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        pq.write_table(pa.Table.from_pylist([{c: record[c] for c in sj.BOOKS_COLUMNS}]),
+        pq.write_table(pa.Table.from_pylist([{c: record[c] for c in BOOKS_COLUMNS}]),
                        folder / f"{record['shard']}.parquet")
         (folder / f"{record['shard']}.parquet").chmod(0o600)
     marker_path.write_text(json.dumps(marker))
-    assert sj.books_records(str(curator)).equals(before)
-    assert before.num_rows == 9 and before.column_names == list(sj.BOOKS_COLUMNS)
+    assert books_records(str(curator)).equals(before)
+    assert before.num_rows == 9 and before.column_names == list(BOOKS_COLUMNS)
 
 
 def test_books_records_of_a_window_not_committed_are_not_counted(tmp_path, days):
@@ -269,8 +280,8 @@ def test_books_records_of_a_window_not_committed_are_not_counted(tmp_path, days)
     messages, _ = days
     assert sj.main(_args(tmp_path, ["--replay", *messages])) == 0
     curator = tmp_path / "curator"
-    Path(sj.commit_marker_path(str(curator), W0 + 2)).unlink()
-    assert sorted(set(sj.books_records(str(curator)).column("window_id").to_pylist())) == [W0, W0 + 1]
+    Path(commit_marker_path(str(curator), W0 + 2)).unlink()
+    assert sorted(set(books_records(str(curator)).column("window_id").to_pylist())) == [W0, W0 + 1]
 
 
 def test_rows_read_that_reach_no_outcome_unbalance_the_books(tmp_path, days):
@@ -280,7 +291,7 @@ def test_rows_read_that_reach_no_outcome_unbalance_the_books(tmp_path, days):
     lost = tmp_path / "curator" / "read" / "lost.parquet"
     pq.write_table(pa.table({"source": ["lost"], "rows_read": pa.array([5], type=pa.int64())}), lost)
     lost.chmod(0o600)  # a curator file, as the job writes them
-    assert not sj.books(str(tmp_path / "curator"))["balanced"]
+    assert not streaming_books.books(str(tmp_path / "curator"))["balanced"]
 
 
 def test_two_shards_with_equal_counts_in_a_window_both_have_their_counts_recorded(tmp_path):
@@ -293,14 +304,14 @@ def test_two_shards_with_equal_counts_in_a_window_both_have_their_counts_recorde
     users = [int(candidates[shards == 0][0]), int(candidates[shards == 1][0])]
     path = tmp_path / "messages" / "day-0.arrows"
     path.parent.mkdir()
-    path.write_bytes(sj.encode_message(_rows(0, users, seed=1)))
+    path.write_bytes(encode_message(_rows(0, users, seed=1)))
     args = _args(tmp_path, ["--replay", str(path)])
     args[args.index("--shards") + 1] = "2"
     assert sj.main(args) == 0
-    counts = sj.window_counts(str(tmp_path / "curator"))
+    counts = window_counts(str(tmp_path / "curator"))
     assert sorted(counts.column("shard").to_pylist()) == [0, 1]
     # One books record per shard and window, each naming its shard.
-    records = sj.books_records(str(tmp_path / "curator"))
+    records = books_records(str(tmp_path / "curator"))
     assert records.filter(pa.compute.equal(records.column("window_id"), W0)).column("shard").to_pylist() == [0, 1]
     assert sum(counts.column("admitted").to_pylist()) + sum(counts.column("dropped").to_pylist()) == 2
 
@@ -348,7 +359,7 @@ def _pubsub_graph(tmp_path) -> beam.Pipeline:
                                "--region=europe-west1", "--temp_location=gs://my-bucket-renyi/tmp",
                                "--staging_location=gs://my-bucket-renyi/staging"])
     p = beam.Pipeline(options=options)
-    args, _ = sj._parser().parse_known_args(_args(
+    args, _ = _parser().parse_known_args(_args(
         tmp_path, ["--subscription", "projects/my-project-123/subscriptions/indicators"]))
     sj.build(p, args)
     return p
@@ -381,7 +392,7 @@ def test_every_option_of_the_dataflow_stream_command_is_known_to_the_job_or_to_b
     script = (Path(__file__).resolve().parents[1] / "deploy" / "dataflow" / "launch.sh").read_text()
     body = script[script.index("stream() {"):script.index("status() {")]
     options = set(re.findall(r"(--[a-z][a-z0-9_-]+)", body))
-    ours = set(launch.long_options(sj._parser()))
+    ours = set(launch.long_options(_parser()))
     # The job's own check (RunRefused naming the first option nobody reads).
     launch.refuse_unknown_options(sorted(options - ours), ours, command="python -m renyi_stream.pipelines.streaming")
     assert {"--subscription", "--streaming", "--enable_streaming_engine", "--noise-key-secret"} <= options
@@ -536,12 +547,12 @@ def test_a_snapshot_without_a_recorded_shard_count_is_checked_against_the_shard_
     root = str(ledger.resolve())
     with pytest.raises(sj.launch.RunRefused, match=r"matches 2 of the 3 shards .*shard folders under .*missing shard"
                                                  r"\(s\) \[1\]"):
-        sj._check_every_shard("glob", root, W0 + 1, {0, 2}, recorded=None)
+        _check_every_shard("glob", root, W0 + 1, {0, 2}, recorded=None)
     with pytest.raises(sj.launch.RunRefused, match=r"matches 1 of the 3 shards .*missing shard\(s\) \[0, 1\]"):
-        sj._check_every_shard("glob", root, W0 + 1, {2}, recorded=None)  # shard 0's folder is there, not matched
+        _check_every_shard("glob", root, W0 + 1, {2}, recorded=None)  # shard 0's folder is there, not matched
     # Without the recorded count, a lost highest shard cannot be told from a job with fewer shards.
     shutil.rmtree(ledger / f"window_id={W0 + 1}" / "shard=2")
-    sj._check_every_shard("glob", root, W0 + 1, {0}, recorded=None)
+    _check_every_shard("glob", root, W0 + 1, {0}, recorded=None)
 
 
 # --- the parameters a ledger keeps for life: a follow-up job must have the earlier job's ----------
@@ -655,11 +666,11 @@ def _recorded_parameters(releases: str) -> tuple[LedgerConfig, dict]:
 
 def test_release_roots_are_compared_normalised_so_a_trailing_slash_names_the_same_root():
     config, metadata = _recorded_parameters("gs://acme-public/releases/")
-    sj._continued("glob", {0: "a.parquet"}, {0: metadata}, config)
+    _continued("glob", {0: "a.parquet"}, {0: metadata}, config)
     config, metadata = _recorded_parameters("gs://acme-staging/releases/")
     with pytest.raises(sj.launch.RunRefused, match=r"releases: ledger has 'gs://acme-staging/releases', "
                                                  r"this run asks 'gs://acme-public/releases'"):
-        sj._continued("glob", {0: "a.parquet"}, {0: metadata}, config)
+        _continued("glob", {0: "a.parquet"}, {0: metadata}, config)
 
 
 def _forget_parameters(folder: Path) -> None:
@@ -686,8 +697,8 @@ def test_recording_the_earlier_jobs_parameters_in_a_copy_lets_the_next_job_conti
     ledger = _earlier_job(tmp_path, messages)
     _forget_parameters(ledger / f"window_id={W0 + 1}")
     copy = tmp_path / "recorded-ledger"
-    written = sj.record_snapshot_parameters(f"{ledger}/window_id={W0 + 1}/*/*.parquet", str(copy),
-                                            _earlier_args(tmp_path, messages))
+    written = record_snapshot_parameters(f"{ledger}/window_id={W0 + 1}/*/*.parquet", str(copy),
+                                         _earlier_args(tmp_path, messages))
     assert len(written) == 3 and _snapshot(copy / f"window_id={W0 + 1}") == _snapshot(ledger / f"window_id={W0 + 1}")
     assert sj.main(_follow_up(tmp_path, messages, f"{copy}/window_id={W0 + 1}/*/*.parquet")) == 0
     assert _snapshot(tmp_path / "curator-2" / "ledger" / f"window_id={W0 + 2}")
@@ -699,8 +710,8 @@ def test_recording_parameters_keeps_a_snapshot_budget_that_differs_from_the_argu
     recorded = _recorded_as_another_version(ledger, W0 + 1, 1 - 3e-14)
     _forget_parameters(ledger / f"window_id={W0 + 1}")
     copy = tmp_path / "recorded-ledger"
-    written = sj.record_snapshot_parameters(f"{ledger}/window_id={W0 + 1}/*/*.parquet", str(copy),
-                                            _earlier_args(tmp_path, messages))
+    written = record_snapshot_parameters(f"{ledger}/window_id={W0 + 1}/*/*.parquet", str(copy),
+                                         _earlier_args(tmp_path, messages))
     meta = pq.read_schema(written[0]).metadata
     assert {k: float(meta[f"renyi_stream.{k}".encode()]) for k in recorded} == recorded
     assert sj.main(_follow_up(tmp_path, messages, f"{copy}/window_id={W0 + 1}/*/*.parquet")) == 0
@@ -719,7 +730,7 @@ def test_recording_parameters_is_refused_for_contradicting_arguments_or_over_the
         copy, argv = ledger, _earlier_args(tmp_path, messages)
         match = r"is the snapshots' own: give a new ledger root"
     with pytest.raises(sj.launch.RunRefused, match=match):
-        sj.record_snapshot_parameters(f"{ledger}/window_id={W0 + 1}/*/*.parquet", str(copy), argv)
+        record_snapshot_parameters(f"{ledger}/window_id={W0 + 1}/*/*.parquet", str(copy), argv)
     assert sorted(tmp_path.rglob("*.parquet")) == before
 
 
@@ -730,7 +741,7 @@ def test_the_streaming_jobs_snapshots_counts_and_dead_letters_are_0600_in_0700_f
         tmp_path, days, umask_022, not_private):
     messages, _ = days
     nan = tmp_path / "messages" / "nan.arrows"  # one dead letter, so that its file is written too
-    nan.write_bytes(sj.encode_message(_rows(0, [1], seed=0).set_column(2, "opened", pa.array([float("nan")]))))
+    nan.write_bytes(encode_message(_rows(0, [1], seed=0).set_column(2, "opened", pa.array([float("nan")]))))
     curator = tmp_path / "curator"
     curator.mkdir(mode=0o755)  # an --output folder left open by an older version
     curator.chmod(0o755)
@@ -756,7 +767,7 @@ def test_a_previous_snapshot_readable_by_others_is_refused_naming_it(tmp_path, d
 def _rewrite_ledger_id(folder: Path, ledger_id: str | None, shards=None) -> None:
     """Rewrite the snapshots under ``folder`` (of the shards ``shards``, default all) to record
     ``ledger_id``, or none (as the job wrote them before it recorded ledger ids)."""
-    key = sj.SNAPSHOT_LEDGER_ID.encode()
+    key = SNAPSHOT_LEDGER_ID.encode()
     for path in sorted(folder.glob("shard=*/*.parquet")):
         if shards is not None and int(path.parent.name.split("=")[1]) not in shards:
             continue
@@ -816,14 +827,14 @@ def _bomb(users: int = 100_000) -> bytes:
 def test_a_message_that_decodes_past_the_cap_is_refused_naming_the_cap(monkeypatch):
     bomb = _bomb()
     assert len(bomb) < 2**20
-    monkeypatch.setattr(sj, "MAX_MESSAGE_DECODED_BYTES", 2**20)
+    monkeypatch.setattr(codec, "MAX_MESSAGE_DECODED_BYTES", 2**20)
     with pytest.raises(ValueError, match=r"more than 1,048,576 bytes.*MAX_MESSAGE_DECODED_BYTES"):
-        sj.decode_message(bomb)
+        decode_message(bomb)
 
 
 def test_a_message_under_the_cap_decodes():
-    assert sj.MAX_MESSAGE_DECODED_BYTES >= 2**28
-    assert sj.decode_message(_bomb()).num_rows == 100_000
+    assert codec.MAX_MESSAGE_DECODED_BYTES >= 2**28
+    assert decode_message(_bomb()).num_rows == 100_000
 
 
 def _declaring(message: bytes, size: int) -> bytes:
@@ -843,16 +854,16 @@ def _declaring(message: bytes, size: int) -> bytes:
 
 def test_a_message_that_declares_more_than_the_cap_is_refused_before_it_is_decompressed(monkeypatch):
     # Refused on what its buffers declare: decompressing it first would allocate what it declares.
-    monkeypatch.setattr(sj, "MAX_MESSAGE_DECODED_BYTES", 2**20)
+    monkeypatch.setattr(codec, "MAX_MESSAGE_DECODED_BYTES", 2**20)
     liar = _declaring(_bomb(1_000), 64 * 2**20)
     with pytest.raises(ValueError, match="MAX_MESSAGE_DECODED_BYTES"):
-        sj.decode_message(liar)
+        decode_message(liar)
 
 
 def test_a_live_message_past_the_cap_is_one_undecodable_message_and_none_of_its_rows_is_admitted(monkeypatch):
     """A stream's message (a Kafka record, a Pub/Sub message) past the cap: one row read, one
     ``undecodable_message`` dead letter naming the cap, no row valid."""
-    monkeypatch.setattr(sj, "MAX_MESSAGE_DECODED_BYTES", 2**20)
+    monkeypatch.setattr(codec, "MAX_MESSAGE_DECODED_BYTES", 2**20)
     decode = sj.DecodeAndValidate(window=WindowSpec.from_length("1d"), indicator_columns=["opened", "bought"],
                                   id_type="int64")
     out = list(decode.process(("indicators/0/7", _bomb())))
@@ -868,7 +879,7 @@ def test_a_replayed_message_past_the_cap_is_refused_naming_it_and_the_cap_before
     messages, _ = days
     bomb = tmp_path / "messages" / "bomb.arrows"
     bomb.write_bytes(_bomb())
-    monkeypatch.setattr(sj, "MAX_MESSAGE_DECODED_BYTES", 2**20)
+    monkeypatch.setattr(codec, "MAX_MESSAGE_DECODED_BYTES", 2**20)
     assert sj.main(_args(tmp_path, ["--replay", *messages, str(bomb)])) == 2
     err = capsys.readouterr().err
     assert f"--replay: {bomb}" in err and "MAX_MESSAGE_DECODED_BYTES" in err
@@ -889,12 +900,12 @@ def test_a_message_cut_between_two_record_batches_is_undecodable_not_its_first_b
         cut = sink.tell()
         writer.write_table(table.slice(1))
     whole = sink.getvalue()
-    assert sj.decode_message(whole).num_rows == 3
+    assert decode_message(whole).num_rows == 3
     for short in (whole[:cut], whole[:-8]):
         with pytest.raises(ValueError, match="end-of-stream"):
-            sj.decode_message(short)
+            decode_message(short)
     with pytest.raises(ValueError, match="Arrow IPC stream"):
-        sj.decode_message(whole[:-4])  # half a marker: Arrow's own error
+        decode_message(whole[:-4])  # half a marker: Arrow's own error
     # a batch whose own last bytes spell the marker (an odd count of int32 ending in -1, padded with
     # zeros) is still told apart from a cut by the stream's framing
     spelled = pa.table({"user_id": pa.array([1, 2, 3], pa.int64()), "day": ["2026-03-01"] * 3,
@@ -905,9 +916,9 @@ def test_a_message_cut_between_two_record_batches_is_undecodable_not_its_first_b
         cut = sink.tell()
         writer.write_table(spelled)
     assert sink.getvalue()[cut - 8:cut] == b"\xff\xff\xff\xff\x00\x00\x00\x00"
-    assert sj.decode_message(sink.getvalue()).num_rows == 6
+    assert decode_message(sink.getvalue()).num_rows == 6
     with pytest.raises(ValueError, match="end-of-stream"):
-        sj.decode_message(sink.getvalue()[:cut])
+        decode_message(sink.getvalue()[:cut])
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
@@ -963,7 +974,7 @@ def test_a_dry_run_is_refused_for_a_stream_without_end_and_its_refusals_name_the
     (tmp_path / "public").mkdir()  # a root that a curator made readable by others: the job refuses it
     (tmp_path / "public").chmod(0o755)
     (tmp_path / "curator").mkdir(mode=0o755)
-    (tmp_path / "curator" / sj.STATE_FILE).write_text("{}")
+    (tmp_path / "curator" / STATE_FILE).write_text("{}")
     assert sj.main(_args(tmp_path, ["--replay", *messages], "--dry-run")) == 2
     err = capsys.readouterr().err
     assert "refused" in err and str(tmp_path / "curator") in err and "renyi-preview-" not in err

@@ -1,4 +1,4 @@
-"""The Kafka source of the streaming job (renyi_stream.pipelines.streaming.job, ``--kafka-topic``).
+"""The Kafka source of the streaming job (renyi_stream.pipelines.streaming.beam.job and .kafka, ``--kafka-topic``).
 
 Everything but Java KafkaIO is tested here: the options and their refusals, the ``ReadFromKafka``
 the job builds and what it sends to an expansion service (a fake one in this process: the real
@@ -36,7 +36,11 @@ from apache_beam.typehints import schemas
 from apache_beam.utils.timestamp import Timestamp
 
 from renyi_stream.pipelines.distributed import job as dist
-from renyi_stream.pipelines.streaming import job as sj
+from renyi_stream.pipelines.streaming.beam import job as sj
+from renyi_stream.pipelines.streaming.books import window_counts
+from renyi_stream.pipelines.streaming.codec import _source_number, encode_message
+from renyi_stream.pipelines.streaming.kafka import kafka_record_name
+from renyi_stream.pipelines.streaming.options import _parser
 from renyi_stream.stream.schema import DeadLetterReason, WindowSpec
 from test_streaming_job import W0, _args, _key, _rows, _snapshot_ledger_ids, _without_noise
 
@@ -145,7 +149,7 @@ def _daily_records(batches) -> list:
         records = []
         for k, table in enumerate(tables):
             offsets[k] = offsets.get(k, -1) + 1
-            records.append(_record(sj.encode_message(table), partition=k, offset=offsets[k],
+            records.append(_record(encode_message(table), partition=k, offset=offsets[k],
                                    millis=_day_start_millis(day)))
         events += [("records", records), ("watermark", int(SPEC.window_end_seconds(W0 + day)))]
     return events
@@ -168,7 +172,7 @@ def _ledgers(root: Path) -> dict[str, list[tuple]]:
 
 def _counts(root: Path) -> list[tuple]:
     """Every shard's counts of every window it charged rows in (read from its books records)."""
-    rows = sj.window_counts(str(root / "curator")).to_pylist()
+    rows = window_counts(str(root / "curator")).to_pylist()
     return sorted(tuple(sorted(r.items())) for r in rows)
 
 
@@ -302,12 +306,12 @@ def test_an_unreachable_expansion_service_refuses_the_run_naming_it(tmp_path):
 def test_a_record_becomes_its_value_named_topic_partition_offset_at_its_timestamp():
     table = _rows(0, [1, 2], seed=0)
     millis = _day_start_millis(0) + 1234
-    (out,) = sj.KafkaRecordToMessage().process(_record(sj.encode_message(table), partition=3, offset=77,
+    (out,) = sj.KafkaRecordToMessage().process(_record(encode_message(table), partition=3, offset=77,
                                                        millis=millis))
-    assert out.value == ("indicators/3/77", sj.encode_message(table))
+    assert out.value == ("indicators/3/77", encode_message(table))
     assert out.timestamp == Timestamp(micros=millis * 1000)
     # The name is the input position of its rows: the same on every read of the record.
-    assert sj._source_number(out.value[0]) == sj._source_number(sj.kafka_record_name(
+    assert _source_number(out.value[0]) == _source_number(kafka_record_name(
         _record(b"other bytes", partition=3, offset=77, millis=0)))
 
 
@@ -322,7 +326,7 @@ def test_kafka_records_give_the_releases_and_ledger_of_the_replay_path(tmp_path,
         for k, table in enumerate(tables):
             files.append(tmp_path / "messages" / f"day-{day}-{k}.arrows")
             files[-1].parent.mkdir(exist_ok=True)
-            files[-1].write_bytes(sj.encode_message(table))
+            files[-1].write_bytes(encode_message(table))
     assert sj.main(_outputs(_args(tmp_path, ["--replay", *map(str, files)]), tmp_path / "replay")) == 0
     kafka = _run_kafka(tmp_path, _daily_records(days))
     replay = tmp_path / "replay"
@@ -345,7 +349,7 @@ def test_kafka_records_give_the_releases_and_ledger_of_the_replay_path(tmp_path,
 def test_an_undecodable_record_is_one_dead_letter_named_topic_partition_offset(tmp_path, days):
     _, (good, _) = days[0]
     records = [_record(b"not arrow at all", partition=2, offset=41, millis=_day_start_millis(0)),
-               _record(sj.encode_message(good), partition=0, offset=0, millis=_day_start_millis(0))]
+               _record(encode_message(good), partition=0, offset=0, millis=_day_start_millis(0))]
     root = _run_kafka(tmp_path, [("records", records), ("watermark", int(SPEC.window_end_seconds(W0)))])
     dead = _dead(root)
     assert dead is not None and dead.num_rows == 1
@@ -373,7 +377,7 @@ def test_every_option_of_the_flink_stream_script_is_known_to_the_job_to_beam_or_
     text = (root / "submit-stream.sh").read_text() + (root / "flink-options.txt").read_text()
     code = "\n".join(line.split("#", 1)[0] for line in text.splitlines())  # comments show other tools' flags
     options = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9_-]+)", code))
-    ours = {s for action in sj._parser()._actions for s in action.option_strings}
+    ours = {s for action in _parser()._actions for s in action.option_strings}
     beam_options = {f"--{name}" for name in PipelineOptions([]).get_all_options()}
     unknown = sorted(o for o in options if o not in ours | beam_options | FLINK_JAVA_OPTIONS)
     assert not unknown, f"submit-stream.sh passes options nobody reads: {unknown}"

@@ -25,7 +25,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from renyi_stream.pipelines.streaming import job as sj
+from renyi_stream.pipelines.streaming.beam import job as sj
+from renyi_stream.pipelines.streaming.codec import encode_message
+from renyi_stream.pipelines.streaming.file_metadata import SNAPSHOT_PREVIOUS_RUN, SNAPSHOT_RUN
+from renyi_stream.pipelines.streaming.state_folder import STAGED_RELEASES, STATE_FILE, committed_windows
 from renyi_stream.queries import release_lineage as lineage
 from renyi_stream.stream.noise import NoiseKey
 
@@ -44,7 +47,7 @@ def _messages(folder: Path, days: int) -> list[str]:
                           "opened": pa.array((rng.random(60) < 0.5).astype(np.float64))})
         paths.append(str(folder / "messages" / f"day-{d}.arrows"))
         Path(paths[-1]).parent.mkdir(parents=True, exist_ok=True)
-        Path(paths[-1]).write_bytes(sj.encode_message(table))
+        Path(paths[-1]).write_bytes(encode_message(table))
     return paths
 
 
@@ -64,7 +67,7 @@ def _snapshots(root: Path, output: str, window: int) -> str:
 
 
 def _run(root: Path, output: str) -> str:
-    return json.loads((root / output / sj.STATE_FILE).read_text())["run"]
+    return json.loads((root / output / STATE_FILE).read_text())["run"]
 
 
 def _public_windows(root: Path) -> set[int]:
@@ -118,8 +121,8 @@ def test_of_two_jobs_continued_from_one_snapshot_only_the_first_to_publish_publi
     assert lineage.published_by(public, W0 + 1) == race.b
     published = pq.read_table(race.root / "public" / f"window_id={W0 + 1}" / "releases.parquet")
     assert published.equals(
-        pq.read_table(race.root / "b" / sj.STAGED_RELEASES / f"window_id={W0 + 1}" / "releases.parquet"))
-    assert sj.committed_windows(str(race.root / "c")) == [W0 + 1]  # committed, then stopped: a dead branch
+        pq.read_table(race.root / "b" / STAGED_RELEASES / f"window_id={W0 + 1}" / "releases.parquet"))
+    assert committed_windows(str(race.root / "c")) == [W0 + 1]  # committed, then stopped: a dead branch
     assert _public_windows(race.root) == {W0, W0 + 1}
 
 
@@ -130,7 +133,7 @@ def test_a_continuation_from_a_forked_snapshot_is_refused_at_launch_naming_both_
     assert sj.main(forked) == 2
     err = capsys.readouterr().err
     assert "refused" in err and f"run {race.b}" in err and f"run {race.c}" in err
-    assert not (race.root / "d" / sj.STATE_FILE).exists()
+    assert not (race.root / "d" / STATE_FILE).exists()
     assert _public_windows(race.root) == {W0, W0 + 1}
 
 
@@ -152,5 +155,5 @@ def test_a_job_restarted_after_a_crash_keeps_its_run_id_and_its_claim_and_publis
     assert _public_windows(tmp_path) == {W0, W0 + 1}
     for snapshot in (tmp_path / "a" / "ledger").glob("window_id=*/shard=*/*.parquet"):
         meta = pq.read_schema(snapshot).metadata
-        assert (meta[sj.SNAPSHOT_RUN.encode()], meta[sj.SNAPSHOT_PREVIOUS_RUN.encode()]) == (
+        assert (meta[SNAPSHOT_RUN.encode()], meta[SNAPSHOT_PREVIOUS_RUN.encode()]) == (
             run.encode(), lineage.ORIGIN.encode())

@@ -26,7 +26,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from renyi_stream.pipelines.cli.main import main
-from renyi_stream.pipelines.streaming import job as sj
+from renyi_stream.pipelines.streaming import books as streaming_books
+from renyi_stream.pipelines.streaming.beam import job as sj
+from renyi_stream.pipelines.streaming.codec import encode_message
+from renyi_stream.pipelines.streaming.dry_run import _private_copy
+from renyi_stream.pipelines.streaming.replay import replay_names, replay_numbers
+from renyi_stream.pipelines.streaming.state_folder import STATE_FILE, commit_marker_path
 from renyi_stream.stream.noise import NoiseKey
 from renyi_stream.stream.private_files import CURATOR_ONLY_NOTICE
 from test_streaming_job import DECLARED, W0, _rows
@@ -65,7 +70,7 @@ def _misspelt(tmp_path: Path, kind: str) -> Path:
 
         pacsv.write_csv(table, path)
     else:
-        path.write_bytes(sj.encode_message(table))
+        path.write_bytes(encode_message(table))
     return path
 
 
@@ -99,7 +104,7 @@ def test_a_replayed_file_not_in_its_format_is_refused_naming_it_before_anything_
 def test_a_replayed_message_without_a_time_column_is_refused_naming_it(tmp_path, capsys):
     path = tmp_path / "input" / "day.arrows"
     path.parent.mkdir(parents=True)
-    path.write_bytes(sj.encode_message(_rows(0, [1, 2], seed=2).rename_columns(["user_id", "date", "opened", "bought"])))
+    path.write_bytes(encode_message(_rows(0, [1, 2], seed=2).rename_columns(["user_id", "date", "opened", "bought"])))
     assert main(_argv(tmp_path, [path])) == 2
     err = capsys.readouterr().err
     assert f"--replay: replayed message {path}: batch has no time column" in err, err
@@ -109,7 +114,7 @@ def test_a_replayed_message_without_a_time_column_is_refused_naming_it(tmp_path,
 def test_the_end_of_a_run_says_for_the_curator_how_many_messages_were_dead_lettered_and_why(tmp_path, capsys):
     nan = tmp_path / "input" / "nan.arrows"
     nan.parent.mkdir(parents=True)
-    nan.write_bytes(sj.encode_message(_rows(1, [7, 8], seed=2).set_column(2, "opened", pa.array([float("nan"), 1.0]))))
+    nan.write_bytes(encode_message(_rows(1, [7, 8], seed=2).set_column(2, "opened", pa.array([float("nan"), 1.0]))))
     day = _day(tmp_path, 0)
     assert main(_argv(tmp_path, [day, day, nan])) == 0
     err = capsys.readouterr().err.splitlines()
@@ -140,7 +145,7 @@ def test_a_live_sources_undecodable_messages_are_dead_letters_the_end_of_its_run
 
     records = [_record(b"not arrow at all", partition=2, offset=41, millis=_day_start_millis(0)),
                _record(b"nor this", partition=2, offset=42, millis=_day_start_millis(0)),
-               _record(sj.encode_message(_rows(0, [1, 2], seed=2)), partition=0, offset=0, millis=_day_start_millis(0))]
+               _record(encode_message(_rows(0, [1, 2], seed=2)), partition=0, offset=0, millis=_day_start_millis(0))]
 
     def read_kafka(p, args):
         return p | "Records" >> TestStream(coder=RowCoder(RECORD_SCHEMA)).add_elements(
@@ -160,7 +165,7 @@ def test_a_live_sources_undecodable_messages_are_dead_letters_the_end_of_its_run
 def test_a_file_given_twice_is_read_twice_and_its_second_copy_dead_lettered_so_the_books_balance(tmp_path):
     day = _day(tmp_path, 0)
     assert main(_argv(tmp_path, [day, day], end="2026-03-01")) == 0
-    books = sj.books(str(tmp_path / "curator"))
+    books = streaming_books.books(str(tmp_path / "curator"))
     assert (books["rows_read"], books["admitted"], books["rejected"], books["balanced"]) == (8, 4, 4, True)
     dead = pa.concat_tables([pq.read_table(f) for f in (tmp_path / "curator" / "dead").rglob("*.parquet")])
     assert set(dead.column("reason").to_pylist()) == {"duplicate_user_window"}
@@ -168,11 +173,11 @@ def test_a_file_given_twice_is_read_twice_and_its_second_copy_dead_lettered_so_t
 
 
 def test_the_message_names_of_a_replay_name_each_delivery_once():
-    assert sj.replay_names(["a", "b", "a", "a"]) == ["a", "b", "a (again, --replay file 3)",
-                                                    "a (again, --replay file 4)"]
-    assert sj.replay_numbers(["a", "b", "a"]) == {"a": 0, "b": 1, "a (again, --replay file 3)": 2}
+    assert replay_names(["a", "b", "a", "a"]) == ["a", "b", "a (again, --replay file 3)",
+                                                  "a (again, --replay file 4)"]
+    assert replay_numbers(["a", "b", "a"]) == {"a": 0, "b": 1, "a (again, --replay file 3)": 2}
     tricky = ["a", "a (again, --replay file 3)", "a"]  # a file really named as a delivery would be
-    assert len(set(sj.replay_names(tricky))) == 3
+    assert len(set(replay_names(tricky))) == 3
 
 
 # --- the dry run of a restart -------------------------------------------------------------------
@@ -182,7 +187,7 @@ def _stopped_after_day_one(tmp_path) -> list[str]:
     before day 2's marker): what a restart, and its dry run, continue."""
     argv = _argv(tmp_path, [_day(tmp_path, 0), _day(tmp_path, 1, users=(3, 4, 5))])
     assert main(argv) == 0
-    Path(sj.commit_marker_path(str(tmp_path / "curator"), W0 + 1)).unlink()
+    Path(commit_marker_path(str(tmp_path / "curator"), W0 + 1)).unlink()
     (tmp_path / "public" / f"window_id={W0 + 1}" / "releases.parquet").unlink()
     return argv
 
@@ -204,13 +209,13 @@ def test_the_dry_runs_copy_of_the_state_folder_is_0600_in_0700_folders_under_uma
                                                                                        not_private):
     _stopped_after_day_one(tmp_path)
     copy = tmp_path / "scratch" / "output"
-    assert sj._private_copy(str(tmp_path / "curator"), copy)
+    assert _private_copy(str(tmp_path / "curator"), copy)
     assert _tree(copy) == _tree(tmp_path / "curator") and not_private(copy) == {}
 
 
 def test_the_dry_run_of_a_restart_refuses_a_loose_state_file_naming_the_real_file_and_its_mode(tmp_path, capsys):
     argv = _stopped_after_day_one(tmp_path)
-    state = tmp_path / "curator" / sj.STATE_FILE
+    state = tmp_path / "curator" / STATE_FILE
     os.chmod(state, 0o644)
     capsys.readouterr()
     assert main([*argv, "--dry-run"]) == 2

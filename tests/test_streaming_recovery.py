@@ -1,12 +1,12 @@
 """The streaming job recovers from a crash by itself (issue 19): run its command again.
 
-A job's ``--output`` is its state folder. :class:`renyi_stream.pipelines.streaming.job.CommitWindows` commits
+A job's ``--output`` is its state folder. :class:`renyi_stream.pipelines.streaming.commits.WindowCommits` commits
 its windows in order, each with one marker (``commits/window_id=<W>.json``) written after every
 shard's snapshot and records of the window and its staged releases, and publishes a window only
 after its marker. Launched again with the same command line, the job publishes what it committed
 and did not publish, removes what a crash left of later windows (a dead branch: never restored,
 never published) and charges them again from the last committed window's snapshots
-(:func:`renyi_stream.pipelines.streaming.job.recover`). The conformance suite kills the job at each of its
+(:func:`renyi_stream.pipelines.streaming.recovery.recover`). The conformance suite kills the job at each of its
 crash points (``tests/conformance/test_conformance.py``); these tests pin the recovery rule on
 states a crash can leave, built by hand from a finished job's files.
 
@@ -27,7 +27,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from renyi_stream.pipelines.streaming import job as sj
+from renyi_stream.pipelines.streaming.beam import job as sj
+from renyi_stream.pipelines.streaming.books import BOOKS_FILE
+from renyi_stream.pipelines.streaming.codec import decode_message, encode_message
+from renyi_stream.pipelines.streaming.running_state import previous_running_state
+from renyi_stream.pipelines.streaming.snapshots import whole_ledger
+from renyi_stream.pipelines.streaming.state_folder import (COMMITS, STAGED_RELEASES, STATE_FILE, commit_marker_path,
+                                                           committed_windows)
 from renyi_stream.stream.noise import NoiseKey
 
 DAY0 = dt.date(2026, 3, 1)
@@ -48,7 +54,7 @@ def messages(tmp_path) -> list[str]:
                           "bought": pa.array(rng.random(80) * 1.5)})
         paths.append(str(tmp_path / "messages" / f"day-{d}.arrows"))
         Path(paths[-1]).parent.mkdir(exist_ok=True)
-        Path(paths[-1]).write_bytes(sj.encode_message(table))
+        Path(paths[-1]).write_bytes(encode_message(table))
     return paths
 
 
@@ -74,13 +80,13 @@ def _ledger(tmp_path: Path, window: int) -> pa.Table:
 
 
 def _books(tmp_path: Path) -> dict:
-    return json.loads((tmp_path / "curator" / sj.BOOKS_FILE).read_text())
+    return json.loads((tmp_path / "curator" / BOOKS_FILE).read_text())
 
 
 def test_a_job_commits_each_window_with_one_marker_in_window_order(tmp_path, messages):
     assert sj.main(_args(tmp_path, messages)) == 0
-    assert sj.committed_windows(str(tmp_path / "curator")) == [W0, W0 + 1]
-    marker = json.loads(Path(sj.commit_marker_path(str(tmp_path / "curator"), W0 + 1)).read_text())
+    assert committed_windows(str(tmp_path / "curator")) == [W0, W0 + 1]
+    marker = json.loads(Path(commit_marker_path(str(tmp_path / "curator"), W0 + 1)).read_text())
     assert (marker["window_id"], marker["n_shards"]) == (W0 + 1, 2)
 
 
@@ -107,13 +113,13 @@ def test_a_window_written_but_not_committed_is_a_dead_branch_charged_again_never
     assert sj.main(_args(tmp_path, messages)) == 0
     public, books, ledger = _public(tmp_path), _books(tmp_path), _ledger(tmp_path, W0 + 1)
     curator = tmp_path / "curator"
-    Path(sj.commit_marker_path(str(curator), W0 + 1)).unlink()
+    Path(commit_marker_path(str(curator), W0 + 1)).unlink()
     (tmp_path / "public" / f"window_id={W0 + 1}" / "releases.parquet").unlink()
     for snapshot in (curator / "ledger" / f"window_id={W0 + 1}").glob("shard=*/*.parquet"):
         table = pq.read_table(snapshot)
         pq.write_table(table.set_column(table.schema.get_field_index("used"), "used",
                                         pc.multiply(table.column("used"), 0.0)), snapshot)
-    staged = curator / sj.STAGED_RELEASES / f"window_id={W0 + 1}" / "releases.parquet"
+    staged = curator / STAGED_RELEASES / f"window_id={W0 + 1}" / "releases.parquet"
     rows = pq.read_table(staged)
     pq.write_table(rows.set_column(rows.schema.get_field_index("value"), "value", pc.add(rows.column("value"), 1.0)),
                    staged)
@@ -121,7 +127,7 @@ def test_a_window_written_but_not_committed_is_a_dead_branch_charged_again_never
     assert _ledger(tmp_path, W0 + 1).equals(ledger)
     assert _public(tmp_path)[W0 + 1].equals(public[W0 + 1])
     assert _books(tmp_path) == books and books["balanced"]
-    assert sj.committed_windows(str(curator)) == [W0, W0 + 1]
+    assert committed_windows(str(curator)) == [W0, W0 + 1]
 
 
 def test_a_job_that_committed_nothing_is_rerun_from_its_previous_ledger_and_leaves_one_outcome(tmp_path, messages):
@@ -129,7 +135,7 @@ def test_a_job_that_committed_nothing_is_rerun_from_its_previous_ledger_and_leav
     assert sj.main(_args(tmp_path, messages)) == 0
     public, books = _public(tmp_path), _books(tmp_path)
     curator = tmp_path / "curator"
-    for marker in (curator / sj.COMMITS).glob("*.json"):
+    for marker in (curator / COMMITS).glob("*.json"):
         marker.unlink()
     for f in (tmp_path / "public").glob("*/*.parquet"):
         f.unlink()
@@ -151,7 +157,7 @@ def test_a_launch_with_another_command_line_into_a_jobs_output_is_refused_naming
 
 def test_an_output_with_snapshots_from_before_commit_markers_is_refused(tmp_path, messages, capsys):
     assert sj.main(_args(tmp_path, messages)) == 0
-    (tmp_path / "curator" / sj.STATE_FILE).unlink()
+    (tmp_path / "curator" / STATE_FILE).unlink()
     capsys.readouterr()
     assert sj.main(_args(tmp_path, messages)) == 2
     assert "from before commit markers" in capsys.readouterr().err
@@ -174,7 +180,7 @@ def _ten_days(folder: Path) -> list[str]:
                           "bought": pa.array(rng.random(len(users)) * 1.5)})
         paths.append(str(folder / f"day-{d}.arrows"))
         Path(paths[-1]).parent.mkdir(parents=True, exist_ok=True)
-        Path(paths[-1]).write_bytes(sj.encode_message(table))
+        Path(paths[-1]).write_bytes(encode_message(table))
     return paths
 
 
@@ -200,9 +206,9 @@ def _snapshot_rows(folder: Path, window: int) -> int:
 
 
 def test_the_ledger_at_every_window_is_the_same_whatever_the_full_snapshot_interval(ten_day_jobs):
-    """Rebuilt from a full snapshot and the deltas after it (sj.whole_ledger), every window's ledger
+    """Rebuilt from a full snapshot and the deltas after it (whole_ledger), every window's ledger
     is the one whole snapshots give; so is the final ledger, and the public answers' sums."""
-    ledgers = {k: [sj.whole_ledger(str(folder / "curator" / "ledger"), W0 + w) for w in range(TEN)]
+    ledgers = {k: [whole_ledger(str(folder / "curator" / "ledger"), W0 + w) for w in range(TEN)]
                for k, folder in ten_day_jobs.items()}
     assert all(table.num_rows for table in ledgers[1])
     for k in (3, 1000):
@@ -216,11 +222,11 @@ def test_a_windows_snapshot_holds_one_row_per_user_charged_in_it_between_full_sn
     exactly the users charged in it (one row each, every shard together), not the ledger."""
     folder = ten_day_jobs[1000]
     days = sorted((folder.parent / "messages").glob("day-*.arrows"), key=lambda p: int(p.stem.split("-")[1]))
-    charged = [sj.decode_message(p.read_bytes()).num_rows for p in days]  # distinct users, one row each
+    charged = [decode_message(p.read_bytes()).num_rows for p in days]  # distinct users, one row each
     rows = [_snapshot_rows(folder, W0 + w) for w in range(TEN)]
     assert rows[1:-1] == charged[1:-1]
-    assert rows[0] == charged[0] and rows[-1] == sj.whole_ledger(str(folder / "curator" / "ledger"), W0 + TEN - 1
-                                                                 ).num_rows > charged[-1]
+    assert rows[0] == charged[0] and rows[-1] == whole_ledger(str(folder / "curator" / "ledger"), W0 + TEN - 1
+                                                              ).num_rows > charged[-1]
 
 
 def test_a_job_restarted_after_a_delta_window_resumes_from_the_ledger_its_chain_rebuilds(tmp_path):
@@ -231,14 +237,14 @@ def test_a_job_restarted_after_a_delta_window_resumes_from_the_ledger_its_chain_
     args = _args(tmp_path, messages, end=str(DAY0 + dt.timedelta(days=TEN - 1)), full_snapshot_every="3")
     assert sj.main(args) == 0
     curator, last = tmp_path / "curator", W0 + TEN - 1
-    public, books, ledger = _public(tmp_path), _books(tmp_path), sj.whole_ledger(str(curator / "ledger"), last)
+    public, books, ledger = _public(tmp_path), _books(tmp_path), whole_ledger(str(curator / "ledger"), last)
     kind = pq.read_schema(next((curator / "ledger" / f"window_id={W0 + 5}").glob("shard=0/*.parquet"))).metadata
     assert kind[b"renyi_stream.snapshot"] == b"delta" and kind[b"renyi_stream.base_window"] == str(W0 + 3).encode()
     for w in range(W0 + 6, W0 + TEN):
-        Path(sj.commit_marker_path(str(curator), w)).unlink()
+        Path(commit_marker_path(str(curator), w)).unlink()
         (tmp_path / "public" / f"window_id={w}" / "releases.parquet").unlink()
     assert sj.main(args) == 0
-    assert sj.whole_ledger(str(curator / "ledger"), last).equals(ledger)
+    assert whole_ledger(str(curator / "ledger"), last).equals(ledger)
     assert _public(tmp_path).keys() == public.keys() and all(_public(tmp_path)[w].equals(public[w]) for w in public)
     assert _books(tmp_path) == books and books["balanced"]
 
@@ -282,7 +288,7 @@ def ten_running_days(tmp_path_factory) -> dict[int, Path]:
 
 def _prepaid_at(folder: Path, window: int) -> dict[str, pa.Table]:
     """Every shard's prepaid rows at ``window`` as a job continuing from that window restores them."""
-    prepaid, _, _ = sj.previous_running_state(f"{folder / 'curator' / 'ledger'}/window_id={window}/*/*.parquet")
+    prepaid, _, _ = previous_running_state(f"{folder / 'curator' / 'ledger'}/window_id={window}/*/*.parquet")
     return {q: t.sort_by("user_id") for q, t in prepaid.items()}
 
 
@@ -301,8 +307,8 @@ def test_the_prepaid_rows_restored_at_every_window_are_those_whole_snapshots_giv
         a, b = _prepaid_at(whole, w), _prepaid_at(incremental, w)
         assert list(a) == list(b) == ["total_opened"], w
         assert a["total_opened"].num_rows and a["total_opened"].equals(b["total_opened"], check_metadata=True), w
-        assert sj.whole_ledger(str(whole / "curator" / "ledger"), w).equals(
-            sj.whole_ledger(str(incremental / "curator" / "ledger"), w)), w
+        assert whole_ledger(str(whole / "curator" / "ledger"), w).equals(
+            whole_ledger(str(incremental / "curator" / "ledger"), w)), w
     assert [_prepaid_file_rows(incremental, W0 + w) < _prepaid_file_rows(whole, W0 + w) for w in range(TEN)] == \
         [w % 3 != 0 and w != TEN - 1 for w in range(TEN)]
     assert _public(whole).keys() == _public(incremental).keys() == set(range(W0, W0 + TEN))
@@ -317,7 +323,7 @@ def test_a_delta_windows_prepaid_files_hold_the_rows_of_its_own_users_only(ten_r
     days = sorted((folder.parent / "messages").glob("day-*.arrows"), key=lambda p: int(p.stem.split("-")[1]))
     for w in (1, 2, 4, 5, 7, 8):
         window = W0 + w
-        users = set(sj.decode_message(days[w].read_bytes()).column("user_id").to_pylist())
+        users = set(decode_message(days[w].read_bytes()).column("user_id").to_pylist())
         files = sorted((folder / "curator" / "prepaid" / f"window_id={window}").rglob("*.parquet"))
         assert 1 <= len(files) <= 2  # one per shard at most (--shards 2), one running query
         rows = pa.concat_tables([pq.read_table(f) for f in files])
@@ -362,13 +368,13 @@ def test_a_job_with_a_running_total_restarted_after_a_delta_window_resumes_from_
     messages = _ten_days(tmp_path / "messages")
     args = _running_job(tmp_path, messages, 3)
     curator, last = tmp_path / "curator", W0 + TEN - 1
-    public, books, ledger = _public(tmp_path), _books(tmp_path), sj.whole_ledger(str(curator / "ledger"), last)
+    public, books, ledger = _public(tmp_path), _books(tmp_path), whole_ledger(str(curator / "ledger"), last)
     prepaid = _prepaid_at(tmp_path, last)
     for w in range(W0 + 6, W0 + TEN):
-        Path(sj.commit_marker_path(str(curator), w)).unlink()
+        Path(commit_marker_path(str(curator), w)).unlink()
         (tmp_path / "public" / f"window_id={w}" / "releases.parquet").unlink()
     assert sj.main(args) == 0
-    assert sj.whole_ledger(str(curator / "ledger"), last).equals(ledger)
+    assert whole_ledger(str(curator / "ledger"), last).equals(ledger)
     assert _prepaid_at(tmp_path, last)["total_opened"].equals(prepaid["total_opened"])
     assert _public(tmp_path).keys() == public.keys() and all(_public(tmp_path)[w].equals(public[w]) for w in public)
     assert {q for t in public.values() for q in t.column("query_id").to_pylist()} == {"sum:opened", "total_opened"}

@@ -55,7 +55,7 @@ def test_the_daily_graph_composes_inside_a_users_own_pipeline(tmp_path):
 def test_packed_rows_pickle_compressed_and_come_back_identical():
     import pickle
 
-    from renyi_stream.pipelines.beam.transforms import PackedRows, unpacked
+    from renyi_stream.pipelines.beam.rows import PackedRows, unpacked
 
     rng = np.random.default_rng(3)
     n = 20_000
@@ -72,7 +72,7 @@ def test_packed_rows_pickle_compressed_and_come_back_identical():
 def test_packed_rows_passed_through_a_second_pickle_are_not_recompressed():
     import pickle
 
-    from renyi_stream.pipelines.beam.transforms import PackedRows
+    from renyi_stream.pipelines.beam.rows import PackedRows
 
     table = pa.table({"user_id": pa.array(np.arange(5_000)), "opened": pa.array(np.ones(5_000))})
     first = pickle.dumps(PackedRows(table))
@@ -88,7 +88,7 @@ def test_packed_rows_count_their_rows_without_decoding_them_and_old_pickles_stil
     pickle from before the count travelled (state written by an older version) still loads."""
     import pickle
 
-    from renyi_stream.pipelines.beam.transforms import PackedRows, _unpack_rows, row_count
+    from renyi_stream.pipelines.beam.rows import PackedRows, _unpack_rows, row_count
 
     table = pa.table({"user_id": pa.array(np.arange(3_000)), "opened": pa.array(np.ones(3_000))})
     passed = pickle.loads(pickle.dumps(PackedRows(table)))
@@ -103,7 +103,7 @@ def test_packed_rows_know_their_one_window_without_decoding_and_none_for_several
     replay). Rows of several windows, no window column or no rows have none."""
     import pickle
 
-    from renyi_stream.pipelines.beam.transforms import PackedRows, _unpack_rows
+    from renyi_stream.pipelines.beam.rows import PackedRows, _unpack_rows
 
     one = pa.table({"user_id": pa.array(np.arange(100)), "window_id": pa.array(np.full(100, 20513))})
     passed = pickle.loads(pickle.dumps(PackedRows(one)))
@@ -118,7 +118,7 @@ def test_packed_rows_know_their_one_window_without_decoding_and_none_for_several
 
 def test_split_by_shard_keeps_every_row_once_in_its_shard_for_any_shard_count():
     from renyi_stream.stream.engine.sharding import shard_of
-    from renyi_stream.pipelines.beam.transforms import split_by_shard
+    from renyi_stream.pipelines.beam.rows import split_by_shard
 
     ids = np.random.default_rng(5).integers(-2**62, 2**62, size=3_000)
     table = pa.table({"user_id": pa.array(ids), "_row": pa.array(np.arange(ids.size))})
@@ -134,7 +134,7 @@ def test_split_by_shard_keeps_every_row_once_in_its_shard_for_any_shard_count():
 def test_each_shards_part_pickles_to_its_own_rows_not_the_whole_table():
     import pickle
 
-    from renyi_stream.pipelines.beam.transforms import split_by_shard
+    from renyi_stream.pipelines.beam.rows import split_by_shard
 
     n = 200_000
     table = pa.table({"user_id": pa.array(np.arange(n)), "used": pa.array(np.random.default_rng(0).random(n))})
@@ -158,7 +158,7 @@ def test_a_release_step_refuses_a_noise_key_other_than_the_ledgers(tmp_path):
 
 
 def test_packed_rows_given_their_table_take_the_window_from_the_rows_never_from_the_caller():
-    from renyi_stream.pipelines.beam.transforms import PackedRows
+    from renyi_stream.pipelines.beam.rows import PackedRows
 
     rows = pa.table({"user_id": pa.array(np.arange(10)), "window_id": pa.array(np.full(10, 20513))})
     assert PackedRows(rows, window=20600).window == 20513

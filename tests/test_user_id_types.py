@@ -19,7 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from renyi_stream.pipelines.distributed import job as dist
-from renyi_stream.pipelines.streaming import job as sj
+from renyi_stream.pipelines.streaming import books as streaming_books
+from renyi_stream.pipelines.streaming.beam import job as sj
+from renyi_stream.pipelines.streaming.codec import encode_message
 from renyi_stream.pipelines.daily.job import JobConfig, run_job
 from renyi_stream.stream.noise import NoiseKey
 from renyi_stream.stream.schema import RejectReason, SchemaError, validate_batch
@@ -129,7 +131,7 @@ def test_a_streamed_message_with_text_ids_costs_its_bad_rows_never_the_window(tm
     messages = []
     for day, ids in ((0, pa.array([1, 2, 3], type=pa.int64())), (1, pa.array(["1", "x", "3"]))):
         path = tmp_path / f"m{day}.arrows"
-        path.write_bytes(sj.encode_message(_batch(ids, DAY0 + dt.timedelta(days=day))))
+        path.write_bytes(encode_message(_batch(ids, DAY0 + dt.timedelta(days=day))))
         messages.append(str(path))
     code = sj.main(["--replay", *messages, *flags(*DECLARED), "--start", "2026-03-01", "--end", "2026-03-02",
                     "--epsilon", "1", "--delta", "1e-6", "--norm-budget", "10", "--releases-parquet",
@@ -138,7 +140,7 @@ def test_a_streamed_message_with_text_ids_costs_its_bad_rows_never_the_window(tm
     assert code == 0
     assert {p.parent.name for p in (tmp_path / "public").rglob("releases.parquet")} == {
         f"window_id={W0}", f"window_id={W0 + 1}"}
-    books = sj.books(str(tmp_path / "curator"))
+    books = streaming_books.books(str(tmp_path / "curator"))
     assert books["balanced"] and (books["rows_read"], books["rejected"], books["admitted"]) == (6, 1, 5)
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Submit the streaming job of renyi-stream (pipelines/streaming/job.py) to an Apache Flink cluster
+# Submit the streaming job of renyi-stream (pipelines/streaming/beam/job.py) to an Apache Flink cluster
 # through Beam's FlinkRunner, reading Arrow IPC batches from a Kafka topic. Edit the variables,
 # then, from the repository root, with this project installed (pip install -e .):
 #
@@ -52,7 +52,7 @@ START=${1:?usage: submit-stream.sh START END [PREVIOUS_LEDGER_GLOB|none]}
 END=${2:?usage: submit-stream.sh START END [PREVIOUS_LEDGER_GLOB|none]}
 PREVIOUS=${3:-none}
 # One --output per job: after a lost job, run this script again with the same arguments; the job
-# resumes in this folder from its last committed window (pipelines/streaming/job.py, recover).
+# resumes in this folder from its last committed window (pipelines/streaming/recovery.py, recover).
 OUTPUT=${CURATOR_ROOT}/stream/${START}
 # A new group per submission: a restart restores its read positions from Flink's checkpoint, never
 # from Kafka's committed offsets, and a new job re-reads the topic (rows of released windows are

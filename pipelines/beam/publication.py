@@ -15,6 +15,7 @@ and streaming jobs), for the one publication rule :func:`renyi_stream.stream.eng
 
 The public file is the mark of a published window, so marking is a no-op and a window published
 before a crash is skipped when publishing resumes (docs/architecture.md, "The outbox rule").
+Imports no Beam (the streaming job's runners share it).
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 import pyarrow as pa
-from apache_beam.io.filesystems import FileSystems
 
-from renyi_stream.pipelines.beam.object_store import read_parquet, release_windows_present
+from renyi_stream.pipelines.beam.object_store import exists, read_parquet, release_windows_present
 from renyi_stream.queries import release_lineage as lineage
 from renyi_stream.queries.release_files import release_file_path, write_release_file
 from renyi_stream.stream.schema import WINDOW_ID
@@ -44,7 +44,7 @@ class StagedReleases:
             return sorted(release_windows_present(self._root))
         # Only the given windows' files are looked for: the streaming job publishes each window as it
         # commits, and listing the whole staging folder each time would cost every window so far.
-        return sorted(w for w in self._windows if FileSystems.exists(release_file_path(self._root, w)))
+        return sorted(w for w in self._windows if exists(release_file_path(self._root, w)))
 
     def rows(self, window: int) -> pa.Table:
         table = read_parquet(release_file_path(self._root, window))

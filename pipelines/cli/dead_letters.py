@@ -48,7 +48,7 @@ __all__ = ["DEFAULT_LIMIT", "CuratorLetters", "add_dead_letters_subcommand", "by
 DEFAULT_LIMIT = 50
 #: A distributed run's manifests and a streaming job's state file, as those jobs name them
 #: (``renyi_stream.pipelines.distributed.job.COMMITTED``/``INTENT``,
-#: ``renyi_stream.pipelines.streaming.job.STATE_FILE``), read here without importing Beam.
+#: ``renyi_stream.pipelines.streaming.state_folder.STATE_FILE``), read here without importing Beam.
 _COMMITTED, _INTENT, _STATE = "_COMMITTED.json", "_INTENT.json", "_STATE.json"
 _SECONDS_PER_DAY = 86_400
 

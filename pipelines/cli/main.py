@@ -355,8 +355,9 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: Jobs with a command line of their own, run as ``renyi-stream <name> OPTIONS`` (the options as they are).
-_JOBS = {"stream": "renyi_stream.pipelines.streaming", "distributed": "renyi_stream.pipelines.distributed"}
+#: Jobs with a command line of their own, run as ``renyi-stream <name> OPTIONS`` (the options as they are):
+#: the module whose ``main`` runs each.
+_JOBS = {"stream": "renyi_stream.pipelines.streaming.beam.job", "distributed": "renyi_stream.pipelines.distributed.job"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -364,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in _JOBS:  # before argparse, which would reorder the job's own options
         import importlib
 
-        return importlib.import_module(f"{_JOBS[argv[0]]}.job").main(argv[1:], prog=f"{PROG} {argv[0]}")
+        return importlib.import_module(_JOBS[argv[0]]).main(argv[1:], prog=f"{PROG} {argv[0]}")
     parser = _build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and getattr(args, "command", None) not in ("run", "features"):  # the Beam jobs pass them to Beam

@@ -118,6 +118,8 @@ try:
     from renyi_stream.pipelines.beam.object_store import (absolute, is_uri, join, read_json, read_parquet, refuse_if_shared_file,
                                              release_windows_present, write_json)
     from renyi_stream.pipelines.beam.publication import PublicReleaseFiles, StagedReleases
+    from renyi_stream.pipelines.beam import running_releases
+    from renyi_stream.pipelines.beam.rows import split_by_shard
     from renyi_stream.pipelines.beam import worker_key
     from renyi_stream.pipelines.beam.local_runner import batch_runner
 finally:
@@ -380,7 +382,7 @@ def release_state_table(record: dict) -> pa.Table:
 
 def refuse_running_continuation(plan: QueryPlan, running_state: dict[str, dict], schedule: Sequence[int]) -> None:
     """ValueError, at launch, for a running query this run cannot continue
-    (:func:`renyi_stream.pipelines.beam.transforms.refuse_running_continuation` over the previous manifest's
+    (:func:`renyi_stream.pipelines.beam.running_releases.refuse_running_continuation` over the previous manifest's
     ``running`` release states), or prepaid rows in the manifest without their release state (an
     edited manifest)."""
     states = {q: release_state_table(r["release"]) for q, r in running_state.items() if "release" in r}
@@ -389,7 +391,7 @@ def refuse_running_continuation(plan: QueryPlan, running_state: dict[str, dict],
                 and states.get(entry.query_id) is None):
             raise ValueError(f"running query {entry.query_id!r} has per-user prepaid rows in the previous "
                              "manifest but no release state: the manifest was edited")
-    tx.refuse_running_continuation(plan, states, schedule, stored_where="the previous manifest")
+    running_releases.refuse_running_continuation(plan, states, schedule, stored_where="the previous manifest")
 
 
 def prepare(args: argparse.Namespace) -> RunPlan:
@@ -629,7 +631,7 @@ def _snapshot_parts(path: str, n_shards: int, schema: pa.Schema) -> Iterator[tup
     table = read_parquet(path)
     table = table.replace_schema_metadata(None).cast(schema.remove_metadata())
     if table.num_rows:
-        for shard, (_, part) in tx.split_by_shard(table, n_shards):
+        for shard, (_, part) in split_by_shard(table, n_shards):
             yield shard, part
 
 

@@ -59,7 +59,8 @@ try:
 finally:
     _root.setLevel(_level)
 from renyi_stream.pipelines.beam.local_runner import batch_runner
-from renyi_stream.pipelines.beam.transforms import ReadIndicators, in_event_time_order, packed_by_shard, unpacked
+from renyi_stream.pipelines.beam.rows import in_event_time_order, packed_by_shard, unpacked
+from renyi_stream.pipelines.beam.transforms import ReadIndicators
 from renyi_stream.pipelines.curator.features import (LABEL, FeatureSummary, FeatureWindows, feature_names, features_table,
                                         indicator_columns_of, read_rows_record, user_features, write_features)
 from renyi_stream.stream.engine.dead_letters import DEAD_LETTER_SCHEMA

@@ -1,5 +1,5 @@
 import sys
 
-from renyi_stream.pipelines.streaming.job import main
+from renyi_stream.pipelines.streaming.beam.job import main
 
 sys.exit(main())

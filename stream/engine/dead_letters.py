@@ -22,7 +22,7 @@ means). Where each reason comes from, the same word in all three jobs for the sa
   of each (user, window) (``renyi_stream.pipelines.beam.transforms.first_per_user_window``, both filters);
   written by :func:`row_letters`.
 * ``undecodable_message``: a streaming message that does not decode or fails the schema as a
-  whole, one dead letter for the message (``renyi_stream.pipelines.streaming.job.DecodeAndValidate``).
+  whole, one dead letter for the message (``renyi_stream.pipelines.streaming.codec.MessageValidator``).
 * ``outside_file_days``: :func:`classify_windows` given the windows of the days a batch job's
   input file holds (:mod:`renyi_stream.stream.engine.input_days`): a row of another day than its
   file's, in the batch jobs' reader (``ReadAndValidate``).

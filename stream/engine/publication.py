@@ -19,7 +19,7 @@ and :func:`publish_outbox` moves them from one to the other. Each job has its ow
   record per window (``pipelines/beam/publication.py``, ``pipelines/distributed/job.py``);
 * the streaming job: a window's release file staged under its curator ``--output``, committed
   once every shard's ledger snapshot of that window (or of a later one) is written -> the public
-  release root (``pipelines/beam/publication.py``, ``pipelines/streaming/job.py``).
+  release root (``pipelines/beam/publication.py``, ``pipelines/streaming/commits.py``).
 
 A crash anywhere leaves some windows public and the rest in the outbox; calling
 :func:`publish_outbox` again publishes the rest, once (the public side skips a window already

@@ -1,6 +1,6 @@
 """A worker's cache of restored shards, used only while it is exactly the committed keyed state.
 
-The streaming filter (:class:`renyi_stream.pipelines.streaming.releases.StreamingIndividualFilterDoFn`) keeps a
+The streaming filter (:class:`renyi_stream.pipelines.streaming.shard_filter.ShardFilter`) keeps a
 shard's ledger in keyed state for the life of the job (invariant 1 (ledger-never-window-scoped,
 docs/architecture.md)). Restoring it from there every window costs the whole shard: every
 snapshot part unpickled and the :class:`renyi_stream.stream.ledger.Ledger` rebuilt. This cache keeps the

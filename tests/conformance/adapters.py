@@ -316,7 +316,7 @@ class StreamingJob(JobAdapter):
     name = "streaming"
     module = "renyi_stream.pipelines.streaming"
     supports = sc.FEATURES
-    # Each write of a window's commit (renyi_stream.pipelines.streaming.job, CommitWindows), then the publication
+    # Each write of a window's commit (renyi_stream.pipelines.streaming.commits, WindowCommits), then the publication
     # rule's after_publish; its during_publish needs two windows committed at once, which a replay's
     # window-by-window commits do not reliably give (the daily and distributed jobs exercise it).
     crash_points = ("streaming_after_snapshot", "streaming_after_stage", "streaming_after_commit", "after_publish")
@@ -340,7 +340,7 @@ class StreamingJob(JobAdapter):
                 "--output", str(self._output()), "--noise-key", self.key_path, "--previous-ledger", self._previous()]
 
     def main(self, argv: list[str]) -> int:
-        from renyi_stream.pipelines.streaming.job import main
+        from renyi_stream.pipelines.streaming.beam.job import main
 
         return main(argv)
 
@@ -357,7 +357,8 @@ class StreamingJob(JobAdapter):
                        for s in range(self.scenario.n_shards))}
 
     def outcome(self) -> Outcome:
-        from renyi_stream.pipelines.streaming.job import SNAPSHOT_LEDGER_ID, books
+        from renyi_stream.pipelines.streaming.books import books
+        from renyi_stream.pipelines.streaming.file_metadata import SNAPSHOT_LEDGER_ID
 
         runs, dead = [], []
         for run, out in enumerate(self.outputs):

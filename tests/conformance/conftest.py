@@ -23,12 +23,12 @@ def write_inputs(folder: Path, scenario: sc.Scenario) -> dict[str, str]:
 def names_a_hash_would_order_the_other_way(folder: Path) -> tuple[str, str]:
     """Two input names in input order whose paths under ``folder`` a hash of the name orders the
     other way round (the streaming job numbers Pub/Sub and Kafka messages by such a hash,
-    ``renyi_stream.pipelines.streaming.job._source_number``, and must number replayed files by their order): a
+    ``renyi_stream.pipelines.streaming.codec._source_number``, and must number replayed files by their order): a
     job that breaks ties between inputs by it keeps the second input's row. Any pair once no such
     hash exists."""
-    from renyi_stream.pipelines.streaming import job as streaming
+    from renyi_stream.pipelines.streaming import codec
 
-    number = getattr(streaming, "_source_number", None)
+    number = getattr(codec, "_source_number", None)
     for k in range(256):
         first, second = f"tie-{k:03d}-a", f"tie-{k:03d}-b"
         if number is None or number(str(folder / f"{first}.arrow")) > number(str(folder / f"{second}.arrow")):
