@@ -98,7 +98,7 @@ def test_rerunning_a_job_publishes_the_committed_window_a_crash_kept_from_the_pu
     public, books, ledger = _public(tmp_path), _books(tmp_path), _ledger(tmp_path, W0 + 1)
     (tmp_path / "public" / f"window_id={W0 + 1}" / "releases.parquet").unlink()
     assert sj.main(_args(tmp_path, messages)) == 0
-    assert f"resuming from window {W0 + 1}" in capsys.readouterr().err
+    assert f"resuming from window {W0 + 1} (2026-03-02)" in capsys.readouterr().err  # its date beside it
     assert _public(tmp_path).keys() == public.keys()
     assert all(_public(tmp_path)[w].equals(public[w]) for w in public)
     assert _books(tmp_path) == books and books["balanced"] and books["late"] == 0

@@ -577,10 +577,13 @@ def record_queries(plan: RunPlan) -> list[str]:
         return said
     catalogue.record_launch(plan.catalogue)
     first = {r.query_id: r.effective_from for r in plan.catalogue.registrations}
-    return (said + [f"registered the default query {q} from window {first[q]} (the catalogue had no query)"
+    def when(window: int) -> str:  # the window's date beside its number
+        return format_windows([window], params.window)
+
+    return (said + [f"registered the default query {q} from {when(first[q])} (the catalogue had no query)"
                     for q in plan.catalogue.registered]
-            + [f"query {q!r} was registered from window {old}, which this ledger had already charged without it; "
-               f"it now starts at window {new}" for q, old, new in plan.catalogue.moved])
+            + [f"query {q!r} was registered from {when(old)}, which this ledger had already charged without it; "
+               f"it now starts at {when(new)}" for q, old, new in plan.catalogue.moved])
 
 
 def _check_releases_and_output(plan: RunPlan, processed: set[int]) -> None:

@@ -43,6 +43,7 @@ from renyi_stream.queries.linear import default_queries
 from renyi_stream.queries.registration import (category_reads, contract_defaults, declared_header, numeric_reads,
                                                plan_columns)
 from renyi_stream.stream.contract import InputContract, declaration_hint
+from renyi_stream.stream.engine.input_days import format_windows
 from renyi_stream.stream.engine.ledger_config import LedgerConfig
 from renyi_stream.stream.engine.shard_state import PlannedQuery, QueryPlan
 from renyi_stream.stream.ledger import Policy
@@ -66,7 +67,8 @@ def prepare_output(args: argparse.Namespace) -> None:
     resumed, published, dropped = (recover(store.absolute(args.output), store.absolute(args.releases_parquet))
                                    if restarting(store.absolute(args.output), args) else (None, [], 0))
     if resumed is not None:
-        print(f"[streaming] resuming from window {resumed}, the last committed in --output "
+        spec = WindowSpec(length_seconds=launch.window_seconds(args.window))
+        print(f"[streaming] resuming from {format_windows([resumed], spec)}, the last committed in --output "
               f"{store.absolute(args.output)}" + (f"; published {published[:5]}, committed before a crash"
                                                   if published else "")
               # Not how many files: which ones a shard wrote (duplicates) depends on its rows.
@@ -146,7 +148,7 @@ def plan_job(args: argparse.Namespace) -> JobPlan:
     _refuse_an_output_from_before_commit_markers(curator)
     resumed = last_committed(curator) if restarting(curator, args) else None
     if resumed is not None and resumed > end:
-        raise launch.RunRefused(f"--output {curator} has committed window {resumed}, after this job's --end "
+        raise launch.RunRefused(f"--output {curator} has committed {format_windows([resumed], spec)}, after this job's --end "
                                 f"{args.end}: its ledger is ahead of this schedule; give a new --output")
     previous_ledger = (_snapshot_glob(store.join(curator, "ledger"), resumed) if resumed is not None
                        else args.previous_ledger)
@@ -179,8 +181,9 @@ def plan_job(args: argparse.Namespace) -> JobPlan:
     id_type = config.id_type
     _refuse_another_jobs_output(curator, args)
     if released and max(released) > own:
-        raise launch.RunRefused(f"window {max(released)} under {releases} is already released; start after it"
-                                + (f" (this job committed windows {start}..{own} in --output {curator})"
+        raise launch.RunRefused(f"{format_windows([max(released)], spec)} under {releases} is already released; start "
+                                "after it" + (f" (this job committed {format_windows([start], spec)} to "
+                                              f"{format_windows([own], spec)} in --output {curator})"
                                    if own >= start else ""))
     contract = config.contract  # declared by this job or recorded by the ledger's snapshots
     if contract is not None:
@@ -263,9 +266,13 @@ def _record_queries(releases: str, queries: LaunchQueries, contract: InputContra
                                  norm_budget=config.norm_budget)
     catalogue.record_launch(queries)
     first = {r.query_id: r.effective_from for r in queries.registrations}
+
+    def when(window: int) -> str:  # the window's date beside its number, where the ledger's spec is known
+        return format_windows([window], config.window) if config is not None else f"window {window}"
+
     return ((["recorded the ledger's input contract beside the releases"] if recorded else [])
-            + [f"registered the default query {q} from window {first[q]} (the catalogue had no query)"
+            + [f"registered the default query {q} from {when(first[q])} (the catalogue had no query)"
              for q in queries.registered]
-            + [f"query {q!r} was registered from window {old}, which this ledger had already released without it; "
-               f"it now starts at window {new}" for q, old, new in queries.moved])
+            + [f"query {q!r} was registered from {when(old)}, which this ledger had already released without it; "
+               f"it now starts at {when(new)}" for q, old, new in queries.moved])
 
