@@ -452,3 +452,16 @@ def test_prepare_data_requires_declared_classes_and_never_reads_them_off_the_lab
             prepare_data(x, y, n_classes=bad)
     with pytest.raises(TypeError, match="n_classes"):
         prepare_data(x, y)  # no default from the labels
+
+
+def test_a_step_where_the_only_users_gradient_overflows_is_counted_not_refused():
+    # One user whose finite but huge features overflow the gradient: with them alone in the run,
+    # refusing would make whether a model comes out hinge on that user's data (issue 37, item 1).
+    x = np.full((1, D), 1e300)
+    y = np.zeros(1, dtype=np.int64)
+    config = GDConfig(clip=1.0, noise_multiplier=2.0, learning_rate=0.1, steps=3)
+    ledger = TrainingLedger.fresh(1, budget=10.0)
+    result = private_gd(LogisticRegression(), prepare_data(x, y, n_classes=K), config=config, ledger=ledger,
+                        rng=np.random.default_rng(3), init_rng=np.random.default_rng(1), normaliser=1.0)
+    assert result.curator["not_finite"] == [1, 1, 1]
+    assert ledger.used[0] == 0.0 and all(np.isfinite(p).all() for p in result.final_params.values())

@@ -347,8 +347,9 @@ def private_gd(
 
     Raises ``ValueError`` before any charge when the run cannot fit: sizes differ, or the
     run's zCDP (``config.rho`` plus the stopping rule's reserve) exceeds the ledger budget; and
-    after the run, returning nothing, when it diverged for everybody: every user's gradient
-    norm was not finite at some step, or the parameters were not finite after one.
+    after the run, returning nothing, when it diverged: the parameters were not finite after a
+    step (the message also says at how many steps every user's gradient norm was not finite;
+    such steps alone are counted in ``curator["not_finite"]``, never refused).
 
     Host traffic on a device (tested with ``renyi_stream.stream.testing.strict_xp``): a gradient step moves
     nothing from the device to the host; it uploads its noise, one array per parameter, drawn
@@ -456,7 +457,11 @@ def private_gd(
     # not_finite for every row: no user's step (a run over nobody has no such step)
     everyone = np.flatnonzero(table[:, len(counts) - 1] == n) if n else np.zeros(0, dtype=np.int64)
     params_lost = np.flatnonzero(table[:, -1])
-    if everyone.size or params_lost.size:
+    # Only parameters that are not finite stop the run: the clipped contributions are finite, so
+    # that is the learning rate or the noise, never one user. Every user's gradient not finite at
+    # a step with finite parameters is only said (curator_only.not_finite): with one user in the
+    # run, stopping then would hinge on that user's features (issue 37, item 1).
+    if params_lost.size:
         why = []
         if everyone.size:
             why.append(f"per-example gradient norms were NaN at {everyone.size} step(s), first at step "
