@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from renyi_stream.stream.accounting import ACCOUNTINGS, DEFAULT_ACCOUNTING
 from renyi_stream.stream.contract import ID_TYPES
@@ -77,6 +77,18 @@ def key_fingerprint(args: argparse.Namespace) -> tuple[str, str, NoiseKey | None
     return args.noise_key, fingerprint, key
 
 
+def add_promise_arguments(arg: Callable[..., Any]) -> None:
+    """The promise's options (``--epsilon``, ``--delta``, ``--norm-budget``, ``--accounting``),
+    added through ``arg`` (a parser's or a group's ``add_argument``): one set of names, defaults
+    and choices for the jobs and ``renyi-stream plan``."""
+    arg("--epsilon", type=float, required=True, help="per-user epsilon (> 0)")
+    arg("--delta", type=float, required=True, help="per-user delta, in (0, 1)")
+    arg("--norm-budget", "--norm_budget", dest="norm_budget", type=float, required=True,
+        help="B, squared-norm budget per user (> 0)")
+    arg("--accounting", choices=ACCOUNTINGS, default=DEFAULT_ACCOUNTING,
+        help=f"how (epsilon, delta) maps to the zCDP budget (default {DEFAULT_ACCOUNTING})")
+
+
 def add_ledger_options(parser: argparse.ArgumentParser, *, key_help: str, key_alias: bool = False) -> None:
     """The option group every job that charges a ledger shares, with the same names, defaults and
     choices in each (``tests/test_ledger_config.py`` fails when one drifts): the public schedule
@@ -89,12 +101,7 @@ def add_ledger_options(parser: argparse.ArgumentParser, *, key_help: str, key_al
     arg = group.add_argument
     arg("--start", required=True, help="first window of the public schedule (YYYY-MM-DD)")
     arg("--end", required=True, help="last window of the public schedule (YYYY-MM-DD)")
-    arg("--epsilon", type=float, required=True, help="per-user epsilon (> 0)")
-    arg("--delta", type=float, required=True, help="per-user delta, in (0, 1)")
-    arg("--norm-budget", "--norm_budget", dest="norm_budget", type=float, required=True,
-        help="B, squared-norm budget per user (> 0)")
-    arg("--accounting", choices=ACCOUNTINGS, default=DEFAULT_ACCOUNTING,
-        help=f"how (epsilon, delta) maps to the zCDP budget (default {DEFAULT_ACCOUNTING})")
+    add_promise_arguments(arg)
     arg("--window", default=DEFAULT_WINDOW, help=f"window length: {DEFAULT_WINDOW} (default), 12h, 30m, 3600s")
     arg("--noise-key", "--noise_key", *(("--key",) if key_alias else ()), dest="noise_key", default=None,
         help=key_help + ("; --key is the same option (its former name)" if key_alias else ""))

@@ -22,9 +22,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from renyi_stream.pipelines.beam.job_options import add_contract_options, declared_contract
+from renyi_stream.pipelines.beam.job_options import add_contract_options, add_promise_arguments, declared_contract
 from renyi_stream.pipelines.cli.errors import PROG, name_the_option
-from renyi_stream.stream.accounting import ACCOUNTINGS, DEFAULT_ACCOUNTING, calibrate, describe_accounting
+from renyi_stream.stream.accounting import calibrate, describe_accounting
 from renyi_stream.stream.planning import (DEFAULT_KEEP, MAX_DAYS, MAX_EXACT_WINDOWS, ColumnBound, Plan, Sample,
                                           UserPlan, checkpoints, make_plan, sample_shares, suggest_clamps)
 from renyi_stream.stream.private_files import CURATOR_ONLY_NOTICE
@@ -48,12 +48,7 @@ def add_plan_subcommand(sub: Any) -> None:
         "share of its users still in after 7, 30 and 90 days if every day looked like it, and clamps that keep "
         "--keep of them in through the horizon. Reads no ledger and writes nothing.")
     arg = parser.add_argument
-    arg("--epsilon", type=float, required=True, help="per-user epsilon (> 0)")
-    arg("--delta", type=float, required=True, help="per-user delta, in (0, 1)")
-    arg("--norm-budget", "--norm_budget", dest="norm_budget", type=float, required=True,
-        help="B, squared-norm budget per user (> 0)")
-    arg("--accounting", choices=ACCOUNTINGS, default=DEFAULT_ACCOUNTING,
-        help=f"how (epsilon, delta) maps to the zCDP budget (default {DEFAULT_ACCOUNTING})")
+    add_promise_arguments(arg)
     arg("--days", type=int, default=DEFAULT_DAYS,
         help=f"the horizon: daily windows to plan for, 1 to {MAX_DAYS} (default {DEFAULT_DAYS})")
     arg("--contribution", action="append", default=[], metavar="NAME=VALUE,...",

@@ -6,8 +6,6 @@ install; with ``CI=true`` they fail instead, so CI cannot pass without running t
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -17,6 +15,7 @@ from typing import Iterator
 import pytest
 
 from renyi_stream.pipelines.engines.local_cluster import ROOT, Config, LocalCluster, Ports
+from renyi_stream.pipelines.engines.worker_env import _locked
 from renyi_stream.stream.private_files import process_alive
 
 #: Off the command's own defaults, so a user's cluster and the tests' do not meet.
@@ -31,14 +30,6 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _users(path: Path, *, but: int | None = None) -> list[int]:
