@@ -149,7 +149,7 @@ def test_no_module_imports_itself_back_through_others():
 
 @pytest.mark.parametrize("folder", ["pipelines/daily", "pipelines/distributed", "pipelines/streaming", "pipelines/features",
                                     "pipelines/curator", "pipelines/cli", "pipelines/beam", "stream/engine",
-                                    "pipelines/streaming/beam"])
+                                    "pipelines/streaming/beam", "pipelines/streaming/flink"])
 def test_each_part_of_the_layout_is_a_package_that_says_what_it_holds(folder):
     init = ROOT / folder / "__init__.py"
     assert init.exists() and ast.get_docstring(ast.parse(init.read_text()))
@@ -159,7 +159,7 @@ def test_each_part_of_the_layout_is_a_package_that_says_what_it_holds(folder):
 
 STREAMING = "renyi_stream.pipelines.streaming"
 #: The streaming job's runner shells, each a sub-package of pipelines/streaming beside the others.
-RUNNER_SHELLS = ("beam",)
+RUNNER_SHELLS = ("beam", "flink")
 #: The streaming job's runner-independent modules: every module of pipelines/streaming but its
 #: runner shells and ``__main__`` (which starts the Beam shell's ``main``).
 STREAMING_SHARED = sorted(name for name in MODULES if name.startswith(STREAMING + ".")

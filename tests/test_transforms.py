@@ -12,6 +12,7 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from renyi_stream.pipelines.beam import transforms as tx
+from renyi_stream.pipelines.beam.release_steps import ledger_binding
 from renyi_stream.stream.engine.shard_state import QueryPlan
 from renyi_stream.queries.linear import default_queries
 from renyi_stream.stream.ledger import Ledger
@@ -152,9 +153,9 @@ def test_a_release_step_refuses_a_noise_key_other_than_the_ledgers(tmp_path):
     swapped_path = tmp_path / "swapped.key"
     NoiseKey.load_or_create(swapped_path)
     ledger_id = new_ledger_id()
-    assert tx.ledger_binding(str(tmp_path / "started.key"), started.fingerprint, ledger_id) is not None
+    assert ledger_binding(str(tmp_path / "started.key"), started.fingerprint, ledger_id) is not None
     with pytest.raises(RuntimeError, match="not the one this ledger was started with"):
-        tx.ledger_binding(str(swapped_path), started.fingerprint, ledger_id)
+        ledger_binding(str(swapped_path), started.fingerprint, ledger_id)
 
 
 def test_packed_rows_given_their_table_take_the_window_from_the_rows_never_from_the_caller():

@@ -205,3 +205,17 @@ def _first_of_each_user_window(data: pa.Table) -> np.ndarray | None:
     keep = np.zeros(n, dtype=bool)
     keep[first] = True
     return None if keep.all() else keep
+
+
+def ledger_shards(snapshot: pa.Table, n_shards: int) -> Iterable[tuple[int, tuple[str, pa.Table]]]:
+    """The previous ledger split into ``(shard, ("ledger", table))`` elements."""
+    return [(shard, ("ledger", part)) for shard, (_, part) in snapshot_shards(snapshot, n_shards)]
+
+
+def snapshot_shards(snapshot: pa.Table, n_shards: int) -> list[tuple[int, tuple[str, pa.Table]]]:
+    """A per-user snapshot (``user_id`` column) split by shard, each part keeping the metadata."""
+    if snapshot.num_rows == 0:
+        return []
+    metadata = snapshot.schema.metadata
+    return [(shard, ("rows", part.replace_schema_metadata(metadata)))
+            for shard, (_, part) in split_by_shard(snapshot, n_shards)]

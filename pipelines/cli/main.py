@@ -343,7 +343,8 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=_demo_command)
     # Listed for --help only: main() hands their options to the job's own command line.
     sub.add_parser("stream", help="the streaming job: Kafka or Pub/Sub, or --replay of local files, one window at a "
-                   "time (python -m renyi_stream.pipelines.streaming; renyi-stream stream --help lists its options)")
+                   "time (python -m renyi_stream.pipelines.streaming; renyi-stream stream --help lists its options); "
+                   "--runner flink submits it to a Flink cluster with `flink run` (PyFlink)")
     sub.add_parser("distributed", help="the daily job on a distributed runner (Flink, Dataflow): ledger snapshots and "
                    "releases as Parquet (python -m renyi_stream.pipelines.distributed; renyi-stream distributed --help)")
     add_train_subcommand(sub)
@@ -362,6 +363,11 @@ _JOBS = {"stream": "renyi_stream.pipelines.streaming.beam.job", "distributed": "
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["stream"]:
+        from renyi_stream.pipelines.streaming.flink.launch import main as submit_to_flink, uses_flink
+
+        if uses_flink(argv[1:]):  # the PyFlink job, submitted with `flink run` (Beam's runners: the Beam job)
+            return submit_to_flink(argv[1:], prog=f"{PROG} stream")
     if argv and argv[0] in _JOBS:  # before argparse, which would reorder the job's own options
         import importlib
 

@@ -8,8 +8,6 @@ Imports no Beam."""
 from __future__ import annotations
 
 import json
-import sys
-import time
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -17,6 +15,7 @@ import pyarrow as pa
 from renyi_stream.pipelines.beam import object_store as store
 from renyi_stream.pipelines.beam.publication import PublicReleaseFiles, StagedReleases
 from renyi_stream.pipelines.streaming.file_metadata import RUNNING_QUERY_ID, SNAPSHOT_KIND, _metadata
+from renyi_stream.pipelines.streaming.progress import say_progress
 from renyi_stream.pipelines.streaming.recovery import claim_lineage
 from renyi_stream.pipelines.streaming.state_folder import (PREPAID, STAGED_RELEASES, _snapshot_place, _write_named,
                                                            commit_marker_path)
@@ -186,7 +185,7 @@ class WindowCommits:
             crash_point("streaming_after_commit")  # test-only: committed, not yet public
             # Progress for the operator (and benchmarks/bench_streaming.py's per-window time): the
             # window id and a monotonic clock only, both public (invariant 4: no count, no sum).
-            print(f"[streaming] window {following} committed at {time.monotonic():.3f}", file=sys.stderr, flush=True)
+            say_progress(f"window {following} committed")
             committed.append(following)
             following += 1
         if not committed:

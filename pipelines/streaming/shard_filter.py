@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
-import time
 from typing import Any, Iterator, NamedTuple, Sequence
 
 import numpy as np
@@ -30,6 +28,7 @@ import pyarrow.compute as pc
 from renyi_stream.pipelines.beam.rows import TICK, PackedRows, empty_rows, in_event_time_order, unpacked
 from renyi_stream.pipelines.streaming.file_metadata import (PREPAID_ROWS, PREPAID_USERS, SNAPSHOT_BASE, SNAPSHOT_KIND,
                                                             _marked)
+from renyi_stream.pipelines.streaming.progress import say_progress
 from renyi_stream.stream.engine.dead_letters import classify_windows, window_letters
 from renyi_stream.stream.engine.shard_cache import ShardCache, new_token
 from renyi_stream.stream.engine.shard_state import (LEDGER_DELTA, LEDGER_PART, RUNNING_DELTA, RUNNING_PART, QueryPlan,
@@ -355,8 +354,7 @@ class ShardFilter:
             # window the shard fires no more and is not kept.
             self.shard_cache().put(key, token, shard)
         if self._progress:  # public: the shard, the window and a monotonic clock (invariant 4: no count)
-            print(f"[streaming] shard {int(key)} charged window {window} at {time.monotonic():.3f}", file=sys.stderr,
-                  flush=True)
+            say_progress(f"shard {int(key)} charged window {window}")
 
     def _charge(self, key: int, shard: ShardState, window: int, data: pa.Table | None) -> Iterator[Any]:
         # The batch path charges a window that has rows or a running query active in it; charging

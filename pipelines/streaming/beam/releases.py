@@ -16,15 +16,15 @@ passes each window's end, so a long-running pipeline releases every day as it cl
   already charged is dead-lettered ``late_window`` and charges nobody (invariants 5-7).
 * :class:`ReleaseCompletedWindow`, keyed by window: every shard reports once per window of the
   public schedule, rows or not, with its partial sums inside; when all shards have reported, it
-  releases every active query through :class:`renyi_stream.pipelines.beam.transforms.ReleaseWindow` (the same
+  releases every active query through :class:`renyi_stream.pipelines.beam.release_steps.WindowQueryReleases` (the same
   keyed noise: invariants 3, 5), once.
 * :class:`ReleaseRunningInOrder`, keyed by running query: the query's release state
   (:class:`renyi_stream.stream.engine.running.RunningRelease`, the batch jobs' object) advanced once per window
   of the schedule, in window order, rows or not, from each completed window's ``a_t``: ``y_t =
-  (C a)_t + z_t`` with the keyed noise (:meth:`renyi_stream.pipelines.beam.transforms.ReleaseRunning.release_window`),
+  (C a)_t + z_t`` with the keyed noise (:meth:`renyi_stream.pipelines.beam.release_steps.RunningQueryReleases.release_window`),
   then the window's running-total estimate decoded online
   (:meth:`renyi_stream.stream.continual.running.RunningQuery.estimate_online`, rows by
-  :class:`renyi_stream.pipelines.beam.transforms.RunningEstimates`), and the state after the window (the
+  :class:`renyi_stream.pipelines.beam.release_steps.RunningTotalRows`), and the state after the window (the
   release state and the decoder's), which the job commits with the window.
 * :class:`StreamingReleases` wires them together.
 
@@ -48,20 +48,18 @@ from __future__ import annotations
 from typing import Any, Iterator, Sequence, Tuple
 
 import apache_beam as beam
-import numpy as np
 import pyarrow as pa
 from apache_beam.coders import PickleCoder
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import BagStateSpec, ReadModifyWriteStateSpec, TimerSpec, on_timer
 
-from renyi_stream.pipelines.beam.rows import TICK, packed_by_shard
-from renyi_stream.pipelines.beam.running_releases import running_release_for
-from renyi_stream.pipelines.beam.transforms import (ReleaseRunning, ReleaseWindow, RunningEstimates, add_vectors,
-                                                    ledger_shards, snapshot_shards)
-from renyi_stream.pipelines.streaming.running_state import EstimateContinuation, running_state_table
+from renyi_stream.pipelines.beam.release_steps import RunningQueryReleases, RunningTotalRows, WindowQueryReleases
+from renyi_stream.pipelines.beam.rows import packed_by_shard
+from renyi_stream.pipelines.streaming.running_state import EstimateContinuation
 from renyi_stream.pipelines.streaming.shard_filter import RESTORED, ShardFilter
-from renyi_stream.stream.engine.running import RunningRelease
+from renyi_stream.pipelines.streaming.window_releases import (CompletedWindowRelease, RunningReleaseInOrder,
+                                                              shard_ticks)
 from renyi_stream.stream.engine.shard_state import QueryPlan
 from renyi_stream.stream.engine.window_buffer import WIDTH, WindowBuffer
 from renyi_stream.stream.schema import WindowSpec
@@ -156,130 +154,31 @@ def _emitted(outputs: Iterator[tuple[str | None, Any]]) -> Iterator[Any]:
         yield value if tag is None else beam.pvalue.TaggedOutput(tag, value)
 
 
-class ReleaseCompletedWindow(beam.DoFn):
-    """Keyed by window id: the window's release once every shard has charged it.
-
-    Input ``(window_id, (shard, {query_id: partial sum}))``: every shard sends exactly one per
-    window of the schedule, rows or not, when the watermark passes the window's end (its
-    chained timer). When all ``n_shards`` have reported, the window is complete: release every
-    active query through :class:`renyi_stream.pipelines.beam.transforms.ReleaseWindow` (sum of partials, 0 when
-    none, plus noise keyed by (query, window)), so every scheduled window is released
-    (invariant 3), once (invariant 5: a RELEASED flag ignores any later or repeated report).
-
-    Completion is counted, not read off the watermark: runners differ in whether a stateful
-    DoFn's pending timers hold its output watermark (the Python DirectRunner's do not), and a
-    release timer racing the shards' last partial sums would release a window without them.
-    State: SHARDS (bag of reports), RELEASED (flag). Outputs window queries' release rows (main)
-    and, for each running query active in the window, ``(query_id, (window, a_t))`` (tag
-    ``running_sums``: the sum of every shard's admitted contributions, pre-noise, for
-    :class:`ReleaseRunningInOrder`; ``a_t`` is ``None`` when no shard admitted any).
-    """
+class ReleaseCompletedWindow(CompletedWindowRelease, beam.DoFn):
+    """:class:`renyi_stream.pipelines.streaming.window_releases.CompletedWindowRelease` in Beam's keyed
+    state: SHARDS (the shards' reports), RELEASED (a flag). Outputs release rows (main) and the tag
+    ``running_sums``."""
 
     SHARDS = BagStateSpec("shards", PickleCoder())
     RELEASED = ReadModifyWriteStateSpec("released", PickleCoder())
 
-    def __init__(self, release: ReleaseWindow, n_shards: int, plan: QueryPlan | None = None) -> None:
-        if n_shards < 1:
-            raise ValueError(f"n_shards must be >= 1, got n_shards={n_shards}")
-        self._release = release
-        self._n_shards = int(n_shards)
-        self._plan = plan
-
-    def setup(self) -> None:
-        self._release.setup()
-
     def process(self, element: tuple[int, tuple[int, dict[str, Any]]], shards: Any = beam.DoFn.StateParam(SHARDS),
                 released: Any = beam.DoFn.StateParam(RELEASED)) -> Iterator[Any]:
-        window, report = element
-        if released.read():
-            return  # released already: a repeated report must not make a second answer
-        reports = {shard: sums for shard, sums in shards.read()}
-        shard, sums = report
-        if shard in reports:
-            return  # a repeated report of a shard (e.g. a retried bundle): already counted
-        reports[shard] = sums
-        if len(reports) < self._n_shards:
-            shards.add(report)
-            return
-        by_query: dict[str, list[np.ndarray]] = {}
-        for _, shard_sums in sorted(reports.items()):
-            for query_id, partial in shard_sums.items():
-                by_query.setdefault(query_id, []).append(np.asarray(partial, dtype=np.float64))
-        totals = {(query_id, int(window)): add_vectors(parts) for query_id, parts in by_query.items()}
-        released.write(True)
-        shards.clear()
-        yield from self._release.process(int(window), totals)
-        for entry in self._plan.active(int(window)) if self._plan is not None else ():
-            if entry.kind == "running":
-                a = totals.get((entry.query_id, int(window)))
-                yield beam.pvalue.TaggedOutput("running_sums", (entry.query_id, (int(window), a)))
+        yield from _emitted(super().process(element, shards=shards, released=released))
 
 
-class ReleaseRunningInOrder(beam.DoFn):
-    """Keyed by running query id: its releases, window by window, in window order.
-
-    Input ``(query_id, (window, a_t))`` from :class:`ReleaseCompletedWindow` (tag
-    ``running_sums``), one per window of the schedule the query is active in, in any order. The
-    query's :class:`renyi_stream.stream.engine.running.RunningRelease` (restored from ``previous_release`` or
-    new at its first window, :func:`renyi_stream.pipelines.beam.transforms.running_release_for`, which refuses
-    another strategy's state) releases its next window as soon as that window's ``a_t`` is in:
-    ``y_t = (C a)_t + z_t`` (:meth:`renyi_stream.pipelines.beam.transforms.ReleaseRunning.release_window`, the
-    keyed noise), so windows are released once each, in order, rows or not (invariants 3 and 5).
-    Outputs the running-total release rows (main: the estimate ``(B y)_t`` decoded online,
-    :meth:`renyi_stream.stream.continual.running.RunningQuery.estimate_online`, from the decoder's
-    state after the window before, which ``previous_estimates`` gives for a query earlier jobs
-    released: bit for bit the batch decode of the series through the window), ``(query_id, window, y flat)`` (tag
-    ``raw``) and ``(window, state table)`` (tag ``release_state``,
-    :func:`renyi_stream.pipelines.streaming.running_state.running_state_table`: the
-    release and decoder states after the window, to be committed with it). State: RELEASE
-    (``(release state table, decoder state)`` after the last released window: ``O(buffers x d)``
-    numbers for BLT, never the series so far), PENDING (``(window, a_t)`` that came before their
-    turn). A repeated window does nothing."""
+class ReleaseRunningInOrder(RunningReleaseInOrder, beam.DoFn):
+    """:class:`renyi_stream.pipelines.streaming.window_releases.RunningReleaseInOrder` in Beam's keyed
+    state: RELEASE (the release and decoder states after the last released window), PENDING (windows'
+    sums that came before their turn). Outputs release rows (main) and the tags ``raw`` and
+    ``release_state``."""
 
     RELEASE = ReadModifyWriteStateSpec("release", PickleCoder())
     PENDING = BagStateSpec("pending", PickleCoder())
 
-    def __init__(self, release: ReleaseRunning, estimates: RunningEstimates, plan: QueryPlan, *,
-                 previous_release: dict[str, pa.Table] | None = None,
-                 previous_estimates: dict[str, EstimateContinuation] | None = None) -> None:
-        self._release = release
-        self._estimates = estimates
-        self._plan = plan
-        self._previous_release = dict(previous_release or {})
-        self._previous_estimates = dict(previous_estimates or {})
-
-    def setup(self) -> None:
-        self._release.setup()
-
     def process(self, element: tuple[str, tuple[int, Any]], kept: Any = beam.DoFn.StateParam(RELEASE),
                 pending: Any = beam.DoFn.StateParam(PENDING)) -> Iterator[Any]:
-        query_id, (window, a) = element
-        held = kept.read()
-        running = self._estimates.running_query(query_id)
-        if held is None:
-            release = running_release_for(self._plan.get(query_id), self._previous_release.get(query_id))
-            continued = self._previous_estimates.get(query_id)
-            decoder = continued.state(running, release.next_window) if continued is not None else None
-        else:
-            release, decoder = RunningRelease.from_arrow(held[0]), held[1]
-        waiting = {int(w): value for w, value in pending.read()}
-        if int(window) < release.next_window or int(window) in waiting:
-            return  # released already, or waiting already: a repeated report (invariant 5)
-        waiting[int(window)] = a
-        released = False
-        while release.next_window in waiting:
-            w = release.next_window
-            y = self._release.release_window(release, w, waiting.pop(w))
-            estimate, decoder = running.estimate_online(w, decoder, y)
-            released = True
-            yield beam.pvalue.TaggedOutput("raw", (query_id, w, y.ravel().tolist()))
-            yield beam.pvalue.TaggedOutput("release_state", (w, running_state_table(release, decoder)))
-            yield from self._estimates.rows(query_id, w, estimate)
-        pending.clear()
-        for w, value in sorted(waiting.items()):
-            pending.add((w, value))
-        if released:
-            kept.write((release.to_arrow(), decoder))
+        yield from _emitted(super().process(element, kept=kept, pending=pending))
 
 
 def _same(item: Any) -> Any:
@@ -345,24 +244,19 @@ class StreamingReleases(beam.PTransform):
             cached_shards=n_shards if cached_shards is None else cached_shards,
             prepaid_every_window=bool(plan.running or meta), progress=progress)
         self._release = ReleaseCompletedWindow(
-            ReleaseWindow(key_path=key_path, plan=plan, noise_std=noise_std, window=window, accounting=accounting,
+            WindowQueryReleases(key_path=key_path, plan=plan, noise_std=noise_std, window=window, accounting=accounting,
                           key_fingerprint=key_fingerprint, ledger_id=ledger_id), n_shards, plan)
         self._running_release = ReleaseRunningInOrder(
-            ReleaseRunning(key_path=key_path, plan=plan, noise_std=noise_std, schedule=(),
+            RunningQueryReleases(key_path=key_path, plan=plan, noise_std=noise_std, schedule=(),
                            key_fingerprint=key_fingerprint, ledger_id=ledger_id),
-            RunningEstimates(plan=plan, noise_std=noise_std, window=window, accounting=accounting,
+            RunningTotalRows(plan=plan, noise_std=noise_std, window=window, accounting=accounting,
                              key_fingerprint=key_fingerprint), plan,
             previous_release=previous_release, previous_estimates=previous_estimates)
 
     def expand(self, valid: Any) -> dict[str, Any]:
         keyed = valid | "ByShard" >> beam.FlatMap(packed_by_shard, self._n_shards)
-        initial: list[tuple[int, tuple[str, Any]]] = [(shard, (TICK, None)) for shard in range(self._n_shards)]
-        if self._previous is not None:
-            initial += list(ledger_shards(self._previous, self._n_shards))
-        for query_id, table in sorted(self._running.items()):
-            initial += [(shard, ("running", (query_id, part)))
-                        for shard, (_, part) in snapshot_shards(table, self._n_shards)]
-        shards = valid.pipeline | "ShardTicks" >> beam.Create(initial)
+        shards = valid.pipeline | "ShardTicks" >> beam.Create(shard_ticks(self._n_shards, self._previous,
+                                                                          self._running))
         filtered = ((keyed, shards) | "MergeShards" >> beam.Flatten().with_output_types(Tuple[int, Any])
                     | "StreamingFilter" >> beam.ParDo(self._filter).with_output_types(Tuple[int, Any])
                     .with_outputs("ledger", "running", "prepaid", "counts", "books", "dead", main="sums"))
