@@ -1,5 +1,6 @@
-"""The streaming job as a PyFlink DataStream job: a bounded replay of day files (``--replay``), the
-same options ``renyi-stream stream`` takes, the same files the Beam job writes.
+"""The streaming job as a PyFlink DataStream job: a bounded replay of day files (``--replay``) or a
+Kafka topic (``--kafka-topic T --bootstrap-servers H:P``), the same options ``renyi-stream stream``
+takes, the same files the Beam job writes.
 
 ::
 
@@ -7,6 +8,10 @@ same options ``renyi-stream stream`` takes, the same files the Beam job writes.
         --replay day1.parquet day2.parquet --columns opened,bought --start 2026-03-01 --end 2026-03-02 \\
         --epsilon 1 --delta 1e-6 --norm-budget 30 --noise-key noise.key \\
         --releases-parquet public/ --output curator/ [--parallelism 4]
+
+    flink run -pym renyi_stream.pipelines.streaming.flink -- \\
+        --kafka-topic indicators --bootstrap-servers localhost:9092 \\
+        --kafka-consumer-config auto.offset.reset=earliest [--kafka-bounded] ...
 
 (:func:`renyi_stream.pipelines.streaming.flink.launch.flink_run_command` builds that command for the
 project's local cluster.) This module says only how Flink wires the job; what it does is the
@@ -20,7 +25,9 @@ runner-independent machinery of :mod:`renyi_stream.pipelines.streaming`, wired a
   (:func:`~renyi_stream.pipelines.streaming.recovery.record_state_file`), and after the job the books
   (:func:`~renyi_stream.pipelines.streaming.books.record_books`), all in the client process that
   ``flink run`` starts;
-* the graph: the replayed files (one element per file, read in a Python worker) -> decoded and
+* the graph: the replayed files (one element per file, read in a Python worker), or the Kafka
+  records as ``(topic/partition/offset, value)`` messages
+  (:mod:`renyi_stream.pipelines.streaming.flink.kafka_source`) -> decoded and
   validated (:class:`~renyi_stream.pipelines.streaming.codec.MessageValidator`) -> split by the
   project's ``shard_of`` into ``--shards`` shards (far more than slots) -> ``key_by(shard)`` ->
   :class:`~renyi_stream.pipelines.streaming.flink.state.ShardFilterFunction` (the shared
@@ -37,8 +44,14 @@ runner-independent machinery of :mod:`renyi_stream.pipelines.streaming`, wired a
 Event time: a replayed file carries none, and no intermediate watermark is emitted; the bounded
 source's end brings the final watermark, on which every shard charges its windows in order (each
 firing re-arms the next window's timer, which fires on the same watermark). So every row is
-buffered before any window is charged, as in the DirectRunner's replay; the Kafka source (the
-record timestamp as event time, watermarks with idleness) is the next step (issue 38, item 1).
+buffered before any window is charged, as in the DirectRunner's replay. From Kafka, the record
+timestamp is the event time and the watermark follows it per partition (idle partitions do not
+hold it back): a shard charges a window as soon as the watermark passes its end, while the stream
+goes on; a row of a window its shard already charged is a ``late_window`` dead letter (the
+producer rule of :mod:`renyi_stream.pipelines.streaming.kafka` keeps that from happening to rows
+produced in time). With ``--kafka-bounded`` the read ends at the offsets latest at the job's start
+and the job ends (then the books are recorded, as after a replay); without it the job runs until
+it is cancelled (it charges nothing past ``--end``).
 """
 
 from __future__ import annotations
@@ -84,16 +97,17 @@ def _runner_parser() -> argparse.ArgumentParser:
     parser.add_argument("--parallelism", type=int, default=None)
     parser.add_argument("--checkpointing-interval", "--checkpointing_interval", dest="checkpointing_interval",
                         type=int, default=None, metavar="MS")
+    parser.add_argument("--kafka-bounded", "--kafka_bounded", dest="kafka_bounded", action="store_true")
     return parser
 
 
 def refuse_unknown_options(runner_args: Sequence[str], known: Any = None, *, command: str = PROG) -> None:
     """ValueError naming any option neither the stream job's nor this runner's (``--parallelism N``,
-    ``--checkpointing-interval MS``): a typo would run the job without it."""
+    ``--checkpointing-interval MS``, ``--kafka-bounded``): a typo would run the job without it."""
     _, unknown = _runner_parser().parse_known_args(list(runner_args))
     if unknown:
         raise ValueError(f"unrecognized arguments: {' '.join(unknown)} (the Flink job takes the stream job's "
-                         "options and --parallelism, --checkpointing-interval)")
+                         "options and --parallelism, --checkpointing-interval, --kafka-bounded)")
 
 
 def parse_args(argv: Sequence[str], prog: str = PROG) -> tuple[argparse.Namespace, argparse.Namespace]:
@@ -106,12 +120,21 @@ def parse_args(argv: Sequence[str], prog: str = PROG) -> tuple[argparse.Namespac
     return args, _runner_parser().parse_args(rest)
 
 
-def _refusal(args: argparse.Namespace) -> str | None:
+def _refusal(args: argparse.Namespace, runner: argparse.Namespace | None = None) -> str | None:
+    """Why the Flink job refuses ``args`` (None: it runs them): a dry run (the DirectRunner's), a
+    Pub/Sub subscription (read on Dataflow only), Beam's Kafka expansion service (Flink reads Kafka
+    with its own connector), ``--kafka-bounded`` without ``--kafka-topic``, a noise key secret."""
     if args.dry_run:
         return "argument --dry-run: a dry run previews on the DirectRunner (python -m renyi_stream.pipelines.streaming)"
-    if not args.replay:
-        return ("the Flink job replays files (--replay) for now: Kafka and Pub/Sub run on the Beam job "
-                "(python -m renyi_stream.pipelines.streaming)")
+    if getattr(args, "subscription", None):
+        return ("argument --subscription: the Flink job reads Kafka (--kafka-topic) or replays files (--replay); "
+                "a Pub/Sub subscription is read by the Beam job on Dataflow (python -m renyi_stream.pipelines.streaming "
+                "--runner DataflowRunner)")
+    if getattr(args, "kafka_expansion_service", None):
+        return ("argument --kafka-expansion-service: the Flink job reads Kafka with Flink's own Kafka connector; "
+                "the expansion service is the Beam job's")
+    if runner is not None and getattr(runner, "kafka_bounded", False) and not args.kafka_topic:
+        return "argument --kafka-bounded: only goes with --kafka-topic"
     if getattr(args, "noise_key_secret", None):
         return "argument --noise-key-secret: the Flink job reads the key from --noise-key, a file every worker reads"
     return None
@@ -240,22 +263,39 @@ def release_steps(job: JobPlan) -> tuple[CompletedWindowRelease, RunningReleaseI
     return window, running
 
 
-def build(env: Any, args: argparse.Namespace, job: JobPlan) -> Any:
+def read_message(message: tuple[str, bytes], *, validator: MessageValidator) -> Iterator[Any]:
+    """A Kafka message ``(topic/partition/offset, value)`` -> its validator's ``(tag, value)`` outputs."""
+    yield from validator.validate(message)
+
+
+def build(env: Any, args: argparse.Namespace, job: JobPlan, *, kafka_bounded: bool = False) -> Any:
     """The streaming graph on ``env`` (a PyFlink ``StreamExecutionEnvironment``); returns the stream
-    of ``(kind, path)`` of every file the job writes, public files ``("public", path)``."""
+    of ``(kind, path)`` of every file the job writes, public files ``("public", path)``. The source:
+    ``--replay``'s files, else ``--kafka-topic``'s records
+    (:func:`renyi_stream.pipelines.streaming.flink.kafka_source.kafka_messages`, read to the offsets
+    latest at the start with ``kafka_bounded``); everything after the decoding is the same graph."""
     from pyflink.common import Types
 
     from renyi_stream.pipelines.streaming.flink.state import PICKLED, KeyedStep, ShardFilterFunction, _pairs
 
     config, curator = job.config, job.curator
     n_shards = config.n_shards
-    check_replay(args.replay, window=job.spec, indicator_columns=job.indicators, category_columns=job.categories,
-                 id_type=job.id_type, contract=job.contract)
-    validator = MessageValidator(window=job.spec, indicator_columns=job.indicators, stamp=True, id_type=job.id_type,
-                                 category_columns=job.categories, numbers=replay_numbers(args.replay), keys=job.keys)
-    files = collection(env, list(zip(replay_names(args.replay), args.replay)))
-    decoded = files.flat_map(functools.partial(read_and_validate, keys=job.keys, validator=validator),
-                             output_type=PICKLED).name("DecodeAndValidate")
+    replay = list(args.replay or ())
+    # A Kafka message's rows are numbered by a hash of its name, a replayed file's by its place.
+    validator = MessageValidator(window=job.spec, indicator_columns=job.indicators, stamp=bool(replay),
+                                 id_type=job.id_type, category_columns=job.categories, numbers=replay_numbers(replay),
+                                 keys=job.keys)
+    if replay:
+        check_replay(replay, window=job.spec, indicator_columns=job.indicators, category_columns=job.categories,
+                     id_type=job.id_type, contract=job.contract)
+        files = collection(env, list(zip(replay_names(replay), replay)))
+        decoded = files.flat_map(functools.partial(read_and_validate, keys=job.keys, validator=validator),
+                                 output_type=PICKLED).name("DecodeAndValidate")
+    else:
+        from renyi_stream.pipelines.streaming.flink.kafka_source import kafka_messages
+
+        decoded = kafka_messages(env, args, bounded=kafka_bounded).flat_map(
+            functools.partial(read_message, validator=validator), output_type=PICKLED).name("DecodeAndValidate")
     rows = decoded.filter(_has(None)).flat_map(functools.partial(by_shard, n_shards=n_shards),
                                                output_type=PICKLED).name("ByShard")
     ticks = collection(env, shard_ticks(n_shards, job.previous, job.prepaid)).name("ShardTicks")
@@ -334,7 +374,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = PROG) -> int:
     parser = _parser(prog)
     argv = list(sys.argv[1:] if argv is None else argv)
     args, runner = parse_args(argv, prog)
-    refused = _refusal(args)
+    refused = _refusal(args, runner)
     if refused:
         print(f"{prog}: refused: {refused}", file=sys.stderr)
         return 2
@@ -354,7 +394,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = PROG) -> int:
             raise RunRefused(f"the query catalogue under {store.absolute(args.releases_parquet)} kept "
                              "changing while this job was launched; launch it again")
         env = environment(runner)
-        outputs = build(env, args, job)
+        outputs = build(env, args, job, kafka_bounded=runner.kafka_bounded)
     except (RunRefused, ValueError, lineage.LineageConflict) as exc:
         print(f"{parser.prog}: refused: {worded(str(exc), args, parser)}", file=sys.stderr)
         return 2
@@ -363,7 +403,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = PROG) -> int:
           file=sys.stderr, flush=True)
     written: dict[str, int] = {}
     try:
-        with outputs.execute_and_collect("renyi-stream streaming (replay)") as results:
+        source = "replay" if args.replay else f"kafka {args.kafka_topic}"
+        with outputs.execute_and_collect(f"renyi-stream streaming ({source})") as results:
             for kind, _ in results:
                 written[kind] = written.get(kind, 0) + 1
     except Exception as exc:  # the job's failure, through py4j: a lost lineage claim is a refusal
