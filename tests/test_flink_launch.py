@@ -68,3 +68,34 @@ def test_help_lists_the_stream_jobs_options_and_the_flink_runners(capsys):
     assert cli_main(["stream", "--runner", "flink", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--replay" in out and "--flink-conf-dir" in out
+
+
+# --- the Flink job's own refusals, before anything is planned or submitted (no PyFlink needed) ------
+
+_PROMISE = ["--columns", "a", "--start", "2026-03-01", "--end", "2026-03-02", "--epsilon", "1", "--delta", "1e-6",
+            "--norm-budget", "30", "--noise-key", "k.key", "--releases-parquet", "pub", "--output", "cur"]
+
+
+@pytest.mark.parametrize("source, said", [
+    (["--subscription", "projects/p/subscriptions/s"], "argument --subscription: the Flink job reads Kafka"),
+    (["--kafka-topic", "t", "--bootstrap-servers", "h:1", "--kafka-expansion-service", "h:2"],
+     "argument --kafka-expansion-service"),
+    (["--replay", "a.arrow", "--kafka-bounded"], "argument --kafka-bounded: only goes with --kafka-topic"),
+    (["--replay", "a.arrow", "--dry-run"], "argument --dry-run"),
+])
+def test_the_flink_job_refuses_what_it_cannot_run_naming_the_option(source, said, capsys, tmp_path, monkeypatch):
+    from renyi_stream.pipelines.streaming.flink.job import main as flink_job
+
+    monkeypatch.chdir(tmp_path)
+    assert flink_job([*source, *_PROMISE]) == 2
+    assert said in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_the_flink_job_refuses_an_option_neither_it_nor_the_stream_job_knows(capsys, tmp_path, monkeypatch):
+    from renyi_stream.pipelines.streaming.flink.job import main as flink_job
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        flink_job(["--replay", "a.arrow", *_PROMISE, "--paralelism", "4"])
+    assert exit_.value.code == 2 and "--paralelism" in capsys.readouterr().err

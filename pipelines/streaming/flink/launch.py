@@ -124,7 +124,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "renyi-stream stream"
 
         job_parser(prog).print_help()
         print(f"\n--runner {RUNNER}: submitted with `flink run` to the local cluster ({_LOCAL_UP}), or to "
-              "--flink-home DIR --flink-conf-dir DIR; --parallelism N, --checkpointing-interval MS")
+              "--flink-home DIR --flink-conf-dir DIR; --parallelism N, --checkpointing-interval MS, --kafka-bounded "
+              "(read a Kafka topic to the offsets latest at the start, then end)")
         return 0
     args, _ = _parser(prog).parse_known_args(argv)
     target, why = _target(args)
