@@ -160,13 +160,16 @@ class IndividualFilterDoFn(beam.DoFn):
 
     def process(self, element: tuple[int, tuple[str, Any]],
                 rows: Any = beam.DoFn.StateParam(ROWS), ledger: Any = beam.DoFn.StateParam(LEDGER),
-                flush: Any = beam.DoFn.TimerParam(FLUSH)) -> None:
+                flush: Any = beam.DoFn.TimerParam(FLUSH)) -> Iterator[Any]:
+        # Outputs nothing (the timer does), but returns an iterable: Beam 2.78 refuses a DoFn whose
+        # process is annotated as returning None ("Return value not iterable").
         _, (kind, payload) = element
         if kind == "rows":
             rows.add(payload)
         elif kind != TICK:
             ledger.add((kind, payload))
         flush.set(GlobalWindow().max_timestamp())
+        return iter(())
 
     @on_timer(FLUSH)
     def on_end_of_input(self, key: Any = beam.DoFn.KeyParam, rows: Any = beam.DoFn.StateParam(ROWS),
